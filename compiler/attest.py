@@ -1,0 +1,58 @@
+"""Pass 6, attest: plan id, dependency keys, validity horizon and the receipt."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timedelta
+from typing import Iterable, Sequence
+
+import orjson
+
+from schemas.records import Contract, Resource
+
+# Validity is inclusive to the second, so a plan changes one second after `valid_to`.
+_RESOLUTION = timedelta(seconds=1)
+
+
+def digest(value: object, prefix: str = "", length: int = 20) -> str:
+    """A short stable hash of a JSON-serialisable value."""
+    raw = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    return prefix + hashlib.sha256(raw).hexdigest()[:length]
+
+
+def content_hash(resource: Resource) -> str:
+    """sha256 of a resource's content, so receipts can reference it without carrying it."""
+    return hashlib.sha256(resource.content.encode()).hexdigest()
+
+
+def scope_keys(entity_id: str, evidence_class: str, claims: Iterable[str]) -> list[str]:
+    """Keys under which a resource's existence matters: its class and the propositions it claims."""
+    keys = [f"scope:{entity_id}/{evidence_class}"]
+    keys.extend(f"scope:{entity_id}/claims:{p}" for p in claims)
+    return keys
+
+
+def dependency_keys(*, principal_id: str, entity_id: str, entity_name: str, bundle_id: str,
+                    contract: Contract, candidates: Sequence[Resource]) -> list[str]:
+    """Everything that could change the plan: inputs used or rejected, and absent evidence."""
+    keys = {f"principal:{principal_id}", f"policy:{bundle_id}", f"contract:{contract.decision_type}",
+            f"entity:{entity_id}", f"alias:{entity_name.lower()}"}
+    keys.update(f"resource:{r.id}" for r in candidates)
+    for prop in contract.propositions:
+        keys.add(f"scope:{entity_id}/claims:{prop.id}")
+        keys.update(f"scope:{entity_id}/{cls}" for cls in prop.accepted_classes)
+    return sorted(keys)
+
+
+def next_change(candidates: Sequence[Resource], contract: Contract, after: datetime) -> datetime | None:
+    """The earliest instant after `after` at which any candidate's applicability or age changes."""
+    instants = []
+    windows = [p.max_age for p in contract.propositions if p.max_age is not None]
+    for r in candidates:
+        if r.valid_from is not None:
+            instants.append(r.valid_from)
+            instants.extend(r.valid_from + w + _RESOLUTION for w in windows)
+        if r.valid_to is not None:
+            instants.append(r.valid_to + _RESOLUTION)
+    future = [t for t in instants if t > after]
+    return min(future) if future else None

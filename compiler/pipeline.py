@@ -1,0 +1,137 @@
+"""The six passes end to end: a request and a read-only catalog view in, a compiled plan out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, Sequence
+
+from compiler.admission import admit
+from compiler.attest import content_hash, dependency_keys, digest, next_change
+from compiler.errors import RequestError
+from compiler.policy import CompiledPolicy
+from compiler.relevance import bm25
+from compiler.request import DecisionRequest, parse_request, plan_key
+from compiler.resolve import resolve_entity, resolve_principal, type_check
+from compiler.selection import select
+from compiler.slots import fill_slots, overall_state, stop_reason
+from schemas.records import Contract, Principal, Resource
+from schemas.timefmt import format_instant
+
+
+class CatalogView(Protocol):
+    """What the compiler may read of the catalog; state/ implements it over DuckDB."""
+
+    def entity_matches(self, name: str) -> Sequence[str]:
+        """Canonical ids whose id or alias equals `name`."""
+
+    def principal(self, principal_id: str) -> Principal | None:
+        """The principal record, if known."""
+
+    def contract(self, decision_type: str) -> tuple[Contract, CompiledPolicy] | None:
+        """The current contract of a decision type and the policy bundle that defines it."""
+
+    def decision_types(self) -> Sequence[str]:
+        """Every decision type in the current catalogue."""
+
+    def candidates(self, entity_id: str, contract: Contract) -> Sequence[Resource]:
+        """Resources of the entity whose class or claims the contract can use."""
+
+
+@dataclass(frozen=True)
+class CompiledPlan:
+    """A plan, its receipt and what it depends on."""
+
+    plan_key: str
+    """Cache key: hash of the request's dimensions."""
+    plan_id: str
+    """Hash of the key with the outcome; identical recompilations keep it."""
+    receipt_id: str
+    """Id of the receipt of this compilation."""
+    plan: dict[str, Any]
+    """Wire shape published on `plans` and served by select."""
+    receipt: dict[str, Any]
+    """Wire shape published on `receipts` (no denied content)."""
+    dependencies: tuple[str, ...]
+    """Dependency keys for the index."""
+    valid_until: datetime | None
+    """For live plans, when the clock next changes the outcome."""
+    request: DecisionRequest
+    """The parsed request, to recompile from."""
+
+
+class ClockUnknown(RequestError):
+    """A live decision was asked for before any clock tick arrived."""
+
+    pass_name = "parse"
+
+
+def compile_request(doc: Any, view: CatalogView, now: datetime | None) -> CompiledPlan:
+    """Run the six passes over a select body."""
+    request = doc if isinstance(doc, DecisionRequest) else parse_request(doc)
+    entity_id = resolve_entity(request.entity, view.entity_matches(request.entity))
+    principal = resolve_principal(request.principal, view.principal(request.principal))
+    found = view.contract(request.decision_type)
+    contract = type_check(request.decision_type, request.purpose, found and found[0],
+                          view.decision_types())
+    policy = found[1]
+    when = request.decision_time or now
+    if when is None:
+        raise ClockUnknown("clock_unknown", "The service has not seen a clock tick yet, so a live "
+                           "decision has no time; send decision_time or wait for the clock.", status=503)
+    candidates = list(view.candidates(entity_id, contract))
+    return compile_plan(request, entity_id, principal, contract, policy, candidates, when)
+
+
+def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal, contract: Contract,
+                 policy: CompiledPolicy, candidates: Sequence[Resource], when: datetime) -> CompiledPlan:
+    """Passes 4 to 6 over already resolved inputs."""
+    admission = admit(candidates, entity_id=entity_id, principal=principal, contract=contract,
+                      policy=policy, purpose=request.purpose, decision_time=when)
+    typed_resources = [r for r, _ in admission.typed]
+    scores = bm25(request.query, [f"{r.title} {r.content}" for r in typed_resources])
+    relevance = {r.id: s for r, s in zip(typed_resources, scores)}
+    chosen = select(admission.typed, relevance, contract, request.budget)
+    by_id = {r.id: r for r in candidates}
+    withheld = [by_id[i] for i in admission.withheld]
+    slots = fill_slots(chosen.admitted, contract)
+    state = overall_state(slots, withheld, contract)
+    stop = stop_reason(slots, chosen.budget_hit)
+    rejected = sorted(admission.rejected + chosen.skipped)
+    spent = {"tokens": chosen.tokens, "calls": len(chosen.admitted)}
+    key = plan_key(request, entity_id)
+    deps = dependency_keys(principal_id=principal.id, entity_id=entity_id, entity_name=request.entity,
+                           bundle_id=policy.bundle_id, contract=contract, candidates=candidates)
+    valid_until = next_change(candidates, contract, when) if request.live else None
+    if valid_until is not None:
+        deps.append(f"time:{format_instant(valid_until)}")
+    plan_id = digest({"key": key, "admitted": [(r.id, r.version) for r in chosen.admitted],
+                      "policy": [policy.bundle_id, policy.version, policy.digest],
+                      "slots": [(s.proposition, s.state) for s in slots], "rejected": rejected,
+                      "withheld": len(withheld), "state": state, "stop": stop}, prefix="plan-")
+    receipt = {
+        "schema_version": 1, "plan_id": plan_id, "request": request.as_dict(),
+        "entity_id": entity_id, "decision_time": format_instant(when),
+        "policy": {"bundle_id": policy.bundle_id, "version": policy.version, "hash": policy.digest},
+        "admitted": [{"resource_id": r.id, "version": r.version, "content_hash": content_hash(r)}
+                     for r in chosen.admitted],
+        "rejected": [{"resource_id": i, "reason": why} for i, why in rejected]
+        + [{"resource_id": i, "reason": "not_authorised"} for i in admission.withheld],
+        "slots": [s.as_dict() for s in slots], "state": state, "stop_reason": stop,
+        "budget_spent": spent, "dependencies": deps,
+    }
+    receipt_id = digest(receipt, prefix="rcpt-")
+    receipt["receipt_id"] = receipt_id
+    # Dependency keys name withheld resources, so they live in the receipt, not the plan.
+    plan = {
+        "schema_version": 1, "plan_id": plan_id, "plan_key": key, "state": state,
+        "request": request.as_dict(), "entity_id": entity_id, "decision_time": format_instant(when),
+        "policy": {"bundle_id": policy.bundle_id, "version": policy.version},
+        "admitted": [{"resource_id": r.id, "version": r.version, "evidence_class": r.evidence_class,
+                      "tokens": r.tokens, "content": r.content} for r in chosen.admitted],
+        "rejected": [{"resource_id": i, "reason": why} for i, why in rejected],
+        "withheld": len(withheld), "slots": [s.as_dict() for s in slots], "stop_reason": stop,
+        "budget_spent": spent, "valid_until": valid_until and format_instant(valid_until),
+        "receipt_id": receipt_id,
+    }
+    return CompiledPlan(key, plan_id, receipt_id, plan, receipt, tuple(deps), valid_until, request)

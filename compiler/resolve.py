@@ -1,0 +1,41 @@
+"""Passes 2 and 3, resolve and type-check: canonical ids and the contract, never a guess."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from compiler.errors import ResolveError, TypeCheckError
+from schemas.records import Contract, Principal
+
+
+def resolve_entity(name: str, matches: Iterable[str]) -> str:
+    """The one canonical entity id that `name` denotes, given every id it matched by id or alias."""
+    found = sorted(set(matches))
+    if not found:
+        raise ResolveError("unknown_entity", f"No entity is known by the id or alias '{name}'; use a "
+                           "canonical entity id or register the alias on source-changes.", status=404)
+    if len(found) > 1:
+        raise ResolveError("ambiguous_entity", f"'{name}' names {len(found)} entities "
+                           f"({', '.join(found)}); send the canonical entity id instead.", status=409)
+    return found[0]
+
+
+def resolve_principal(principal_id: str, principal: Principal | None) -> Principal:
+    """The principal record, which must exist in the catalog."""
+    if principal is None:
+        raise ResolveError("unknown_principal", f"Principal '{principal_id}' is not in the catalog; "
+                           "publish it on source-changes (kind principal) first.", status=404)
+    return principal
+
+
+def type_check(decision_type: str, purpose: str, contract: Contract | None,
+               known: Iterable[str]) -> Contract:
+    """The evidence contract of the decision type, checked against the purpose."""
+    if contract is None:
+        known = ", ".join(sorted(known)) or "none yet"
+        raise TypeCheckError("unknown_decision_type", f"Decision type '{decision_type}' is not in the "
+                             f"current decision catalogue (known: {known}).", status=422)
+    if purpose not in contract.purposes:
+        raise TypeCheckError("purpose_not_allowed", f"Purpose '{purpose}' is not allowed for "
+                             f"'{decision_type}'; allowed: {', '.join(contract.purposes)}.", status=422)
+    return contract

@@ -1,0 +1,1 @@
+"""Wire contracts: JSON Schemas per topic, the matching records, and validation."""

@@ -1,0 +1,172 @@
+"""Decode raw topic bytes into validated records; every failure becomes InvalidEvent."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource as SchemaResource
+
+from schemas import debezium
+from schemas.errors import InvalidEvent
+from schemas.records import (ClockTick, Contract, Entity, InputEvent, PolicyBundle, Principal,
+                             Proposition, Resource, Revocation, SourceChange)
+from schemas.timefmt import parse_duration, parse_instant
+
+SCHEMA_VERSION = 1
+TOPICS = ("source-changes", "policy-versions", "revocations", "clock", "plan-invalidations",
+          "plans", "receipts", "dead-letters")
+
+
+def schema_text(topic: str) -> str:
+    """The JSON Schema document of one topic, as shipped in the package."""
+    return resources.files("schemas").joinpath("json", f"{topic}.schema.json").read_text("utf-8")
+
+
+@lru_cache(maxsize=None)
+def validator(topic: str) -> Draft202012Validator:
+    """A compiled validator for one topic (built once per process)."""
+    registry = Registry()
+    for name in ("_common",) + TOPICS:
+        doc = json.loads(schema_text(name))
+        registry = registry.with_resource(f"{name}.schema.json", SchemaResource.from_contents(doc))
+        registry = registry.with_resource(doc["$id"], SchemaResource.from_contents(doc))
+    schema = json.loads(schema_text(topic))
+    return Draft202012Validator(schema, registry=registry)
+
+
+def validate(topic: str, doc: Any) -> None:
+    """Raise InvalidEvent(schema_violation) naming the first problem, if any."""
+    errors = sorted(validator(topic).iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
+        raise InvalidEvent("schema_violation", f"{topic} event at {where}: {err.message}")
+
+
+def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str = "",
+           max_bytes: int = 1_000_000) -> InputEvent:
+    """Turn one consumed message of an input topic into an InputEvent or raise InvalidEvent."""
+    if value is None:
+        doc = debezium.tombstone(key, position) if topic == "source-changes" else None
+        if doc is None:
+            raise InvalidEvent("malformed_json", f"empty message on {topic}: a value is required")
+    else:
+        if len(value) > max_bytes:
+            raise InvalidEvent("oversized", f"event of {len(value)} bytes exceeds the "
+                               f"{max_bytes}-byte limit; split the record or raise the limit")
+        try:
+            doc = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidEvent("malformed_json", f"not valid JSON: {exc}") from None
+    if topic == "source-changes" and debezium.is_debezium(doc):
+        doc = debezium.from_debezium(doc)
+    if not isinstance(doc, dict):
+        raise InvalidEvent("schema_violation", f"{topic} event must be a JSON object")
+    version = doc.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
+        raise InvalidEvent("unknown_schema_version", f"schema_version {version} is not supported "
+                           f"(this service reads version {SCHEMA_VERSION}); upgrade freshplan first")
+    validate(topic, doc)
+    try:
+        payload = _PAYLOAD[topic](doc)
+        occurred = parse_instant(doc["occurred_at"])
+    except InvalidEvent:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidEvent("invalid_value", f"{topic} event {doc.get('event_id')!r}: {exc}") from None
+    return InputEvent(event_id=doc["event_id"], occurred_at=occurred, topic=topic, payload=payload)
+
+
+def _opt_instant(value: str | None):
+    return None if value is None else parse_instant(value)
+
+
+def _frozen(mapping: dict | None) -> MappingProxyType:
+    return MappingProxyType(dict(mapping or {}))
+
+
+def resource_from(doc: dict) -> Resource:
+    """Build a Resource from its wire shape."""
+    return Resource(
+        id=doc["id"], version=int(doc["version"]), entity=doc["entity"],
+        evidence_class=doc["evidence_class"], tokens=int(doc["tokens"]),
+        title=doc.get("title") or "", content=doc.get("content") or "",
+        supports=tuple(doc.get("supports") or ()), contradicts=tuple(doc.get("contradicts") or ()),
+        valid_from=_opt_instant(doc.get("valid_from")), valid_to=_opt_instant(doc.get("valid_to")),
+        superseded_by=doc.get("superseded_by"), provenance_group=doc.get("provenance_group"),
+        sensitivity=doc.get("sensitivity") or "internal", attributes=_frozen(doc.get("attributes")),
+    )
+
+
+def principal_from(doc: dict) -> Principal:
+    """Build a Principal from its wire shape."""
+    return Principal(id=doc["id"], roles=tuple(doc.get("roles") or ()),
+                     attributes=_frozen(doc.get("attributes")),
+                     delegation_version=int(doc.get("delegation_version") or 0))
+
+
+def entity_from(doc: dict) -> Entity:
+    """Build an Entity from its wire shape."""
+    return Entity(id=doc["id"], aliases=tuple(doc.get("aliases") or ()))
+
+
+def contract_from(name: str, doc: dict) -> Contract:
+    """Build a decision type's evidence contract from its wire shape."""
+    props = tuple(
+        Proposition(id=p["id"], accepted_classes=tuple(p["accepted_classes"]),
+                    required=bool(p.get("required", True)),
+                    min_independent=int(p.get("min_independent") or 1),
+                    max_age=parse_duration(p["max_age"]) if p.get("max_age") else None)
+        for p in doc["propositions"]
+    )
+    return Contract(decision_type=name, purposes=tuple(doc["purposes"]), propositions=props,
+                    loss=doc.get("loss"), observations=doc.get("observations"))
+
+
+def _source_change(doc: dict) -> SourceChange:
+    kind, op = doc["kind"], doc["op"]
+    body = doc[kind]
+    if op == "delete":
+        return SourceChange(kind=kind, op=op, record_id=body["id"], record=None)
+    build = {"resource": resource_from, "principal": principal_from, "entity": entity_from}[kind]
+    return SourceChange(kind=kind, op=op, record_id=body["id"], record=build(body))
+
+
+def _policy(doc: dict) -> PolicyBundle:
+    contracts = tuple(contract_from(name, body) for name, body in sorted(doc["decision_types"].items()))
+    return PolicyBundle(bundle_id=doc["bundle_id"], version=int(doc["version"]),
+                        effective_at=parse_instant(doc["effective_at"]), cedar=doc["cedar"],
+                        contracts=contracts)
+
+
+def _revocation(doc: dict) -> Revocation:
+    return Revocation(principal=doc["principal"], revoke=doc["revoke"], value=doc["value"],
+                      effective_at=parse_instant(doc["effective_at"]),
+                      issued_by=doc.get("issued_by") or "")
+
+
+def _clock(doc: dict) -> ClockTick:
+    return ClockTick(now=parse_instant(doc["now"]))
+
+
+_PAYLOAD = {"source-changes": _source_change, "policy-versions": _policy,
+            "revocations": _revocation, "clock": _clock}
+
+
+def event_key(topic: str, doc: dict) -> bytes | None:
+    """The message key the design assigns to an input event (None for the clock)."""
+    if topic == "source-changes":
+        if debezium.is_debezium(doc):
+            doc = debezium.from_debezium(doc)
+        return str(doc[doc["kind"]]["id"]).encode()
+    if topic == "policy-versions":
+        return str(doc["bundle_id"]).encode()
+    if topic == "revocations":
+        return str(doc["principal"]).encode()
+    return None

@@ -1,0 +1,173 @@
+"""Immutable records for what travels on the input topics and what the compiler reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import Any, Mapping
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A versioned source record that may become evidence."""
+
+    id: str
+    """Stable resource id (the `source-changes` key)."""
+    version: int
+    """Monotonic source version; older or equal versions are ignored."""
+    entity: str
+    """Canonical id of the entity the resource is about."""
+    evidence_class: str
+    """What kind of evidence the source is allowed to assert (e.g. `approved_waiver`)."""
+    tokens: int
+    """Token cost of putting the content into a context window."""
+    title: str = ""
+    """Short human title."""
+    content: str = ""
+    """The text handed to the model when admitted."""
+    supports: tuple[str, ...] = ()
+    """Propositions this resource supports."""
+    contradicts: tuple[str, ...] = ()
+    """Propositions this resource contradicts."""
+    valid_from: datetime | None = None
+    """Start of validity (inclusive); None means always."""
+    valid_to: datetime | None = None
+    """End of validity (inclusive); None means open-ended."""
+    superseded_by: str | None = None
+    """Id of the resource that replaces this one, if any."""
+    provenance_group: str | None = None
+    """Copies from one group count as one independent source."""
+    sensitivity: str = "internal"
+    """Sensitivity label, visible to Cedar."""
+    attributes: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+    """Free attributes visible to Cedar (e.g. `allowed_roles`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """A user or service on whose behalf a decision is compiled."""
+
+    id: str
+    """Principal id (the `revocations` key)."""
+    roles: tuple[str, ...] = ()
+    """Roles currently held (revocations remove them)."""
+    attributes: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+    """Further attributes visible to Cedar."""
+    delegation_version: int = 0
+    """Bumped by the identity system whenever delegations change."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entity:
+    """A business entity with the names people use for it."""
+
+    id: str
+    """Canonical entity id."""
+    aliases: tuple[str, ...] = ()
+    """Other names that resolve to this entity."""
+
+
+@dataclass(frozen=True, slots=True)
+class Proposition:
+    """One required or optional claim of an evidence contract."""
+
+    id: str
+    """Proposition name, e.g. `waiver_valid`."""
+    accepted_classes: tuple[str, ...]
+    """Evidence classes that may establish it."""
+    required: bool = True
+    """Whether a gap blocks the decision."""
+    min_independent: int = 1
+    """Independent provenance groups needed."""
+    max_age: timedelta | None = None
+    """Evidence older than this at decision time is stale."""
+
+
+@dataclass(frozen=True, slots=True)
+class Contract:
+    """The evidence contract of one decision type."""
+
+    decision_type: str
+    """Name, e.g. `credit.review.continuation`."""
+    purposes: tuple[str, ...]
+    """Purposes under which the decision may be taken."""
+    propositions: tuple[Proposition, ...]
+    """Slots the plan must fill."""
+    loss: Any = None
+    """Optional loss table for EVSI selection."""
+    observations: Any = None
+    """Optional observation likelihoods for EVSI selection."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyBundle:
+    """A Cedar policy set and the decision catalogue it governs."""
+
+    bundle_id: str
+    """Bundle id (the `policy-versions` key)."""
+    version: int
+    """Monotonic bundle version."""
+    effective_at: datetime
+    """When the bundle takes effect."""
+    cedar: str
+    """Cedar policy text."""
+    contracts: tuple[Contract, ...]
+    """Decision types this bundle defines."""
+
+
+@dataclass(frozen=True, slots=True)
+class Revocation:
+    """Withdrawal of a role, grant, delegation or session."""
+
+    principal: str
+    """Principal affected."""
+    revoke: str
+    """One of role, grant, delegation, session."""
+    value: str
+    """The role, grant, delegation or session id withdrawn."""
+    effective_at: datetime
+    """When the withdrawal takes effect (applied at once: fail closed)."""
+    issued_by: str = ""
+    """Who issued it, for audit."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClockTick:
+    """An event-time tick; the service's now only moves forward."""
+
+    now: datetime
+    """The instant the tick announces."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceChange:
+    """An upsert or delete on `source-changes`."""
+
+    kind: str
+    """resource, principal or entity."""
+    op: str
+    """upsert or delete."""
+    record_id: str
+    """Id of the record changed."""
+    record: Resource | Principal | Entity | None
+    """The new record on upsert; None on delete."""
+
+
+Payload = SourceChange | PolicyBundle | Revocation | ClockTick
+
+
+@dataclass(frozen=True, slots=True)
+class InputEvent:
+    """A decoded, validated event with where it came from."""
+
+    event_id: str
+    """Unique id used for idempotence."""
+    occurred_at: datetime
+    """Event time."""
+    topic: str
+    """Logical topic name (without prefix)."""
+    payload: Payload
+    """The typed payload."""

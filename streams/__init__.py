@@ -1,0 +1,1 @@
+"""Kafka wiring: settings, the embedded broker, the Faust app and its topics."""

@@ -1,0 +1,93 @@
+"""Service settings: one immutable record, read from the environment once at start-up."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+INPUT_TOPICS = ("source-changes", "policy-versions", "revocations", "clock")
+OUTPUT_TOPICS = ("plan-invalidations", "plans", "receipts", "dead-letters")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a freshplan process needs to know; injected, never read from globals."""
+
+    bootstrap_servers: str | None = None
+    """Kafka `host:port[,host:port]`; None means start the embedded broker."""
+    app_id: str = "freshplan"
+    """Faust application id: the consumer group and the changelog prefix."""
+    topic_prefix: str = ""
+    """Prepended to every topic name, so that tests and tenants can share a broker."""
+    partitions: int = 4
+    """Partition count of every topic the service creates (equal for co-partitioning)."""
+    state_dir: Path = field(default_factory=lambda: Path(".freshplan"))
+    """Directory holding the DuckDB file, Faust's data dir and the run file."""
+    web_host: str = "127.0.0.1"
+    """Interface the HTTP API binds to."""
+    web_port: int = 6066
+    """Port of the HTTP API."""
+    wall_clock: bool = True
+    """Publish clock ticks from wall time (for deployments without a clock producer)."""
+    wall_clock_interval: float = 1.0
+    """Seconds between wall-clock ticks."""
+    batch_size: int = 500
+    """Most events one agent applies in one DuckDB transaction."""
+    batch_window: float = 0.05
+    """Seconds an agent waits to fill a batch before applying what it has."""
+    freshness_wait: float = 5.0
+    """Longest a select waits for `at_least_as_fresh` before refusing."""
+    max_event_bytes: int = 1_000_000
+    """Events larger than this are dead-lettered unread."""
+    log_level: str = "info"
+    """Logging level of the worker."""
+
+    @property
+    def db_path(self) -> Path:
+        """The DuckDB file with catalog, index, plans and offsets."""
+        return self.state_dir / "freshplan.duckdb"
+
+    @property
+    def run_file(self) -> Path:
+        """Where `freshplan run` records the broker and HTTP addresses it uses."""
+        return self.state_dir / "run.json"
+
+    def topic(self, name: str) -> str:
+        """The broker-side name of one of the design's topics."""
+        return f"{self.topic_prefix}{name}"
+
+    def with_overrides(self, **changes: object) -> "Settings":
+        """A copy with the given fields replaced (None values are ignored)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+        """Build settings from `FRESHPLAN_*` and `KAFKA_BOOTSTRAP_SERVERS` variables."""
+        env = dict(os.environ if env is None else env)
+        base = cls()
+
+        def get(name: str, default: object, cast=str):
+            raw = env.get(f"FRESHPLAN_{name}")
+            if raw is None or raw == "":
+                return default
+            if cast is bool:
+                return raw.strip().lower() in {"1", "true", "yes", "on"}
+            return cast(raw)
+
+        return cls(
+            bootstrap_servers=env.get("KAFKA_BOOTSTRAP_SERVERS") or None,
+            app_id=get("APP_ID", base.app_id),
+            topic_prefix=get("TOPIC_PREFIX", base.topic_prefix),
+            partitions=get("PARTITIONS", base.partitions, int),
+            state_dir=Path(get("STATE_DIR", base.state_dir)),
+            web_host=get("WEB_HOST", base.web_host),
+            web_port=get("WEB_PORT", base.web_port, int),
+            wall_clock=get("WALL_CLOCK", base.wall_clock, bool),
+            wall_clock_interval=get("WALL_CLOCK_INTERVAL", base.wall_clock_interval, float),
+            batch_size=get("BATCH_SIZE", base.batch_size, int),
+            batch_window=get("BATCH_WINDOW", base.batch_window, float),
+            freshness_wait=get("FRESHNESS_WAIT", base.freshness_wait, float),
+            max_event_bytes=get("MAX_EVENT_BYTES", base.max_event_bytes, int),
+            log_level=get("LOG_LEVEL", base.log_level),
+        )
