@@ -1,0 +1,1 @@
+"""DuckDB state: catalog, dependency index, plan and receipt store, offsets, outbox."""

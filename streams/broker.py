@@ -93,6 +93,9 @@ async def _answers_kafka(bootstrap: str) -> bool:
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # "connection refused" is expected while the broker boots
     try:
         await admin.start()
         await admin.list_topics()
@@ -101,3 +104,4 @@ async def _answers_kafka(bootstrap: str) -> bool:
         return False
     finally:
         await admin.close()
+        quiet.setLevel(level)

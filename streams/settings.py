@@ -40,6 +40,10 @@ class Settings:
     """Longest a select waits for `at_least_as_fresh` before refusing."""
     max_event_bytes: int = 1_000_000
     """Events larger than this are dead-lettered unread."""
+    session_timeout: float = 10.0
+    """Seconds without heartbeats before the group drops a worker."""
+    rebalance_timeout: float = 3.0
+    """Seconds the broker waits for members to rejoin; also bounds a cold start's first join."""
     log_level: str = "info"
     """Logging level of the worker."""
 
@@ -89,5 +93,7 @@ class Settings:
             batch_window=get("BATCH_WINDOW", base.batch_window, float),
             freshness_wait=get("FRESHNESS_WAIT", base.freshness_wait, float),
             max_event_bytes=get("MAX_EVENT_BYTES", base.max_event_bytes, int),
+            session_timeout=get("SESSION_TIMEOUT", base.session_timeout, float),
+            rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),
             log_level=get("LOG_LEVEL", base.log_level),
         )

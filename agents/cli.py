@@ -1,0 +1,209 @@
+"""The `freshplan` command: run a worker, load scenarios, select plans, inspect plans."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import orjson
+
+from streams.settings import Settings
+
+log = logging.getLogger("freshplan")
+
+DESCRIPTION = """freshplan keeps LLM context plans fresh: it watches source changes, policy
+versions, revocations and clock ticks on Kafka, invalidates exactly the plans that depend on
+them, recompiles them, and serves budgeted selections over HTTP.
+
+Settings come from FRESHPLAN_* environment variables (see README) and the flags below.
+Without KAFKA_BOOTSTRAP_SERVERS, `run` starts an embedded Kafka-protocol broker (Tansu)."""
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env().with_overrides(
+        web_host=getattr(args, "host", None), web_port=getattr(args, "port", None),
+        state_dir=Path(args.state_dir) if getattr(args, "state_dir", None) else None,
+        partitions=getattr(args, "partitions", None),
+        wall_clock=False if getattr(args, "no_wall_clock", False) else None)
+
+
+def _run_info(settings: Settings) -> dict:
+    try:
+        return json.loads(settings.run_file.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Start the embedded broker if needed, then the worker and its HTTP API, until stopped."""
+    import faust
+
+    from agents.loader import load_file
+    from agents.worker import build_worker
+    from streams.admin import ensure_topics
+    from streams.broker import EmbeddedBroker
+
+    settings = _settings(args)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    broker = worker = None
+    bootstrap = settings.bootstrap_servers
+    if not bootstrap:
+        broker = EmbeddedBroker().start()
+        bootstrap = broker.bootstrap_servers
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(ensure_topics(settings, bootstrap))
+        for path in args.load or ():
+            count, token = load_file(settings, bootstrap, Path(path))
+            print(f"freshplan: loaded {count} events from {path} (freshness token {token})", flush=True)
+        http = f"http://{settings.web_host}:{settings.web_port}"
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        settings.run_file.write_text(json.dumps({"bootstrap_servers": bootstrap, "http": http,
+                                                 "topic_prefix": settings.topic_prefix,
+                                                 "pid": os.getpid()}))
+        print(f"freshplan: broker {bootstrap} ({'embedded' if broker else 'external'}), "
+              f"HTTP {http}, state {settings.db_path}", flush=True)
+        worker = build_worker(settings, bootstrap)
+        faust.Worker(worker.app, loglevel=settings.log_level, loop=loop,
+                     override_logging=False).execute_from_commandline()
+    except SystemExit:
+        pass
+    finally:
+        settings.run_file.unlink(missing_ok=True)
+        if worker is not None:
+            worker.state.close()
+        if broker is not None:
+            broker.stop()
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    """Publish scenario files to the configured or locally running broker."""
+    from agents.loader import ScenarioError, load_file
+
+    settings = _settings(args)
+    bootstrap = settings.bootstrap_servers or _run_info(settings).get("bootstrap_servers")
+    if not bootstrap:
+        print("freshplan load: no broker: set KAFKA_BOOTSTRAP_SERVERS or start `freshplan run` "
+              f"with the same --state-dir (looked for {settings.run_file}).", file=sys.stderr)
+        return 2
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    for path in args.files:
+        try:
+            count, token = load_file(settings, bootstrap, Path(path))
+        except (ScenarioError, OSError) as exc:
+            print(f"freshplan load: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps({"file": path, "events": count, "freshness_token": token}))
+    return 0
+
+
+def _http(args: argparse.Namespace) -> str:
+    settings = _settings(args)
+    return (args.url or _run_info(settings).get("http")
+            or f"http://{settings.web_host}:{settings.web_port}").rstrip("/")
+
+
+def _call(method: str, url: str, body: dict | None = None) -> int:
+    data = orjson.dumps(body) if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            print(json.dumps(json.loads(resp.read()), indent=2))
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(json.dumps(json.loads(exc.read() or b"{}"), indent=2), file=sys.stderr)
+        return 1
+    except urllib.error.URLError as exc:
+        print(f"freshplan: cannot reach {url}: {exc.reason}; is `freshplan run` up?", file=sys.stderr)
+        return 2
+
+
+def cmd_select(args: argparse.Namespace) -> int:
+    """POST a decision request built from a JSON file and/or flags; print the plan."""
+    body: dict = json.loads(Path(args.file).read_text()) if args.file else {}
+    for name in ("decision_type", "principal", "purpose", "entity", "decision_time", "query",
+                 "at_least_as_fresh"):
+        value = getattr(args, name)
+        if value is not None:
+            body[name] = value
+    budget = dict(body.get("budget") or {})
+    for name in ("tokens", "calls"):
+        if getattr(args, name) is not None:
+            budget[name] = getattr(args, name)
+    if budget:
+        body["budget"] = budget
+    return _call("POST", _http(args) + "/v1/select", body)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print whether a plan is fresh or invalidated, and why."""
+    return _call("GET", f"{_http(args)}/v1/plans/{args.plan_id}")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    top = argparse.ArgumentParser(prog="freshplan", description=DESCRIPTION,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="start the worker and HTTP API (embedded broker when needed)",
+                         description=cmd_run.__doc__)
+    run.add_argument("--host", help="HTTP interface to bind (default 127.0.0.1, FRESHPLAN_WEB_HOST)")
+    run.add_argument("--port", type=int, help="HTTP port (default 6066, FRESHPLAN_WEB_PORT)")
+    run.add_argument("--state-dir", help="directory for DuckDB state (default .freshplan, FRESHPLAN_STATE_DIR)")
+    run.add_argument("--partitions", type=int, help="partitions per topic when creating topics (default 4)")
+    run.add_argument("--load", action="append", metavar="FILE.jsonl",
+                     help="publish this scenario before starting (repeatable)")
+    run.add_argument("--no-wall-clock", action="store_true",
+                     help="do not publish clock ticks from wall time (a clock producer does)")
+    run.set_defaults(func=cmd_run)
+
+    load = sub.add_parser("load", help="publish scenario files (JSON lines of {topic, event})",
+                          description=cmd_load.__doc__)
+    load.add_argument("files", nargs="+", metavar="FILE.jsonl")
+    load.add_argument("--state-dir", help="state dir of the local `freshplan run` whose broker to use")
+    load.set_defaults(func=cmd_load)
+
+    select = sub.add_parser("select", help="ask for a fresh plan and print it", description=cmd_select.__doc__)
+    select.add_argument("--file", help="JSON file with the request body")
+    select.add_argument("--decision-type", dest="decision_type")
+    select.add_argument("--principal")
+    select.add_argument("--purpose")
+    select.add_argument("--entity", help="entity id or alias")
+    select.add_argument("--decision-time", dest="decision_time", help="RFC 3339; omit for a live decision")
+    select.add_argument("--query", help="free text used only for ranking")
+    select.add_argument("--tokens", type=int, help="token budget")
+    select.add_argument("--calls", type=int, help="retrieval call budget")
+    select.add_argument("--at-least-as-fresh", dest="at_least_as_fresh", metavar="TOKEN",
+                        help="answer only from state at least this fresh")
+    select.add_argument("--url", help="service URL (default: the local run's, else http://127.0.0.1:6066)")
+    select.add_argument("--state-dir", help="state dir of the local `freshplan run`")
+    select.set_defaults(func=cmd_select)
+
+    plan = sub.add_parser("plan", help="show whether a plan is fresh or invalidated, and why",
+                          description=cmd_plan.__doc__)
+    plan.add_argument("plan_id")
+    plan.add_argument("--url")
+    plan.add_argument("--state-dir")
+    plan.set_defaults(func=cmd_plan)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `freshplan` console script."""
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Answer selects from local state: serve a fresh plan from the store or compile one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compiler.pipeline import compile_request
+from compiler.request import parse_request, plan_key
+from compiler.resolve import resolve_entity
+from schemas.freshness import encode_token
+from agents.invalidation import Invalidator
+from state.local_state import LocalState
+
+
+class QueryService:
+    """The read path: plan key lookup, then cache or compile."""
+
+    def __init__(self, state: LocalState, invalidator: Invalidator) -> None:
+        self.state = state
+        self.invalidator = invalidator
+
+    def token(self) -> str:
+        """Freshness token of the state as it is now."""
+        return encode_token(self.state.store.next_offsets())
+
+    def select(self, doc: Any) -> dict[str, Any]:
+        """Return the plan for a select body; raises RequestError for bad requests."""
+        state = self.state
+        if isinstance(doc, dict):
+            doc = {k: v for k, v in doc.items() if k != "at_least_as_fresh"}
+        request = parse_request(doc)
+        entity_id = resolve_entity(request.entity, state.catalog.entity_matches(request.entity))
+        key = plan_key(request, entity_id)
+        plan = state.plans.fresh_plan(key)
+        served_from = "cache"
+        if plan is None:
+            now = state.store.now()
+            compiled = compile_request(request, state.catalog, now)
+            with state.store.transaction():
+                self.invalidator.store_compiled(compiled, now)
+            plan = compiled.plan
+            served_from = "compiled"
+        state.store.bump(f"selects.{served_from}")
+        return dict(plan, freshness_token=self.token(), served_from=served_from)
+
+    def plan_status(self, plan_id: str) -> dict[str, Any] | None:
+        """Public status of a plan id, or None when unknown."""
+        return self.state.plans.status(plan_id)
+
+    def health(self) -> dict[str, Any]:
+        """Liveness plus what the worker has applied."""
+        store = self.state.store
+        now = store.now()
+        return {"status": "ok", "now": now and now.isoformat().replace("+00:00", "Z"),
+                "applied_offsets": store.next_offsets(), "freshness_token": self.token(),
+                "plans": self.state.plans.counts(), "index_edges": self.state.index.size(),
+                "outbox": self.state.outbox.size(), "counters": store.counters()}

@@ -1,0 +1,83 @@
+"""HTTP routes: POST /v1/select, GET /v1/plans/{plan_id}, GET /healthz."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from faust import web
+
+from compiler.errors import RequestError
+from schemas.freshness import BadToken, covers, decode_token
+
+if TYPE_CHECKING:
+    from agents.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+def error(view: web.View, status: int, code: str, message: str) -> web.Response:
+    """A JSON error body with a machine-readable code and an actionable sentence."""
+    return view.json({"error": {"code": code, "message": message}}, status=status)
+
+
+def register_routes(app, worker: "Worker") -> None:
+    """Attach the HTTP API of one worker to its Faust web server."""
+
+    @app.page("/v1/select")
+    class Select(web.View):
+        async def post(self, request: web.Request) -> web.Response:
+            try:
+                body: Any = await request.json()
+            except ValueError:
+                return error(self, 400, "malformed_json", "The request body is not valid JSON; send a "
+                             "JSON object with decision_type, principal, purpose and entity.")
+            wanted = body.get("at_least_as_fresh") if isinstance(body, dict) else None
+            if wanted:
+                try:
+                    target = decode_token(wanted)
+                except BadToken as exc:
+                    return error(self, 400, "invalid_freshness_token", str(exc))
+                if not await _wait_until_fresh(worker, target):
+                    return error(self, 503, "not_fresh_enough", "This worker has not yet applied the "
+                                 f"state named by at_least_as_fresh within {worker.settings.freshness_wait}s;"
+                                 " retry shortly.")
+            try:
+                result = worker.query.select(body)
+            except RequestError as exc:
+                log.info("select refused: %s (%s)", exc.code, exc.pass_name)
+                return self.json(exc.as_dict(), status=exc.status)
+            if result.get("served_from") == "compiled":
+                await worker.publish_outbox()
+            log.info("select plan=%s served_from=%s state=%s", result["plan_id"], result["served_from"],
+                     result["state"])
+            return self.json(result)
+
+        async def get(self, request: web.Request) -> web.Response:
+            return error(self, 405, "method_not_allowed", "Use POST with a JSON decision request.")
+
+    @app.page("/v1/plans/{plan_id}")
+    class PlanStatus(web.View):
+        async def get(self, request: web.Request, plan_id: str) -> web.Response:
+            status = worker.query.plan_status(plan_id)
+            if status is None:
+                return error(self, 404, "unknown_plan", f"No plan '{plan_id}' is known to this worker; "
+                             "use a plan_id returned by /v1/select.")
+            return self.json(status)
+
+    @app.page("/healthz")
+    class Health(web.View):
+        async def get(self, request: web.Request) -> web.Response:
+            return self.json(worker.query.health())
+
+
+async def _wait_until_fresh(worker: "Worker", target: dict) -> bool:
+    deadline = time.monotonic() + worker.settings.freshness_wait
+    while True:
+        if covers(worker.state.store.next_offsets(), target):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)

@@ -1,0 +1,99 @@
+"""Wire a worker: Faust agents for the input topics, the outbox publisher, timers and routes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import faust
+import orjson
+
+from agents.invalidation import Invalidator, RawMessage
+from agents.query import QueryService
+from agents.routes import register_routes
+from schemas.timefmt import format_instant
+from state.local_state import LocalState
+from streams.app import create_app
+from streams.settings import INPUT_TOPICS, Settings
+from streams.topics import Topics, declare_topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Worker:
+    """One freshplan worker: its app, topics, local state and services."""
+
+    settings: Settings
+    app: faust.App
+    topics: Topics
+    state: LocalState
+    invalidator: Invalidator
+    query: QueryService
+    publish_lock: asyncio.Lock
+
+    async def publish_outbox(self) -> int:
+        """Send every queued record, wait for the broker's acknowledgements, then forget them."""
+        sent = 0
+        async with self.publish_lock:
+            while True:
+                rows = self.state.outbox.pending()
+                if not rows:
+                    return sent
+                futures = [await self.app.producer.send(topic, key, value, partition=None,
+                                                        timestamp=None, headers=None)
+                           for _, topic, key, value in rows]
+                await asyncio.gather(*futures)
+                with self.state.store.transaction():
+                    self.state.outbox.remove_through(rows[-1][0])
+                sent += len(rows)
+
+
+def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
+    """Create the app and register everything on it; nothing runs until the app starts."""
+    app = create_app(settings, bootstrap_servers)
+    topics = declare_topics(app, settings)
+    state = LocalState.open(settings.db_path)
+    invalidator = Invalidator(state, settings.topic, settings.max_event_bytes)
+    worker = Worker(settings, app, topics, state, invalidator, QueryService(state, invalidator),
+                    asyncio.Lock())
+
+    for name in INPUT_TOPICS:
+        _register_input_agent(worker, name)
+
+    @app.timer(interval=1.0)
+    async def flush_outbox() -> None:
+        # Catches records left by a crash between commit and publish, and idle periods.
+        await worker.publish_outbox()
+
+    if settings.wall_clock:
+        @app.timer(interval=settings.wall_clock_interval)
+        async def wall_clock_tick() -> None:
+            now = format_instant(datetime.now(timezone.utc).replace(microsecond=0))
+            value = orjson.dumps({"event_id": f"wall-{now}", "schema_version": 1,
+                                  "occurred_at": now, "now": now})
+            clock = topics["clock"]
+            await asyncio.gather(*[await app.producer.send(clock.get_topic_name(), None, value, partition=p,
+                                                           timestamp=None, headers=None)
+                                   for p in range(settings.partitions)])
+
+    register_routes(app, worker)
+    return worker
+
+
+def _register_input_agent(worker: Worker, name: str) -> None:
+    topic = worker.topics[name]
+    settings = worker.settings
+
+    async def consume(stream) -> None:
+        async for events in stream.take_events(settings.batch_size, within=settings.batch_window):
+            batch = [RawMessage(name, e.message.partition, e.message.offset, e.message.key, e.message.value)
+                     for e in events]
+            worker.invalidator.apply(batch)
+            await worker.publish_outbox()
+
+    consume.__name__ = f"apply_{name.replace('-', '_')}"
+    consume.__qualname__ = consume.__name__
+    worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)

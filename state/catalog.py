@@ -1,0 +1,206 @@
+"""The catalog in DuckDB: apply source, policy and revocation events; serve the compiler's view."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import orjson
+
+from compiler.attest import scope_keys
+from compiler.errors import PolicyError
+from compiler.policy import CompiledPolicy, compile_policy
+from schemas.codec import contract_from
+from schemas.errors import InvalidEvent
+from schemas.records import (Contract, Entity, PolicyBundle, Principal, Resource, Revocation,
+                             SourceChange)
+from state.store import Store
+
+_RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
+                  "valid_from, valid_to, superseded_by, provenance_group, sensitivity, attributes")
+
+
+def _resource_row(row: tuple) -> Resource:
+    (rid, version, entity, cls, tokens, title, content, supports, contradicts, vf, vt, sup_by, group,
+     sensitivity, attributes) = row
+    return Resource(id=rid, version=version, entity=entity, evidence_class=cls, tokens=tokens,
+                    title=title or "", content=content or "", supports=tuple(supports or ()),
+                    contradicts=tuple(contradicts or ()), valid_from=vf, valid_to=vt,
+                    superseded_by=sup_by, provenance_group=group, sensitivity=sensitivity or "internal",
+                    attributes=orjson.loads(attributes or "{}"))
+
+
+class Catalog:
+    """Resources, principals, entities and policy bundles; implements the compiler's CatalogView."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.db = store.db
+        self._policies: dict[tuple[str, int], CompiledPolicy] = {}
+
+    # -- applying events: each returns the dependency keys it touched ------------------
+
+    def apply_source_change(self, change: SourceChange) -> list[str] | None:
+        """Apply an upsert or delete; None when it is older than what is stored."""
+        if change.kind == "resource":
+            return self._apply_resource(change)
+        if change.kind == "principal":
+            return self._apply_principal(change)
+        return self._apply_entity(change)
+
+    def _apply_resource(self, change: SourceChange) -> list[str] | None:
+        old = self.db.execute("SELECT version, deleted, entity, evidence_class, supports, contradicts "
+                              "FROM resources WHERE id = ?", [change.record_id]).fetchone()
+        keys = [f"resource:{change.record_id}"]
+        if old is not None:
+            keys += scope_keys(old[2], old[3], list(old[4] or ()) + list(old[5] or ()))
+        new: Resource | None = change.record  # type: ignore[assignment]
+        if new is None:
+            if old is None or old[1]:
+                return None
+            self.db.execute("UPDATE resources SET deleted = true WHERE id = ?", [change.record_id])
+            return keys
+        if old is not None and new.version <= old[0]:
+            return None
+        self.db.execute(
+            f"INSERT OR REPLACE INTO resources ({_RESOURCE_COLS}, deleted) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false)",
+            [new.id, new.version, new.entity, new.evidence_class, new.tokens, new.title, new.content,
+             list(new.supports), list(new.contradicts), new.valid_from, new.valid_to, new.superseded_by,
+             new.provenance_group, new.sensitivity, orjson.dumps(dict(new.attributes)).decode()])
+        return keys + scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts)
+
+    def _apply_principal(self, change: SourceChange) -> list[str] | None:
+        new: Principal | None = change.record  # type: ignore[assignment]
+        old = self.db.execute("SELECT delegation_version, deleted FROM principals WHERE id = ?",
+                              [change.record_id]).fetchone()
+        if new is None:
+            if old is None or old[1]:
+                return None
+            self.db.execute("UPDATE principals SET deleted = true WHERE id = ?", [change.record_id])
+        else:
+            if old is not None and not old[1] and new.delegation_version < old[0]:
+                return None
+            self.db.execute("INSERT OR REPLACE INTO principals VALUES (?, ?, ?, ?, false)",
+                            [new.id, list(new.roles), orjson.dumps(dict(new.attributes)).decode(),
+                             new.delegation_version])
+        return [f"principal:{change.record_id}"]
+
+    def _apply_entity(self, change: SourceChange) -> list[str] | None:
+        new: Entity | None = change.record  # type: ignore[assignment]
+        old = self.db.execute("SELECT aliases FROM entities WHERE id = ? AND NOT deleted",
+                              [change.record_id]).fetchone()
+        names = {change.record_id.lower()} | {a.lower() for a in (old[0] if old else ())}
+        if new is None:
+            if old is None:
+                return None
+            self.db.execute("UPDATE entities SET deleted = true WHERE id = ?", [change.record_id])
+        else:
+            names |= {a.lower() for a in new.aliases}
+            self.db.execute("INSERT OR REPLACE INTO entities VALUES (?, ?, false)",
+                            [new.id, list(new.aliases)])
+        return [f"entity:{change.record_id}"] + [f"alias:{n}" for n in sorted(names)]
+
+    def apply_policy(self, bundle: PolicyBundle) -> list[str] | None:
+        """Install a newer bundle whole; a bundle whose Cedar fails to parse is rejected whole."""
+        row = self.db.execute("SELECT version FROM policy_bundles WHERE bundle_id = ?",
+                              [bundle.bundle_id]).fetchone()
+        if row is not None and bundle.version <= row[0]:
+            return None
+        try:
+            self._policies[(bundle.bundle_id, bundle.version)] = compile_policy(bundle)
+        except PolicyError as exc:
+            raise InvalidEvent("invalid_policy", f"{exc}; the previous version stays active") from None
+        before = [r[0] for r in self.db.execute("SELECT decision_type FROM contracts WHERE bundle_id = ?",
+                                                [bundle.bundle_id]).fetchall()]
+        self.db.execute("DELETE FROM contracts WHERE bundle_id = ?", [bundle.bundle_id])
+        types = {}
+        for contract in bundle.contracts:
+            body = _contract_doc(contract)
+            types[contract.decision_type] = body
+            self.db.execute("INSERT OR REPLACE INTO contracts VALUES (?, ?, ?)",
+                            [contract.decision_type, bundle.bundle_id, orjson.dumps(body).decode()])
+        self.db.execute("INSERT OR REPLACE INTO policy_bundles VALUES (?, ?, ?, ?, ?)",
+                        [bundle.bundle_id, bundle.version, bundle.effective_at, bundle.cedar,
+                         orjson.dumps(types).decode()])
+        names = sorted(set(before) | set(types))
+        return [f"policy:{bundle.bundle_id}"] + [f"contract:{n}" for n in names]
+
+    def apply_revocation(self, revocation: Revocation) -> list[str]:
+        """Record a withdrawal; it applies at once, whatever its effective_at (fail closed)."""
+        self.db.execute("INSERT OR REPLACE INTO revoked VALUES (?, ?, ?, ?, ?, NULL)",
+                        [revocation.principal, revocation.revoke, revocation.value,
+                         revocation.effective_at, revocation.issued_by])
+        return [f"principal:{revocation.principal}"]
+
+    # -- the compiler's read-only view ---------------------------------------------------
+
+    def entity_matches(self, name: str) -> Sequence[str]:
+        """Canonical ids whose id equals `name` or which carry it as an alias (case-insensitive)."""
+        rows = self.db.execute(
+            "SELECT id FROM entities WHERE NOT deleted AND (id = ? OR list_contains("
+            "list_transform(aliases, a -> lower(a)), lower(?)))", [name, name]).fetchall()
+        return [r[0] for r in rows]
+
+    def principal(self, principal_id: str) -> Principal | None:
+        """The principal with revoked roles, grants, delegations and sessions taken away."""
+        row = self.db.execute("SELECT roles, attributes, delegation_version FROM principals "
+                              "WHERE id = ? AND NOT deleted", [principal_id]).fetchone()
+        if row is None:
+            return None
+        revoked = self.db.execute("SELECT kind, value FROM revoked WHERE principal = ?",
+                                  [principal_id]).fetchall()
+        gone_roles = {v for k, v in revoked if k == "role"}
+        attributes = orjson.loads(row[1] or "{}")
+        for kind, attr in (("grant", "grants"), ("delegation", "delegations"), ("session", "sessions")):
+            gone = {v for k, v in revoked if k == kind}
+            if gone and isinstance(attributes.get(attr), list):
+                attributes[attr] = [v for v in attributes[attr] if v not in gone]
+        attributes["revoked_delegations"] = sorted(v for k, v in revoked if k == "delegation")
+        attributes["revoked_sessions"] = sorted(v for k, v in revoked if k == "session")
+        return Principal(id=principal_id, roles=tuple(r for r in row[0] or () if r not in gone_roles),
+                         attributes=attributes, delegation_version=row[2] or 0)
+
+    def contract(self, decision_type: str) -> tuple[Contract, CompiledPolicy] | None:
+        """The contract of a decision type and the parsed bundle that defines it."""
+        row = self.db.execute(
+            "SELECT c.body, b.bundle_id, b.version, b.effective_at, b.cedar FROM contracts c "
+            "JOIN policy_bundles b USING (bundle_id) WHERE c.decision_type = ?", [decision_type]).fetchone()
+        if row is None:
+            return None
+        body, bundle_id, version, effective_at, cedar = row
+        policy = self._policies.get((bundle_id, version))
+        if policy is None:  # first use after a restart: parse once, then reuse
+            policy = compile_policy(PolicyBundle(bundle_id, version, effective_at, cedar, ()))
+            self._policies[(bundle_id, version)] = policy
+        return contract_from(decision_type, orjson.loads(body)), policy
+
+    def decision_types(self) -> Sequence[str]:
+        """Every decision type in the current catalogue."""
+        return [r[0] for r in self.db.execute("SELECT decision_type FROM contracts ORDER BY 1").fetchall()]
+
+    def candidates(self, entity_id: str, contract: Contract) -> Sequence[Resource]:
+        """Resources of the entity whose class is accepted or whose claims touch the contract."""
+        classes = sorted({c for p in contract.propositions for c in p.accepted_classes})
+        props = sorted({p.id for p in contract.propositions})
+        rows = self.db.execute(
+            f"SELECT {_RESOURCE_COLS} FROM resources WHERE entity = ? AND NOT deleted AND ("
+            "list_contains(?, evidence_class) OR list_has_any(supports, ?) OR list_has_any(contradicts, ?)) "
+            "ORDER BY id", [entity_id, classes, props, props]).fetchall()
+        return [_resource_row(r) for r in rows]
+
+    def resource_count(self) -> int:
+        """Live resources in the catalog."""
+        return self.db.execute("SELECT count(*) FROM resources WHERE NOT deleted").fetchone()[0]
+
+
+def _contract_doc(contract: Contract) -> dict:
+    """A contract back in its wire shape, for storage."""
+    def age(p):
+        if p.max_age is None:
+            return None
+        return f"PT{int(p.max_age.total_seconds())}S"
+    return {"purposes": list(contract.purposes), "loss": contract.loss,
+            "observations": contract.observations,
+            "propositions": [{"id": p.id, "accepted_classes": list(p.accepted_classes),
+                              "required": p.required, "min_independent": p.min_independent,
+                              "max_age": age(p)} for p in contract.propositions]}

@@ -1,0 +1,38 @@
+"""Everything a worker keeps on disk, opened together from one DuckDB file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from state.catalog import Catalog
+from state.dependency_index import DependencyIndex
+from state.outbox import Outbox
+from state.plan_store import PlanStore
+from state.store import Store
+
+
+@dataclass
+class LocalState:
+    """The store and the views over it that agents use."""
+
+    store: Store
+    """The DuckDB connection, transactions, offsets, clock and counters."""
+    catalog: Catalog
+    """Resources, principals, entities, policy bundles: the compiler's view."""
+    index: DependencyIndex
+    """Dependency key -> plan keys."""
+    plans: PlanStore
+    """Plans, plan heads and receipts."""
+    outbox: Outbox
+    """Records to publish."""
+
+    @classmethod
+    def open(cls, path: Path | str) -> "LocalState":
+        """Open (or create) the state file."""
+        store = Store(path)
+        return cls(store, Catalog(store), DependencyIndex(store), PlanStore(store), Outbox(store))
+
+    def close(self) -> None:
+        """Close the file."""
+        self.store.close()

@@ -1,0 +1,32 @@
+"""The Faust application, configured from injected settings."""
+
+from __future__ import annotations
+
+import faust
+
+from streams.settings import Settings
+
+
+def create_app(settings: Settings, bootstrap_servers: str) -> faust.App:
+    """A Faust app for one worker: no tables (state is DuckDB), web server on the settings' port."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    return faust.App(
+        settings.app_id,
+        broker=[f"kafka://{server.strip()}" for server in bootstrap_servers.split(",")],
+        datadir=str(settings.state_dir / "faust"),
+        autodiscover=False,
+        store="memory://",
+        topic_partitions=settings.partitions,
+        topic_allow_declare=True,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=True,
+        web_bind=settings.web_host,
+        web_host=settings.web_host,
+        web_port=settings.web_port,
+        web_in_thread=False,
+        producer_acks=-1,
+        broker_commit_interval=1.0,
+        broker_session_timeout=settings.session_timeout,
+        broker_rebalance_timeout=settings.rebalance_timeout,
+        broker_heartbeat_interval=1.0,
+    )
