@@ -1,0 +1,147 @@
+"""Through the broker: a `freshplan run` worker applies events, invalidates and serves plans."""
+
+from __future__ import annotations
+
+import orjson
+
+from tests.conftest import ATLAS_REQUEST
+from tests.events import resource, revoke_role, tick
+
+LIVE_REQUEST = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
+
+
+def slot(plan: dict, proposition: str) -> dict:
+    return next(s for s in plan["slots"] if s["proposition"] == proposition)
+
+
+async def test_atlas_select_gives_the_seed_outcome(worker):
+    fresh = await worker.load("atlas.jsonl")
+    plan = await worker.select(ATLAS_REQUEST, fresh)
+
+    assert plan["served_from"] == "compiled"
+    assert [a["resource_id"] for a in plan["admitted"]] and {a["resource_id"] for a in plan["admitted"]} == {
+        "facility-F102", "workflow-E88", "policy-P3"}
+    assert {(r["resource_id"], r["reason"]) for r in plan["rejected"]} == {
+        ("policy-P2", "not_applicable"), ("rm-note-N7", "wrong_evidence_class")}
+    assert plan["withheld"] == 1
+    assert "investigation-X9" not in orjson.dumps(plan).decode()
+    assert slot(plan, "waiver_valid")["state"] == "unknown"
+    assert plan["budget_spent"]["tokens"] == 530 and plan["request"]["budget"]["tokens"] == 760
+    assert plan["state"] == "INSUFFICIENT"
+
+    receipts = await worker.records("receipts", lambda rs: any(r["plan_id"] == plan["plan_id"] for r in rs))
+    receipt = next(r for r in receipts if r["plan_id"] == plan["plan_id"])
+    assert {"resource_id": "investigation-X9", "reason": "not_authorised"} in receipt["rejected"]
+    assert "Restricted investigation note" not in str(receipts)
+    plans = await worker.records("plans", lambda rs: any(r["plan_id"] == plan["plan_id"] for r in rs))
+    assert plans[-1]["plan_id"] == plan["plan_id"]
+
+    again = await worker.select(ATLAS_REQUEST)
+    assert again["served_from"] == "cache" and again["plan_id"] == plan["plan_id"]
+    assert (await worker.get(f"/v1/plans/{plan['plan_id']}"))["status"] == "fresh"
+
+
+async def test_new_waiver_invalidates_the_plan_and_the_successor_supports_it(worker):
+    fresh = await worker.load("atlas.jsonl")
+    old = await worker.select(ATLAS_REQUEST, fresh)
+
+    fresh = await worker.publish_events(resource("approved-waiver-W2"))
+    announced = await worker.records("plan-invalidations",
+                                     lambda rs: any(r["plan_id"] == old["plan_id"] for r in rs))
+    inval = next(r for r in announced if r["plan_id"] == old["plan_id"])
+    assert inval["reason"] == "scope_changed"
+    assert inval["cause"]["topic"] == worker.settings.topic("source-changes")
+    assert inval["cause"]["dependency_key"].startswith("scope:ATLAS-IN-01/")
+    assert inval["cause"]["event_id"].startswith("test-")
+    assert isinstance(inval["cause"]["offset"], int)
+    assert inval["_key"] == old["plan_id"].encode()
+
+    new = await worker.select(ATLAS_REQUEST, fresh)
+    assert new["plan_id"] == inval["successor_plan_id"] != old["plan_id"]
+    assert new["served_from"] == "cache"  # recompiled by the agent, not by this request
+    assert slot(new, "waiver_valid")["state"] == "supported"
+    assert new["state"] == "SUFFICIENT" and new["stop_reason"] == "contract_satisfied"
+    status = await worker.get(f"/v1/plans/{old['plan_id']}")
+    assert status["status"] == "invalidated" and status["successor_plan_id"] == new["plan_id"]
+    assert status["cause"]["event_id"] == inval["cause"]["event_id"]
+
+
+async def test_revoking_the_role_invalidates_and_never_serves_old_items(worker):
+    fresh = await worker.load("atlas.jsonl")
+    old = await worker.select(ATLAS_REQUEST, fresh)
+    assert old["admitted"]
+
+    fresh = await worker.publish_events(revoke_role("maya", "credit_analyst"))
+    new = await worker.select(ATLAS_REQUEST, fresh)
+    assert new["plan_id"] != old["plan_id"]
+    assert new["admitted"] == [] and new["withheld"] == 6
+    assert new["rejected"] == []
+    status = await worker.get(f"/v1/plans/{old['plan_id']}")
+    assert status["status"] == "invalidated" and status["reason"] == "principal_changed"
+    announced = await worker.records("plan-invalidations",
+                                     lambda rs: any(r["plan_id"] == old["plan_id"] for r in rs))
+    assert any(r["cause"]["dependency_key"] == "principal:maya" for r in announced)
+
+
+async def test_clock_past_valid_to_invalidates_live_plans_only(worker):
+    await worker.load("atlas.jsonl")
+    fresh = await worker.publish_events(resource("approved-waiver-W2"))
+    live = await worker.select(LIVE_REQUEST, fresh)
+    past = await worker.select(ATLAS_REQUEST, fresh)
+    assert slot(live, "waiver_valid")["state"] == "supported"
+    assert live["valid_until"] == "2026-10-01T00:00:00Z" and past["valid_until"] is None
+
+    fresh = await worker.publish_events(tick("2026-09-15T00:00:00Z"))
+    same = await worker.select(LIVE_REQUEST, fresh)
+    assert same["plan_id"] == live["plan_id"] and same["served_from"] == "cache"
+
+    fresh = await worker.publish_events(tick("2026-10-02T00:00:00Z"))
+    after = await worker.select(LIVE_REQUEST, fresh)
+    assert after["plan_id"] != live["plan_id"]
+    assert slot(after, "waiver_valid")["state"] == "unknown"
+    status = await worker.get(f"/v1/plans/{live['plan_id']}")
+    assert status["status"] == "invalidated" and status["reason"] == "time_passed"
+    assert status["cause"]["dependency_key"] == "time:2026-10-01T00:00:00Z"
+    assert (await worker.get(f"/v1/plans/{past['plan_id']}"))["status"] == "fresh"
+    assert (await worker.select(ATLAS_REQUEST))["plan_id"] == past["plan_id"]
+
+
+async def test_another_entitys_change_does_not_invalidate_the_atlas_plan(worker):
+    fresh = await worker.load("atlas.jsonl")
+    plan = await worker.select(ATLAS_REQUEST, fresh)
+    boreal = resource("boreal-facility-F7", entity="BOREAL-UK-02", version=2, cls="facility_record",
+                      supports=("facility_limit",), valid_to=None, content="Approved limit: 6.0m.")
+    waiver = resource("boreal-waiver-W9", entity="BOREAL-UK-02")
+    fresh = await worker.publish_events(boreal, waiver)
+
+    again = await worker.select(ATLAS_REQUEST, fresh)
+    assert again["served_from"] == "cache" and again["plan_id"] == plan["plan_id"]
+    assert (await worker.get(f"/v1/plans/{plan['plan_id']}"))["status"] == "fresh"
+    health = await worker.get("/healthz")
+    assert health["counters"].get("invalidations", 0) == 0
+    assert health["counters"]["applied.source-changes"] == 13
+
+
+async def test_bad_events_go_to_dead_letters_and_the_worker_keeps_going(worker):
+    fresh = await worker.load("atlas.jsonl")
+    plan = await worker.select(ATLAS_REQUEST, fresh)
+    before = await worker.get("/healthz")
+
+    topic, valid = resource("approved-waiver-W2")
+    schema_violating = dict(valid, event_id="bad-2", resource=dict(valid["resource"], tokens="many"))
+    await worker.publish([("source-changes", b"approved-waiver-W2", b"{not json"),
+                          ("source-changes", b"approved-waiver-W2", orjson.dumps(schema_violating))])
+    fresh = await worker.publish_events((topic, valid))
+
+    letters = await worker.records("dead-letters", lambda rs: len(rs) >= 2)
+    assert [r["error_class"] for r in letters] == ["malformed_json", "schema_violation"]
+    assert all(r["topic"] == worker.settings.topic("source-changes") for r in letters)
+    assert "tokens" in letters[1]["message"] and letters[0]["message"]
+    assert letters[0]["original"] and letters[0]["_key"] == b"approved-waiver-W2"
+
+    after = await worker.select(ATLAS_REQUEST, fresh)  # the valid event behind them was applied
+    assert slot(after, "waiver_valid")["state"] == "supported" and after["plan_id"] != plan["plan_id"]
+    health = await worker.get("/healthz")
+    assert health["counters"]["dead_letters.malformed_json"] == 1
+    assert health["counters"]["dead_letters.schema_violation"] == 1
+    assert health["counters"]["applied.source-changes"] == before["counters"]["applied.source-changes"] + 1

@@ -1,0 +1,144 @@
+"""Shared fixtures: one embedded broker per session, one worker process per broker test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from agents.loader import publish, read_scenario
+from streams.broker import EmbeddedBroker, free_port
+from streams.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "scenarios"
+ATLAS_REQUEST = orjson.loads((SCENARIOS / "atlas-request.json").read_bytes())
+
+
+@pytest.fixture(scope="session")
+def broker():
+    """The embedded Tansu broker, started by the project's own code."""
+    with EmbeddedBroker() as running:
+        yield running
+
+
+@dataclass
+class WorkerProcess:
+    """A `freshplan run` subprocess with its own topics, group and state directory."""
+
+    settings: Settings
+    bootstrap: str
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+    http: aiohttp.ClientSession | None = field(default=None, repr=False)
+
+    async def publish(self, records: list[tuple[str, bytes | None, bytes]]) -> str:
+        """Publish (topic, key, value) records; return the freshness token covering them."""
+        return await publish(self.settings, self.bootstrap, records)
+
+    async def publish_events(self, *items: tuple[str, dict]) -> str:
+        """Publish (topic, event) pairs with the design's keys."""
+        lines = "\n".join(orjson.dumps({"topic": t, "event": e}).decode() for t, e in items)
+        path = self.log_path.parent / f"events-{uuid.uuid4().hex[:6]}.jsonl"
+        path.write_text(lines)
+        return await self.publish(read_scenario(path))
+
+    async def load(self, name: str) -> str:
+        """Publish a scenario file from scenarios/."""
+        return await self.publish(read_scenario(SCENARIOS / name))
+
+    async def select(self, body: dict, fresh: str | None = None, expect: int = 200) -> dict:
+        """POST /v1/select and check the status."""
+        if fresh:
+            body = dict(body, at_least_as_fresh=fresh)
+        async with self.http.post(f"{self.url}/v1/select", json=body) as resp:
+            doc = await resp.json()
+            assert resp.status == expect, doc
+            return doc
+
+    async def get(self, path: str, expect: int = 200) -> dict:
+        """GET a route and check the status."""
+        async with self.http.get(f"{self.url}{path}") as resp:
+            doc = await resp.json()
+            assert resp.status == expect, doc
+            return doc
+
+    async def records(self, topic: str, until, timeout: float = 30.0) -> list[dict]:
+        """Read a topic from the beginning until `until(records)` is true; fail after `timeout`."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        seen: list[dict] = []
+        try:
+            name = self.settings.topic(topic)
+            parts = [TopicPartition(name, p) for p in range(self.settings.partitions)]
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+
+            async def read() -> None:
+                while not until(seen):
+                    batch = await consumer.getmany(timeout_ms=200)
+                    for messages in batch.values():
+                        seen.extend(dict(orjson.loads(m.value), _key=m.key) for m in messages)
+
+            await asyncio.wait_for(read(), timeout)
+            return seen
+        except asyncio.TimeoutError:
+            raise AssertionError(f"condition on {topic} not met within {timeout}s; saw {seen}") from None
+        finally:
+            await consumer.stop()
+
+
+async def _wait_http(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> None:
+    async with aiohttp.ClientSession() as http:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"worker exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                async with http.get(f"{url}/healthz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"worker HTTP not up within {timeout}s:\n{log_path.read_text()[-4000:]}")
+
+
+@pytest.fixture
+async def worker(broker, tmp_path):
+    """A worker process on unique topics and group, with the wall clock off (scenarios drive time)."""
+    tag = uuid.uuid4().hex[:8]
+    port = free_port()
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers,
+               FRESHPLAN_TOPIC_PREFIX=f"t{tag}-", FRESHPLAN_APP_ID=f"freshplan-{tag}",
+               FRESHPLAN_STATE_DIR=str(tmp_path / "state"), FRESHPLAN_WEB_PORT=str(port),
+               FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="30")
+    settings = Settings.from_env(env)
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=env, cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    running = WorkerProcess(settings, broker.bootstrap_servers, url, proc, log_path)
+    try:
+        await _wait_http(url, proc, log_path)
+        async with aiohttp.ClientSession() as http:
+            running.http = http
+            yield running
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,34 @@
+"""Builders of input events used across tests (wire shapes from the design)."""
+
+from __future__ import annotations
+
+import itertools
+
+_ids = itertools.count(1)
+T0 = "2026-08-30T09:00:00Z"
+CREDIT = {"allowed_roles": ["credit_analyst"], "allowed_purposes": ["annual_credit_review"]}
+
+
+def envelope(**body) -> dict:
+    return {"event_id": f"test-{next(_ids)}", "schema_version": 1, "occurred_at": T0, **body}
+
+
+def resource(rid: str, *, entity: str = "ATLAS-IN-01", version: int = 1, cls: str = "approved_waiver",
+             supports=("waiver_valid",), valid_from: str = "2026-08-29T00:00:00Z",
+             valid_to: str | None = "2026-09-30T23:59:59Z", tokens: int = 100,
+             content: str = "Waiver W2 approved by the credit committee.", **extra) -> tuple[str, dict]:
+    body = {"id": rid, "version": version, "entity": entity, "title": rid, "content": content,
+            "tokens": tokens, "evidence_class": cls, "supports": list(supports), "contradicts": [],
+            "valid_from": valid_from, "valid_to": valid_to, "superseded_by": None,
+            "provenance_group": "credit-committee", "sensitivity": "internal", "attributes": CREDIT}
+    body.update(extra)
+    return "source-changes", envelope(kind="resource", op="upsert", resource=body)
+
+
+def revoke_role(principal: str, role: str) -> tuple[str, dict]:
+    return "revocations", envelope(principal=principal, revoke="role", value=role,
+                                   effective_at=T0, issued_by="iam")
+
+
+def tick(now: str) -> tuple[str, dict]:
+    return "clock", envelope(now=now)
