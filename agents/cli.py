@@ -65,15 +65,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             count, token = load_file(settings, bootstrap, Path(path))
             print(f"freshplan: loaded {count} events from {path} (freshness token {token})", flush=True)
         http = f"http://{settings.web_host}:{settings.web_port}"
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
-        settings.run_file.write_text(json.dumps({"bootstrap_servers": bootstrap, "http": http,
-                                                 "topic_prefix": settings.topic_prefix,
-                                                 "pid": os.getpid()}))
-        print(f"freshplan: broker {bootstrap} ({'embedded' if broker else 'external'}), "
-              f"HTTP {http}, state {settings.db_path}", flush=True)
+        run_info = {"bootstrap_servers": bootstrap, "http": http, "topic_prefix": settings.topic_prefix,
+                    "pid": os.getpid()}
         worker = build_worker(settings, bootstrap)
-        faust.Worker(worker.app, loglevel=settings.log_level, loop=loop,
-                     override_logging=False).execute_from_commandline()
+
+        class ServiceWorker(faust.Worker):
+            async def on_startup_finished(self) -> None:
+                await super().on_startup_finished()
+                # Written only once the HTTP API answers, so `load`/`select` can rely on it.
+                settings.run_file.write_text(json.dumps(run_info))
+                print(f"freshplan: ready: broker {bootstrap} ({'embedded' if broker else 'external'}), "
+                      f"HTTP {http}, state {settings.db_path}", flush=True)
+
+        ServiceWorker(worker.app, loglevel=settings.log_level, loop=loop,
+                      override_logging=False).execute_from_commandline()
     except SystemExit:
         pass
     finally:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import orjson
 
-from compiler.admission import typed_propositions  # noqa: F401  (re-exported for tests)
 from compiler.policy import compile_policy
 from schemas.codec import decode
 from schemas.records import Contract, Entity, PolicyBundle, Principal, Resource, SourceChange

@@ -1,0 +1,97 @@
+"""The invalidator over a real DuckDB file, fed raw messages directly (no broker needed here)."""
+
+from __future__ import annotations
+
+import itertools
+
+import orjson
+import pytest
+
+from agents.invalidation import Invalidator, RawMessage
+from agents.query import QueryService
+from state.local_state import LocalState
+from tests.catalog_double import SCENARIOS
+from tests.conftest import ATLAS_REQUEST
+from tests.events import resource, revoke_role
+
+_offsets = itertools.count()
+
+
+def raw(topic: str, event: dict | bytes, partition: int = 0, offset: int | None = None) -> RawMessage:
+    value = event if isinstance(event, bytes) else orjson.dumps(event)
+    return RawMessage(topic, partition, next(_offsets) if offset is None else offset, b"k", value)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    state = LocalState.open(tmp_path / "f.duckdb")
+    inv = Invalidator(state, lambda name: f"x-{name}")
+    inv.apply([raw(item["topic"], item["event"]) for item in
+               map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines())])
+    yield state, inv, QueryService(state, inv)
+    state.close()
+
+
+def outbox(state: LocalState, topic: str) -> list[dict]:
+    return [orjson.loads(v) for _, t, _, v in state.outbox.pending() if t == f"x-{topic}"]
+
+
+def test_duplicate_and_redelivered_events_change_nothing(setup):
+    state, inv, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    topic, event = resource("approved-waiver-W2")
+    message = raw(topic, event)
+    inv.apply([message])
+    first = len(outbox(state, "plan-invalidations"))
+    inv.apply([message])                                # redelivered: same offset
+    inv.apply([raw(topic, event)])                      # same event id, new offset
+    assert len(outbox(state, "plan-invalidations")) == first == 1
+    counters = state.store.counters()
+    assert counters["redelivered_skipped"] == 1 and counters["duplicate_events"] == 1
+    assert query.plan_status(plan["plan_id"])["status"] == "invalidated"
+
+
+def test_identical_recompilation_is_counted_not_announced(setup):
+    state, inv, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    same = resource("rm-note-N7", version=2, cls="case_note", valid_to=None,
+                    content="The relationship manager says renewal was requested (typo fixed).")
+    inv.apply([raw(*same)])
+    assert outbox(state, "plan-invalidations") == []
+    assert state.store.counters()["unchanged_recompilations"] == 1
+    assert query.select(ATLAS_REQUEST)["plan_id"] == plan["plan_id"]
+
+
+def test_a_plan_that_can_no_longer_compile_is_invalidated_without_successor(setup):
+    state, inv, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    maya_gone = {"event_id": "del-maya", "schema_version": 1, "occurred_at": "2026-08-30T10:00:00Z",
+                 "kind": "principal", "op": "delete", "principal": {"id": "maya"}}
+    inv.apply([raw("source-changes", maya_gone)])
+    [announced] = outbox(state, "plan-invalidations")
+    assert announced["plan_id"] == plan["plan_id"] and announced["successor_plan_id"] is None
+    assert announced["reason"] == "principal_changed"
+
+
+def test_a_poison_event_is_dead_lettered_and_the_batch_still_applies(setup, monkeypatch):
+    state, inv, query = setup
+    query.select(ATLAS_REQUEST)
+    original = state.catalog.apply_revocation
+
+    def explode(revocation):
+        if revocation.principal == "omar":
+            raise RuntimeError("simulated bug")
+        return original(revocation)
+
+    monkeypatch.setattr(state.catalog, "apply_revocation", explode)
+    inv.apply([raw(*revoke_role("omar", "financial_crime")), raw(*revoke_role("maya", "credit_analyst"))])
+    [letter] = outbox(state, "dead-letters")
+    assert letter["error_class"] == "processing_error" and "simulated bug" in letter["message"]
+    assert state.catalog.principal("maya").roles == ()
+    assert len(outbox(state, "plan-invalidations")) == 1
+
+
+def test_offsets_commit_with_the_state_they_produced(setup):
+    state, inv, _ = setup
+    inv.apply([raw(*resource("w", version=1), partition=1, offset=41)])
+    assert state.store.next_offsets()["source-changes"][1] == 42

@@ -1,0 +1,141 @@
+"""The six passes over an in-memory catalog: the 002 seed's Atlas outcome, budgets, horizons."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import orjson
+import pytest
+
+from compiler.errors import ResolveError, TypeCheckError
+from compiler.pipeline import ClockUnknown, compile_request
+from tests.catalog_double import SCENARIOS, MemoryCatalog
+from tests.conftest import ATLAS_REQUEST
+from tests.events import resource
+
+NOW = datetime(2026, 8, 30, 9, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def atlas() -> MemoryCatalog:
+    return MemoryCatalog.from_scenario("atlas.jsonl")
+
+
+def slots(plan) -> dict[str, str]:
+    return {s["proposition"]: s["state"] for s in plan.plan["slots"]}
+
+
+def test_atlas_outcome_matches_the_seed(atlas):
+    plan = compile_request(ATLAS_REQUEST, atlas, NOW)
+    assert {a["resource_id"] for a in plan.plan["admitted"]} == {"facility-F102", "workflow-E88", "policy-P3"}
+    assert plan.plan["rejected"] == [{"resource_id": "policy-P2", "reason": "not_applicable"},
+                                     {"resource_id": "rm-note-N7", "reason": "wrong_evidence_class"}]
+    assert plan.plan["withheld"] == 1
+    assert slots(plan) == {"facility_limit": "supported", "review_open": "supported",
+                           "waiver_valid": "unknown", "continuation_rule": "supported"}
+    assert plan.plan["budget_spent"] == {"tokens": 530, "calls": 3}
+    assert plan.plan["stop_reason"] == "escalate"
+    assert {"resource_id": "investigation-X9", "reason": "not_authorised"} in plan.receipt["rejected"]
+
+
+def test_denied_resources_never_reach_the_plan(atlas):
+    text = orjson.dumps(compile_request(ATLAS_REQUEST, atlas, NOW).plan).decode()
+    assert "investigation-X9" not in text and "Restricted investigation note" not in text
+
+
+def test_receipt_carries_hashes_not_denied_content(atlas):
+    receipt = compile_request(ATLAS_REQUEST, atlas, NOW).receipt
+    assert "Restricted investigation note" not in orjson.dumps(receipt).decode()
+    assert all(len(a["content_hash"]) == 64 for a in receipt["admitted"])
+    assert receipt["policy"]["bundle_id"] == "credit" and len(receipt["policy"]["hash"]) == 64
+
+
+def test_identical_inputs_give_the_same_plan_id_and_alias_or_id_the_same_key(atlas):
+    a = compile_request(ATLAS_REQUEST, atlas, NOW)
+    b = compile_request(dict(ATLAS_REQUEST), atlas, NOW)
+    assert a.plan_id == b.plan_id and a.receipt_id == b.receipt_id
+    by_id = compile_request(dict(ATLAS_REQUEST, entity="ATLAS-IN-01"), atlas, NOW)
+    assert by_id.plan["admitted"] == a.plan["admitted"]
+
+
+def test_tight_token_budget_stops_with_budget_exhausted(atlas):
+    plan = compile_request(dict(ATLAS_REQUEST, budget={"tokens": 300}), atlas, NOW)
+    assert plan.plan["budget_spent"]["tokens"] <= 300
+    assert plan.plan["stop_reason"] == "budget_exhausted"
+    assert ("policy-P3", "budget_exceeded") in {(r["resource_id"], r["reason"]) for r in plan.plan["rejected"]}
+
+
+def test_dependencies_cover_absent_evidence_and_every_candidate(atlas):
+    deps = set(compile_request(ATLAS_REQUEST, atlas, NOW).dependencies)
+    assert {"scope:ATLAS-IN-01/approved_waiver", "scope:ATLAS-IN-01/committee_record",
+            "resource:investigation-X9", "resource:policy-P2", "principal:maya", "policy:credit",
+            "contract:credit.review.continuation"} <= deps
+    assert not any(k.startswith("time:") for k in deps)  # explicit decision time: clock-proof
+
+
+def test_live_plan_valid_until_is_the_next_validity_boundary(atlas):
+    atlas.apply(*_wire(resource("approved-waiver-W2")))
+    live = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
+    plan = compile_request(live, atlas, NOW)
+    assert slots(plan)["waiver_valid"] == "supported"
+    assert plan.plan["valid_until"] == "2026-10-01T00:00:00Z"
+    assert "time:2026-10-01T00:00:00Z" in plan.dependencies
+    later = compile_request(live, atlas, datetime(2026, 10, 1, tzinfo=timezone.utc))
+    assert slots(later)["waiver_valid"] == "unknown" and later.plan_id != plan.plan_id
+    with pytest.raises(ClockUnknown):
+        compile_request(live, atlas, None)
+
+
+def test_copies_from_one_provenance_group_count_once(atlas):
+    body = orjson.loads(_wire(resource("w-a"))[1])
+    atlas.apply("policy-versions", _bundle_with_min_independent(2))
+    for rid in ("w-a", "w-b", "w-c"):
+        body["resource"]["id"] = rid
+        body["event_id"] = f"copy-{rid}"
+        atlas.apply("source-changes", orjson.dumps(body))
+    plan = compile_request(ATLAS_REQUEST, atlas, NOW)
+    waiver = next(s for s in plan.plan["slots"] if s["proposition"] == "waiver_valid")
+    assert waiver["state"] == "unknown" and "1 of 2" in waiver["reason"]
+
+
+def test_resolution_and_type_errors_have_their_own_codes(atlas):
+    with pytest.raises(ResolveError) as unknown:
+        compile_request(dict(ATLAS_REQUEST, entity="Nobody Ltd"), atlas, NOW)
+    assert unknown.value.code == "unknown_entity"
+    atlas.apply("source-changes", orjson.dumps({"event_id": "dup-alias", "schema_version": 1,
+                "occurred_at": "2026-08-30T00:00:00Z", "kind": "entity", "op": "upsert",
+                "entity": {"id": "ATLAS-US-09", "aliases": ["Atlas"]}}))
+    with pytest.raises(ResolveError) as ambiguous:
+        compile_request(ATLAS_REQUEST, atlas, NOW)
+    assert ambiguous.value.code == "ambiguous_entity" and ambiguous.value.status == 409
+    with pytest.raises(ResolveError) as nobody:
+        compile_request(dict(ATLAS_REQUEST, entity="ATLAS-IN-01", principal="mallory"), atlas, NOW)
+    assert nobody.value.code == "unknown_principal"
+    with pytest.raises(TypeCheckError) as dtype:
+        compile_request(dict(ATLAS_REQUEST, entity="ATLAS-IN-01", decision_type="credit.approve"), atlas, NOW)
+    assert dtype.value.code == "unknown_decision_type"
+    with pytest.raises(TypeCheckError) as purpose:
+        compile_request(dict(ATLAS_REQUEST, entity="ATLAS-IN-01", purpose="marketing"), atlas, NOW)
+    assert purpose.value.code == "purpose_not_allowed"
+
+
+def test_query_text_claiming_authority_changes_no_admission(atlas):
+    plain = compile_request(ATLAS_REQUEST, atlas, NOW)
+    claim = compile_request(dict(ATLAS_REQUEST, query="I am financial_crime; purpose investigation; "
+                                 "waiver approved by manager"), atlas, NOW)
+    assert claim.plan["admitted"] == plain.plan["admitted"] and claim.plan["withheld"] == 1
+    assert slots(claim) == slots(plain)
+
+
+def _wire(item: tuple[str, dict]) -> tuple[str, bytes]:
+    return item[0], orjson.dumps(item[1])
+
+
+def _bundle_with_min_independent(n: int) -> bytes:
+    line = (SCENARIOS / "atlas.jsonl").read_text().splitlines()[0]
+    event = orjson.loads(line)["event"]
+    event.update(event_id="bundle-v2", version=2)
+    for prop in event["decision_types"]["credit.review.continuation"]["propositions"]:
+        if prop["id"] == "waiver_valid":
+            prop["min_independent"] = n
+    return orjson.dumps(event)

@@ -1,0 +1,68 @@
+"""Decoding: each kind of bad input becomes one InvalidEvent with its class; Debezium maps."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+from jsonschema import Draft202012Validator
+
+from schemas.codec import TOPICS, decode, event_key, schema_text
+from schemas.errors import InvalidEvent
+from schemas.records import Resource, SourceChange
+from tests.events import resource, tick
+
+
+@pytest.mark.parametrize("topic", TOPICS)
+def test_every_topic_ships_a_valid_json_schema(topic):
+    Draft202012Validator.check_schema(json.loads(schema_text(topic)))
+
+
+def test_a_resource_event_decodes_into_records():
+    topic, event = resource("approved-waiver-W2")
+    decoded = decode(topic, b"approved-waiver-W2", orjson.dumps(event))
+    assert isinstance(decoded.payload, SourceChange) and isinstance(decoded.payload.record, Resource)
+    assert decoded.payload.record.valid_to.isoformat() == "2026-09-30T23:59:59+00:00"
+    assert event_key(topic, event) == b"approved-waiver-W2"
+
+
+@pytest.mark.parametrize("mutate, error_class", [
+    (lambda e: b"{nope", "malformed_json"),
+    (lambda e: orjson.dumps(dict(e, schema_version=2)), "unknown_schema_version"),
+    (lambda e: orjson.dumps({k: v for k, v in e.items() if k != "event_id"}), "schema_violation"),
+    (lambda e: orjson.dumps(dict(e, resource=dict(e["resource"], tokens="many"))), "schema_violation"),
+    (lambda e: orjson.dumps(dict(e, kind="spaceship")), "schema_violation"),
+    (lambda e: orjson.dumps(dict(e, resource=dict(e["resource"], valid_to="next tuesday"))), "invalid_value"),
+    (lambda e: orjson.dumps(dict(e, resource=dict(e["resource"], content="x" * 2_000_000))), "oversized"),
+    (lambda e: orjson.dumps([e]), "schema_violation"),
+])
+def test_bad_input_is_classified(mutate, error_class):
+    topic, event = resource("w")
+    with pytest.raises(InvalidEvent) as err:
+        decode(topic, b"w", mutate(event))
+    assert err.value.error_class == error_class and err.value.message
+
+
+def test_clock_and_policy_shapes_are_checked():
+    topic, event = tick("2026-09-01T00:00:00Z")
+    assert decode(topic, None, orjson.dumps(event)).payload.now.year == 2026
+    with pytest.raises(InvalidEvent):
+        decode("policy-versions", b"b", orjson.dumps({"event_id": "p", "schema_version": 1,
+                                                       "occurred_at": "2026-01-01T00:00:00Z"}))
+
+
+def test_debezium_envelopes_and_tombstones_map_onto_source_changes():
+    row = resource("dbz-1")[1]["resource"]
+    for op in ("c", "u", "r"):
+        env = {"before": None, "after": row, "op": op, "ts_ms": 1788000000000,
+               "source": {"table": "documents", "lsn": 42}}
+        change = decode("source-changes", b"dbz-1", orjson.dumps(env)).payload
+        assert change.op == "upsert" and change.record.id == "dbz-1"
+    deleted = decode("source-changes", b"dbz-1", orjson.dumps(
+        {"before": row, "after": None, "op": "d", "ts_ms": 1788000000000, "source": {"lsn": 43}}))
+    assert deleted.payload.op == "delete" and deleted.payload.record is None
+    gone = decode("source-changes", b"dbz-1", None, position="0:7")
+    assert gone.payload.op == "delete" and gone.payload.record_id == "dbz-1"
+    with pytest.raises(InvalidEvent):
+        decode("clock", None, None)

@@ -1,0 +1,85 @@
+"""The DuckDB catalog: versions move forward, revocations apply, bad bundles change nothing."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from schemas.codec import decode
+from schemas.errors import InvalidEvent
+from state.local_state import LocalState
+from tests.catalog_double import SCENARIOS
+from tests.events import resource, revoke_role
+
+
+@pytest.fixture
+def state(tmp_path):
+    st = LocalState.open(tmp_path / "f.duckdb")
+    for line in (SCENARIOS / "atlas.jsonl").read_text().splitlines():
+        item = orjson.loads(line)
+        apply(st, item["topic"], item["event"])
+    yield st
+    st.close()
+
+
+def apply(st: LocalState, topic: str, event: dict):
+    payload = decode(topic, None, orjson.dumps(event)).payload
+    with st.store.transaction():
+        if topic == "source-changes":
+            return st.catalog.apply_source_change(payload)
+        if topic == "policy-versions":
+            return st.catalog.apply_policy(payload)
+        if topic == "revocations":
+            return st.catalog.apply_revocation(payload)
+        return st.store.advance_clock(payload.now)
+
+
+def test_versions_only_move_forward(state):
+    keys = apply(state, *resource("w", version=3, content="v3"))
+    assert "resource:w" in keys and "scope:ATLAS-IN-01/approved_waiver" in keys
+    assert apply(state, *resource("w", version=2, content="v2")) is None
+    assert apply(state, *resource("w", version=3, content="v3 again")) is None
+    contract, _ = state.catalog.contract("credit.review.continuation")
+    [w] = [r for r in state.catalog.candidates("ATLAS-IN-01", contract) if r.id == "w"]
+    assert w.content == "v3"
+
+
+def test_candidates_are_the_entitys_relevant_resources(state):
+    contract, _ = state.catalog.contract("credit.review.continuation")
+    ids = [r.id for r in state.catalog.candidates("ATLAS-IN-01", contract)]
+    assert ids == sorted(["facility-F102", "investigation-X9", "policy-P2", "policy-P3", "rm-note-N7",
+                          "workflow-E88"])
+    apply(state, *resource("memo", cls="marketing_memo", supports=("brand_tone",)))
+    assert "memo" not in [r.id for r in state.catalog.candidates("ATLAS-IN-01", contract)]
+
+
+def test_delete_removes_a_resource_and_reports_its_keys(state):
+    topic, event = resource("gone")
+    apply(state, topic, event)
+    delete = dict(event, event_id="del", op="delete", resource={"id": "gone"})
+    assert "resource:gone" in apply(state, topic, delete)
+    assert apply(state, topic, dict(delete, event_id="del-again")) is None
+
+
+def test_revoked_role_is_gone_from_the_principal(state):
+    assert state.catalog.principal("maya").roles == ("credit_analyst",)
+    assert apply(state, *revoke_role("maya", "credit_analyst")) == ["principal:maya"]
+    assert state.catalog.principal("maya").roles == ()
+
+
+def test_invalid_cedar_bundle_is_rejected_whole(state):
+    line = (SCENARIOS / "atlas.jsonl").read_text().splitlines()[0]
+    event = orjson.loads(line)["event"]
+    bad = dict(event, event_id="p-bad", version=2, cedar="permit(principal, action, resource) when {",
+               decision_types={})
+    with pytest.raises(InvalidEvent) as err:
+        apply(state, "policy-versions", bad)
+    assert err.value.error_class == "invalid_policy"
+    contract, policy = state.catalog.contract("credit.review.continuation")
+    assert policy.version == 1 and contract.purposes == ("annual_credit_review",)
+
+
+def test_clock_never_moves_backwards(state):
+    assert apply(state, "clock", {"event_id": "c", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z",
+                                  "now": "2026-01-01T00:00:00Z"}) is False
+    assert state.store.now().isoformat() == "2026-08-30T09:00:00+00:00"

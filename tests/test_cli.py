@@ -1,0 +1,84 @@
+"""The README's commands: `freshplan run` with its embedded broker, `select`, `plan`, `--help`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from streams.broker import free_port
+from tests.conftest import ROOT
+
+FRESHPLAN = [sys.executable, "-m", "agents.cli"]
+
+
+def test_help_describes_every_command():
+    out = subprocess.run(FRESHPLAN + ["--help"], capture_output=True, text=True, check=True).stdout
+    for command in ("run", "load", "select", "plan"):
+        assert command in out
+    run_help = subprocess.run(FRESHPLAN + ["run", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "--load" in run_help and "--state-dir" in run_help
+
+
+@pytest.mark.timeout(180)
+def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    env.update(FRESHPLAN_WEB_PORT=str(free_port()), FRESHPLAN_STATE_DIR=str(tmp_path / "state"),
+               FRESHPLAN_FRESHNESS_WAIT="30")
+    log_path = tmp_path / "run.log"
+    with open(log_path, "wb") as log:
+        # The README's run command, with only port and state directory moved aside.
+        proc = subprocess.Popen(FRESHPLAN + ["run", "--load", "scenarios/atlas.jsonl"], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        run_file = tmp_path / "state" / "run.json"
+        deadline = time.monotonic() + 90
+        while not run_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        info = json.loads(run_file.read_text())
+        token = _loaded_token(log_path)
+        again = subprocess.run(FRESHPLAN + ["load", "scenarios/atlas.jsonl", "--state-dir", str(tmp_path / "state")],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["events"] == 13  # re-published; the worker deduplicates by event_id
+        select = subprocess.run(FRESHPLAN + ["select", "--file", "scenarios/atlas-request.json",
+                                             "--at-least-as-fresh", token, "--state-dir", str(tmp_path / "state")],
+                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert select.returncode == 0, select.stderr + log_path.read_text()[-3000:]
+        plan = json.loads(select.stdout)
+        assert {a["resource_id"] for a in plan["admitted"]} == {"facility-F102", "workflow-E88", "policy-P3"}
+        status = subprocess.run(FRESHPLAN + ["plan", plan["plan_id"], "--url", info["http"]], cwd=ROOT,
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert json.loads(status.stdout)["status"] == "fresh"
+        with urllib.request.urlopen(f"{info['http']}/healthz", timeout=10) as resp:
+            assert json.loads(resp.read())["now"] is not None  # wall-clock ticks are on by default
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    assert not (tmp_path / "state" / "run.json").exists()
+    broker = info["bootstrap_servers"]
+    host, port = broker.rsplit(":", 1)
+    import socket
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=2).close()
+
+
+def _loaded_token(log_path) -> str:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for line in log_path.read_text().splitlines():
+            if line.startswith("freshplan: loaded"):
+                return line.rsplit("freshness token ", 1)[1].rstrip(")")
+        time.sleep(0.2)
+    raise AssertionError(log_path.read_text()[-3000:])
