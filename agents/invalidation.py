@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Sequence
@@ -11,7 +12,7 @@ from typing import Sequence
 import orjson
 
 from compiler.errors import RequestError
-from compiler.pipeline import compile_request
+from compiler.pipeline import CompiledPlan, compile_request
 from schemas.codec import decode
 from schemas.errors import InvalidEvent
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
@@ -68,44 +69,81 @@ class Invalidator:
                 except Exception as exc:  # noqa: BLE001
                     log.exception("event at %s/%d/%d could not be applied", message.topic,
                                   message.partition, message.offset)
+                    counts: Counter[str] = Counter()
                     with self.state.store.transaction():
-                        self.state.store.save_offset(message.topic, message.partition, message.offset + 1)
+                        self.state.store.save_offsets({(message.topic, message.partition): message.offset + 1})
                         self._dead_letter(message, "processing_error",
-                                          f"{type(exc).__name__} while applying: {exc}")
+                                          f"{type(exc).__name__} while applying: {exc}", counts)
+                        self.state.store.bump_many(counts)
 
     def _apply_all(self, messages: Sequence[RawMessage]) -> None:
         store = self.state.store
         applied = store.next_offsets()
-        touched: dict[str, tuple[str, dict]] = {}
+        counts: Counter[str] = Counter()
+        offsets: dict[tuple[str, int], int] = {}
+        decoded: list[tuple[RawMessage, InputEvent]] = []
         for m in messages:
             if m.offset < applied.get(m.topic, {}).get(m.partition, 0):
-                store.bump("redelivered_skipped")
+                counts["redelivered_skipped"] += 1
                 continue
-            store.save_offset(m.topic, m.partition, m.offset + 1)
-            applied.setdefault(m.topic, {})[m.partition] = m.offset + 1
+            applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
             try:
-                event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
-                               max_bytes=self.max_event_bytes)
-                # The clock is idempotent by monotonicity; its ticks need no event-id ledger.
-                if m.topic != "clock" and not store.claim_event(event.event_id):
-                    store.bump("duplicate_events")
-                    continue
-                keys = self._apply_event(event)
+                decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                                          max_bytes=self.max_event_bytes)))
             except InvalidEvent as exc:
-                self._dead_letter(m, exc.error_class, exc.message)
+                self._dead_letter(m, exc.error_class, exc.message, counts)
+        store.save_offsets(offsets)
+        # The clock is idempotent by monotonicity; its ticks need no event-id ledger.
+        first_seen = store.claim_events([e.event_id for m, e in decoded if m.topic != "clock"])
+        fresh: list[tuple[RawMessage, InputEvent]] = []
+        for m, e in decoded:
+            if m.topic == "clock" or e.event_id in first_seen:
+                first_seen.discard(e.event_id)
+                fresh.append((m, e))
+            else:
+                counts["duplicate_events"] += 1
+        keyed = self._apply_events(fresh, counts)
+        touched = self._affected(keyed)
+        self._recompile(touched, counts)
+        store.bump_many(counts)
+
+    def _apply_events(self, fresh: list[tuple[RawMessage, InputEvent]],
+                      counts: Counter[str]) -> list[tuple[list[str], dict[str, str], dict]]:
+        """Apply events in order (resource changes in one bulk write); (keys, cause) per applied event."""
+        resources = [(i, e.payload) for i, (_, e) in enumerate(fresh)
+                     if isinstance(e.payload, SourceChange) and e.payload.kind == "resource"]
+        results: dict[int, list[str] | None] = dict(zip(
+            (i for i, _ in resources), self.state.catalog.apply_resources([c for _, c in resources]), strict=True))
+        keyed: list[tuple[list[str], dict[str, str], dict]] = []
+        for i, (m, event) in enumerate(fresh):
+            try:
+                keys = results[i] if i in results else self._apply_event(event)
+            except InvalidEvent as exc:
+                self._dead_letter(m, exc.error_class, exc.message, counts)
                 continue
             if keys is None:
-                store.bump("ignored_old_versions")
+                counts["ignored_old_versions"] += 1
                 continue
-            store.bump(f"applied.{m.topic}")
-            cause = {"topic": m.topic, "partition": m.partition, "offset": m.offset,
-                     "event_id": event.event_id}
-            for plan_key, dep_key in self.state.index.affected(keys).items():
-                touched.setdefault(plan_key, (dep_key, cause))
-            if isinstance(event.payload, ClockTick):
-                for plan_key, dep_key in self.state.index.due(event.payload.now).items():
-                    touched.setdefault(plan_key, (dep_key, cause))
-        self._recompile(touched)
+            counts[f"applied.{m.topic}"] += 1
+            cause = {"topic": m.topic, "partition": m.partition, "offset": m.offset, "event_id": event.event_id}
+            due = self.state.index.due(event.payload.now) if isinstance(event.payload, ClockTick) else {}
+            keyed.append((keys, due, cause))
+        return keyed
+
+    def _affected(self, keyed: list[tuple[list[str], dict[str, str], dict]]) -> dict[str, tuple[str, dict]]:
+        """Plan keys touched by the batch, each with the first dependency key and event that touched it."""
+        first: dict[str, tuple[int, dict]] = {}
+        touched: dict[str, tuple[int, str, dict]] = {}
+        for order, (keys, due, cause) in enumerate(keyed):
+            for key in keys:
+                first.setdefault(key, (order, cause))
+            for plan_key, time_key in due.items():
+                touched.setdefault(plan_key, (order, time_key, cause))
+        for plan_key, dep_key in self.state.index.affected_pairs(list(first)):
+            order, cause = first[dep_key]
+            if plan_key not in touched or order < touched[plan_key][0]:
+                touched[plan_key] = (order, dep_key, cause)
+        return {k: (dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
 
     def _apply_event(self, event: InputEvent) -> list[str] | None:
         payload = event.payload
@@ -120,15 +158,19 @@ class Invalidator:
             return [] if self.state.store.advance_clock(payload.now) else None
         raise InvalidEvent("schema_violation", f"no handler for {type(payload).__name__}")
 
-    def _recompile(self, touched: dict[str, tuple[str, dict]]) -> None:
+    def _recompile(self, touched: dict[str, tuple[str, dict]], counts: Counter[str]) -> None:
         state = self.state
         now = state.store.now()
+        heads = state.plans.heads(list(touched))
+        current: list[CompiledPlan] = []
+        successors: list[CompiledPlan] = []
+        invalidated: list[tuple[str, str, dict, str | None]] = []
+        announcements: list[tuple[str, bytes, bytes]] = []
+        dropped: list[str] = []
         for plan_key, (dep_key, cause) in touched.items():
-            head = state.plans.head(plan_key)
-            request = state.plans.request_of(plan_key)
-            if head is None or request is None:
+            if plan_key not in heads:
                 continue
-            old_id = head[0]
+            old_id, request = heads[plan_key]
             try:
                 compiled = compile_request(request, state.catalog, now)
             except RequestError as exc:
@@ -136,42 +178,51 @@ class Invalidator:
                 compiled = None
             if compiled is not None and compiled.plan_id == old_id:
                 # Same outcome: refresh horizon and edges, announce nothing (over-invalidation).
-                state.plans.save(compiled, now)
-                state.index.replace(plan_key, compiled.dependencies)
-                state.store.bump("unchanged_recompilations")
+                current.append(compiled)
+                counts["unchanged_recompilations"] += 1
                 continue
-            successor = None
-            if compiled is not None:
-                self.store_compiled(compiled, now)
-                successor = compiled.plan_id
-            else:
-                state.plans.drop_head(plan_key)
-                state.index.drop(plan_key)
+            if compiled is None:
+                dropped.append(plan_key)
             reason = REASONS.get(dep_key.split(":", 1)[0], "source_changed")
             full_cause = dict(cause, topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
-            state.plans.invalidate(old_id, reason=reason, cause=full_cause, at=now, successor=successor)
+            successor = compiled.plan_id if compiled else None
+            invalidated.append((old_id, reason, full_cause, successor))
             record = {"schema_version": 1, "plan_id": old_id, "plan_key": plan_key, "reason": reason,
                       "cause": full_cause, "invalidated_at": wall_now(),
                       "as_of": now and format_instant(now), "successor_plan_id": successor}
-            state.outbox.add(self.topic_of("plan-invalidations"), old_id.encode(), orjson.dumps(record))
-            state.store.bump("invalidations")
+            announcements.append((self.topic_of("plan-invalidations"), old_id.encode(), orjson.dumps(record)))
             log.info("invalidated plan=%s reason=%s key=%s event=%s successor=%s", old_id, reason,
                      dep_key, cause["event_id"], successor)
+            if compiled is not None:
+                successors.append(compiled)
+        counts["invalidations"] += len(announcements)
+        state.outbox.add_many(announcements)
+        self.store_compiled(successors, now, counts, publish=True)
+        self.store_compiled(current, now, counts, publish=False)
+        state.plans.invalidate_many(invalidated, now)
+        state.plans.drop_heads(dropped)
+        state.index.drop_many(dropped)
 
-    def store_compiled(self, compiled, now: datetime | None) -> None:
-        """Make a compilation current: plan, receipt, index edges, and both on the outbox."""
+    def store_compiled(self, plans: Sequence[CompiledPlan], now: datetime | None, counts: Counter[str],
+                       publish: bool = True) -> None:
+        """Make compilations current: plans, receipts, index edges, and (if new) both on the outbox."""
+        if not plans:
+            return
         state = self.state
-        state.plans.save(compiled, now)
-        state.index.replace(compiled.plan_key, compiled.dependencies)
-        state.outbox.add(self.topic_of("plans"), compiled.plan_id.encode(), orjson.dumps(compiled.plan))
-        state.outbox.add(self.topic_of("receipts"), compiled.receipt_id.encode(),
-                         orjson.dumps(compiled.receipt))
-        state.store.bump("compilations")
+        state.plans.save_many(plans, now)
+        state.index.replace_many({p.plan_key: p.dependencies for p in plans})
+        if publish:
+            rows = []
+            for p in plans:
+                rows.append((self.topic_of("plans"), p.plan_id.encode(), orjson.dumps(p.plan)))
+                rows.append((self.topic_of("receipts"), p.receipt_id.encode(), orjson.dumps(p.receipt)))
+            state.outbox.add_many(rows)
+        counts["compilations"] += len(plans)
 
-    def _dead_letter(self, m: RawMessage, error_class: str, message: str) -> None:
+    def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
         record = {"schema_version": 1, "topic": self.topic_of(m.topic), "partition": m.partition,
                   "offset": m.offset, "error_class": error_class, "message": message,
                   "original": base64.b64encode(m.value or b"").decode()}
-        self.state.outbox.add(self.topic_of("dead-letters"), m.key, orjson.dumps(record))
-        self.state.store.bump(f"dead_letters.{error_class}")
+        self.state.outbox.add_many([(self.topic_of("dead-letters"), m.key, orjson.dumps(record))])
+        counts[f"dead_letters.{error_class}"] += 1
         log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class)

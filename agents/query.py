@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from compiler.pipeline import compile_request
@@ -18,6 +19,7 @@ class QueryService:
     def __init__(self, state: LocalState, invalidator: Invalidator) -> None:
         self.state = state
         self.invalidator = invalidator
+        self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
 
     def token(self) -> str:
         """Freshness token of the state as it is now."""
@@ -36,11 +38,13 @@ class QueryService:
         if plan is None:
             now = state.store.now()
             compiled = compile_request(request, state.catalog, now)
+            counts: Counter[str] = Counter()
             with state.store.transaction():
-                self.invalidator.store_compiled(compiled, now)
+                self.invalidator.store_compiled([compiled], now, counts)
+                state.store.bump_many(counts)
             plan = compiled.plan
             served_from = "compiled"
-        state.store.bump(f"selects.{served_from}")
+        self.selects[served_from] += 1
         return dict(plan, freshness_token=self.token(), served_from=served_from)
 
     def plan_status(self, plan_id: str) -> dict[str, Any] | None:
@@ -54,4 +58,5 @@ class QueryService:
         return {"status": "ok", "now": now and now.isoformat().replace("+00:00", "Z"),
                 "applied_offsets": store.next_offsets(), "freshness_token": self.token(),
                 "plans": self.state.plans.counts(), "index_edges": self.state.index.size(),
-                "outbox": self.state.outbox.size(), "counters": store.counters()}
+                "outbox": self.state.outbox.size(),
+                "counters": dict(store.counters(), **{f"selects.{k}": v for k, v in self.selects.items()})}

@@ -64,7 +64,7 @@ def admit(candidates: Sequence[Resource], *, entity_id: str, principal: Principa
     typed: list[tuple[Resource, frozenset[str]]] = []
     rejected: list[tuple[str, str]] = []
     withheld: list[str] = []
-    for resource, ok in zip(candidates, allowed):
+    for resource, ok in zip(candidates, allowed, strict=True):
         if not ok:
             withheld.append(resource.id)
         elif resource.entity != entity_id:

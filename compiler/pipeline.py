@@ -90,7 +90,7 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
                       policy=policy, purpose=request.purpose, decision_time=when)
     typed_resources = [r for r, _ in admission.typed]
     scores = bm25(request.query, [f"{r.title} {r.content}" for r in typed_resources])
-    relevance = {r.id: s for r, s in zip(typed_resources, scores)}
+    relevance = {r.id: s for r, s in zip(typed_resources, scores, strict=True)}
     chosen = select(admission.typed, relevance, contract, request.budget)
     by_id = {r.id: r for r in candidates}
     withheld = [by_id[i] for i in admission.withheld]

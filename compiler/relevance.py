@@ -25,7 +25,7 @@ def bm25(query: str, documents: Sequence[str], k1: float = 1.2, b: float = 0.75)
     avg = (sum(lengths) / len(docs)) or 1.0
     n = len(docs)
     scores = []
-    for doc, length in zip(docs, lengths):
+    for doc, length in zip(docs, lengths, strict=True):
         score = 0.0
         for term in terms:
             tf = doc.get(term, 0)

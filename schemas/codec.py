@@ -9,8 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 import orjson
-from jsonschema import Draft202012Validator
-from referencing import Registry, Resource as SchemaResource
+import fastjsonschema
 
 from schemas import debezium
 from schemas.errors import InvalidEvent
@@ -29,24 +28,31 @@ def schema_text(topic: str) -> str:
 
 
 @lru_cache(maxsize=None)
-def validator(topic: str) -> Draft202012Validator:
-    """A compiled validator for one topic (built once per process)."""
-    registry = Registry()
-    for name in ("_common",) + TOPICS:
-        doc = json.loads(schema_text(name))
-        registry = registry.with_resource(f"{name}.schema.json", SchemaResource.from_contents(doc))
-        registry = registry.with_resource(doc["$id"], SchemaResource.from_contents(doc))
-    schema = json.loads(schema_text(topic))
-    return Draft202012Validator(schema, registry=registry)
+def _documents() -> dict[str, dict]:
+    """Every shipped schema by its $id, so cross-file $refs resolve without the network."""
+    docs = (json.loads(schema_text(name)) for name in ("_common",) + TOPICS)
+    return {doc["$id"]: doc for doc in docs}
+
+
+@lru_cache(maxsize=None)
+def validator(topic: str):
+    """A validator compiled once per process from the topic's JSON Schema.
+
+    fastjsonschema generates Python code (tens of microseconds per event instead of
+    milliseconds); the schema files use only keywords whose meaning is the same in
+    draft-07 and 2020-12, so producers may validate with either.
+    """
+    return fastjsonschema.compile(json.loads(schema_text(topic)), use_formats=False,
+                                  handlers={"https": lambda uri: _documents()[uri]})
 
 
 def validate(topic: str, doc: Any) -> None:
-    """Raise InvalidEvent(schema_violation) naming the first problem, if any."""
-    errors = sorted(validator(topic).iter_errors(doc), key=lambda e: list(e.absolute_path))
-    if errors:
-        err = errors[0]
-        where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
-        raise InvalidEvent("schema_violation", f"{topic} event at {where}: {err.message}")
+    """Raise InvalidEvent(schema_violation) naming the problem, if any."""
+    try:
+        validator(topic)(doc)
+    except fastjsonschema.JsonSchemaException as err:
+        where = "/".join(str(p) for p in (err.path or [])[1:]) or "(top level)"
+        raise InvalidEvent("schema_violation", f"{topic} event at {where}: {err.message}") from None
 
 
 def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str = "",

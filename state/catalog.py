@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import orjson
+import pyarrow as pa
 
 from compiler.attest import scope_keys
 from compiler.errors import PolicyError
@@ -48,26 +49,43 @@ class Catalog:
         return self._apply_entity(change)
 
     def _apply_resource(self, change: SourceChange) -> list[str] | None:
-        old = self.db.execute("SELECT version, deleted, entity, evidence_class, supports, contradicts "
-                              "FROM resources WHERE id = ?", [change.record_id]).fetchone()
-        keys = [f"resource:{change.record_id}"]
-        if old is not None:
-            keys += scope_keys(old[2], old[3], list(old[4] or ()) + list(old[5] or ()))
-        new: Resource | None = change.record  # type: ignore[assignment]
-        if new is None:
-            if old is None or old[1]:
-                return None
-            self.db.execute("UPDATE resources SET deleted = true WHERE id = ?", [change.record_id])
-            return keys
-        if old is not None and new.version <= old[0]:
-            return None
-        self.db.execute(
-            f"INSERT OR REPLACE INTO resources ({_RESOURCE_COLS}, deleted) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false)",
-            [new.id, new.version, new.entity, new.evidence_class, new.tokens, new.title, new.content,
-             list(new.supports), list(new.contradicts), new.valid_from, new.valid_to, new.superseded_by,
-             new.provenance_group, new.sensitivity, orjson.dumps(dict(new.attributes)).decode()])
-        return keys + scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts)
+        return self.apply_resources([change])[0]
+
+    def apply_resources(self, changes: Sequence[SourceChange]) -> list[list[str] | None]:
+        """Apply resource upserts and deletes in order with one read and one write; keys per change."""
+        ids = list({c.record_id for c in changes})
+        current: dict[str, tuple] = {
+            r[0]: r[1:] for r in self.db.execute(
+                "SELECT id, version, deleted, entity, evidence_class, supports, contradicts FROM resources "
+                "WHERE id IN (SELECT unnest(?))", [ids]).fetchall()}
+        written: dict[str, Resource | None] = {}
+        out: list[list[str] | None] = []
+        for change in changes:
+            old = current.get(change.record_id)
+            keys = [f"resource:{change.record_id}"]
+            if old is not None:
+                keys += scope_keys(old[2], old[3], list(old[4] or ()) + list(old[5] or ()))
+            new: Resource | None = change.record  # type: ignore[assignment]
+            if new is None:
+                if old is None or old[1]:
+                    out.append(None)
+                    continue
+                current[change.record_id] = (old[0], True) + old[2:]
+                written[change.record_id] = None
+                out.append(keys)
+                continue
+            if old is not None and new.version <= old[0]:
+                out.append(None)
+                continue
+            current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts)
+            written[new.id] = new
+            out.append(keys + scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts))
+        upserts = [r for r in written.values() if r is not None]
+        self.store.insert_rows("resources", _resource_table(upserts))
+        deletes = [rid for rid, r in written.items() if r is None]
+        if deletes:
+            self.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
+        return out
 
     def _apply_principal(self, change: SourceChange) -> list[str] | None:
         new: Principal | None = change.record  # type: ignore[assignment]
@@ -191,6 +209,27 @@ class Catalog:
     def resource_count(self) -> int:
         """Live resources in the catalog."""
         return self.db.execute("SELECT count(*) FROM resources WHERE NOT deleted").fetchone()[0]
+
+
+def _resource_table(resources: Sequence[Resource]) -> pa.Table:
+    """Arrow rows in the column order of the resources table."""
+    strings = pa.list_(pa.string())
+    when = pa.timestamp("us", tz="UTC")
+    return pa.table({
+        "id": [r.id for r in resources], "version": pa.array([r.version for r in resources], pa.int64()),
+        "entity": [r.entity for r in resources], "evidence_class": [r.evidence_class for r in resources],
+        "tokens": pa.array([r.tokens for r in resources], pa.int64()), "title": [r.title for r in resources],
+        "content": [r.content for r in resources],
+        "supports": pa.array([list(r.supports) for r in resources], strings),
+        "contradicts": pa.array([list(r.contradicts) for r in resources], strings),
+        "valid_from": pa.array([r.valid_from for r in resources], when),
+        "valid_to": pa.array([r.valid_to for r in resources], when),
+        "superseded_by": pa.array([r.superseded_by for r in resources], pa.string()),
+        "provenance_group": pa.array([r.provenance_group for r in resources], pa.string()),
+        "sensitivity": [r.sensitivity for r in resources],
+        "attributes": [orjson.dumps(dict(r.attributes)).decode() for r in resources],
+        "deleted": pa.array([False] * len(resources), pa.bool_()),
+    })
 
 
 def _contract_doc(contract: Contract) -> dict:

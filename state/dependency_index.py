@@ -5,37 +5,48 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterable
 
+import pyarrow as pa
 
 from state.store import Store
+
 
 class DependencyIndex:
     """Edges from dependency keys to plan keys, replaced whole on every (re)compilation."""
 
     def __init__(self, store: Store) -> None:
+        self.store = store
         self.db = store.db
 
-    def replace(self, plan_key: str, keys: Iterable[str]) -> None:
-        """Make `keys` the complete dependency set of the plan key's current plan."""
-        self.db.execute("DELETE FROM dependency_index WHERE plan_key = ?", [plan_key])
-        keys = sorted(set(keys))
-        if keys:
-            self.db.execute("INSERT INTO dependency_index SELECT unnest(?), ?", [keys, plan_key])
+    def replace_many(self, edges: dict[str, Iterable[str]]) -> None:
+        """Make each plan key's given keys its complete dependency set, in two statements."""
+        if not edges:
+            return
+        self.drop_many(list(edges))
+        dep_keys, plan_keys = [], []
+        for plan_key, keys in edges.items():
+            for key in sorted(set(keys)):
+                dep_keys.append(key)
+                plan_keys.append(plan_key)
+        self.store.insert_rows("dependency_index", pa.table({"dep_key": dep_keys, "plan_key": plan_keys}),
+                               verb="INSERT INTO")
 
-    def drop(self, plan_key: str) -> None:
-        """Forget a plan key (its plan can no longer be compiled)."""
-        self.db.execute("DELETE FROM dependency_index WHERE plan_key = ?", [plan_key])
+    def drop_many(self, plan_keys: list[str]) -> None:
+        """Forget plan keys (their plans can no longer be compiled)."""
+        if plan_keys:
+            self.db.execute("DELETE FROM dependency_index WHERE plan_key IN (SELECT unnest(?))", [plan_keys])
 
-    def affected(self, keys: Iterable[str]) -> dict[str, str]:
-        """Plan keys depending on any of `keys`, each with the first matching key (in `keys` order)."""
-        ordered = list(dict.fromkeys(keys))
-        if not ordered:
-            return {}
-        rows = self.db.execute(
-            "SELECT d.plan_key, d.dep_key, k.pos FROM dependency_index d "
-            "JOIN (SELECT unnest(?) AS dep_key, generate_subscripts(?, 1) AS pos) k USING (dep_key) "
-            "ORDER BY k.pos", [ordered, ordered]).fetchall()
+    def affected_pairs(self, keys: list[str]) -> list[tuple[str, str]]:
+        """Every (plan key, dependency key) edge whose key is in `keys`."""
+        if not keys:
+            return []
+        return self.db.execute("SELECT plan_key, dep_key FROM dependency_index "
+                               "WHERE dep_key IN (SELECT unnest(?))", [keys]).fetchall()
+
+    def affected(self, keys: list[str]) -> dict[str, str]:
+        """Plan keys depending on any of `keys`, each with the earliest matching key in `keys` order."""
+        rank = {k: i for i, k in reversed(list(enumerate(keys)))}
         out: dict[str, str] = {}
-        for plan_key, dep_key, _ in rows:
+        for plan_key, dep_key in sorted(self.affected_pairs(keys), key=lambda e: rank[e[1]]):
             out.setdefault(plan_key, dep_key)
         return out
 

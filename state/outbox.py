@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from state.store import Store
 
 
@@ -11,9 +13,18 @@ class Outbox:
     def __init__(self, store: Store) -> None:
         self.db = store.db
 
-    def add(self, topic: str, key: bytes | None, value: bytes) -> None:
-        """Queue one record for publication."""
-        self.db.execute("INSERT INTO outbox (topic, key, value) VALUES (?, ?, ?)", [topic, key, value])
+    def add_many(self, rows: list[tuple[str, bytes | None, bytes]]) -> None:
+        """Queue records for publication, in order, in one statement."""
+        if not rows:
+            return
+        table = pa.table({"topic": [r[0] for r in rows], "key": pa.array([r[1] for r in rows], pa.binary()),
+                          "value": pa.array([r[2] for r in rows], pa.binary())})
+        self.db.register("_outbox_rows", table)
+        try:
+            # rowid order of the Arrow scan is the list order, so seq keeps publication order.
+            self.db.execute("INSERT INTO outbox (topic, key, value) SELECT topic, key, value FROM _outbox_rows")
+        finally:
+            self.db.unregister("_outbox_rows")
 
     def pending(self, limit: int = 5000) -> list[tuple[int, str, bytes | None, bytes]]:
         """The oldest queued records, in order."""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
+import pyarrow as pa
 
 from compiler.pipeline import CompiledPlan
 from state.store import Store
@@ -15,27 +16,40 @@ class PlanStore:
     """Compiled plans by id, the current plan of each plan key, and receipts."""
 
     def __init__(self, store: Store) -> None:
+        self.store = store
         self.db = store.db
 
-    def save(self, compiled: CompiledPlan, compiled_at: datetime | None) -> bool:
-        """Store a compilation as its key's current plan; False if that plan id was already current."""
-        head = self.head(compiled.plan_key)
-        unchanged = head is not None and head[0] == compiled.plan_id
-        self.db.execute(
-            "INSERT OR REPLACE INTO plans VALUES (?, ?, 'fresh', ?, ?, ?, ?, ?, NULL, NULL, NULL, ?, NULL)",
-            [compiled.plan_id, compiled.plan_key, compiled.request.live, compiled.valid_until,
-             orjson.dumps(compiled.request.as_dict()).decode(), orjson.dumps(compiled.plan).decode(),
-             compiled.receipt_id, compiled_at])
-        self.db.execute("INSERT OR REPLACE INTO plan_heads VALUES (?, ?, ?, ?)",
-                        [compiled.plan_key, compiled.plan_id, compiled.request.live, compiled.valid_until])
-        self.db.execute("INSERT OR REPLACE INTO receipts VALUES (?, ?, ?)",
-                        [compiled.receipt_id, compiled.plan_id, orjson.dumps(compiled.receipt).decode()])
-        return not unchanged
+    def save_many(self, plans: Sequence[CompiledPlan], compiled_at: datetime | None) -> None:
+        """Store compilations as their keys' current plans, with receipts, in three statements."""
+        if not plans:
+            return
+        when = pa.timestamp("us", tz="UTC")
+        n = len(plans)
+        nulls = pa.array([None] * n, pa.string())
+        self.store.insert_rows("plans", pa.table({
+            "plan_id": [p.plan_id for p in plans], "plan_key": [p.plan_key for p in plans],
+            "status": ["fresh"] * n, "live": pa.array([p.request.live for p in plans], pa.bool_()),
+            "valid_until": pa.array([p.valid_until for p in plans], when),
+            "request": [orjson.dumps(p.request.as_dict()).decode() for p in plans],
+            "plan": [orjson.dumps(p.plan).decode() for p in plans], "receipt_id": [p.receipt_id for p in plans],
+            "reason": nulls, "cause": nulls, "successor_plan_id": nulls,
+            "compiled_at": pa.array([compiled_at] * n, when), "invalidated_at": pa.array([None] * n, when)}))
+        self.store.insert_rows("plan_heads", pa.table({
+            "plan_key": [p.plan_key for p in plans], "plan_id": [p.plan_id for p in plans],
+            "live": pa.array([p.request.live for p in plans], pa.bool_()),
+            "valid_until": pa.array([p.valid_until for p in plans], when)}))
+        self.store.insert_rows("receipts", pa.table({
+            "receipt_id": [p.receipt_id for p in plans], "plan_id": [p.plan_id for p in plans],
+            "receipt": [orjson.dumps(p.receipt).decode() for p in plans]}))
 
-    def head(self, plan_key: str) -> tuple[str, bool, datetime | None] | None:
-        """(plan id, live, valid_until) of the key's current plan."""
-        return self.db.execute("SELECT plan_id, live, valid_until FROM plan_heads WHERE plan_key = ?",
-                               [plan_key]).fetchone()
+    def heads(self, plan_keys: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Current plan id and request document of each plan key that has one."""
+        if not plan_keys:
+            return {}
+        rows = self.db.execute("SELECT h.plan_key, h.plan_id, p.request FROM plan_heads h "
+                               "JOIN plans p USING (plan_id) WHERE h.plan_key IN (SELECT unnest(?))",
+                               [plan_keys]).fetchall()
+        return {key: (plan_id, orjson.loads(request)) for key, plan_id, request in rows}
 
     def fresh_plan(self, plan_key: str) -> dict[str, Any] | None:
         """The current plan of a key if it is still fresh."""
@@ -43,22 +57,25 @@ class PlanStore:
                               "WHERE h.plan_key = ? AND p.status = 'fresh'", [plan_key]).fetchone()
         return orjson.loads(row[0]) if row else None
 
-    def request_of(self, plan_key: str) -> dict[str, Any] | None:
-        """The request document the key's current plan was compiled from."""
-        row = self.db.execute("SELECT p.request FROM plan_heads h JOIN plans p USING (plan_id) "
-                              "WHERE h.plan_key = ?", [plan_key]).fetchone()
-        return orjson.loads(row[0]) if row else None
+    def invalidate_many(self, invalidated: list[tuple[str, str, dict, str | None]], at: datetime | None) -> None:
+        """Mark plans invalidated: (plan id, reason, cause, successor plan id)."""
+        if not invalidated:
+            return
+        rows = pa.table({"plan_id": [i[0] for i in invalidated], "reason": [i[1] for i in invalidated],
+                         "cause": [orjson.dumps(i[2]).decode() for i in invalidated],
+                         "successor": pa.array([i[3] for i in invalidated], pa.string())})
+        self.db.register("_invalidated", rows)
+        try:
+            self.db.execute("UPDATE plans SET status = 'invalidated', reason = i.reason, cause = i.cause, "
+                            "successor_plan_id = i.successor, invalidated_at = ? FROM _invalidated i "
+                            "WHERE plans.plan_id = i.plan_id", [at])
+        finally:
+            self.db.unregister("_invalidated")
 
-    def invalidate(self, plan_id: str, *, reason: str, cause: dict, at: datetime | None,
-                   successor: str | None) -> None:
-        """Mark a plan invalidated with why and what replaced it."""
-        self.db.execute("UPDATE plans SET status = 'invalidated', reason = ?, cause = ?, "
-                        "successor_plan_id = ?, invalidated_at = ? WHERE plan_id = ?",
-                        [reason, orjson.dumps(cause).decode(), successor, at, plan_id])
-
-    def drop_head(self, plan_key: str) -> None:
-        """The key has no current plan any more."""
-        self.db.execute("DELETE FROM plan_heads WHERE plan_key = ?", [plan_key])
+    def drop_heads(self, plan_keys: list[str]) -> None:
+        """These keys have no current plan any more."""
+        if plan_keys:
+            self.db.execute("DELETE FROM plan_heads WHERE plan_key IN (SELECT unnest(?))", [plan_keys])
 
     def status(self, plan_id: str) -> dict[str, Any] | None:
         """Public status of a plan id."""

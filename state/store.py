@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 import duckdb
+import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,18 @@ class Store:
         finally:
             self._depth = 0
 
+    def insert_rows(self, table: str, rows: pa.Table, *, verb: str = "INSERT OR REPLACE INTO",
+                    on_conflict: str = "") -> None:
+        """Write many rows in one statement (the hot paths batch through here)."""
+        if rows.num_rows == 0:
+            return
+        name = f"_rows_{table}"
+        self.db.register(name, rows)
+        try:
+            self.db.execute(f"{verb} {table} SELECT * FROM {name} {on_conflict}")
+        finally:
+            self.db.unregister(name)
+
     # -- offsets and idempotence -------------------------------------------------------
 
     def next_offsets(self) -> dict[str, dict[int, int]]:
@@ -101,11 +114,25 @@ class Store:
                         "SET next_offset = greatest(offsets.next_offset, excluded.next_offset)",
                         [topic, partition, next_offset])
 
-    def claim_event(self, event_id: str) -> bool:
-        """True the first time an event id is seen; False for a duplicate."""
-        row = self.db.execute("INSERT INTO applied_events VALUES (?) ON CONFLICT DO NOTHING RETURNING 1",
-                              [event_id]).fetchone()
-        return row is not None
+    def save_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Record many partitions' next offsets in one statement."""
+        if not offsets:
+            return
+        rows = pa.table({"topic": [t for t, _ in offsets], "partition": pa.array([p for _, p in offsets], pa.int32()),
+                         "next_offset": list(offsets.values())})
+        self.insert_rows("offsets", rows, verb="INSERT INTO", on_conflict="ON CONFLICT (topic, partition) DO UPDATE "
+                         "SET next_offset = greatest(offsets.next_offset, excluded.next_offset)")
+
+    def claim_events(self, event_ids: list[str]) -> set[str]:
+        """The ids seen for the first time (first occurrence in the list wins); records them."""
+        unique = list(dict.fromkeys(event_ids))
+        if not unique:
+            return set()
+        seen = {r[0] for r in self.db.execute(
+            "SELECT event_id FROM applied_events WHERE event_id IN (SELECT unnest(?))", [unique]).fetchall()}
+        new = [e for e in unique if e not in seen]
+        self.insert_rows("applied_events", pa.table({"event_id": new}), verb="INSERT INTO")
+        return set(new)
 
     # -- clock -------------------------------------------------------------------------
 
@@ -129,6 +156,15 @@ class Store:
         """Add to a named counter."""
         self.db.execute("INSERT INTO counters VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
                         "SET value = counters.value + excluded.value", [name, by])
+
+    def bump_many(self, counts: dict[str, int]) -> None:
+        """Add to many counters in one statement."""
+        counts = {k: v for k, v in counts.items() if v}
+        if not counts:
+            return
+        rows = pa.table({"name": list(counts), "value": list(counts.values())})
+        self.insert_rows("counters", rows, verb="INSERT INTO",
+                         on_conflict="ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value")
 
     def counters(self) -> dict[str, int]:
         """Every counter with its value."""

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class EmbeddedBroker:
                     f"Tansu exited with code {self.process.returncode} on {url}; "
                     "check that the port is free and the binary runs on this machine."
                 )
-            if asyncio.run(_answers_kafka(self.bootstrap_servers)):
+            if _probe(self.bootstrap_servers):
                 log.info("embedded broker ready at %s", self.bootstrap_servers)
                 return self
             time.sleep(0.2)
@@ -86,6 +87,12 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _probe(bootstrap: str) -> bool:
+    """Ask the broker for metadata from a helper thread, so callers may already run a loop."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, _answers_kafka(bootstrap)).result()
 
 
 async def _answers_kafka(bootstrap: str) -> bool:
