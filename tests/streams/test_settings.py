@@ -1,0 +1,24 @@
+"""Settings come from the environment once and are injected; flags override them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streams.settings import Settings
+
+
+def test_defaults_use_the_embedded_broker_and_a_local_state_dir():
+    settings = Settings.from_env({})
+    assert settings.bootstrap_servers is None
+    assert settings.db_path == Path(".freshplan") / "freshplan.duckdb"
+    assert settings.wall_clock is True and settings.topic("clock") == "clock"
+
+
+def test_environment_and_overrides():
+    env = {"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092", "FRESHPLAN_TOPIC_PREFIX": "t1-",
+           "FRESHPLAN_PARTITIONS": "8", "FRESHPLAN_WALL_CLOCK": "off", "FRESHPLAN_FRESHNESS_WAIT": "2.5"}
+    settings = Settings.from_env(env).with_overrides(web_port=7000, state_dir=None)
+    assert settings.bootstrap_servers == "kafka:9092" and settings.partitions == 8
+    assert settings.topic("plans") == "t1-plans" and settings.wall_clock is False
+    assert settings.freshness_wait == 2.5 and settings.web_port == 7000
+    assert settings.state_dir == Path(".freshplan")
