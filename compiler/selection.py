@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from compiler.request import Budget
+from compiler.slots import aggregate, contribution, group_of, threshold_of
 from schemas.records import Contract, Resource
 
 BUDGET_EXCEEDED = "budget_exceeded"
@@ -26,33 +27,44 @@ class Selection:
     """Whether a useful item was left out because a limit would be exceeded."""
 
 
-def _group(resource: Resource) -> str:
-    # A resource without a provenance group is its own independent source.
-    return resource.provenance_group or f"resource:{resource.id}"
-
-
 def select(typed: Sequence[tuple[Resource, frozenset[str]]], relevance: dict[str, float],
            contract: Contract, budget: Budget) -> Selection:
-    """Pick items that cover the most unmet propositions first, then by relevance, fewer tokens."""
-    need = {p.id: p.min_independent for p in contract.propositions}
-    groups: dict[str, set[str]] = {p: set() for p in need}
+    """Pick items that close the most open propositions first, then by relevance, fewer tokens.
+
+    A proposition stays open until its noisy-or support reaches the threshold from enough
+    independent provenance groups; refuting evidence from a new group is always kept.
+    """
+    props = {p.id: p for p in contract.propositions}
+    chosen: dict[str, list[Resource]] = {p: [] for p in props}
     remaining = list(typed)
     admitted: list[Resource] = []
     skipped: list[tuple[str, str]] = []
     tokens = 0
     budget_hit = False
 
+    def open_(p: str) -> bool:
+        support, _, groups = aggregate(chosen[p], props[p])
+        return support < threshold_of(props[p], contract) or groups < props[p].min_independent
+
     def gain(item: tuple[Resource, frozenset[str]]) -> set[str]:
-        resource, props = item
-        return {p for p in props if len(groups[p]) < need[p] and _group(resource) not in groups[p]}
+        resource, claims = item
+        out = set()
+        for p in claims:
+            weight = contribution(resource, p)
+            seen = {group_of(r) for r in chosen[p] if (contribution(r, p) > 0) == (weight > 0)}
+            if group_of(resource) in seen or weight == 0:
+                continue
+            if weight < 0 or open_(p):
+                out.add(p)
+        return out
 
     while remaining:
         remaining.sort(key=lambda it: (-len(gain(it)), -relevance.get(it[0].id, 0.0),
                                        it[0].tokens, it[0].id))
-        resource, props = remaining.pop(0)
-        covered = gain((resource, props))
+        resource, claims = remaining.pop(0)
+        covered = gain((resource, claims))
         if not covered:
-            remaining.insert(0, (resource, props))
+            remaining.insert(0, (resource, claims))
             break
         over_tokens = budget.tokens is not None and tokens + resource.tokens > budget.tokens
         over_calls = budget.calls is not None and len(admitted) + 1 > budget.calls
@@ -63,6 +75,6 @@ def select(typed: Sequence[tuple[Resource, frozenset[str]]], relevance: dict[str
         admitted.append(resource)
         tokens += resource.tokens
         for p in covered:
-            groups[p].add(_group(resource))
+            chosen[p].append(resource)
     skipped.extend((r.id, NOT_NEEDED) for r, _ in remaining)
     return Selection(tuple(admitted), tuple(sorted(skipped)), tokens, budget_hit)

@@ -1,11 +1,11 @@
-"""Evidence slots and the plan's overall state and stop reason."""
+"""Evidence slots by governed sufficiency: provenance groups, noisy-or, conflict, overall state."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
 
-from schemas.records import Contract, Resource
+from schemas.records import Contract, Proposition, Resource
 
 SUPPORTED, CONTRADICTED, UNKNOWN = "supported", "contradicted", "unknown"
 
@@ -24,55 +24,113 @@ class Slot:
     """Why the slot is in this state, in words."""
     required: bool
     """Whether a gap blocks the decision."""
+    support: float = 0.0
+    """Noisy-or of the strongest support per provenance group."""
+    refute: float = 0.0
+    """Noisy-or of the strongest refutation per provenance group."""
+    groups: int = 0
+    """Independent provenance groups that support it."""
+    conflict: bool = False
+    """Strong support and strong refutation at once."""
 
     def as_dict(self) -> dict:
         """Wire shape of the slot."""
         return {"proposition": self.proposition, "state": self.state,
                 "resource_ids": list(self.resource_ids), "reason": self.reason,
-                "required": self.required}
+                "required": self.required, "support": round(self.support, 3),
+                "refute": round(self.refute, 3), "independent_groups": self.groups,
+                "conflict": self.conflict}
+
+
+def group_of(resource: Resource) -> str:
+    """The provenance group; a resource without one is its own independent source."""
+    return resource.provenance_group or f"resource:{resource.id}"
+
+
+def contribution(resource: Resource, proposition: str) -> float:
+    """Signed weight in [-1, 1]: declared per claim, else the source's authority with the claim's sign."""
+    declared = resource.attributes.get("contributions")
+    if isinstance(declared, dict) and isinstance(declared.get(proposition), (int, float)):
+        return max(-1.0, min(1.0, float(declared[proposition])))
+    authority = resource.attributes.get("authority", 1.0)
+    authority = float(authority) if isinstance(authority, (int, float)) else 1.0
+    if proposition in resource.contradicts:
+        return -authority
+    return authority if proposition in resource.supports else 0.0
+
+
+def noisy_or(weights: Sequence[float]) -> float:
+    """Probability at least one independent source holds: 1 - prod(1 - w)."""
+    miss = 1.0
+    for w in weights:
+        miss *= 1.0 - max(0.0, min(1.0, w))
+    return 1.0 - miss
+
+
+def threshold_of(prop: Proposition, contract: Contract) -> float:
+    """The support a proposition needs."""
+    return contract.threshold if prop.threshold is None else prop.threshold
+
+
+def aggregate(resources: Sequence[Resource], prop: Proposition) -> tuple[float, float, int]:
+    """(support, refutation, supporting groups) counting each provenance group once."""
+    best_for: dict[str, float] = {}
+    best_against: dict[str, float] = {}
+    for r in resources:
+        if r.evidence_class not in prop.accepted_classes:
+            continue
+        weight = contribution(r, prop.id)
+        g = group_of(r)
+        if weight > 0:
+            best_for[g] = max(best_for.get(g, 0.0), weight)
+        elif weight < 0:
+            best_against[g] = max(best_against.get(g, 0.0), -weight)
+    return noisy_or(list(best_for.values())), noisy_or(list(best_against.values())), len(best_for)
 
 
 def fill_slots(admitted: Sequence[Resource], contract: Contract) -> tuple[Slot, ...]:
     """One slot per proposition from admitted, correctly typed evidence."""
     slots = []
     for prop in contract.propositions:
-        typed = [r for r in admitted if r.evidence_class in prop.accepted_classes]
-        support = [r for r in typed if prop.id in r.supports]
-        refute = [r for r in typed if prop.id in r.contradicts]
-        groups = {r.provenance_group or r.id for r in support}
-        ids = tuple(r.id for r in support + refute)
-        if refute:
-            reason = "admitted sources disagree" if support else "admitted evidence contradicts it"
-            slots.append(Slot(prop.id, CONTRADICTED, ids, reason, prop.required))
-        elif len(groups) >= prop.min_independent:
-            slots.append(Slot(prop.id, SUPPORTED, ids, "supported by an accepted evidence class",
-                              prop.required))
-        elif support:
-            slots.append(Slot(prop.id, UNKNOWN, ids, f"{len(groups)} of {prop.min_independent} "
-                              "independent provenance groups", prop.required))
+        speaking = [r for r in admitted if r.evidence_class in prop.accepted_classes
+                    and contribution(r, prop.id) != 0]
+        ids = tuple(r.id for r in speaking)
+        support, refute, groups = aggregate(speaking, prop)
+        need = threshold_of(prop, contract)
+        common = dict(required=prop.required, support=support, refute=refute, groups=groups)
+        if min(support, refute) > contract.conflict_ceiling:
+            slots.append(Slot(prop.id, CONTRADICTED, ids, "admitted sources disagree strongly",
+                              conflict=True, **common))
+        elif refute >= need and refute > support:
+            slots.append(Slot(prop.id, CONTRADICTED, ids, "admitted evidence refutes it", **common))
+        elif support >= need and groups >= prop.min_independent:
+            slots.append(Slot(prop.id, SUPPORTED, ids, "supported by an accepted evidence class", **common))
+        elif speaking:
+            slots.append(Slot(prop.id, UNKNOWN, ids, f"support {support:.2f} of {need:.2f} needed from "
+                              f"{groups} of {prop.min_independent} independent provenance groups", **common))
         else:
-            slots.append(Slot(prop.id, UNKNOWN, (), "no admitted resource satisfies the evidence "
-                              "contract", prop.required))
+            slots.append(Slot(prop.id, UNKNOWN, (), "no admitted resource satisfies the evidence contract",
+                              **common))
     return tuple(slots)
 
 
 def overall_state(slots: Sequence[Slot], withheld: Sequence[Resource], contract: Contract) -> str:
-    """SUFFICIENT, CONFLICT, ENTITLEMENT_BLOCK (evidence exists but may not be used) or INSUFFICIENT."""
+    """CONFLICT, SUFFICIENT, ENTITLEMENT_BLOCK (the evidence exists but may not be used) or INSUFFICIENT."""
     required = [s for s in slots if s.required]
-    if any(s.state == CONTRADICTED for s in required):
+    if any(s.conflict for s in required):
         return "CONFLICT"
     if all(s.state == SUPPORTED for s in required):
         return "SUFFICIENT"
-    gaps = {s.proposition for s in required if s.state == UNKNOWN}
-    accepted = {p.id: set(p.accepted_classes) for p in contract.propositions}
-    for resource in withheld:
-        if any(p in gaps and resource.evidence_class in accepted[p] for p in resource.supports):
+    gaps = {s.proposition for s in required if s.state != SUPPORTED}
+    for prop in contract.propositions:
+        if prop.id in gaps and any(r.evidence_class in prop.accepted_classes and contribution(r, prop.id) > 0
+                                   for r in withheld):
             return "ENTITLEMENT_BLOCK"
     return "INSUFFICIENT"
 
 
 def stop_reason(slots: Sequence[Slot], budget_hit: bool) -> str:
     """Why selection stopped: satisfied, out of budget, or a gap a human must resolve."""
-    if all(s.state != UNKNOWN for s in slots if s.required):
+    if all(s.state != UNKNOWN and not s.conflict for s in slots if s.required):
         return "contract_satisfied"
     return "budget_exhausted" if budget_hit else "escalate"

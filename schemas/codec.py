@@ -128,10 +128,13 @@ def contract_from(name: str, doc: dict) -> Contract:
         Proposition(id=p["id"], accepted_classes=tuple(p["accepted_classes"]),
                     required=bool(p.get("required", True)),
                     min_independent=int(p.get("min_independent") or 1),
-                    max_age=parse_duration(p["max_age"]) if p.get("max_age") else None)
+                    max_age=parse_duration(p["max_age"]) if p.get("max_age") else None,
+                    threshold=p.get("threshold"))
         for p in doc["propositions"]
     )
     return Contract(decision_type=name, purposes=tuple(doc["purposes"]), propositions=props,
+                    threshold=float(doc.get("threshold", 0.8)),
+                    conflict_ceiling=float(doc.get("conflict_ceiling", 0.5)),
                     loss=doc.get("loss"), observations=doc.get("observations"))
 
 

@@ -84,6 +84,8 @@ class Proposition:
     """Independent provenance groups needed."""
     max_age: timedelta | None = None
     """Evidence older than this at decision time is stale."""
+    threshold: float | None = None
+    """Noisy-or support needed to call it supported; None means the contract's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,10 @@ class Contract:
     """Purposes under which the decision may be taken."""
     propositions: tuple[Proposition, ...]
     """Slots the plan must fill."""
+    threshold: float = 0.8
+    """Default noisy-or support a proposition needs."""
+    conflict_ceiling: float = 0.5
+    """Support and refutation both above this is a conflict, not an average."""
     loss: Any = None
     """Optional loss table for EVSI selection."""
     observations: Any = None

@@ -238,8 +238,9 @@ def _contract_doc(contract: Contract) -> dict:
         if p.max_age is None:
             return None
         return f"PT{int(p.max_age.total_seconds())}S"
-    return {"purposes": list(contract.purposes), "loss": contract.loss,
+    return {"purposes": list(contract.purposes), "loss": contract.loss, "threshold": contract.threshold,
+            "conflict_ceiling": contract.conflict_ceiling,
             "observations": contract.observations,
             "propositions": [{"id": p.id, "accepted_classes": list(p.accepted_classes),
                               "required": p.required, "min_independent": p.min_independent,
-                              "max_age": age(p)} for p in contract.propositions]}
+                              "max_age": age(p), "threshold": p.threshold} for p in contract.propositions]}
