@@ -75,7 +75,9 @@ def admit(candidates: Sequence[Resource], *, entity_id: str, principal: Principa
             rejected.append((resource.id, STALE))
         else:
             props = typed_propositions(resource, contract)
-            if props:
+            # Under an EVSI contract an observation model also makes a source usable (it may
+            # inform belief without being accepted to establish a proposition).
+            if props or resource.evidence_class in (contract.observations or {}):
                 typed.append((resource, props))
             else:
                 rejected.append((resource.id, WRONG_EVIDENCE_CLASS))

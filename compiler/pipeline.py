@@ -9,11 +9,12 @@ from typing import Any, Protocol, Sequence
 from compiler.admission import admit
 from compiler.attest import content_hash, dependency_keys, digest, next_change
 from compiler.errors import RequestError
+from compiler.evsi import decision_model, plan_observations
 from compiler.policy import CompiledPolicy
 from compiler.relevance import bm25
 from compiler.request import DecisionRequest, parse_request, plan_key
 from compiler.resolve import resolve_entity, resolve_principal, type_check
-from compiler.selection import select
+from compiler.selection import Selection, select
 from compiler.slots import fill_slots, overall_state, stop_reason
 from schemas.records import Contract, Principal, Resource
 from schemas.timefmt import format_instant
@@ -91,14 +92,22 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
     typed_resources = [r for r, _ in admission.typed]
     scores = bm25(request.query, [f"{r.title} {r.content}" for r in typed_resources])
     relevance = {r.id: s for r, s in zip(typed_resources, scores, strict=True)}
-    chosen = select(admission.typed, relevance, contract, request.budget)
+    model = decision_model(contract)
+    report = None
+    if model is None:
+        chosen = select(admission.typed, relevance, contract, request.budget)
+    else:
+        evsi_plan = plan_observations(typed_resources, model, request.budget, relevance)
+        chosen = Selection(evsi_plan.admitted, evsi_plan.rejected, evsi_plan.spent, False)
+        report = evsi_plan.report
     by_id = {r.id: r for r in candidates}
     withheld = [by_id[i] for i in admission.withheld]
     slots = fill_slots(chosen.admitted, contract)
     state = overall_state(slots, withheld, contract)
-    stop = stop_reason(slots, chosen.budget_hit)
+    stop = stop_reason(slots, chosen.budget_hit) if model is None else evsi_plan.stop_reason
     rejected = sorted(admission.rejected + chosen.skipped)
-    spent = {"tokens": chosen.tokens, "calls": len(chosen.admitted)}
+    spent = {"tokens": int(chosen.spent.tokens), "calls": int(chosen.spent.calls)}
+    spent.update({k: v for k, v in chosen.spent.as_dict().items() if k not in spent})
     key = plan_key(request, entity_id)
     deps = dependency_keys(principal_id=principal.id, entity_id=entity_id, entity_name=request.entity,
                            bundle_id=policy.bundle_id, contract=contract, candidates=candidates)
@@ -118,7 +127,7 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
         "rejected": [{"resource_id": i, "reason": why} for i, why in rejected]
         + [{"resource_id": i, "reason": "not_authorised"} for i in admission.withheld],
         "slots": [s.as_dict() for s in slots], "state": state, "stop_reason": stop,
-        "budget_spent": spent, "dependencies": deps,
+        "budget_spent": spent, "dependencies": deps, "decision": report,
     }
     receipt_id = digest(receipt, prefix="rcpt-")
     receipt["receipt_id"] = receipt_id
@@ -132,6 +141,6 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
         "rejected": [{"resource_id": i, "reason": why} for i, why in rejected],
         "withheld": len(withheld), "slots": [s.as_dict() for s in slots], "stop_reason": stop,
         "budget_spent": spent, "valid_until": valid_until and format_instant(valid_until),
-        "receipt_id": receipt_id,
+        "receipt_id": receipt_id, "decision": report,
     }
     return CompiledPlan(key, plan_id, receipt_id, plan, receipt, tuple(deps), valid_until, request)

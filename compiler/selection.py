@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from compiler.costs import Cost, cost_of, fits
 from compiler.request import Budget
 from compiler.slots import aggregate, contribution, group_of, threshold_of
 from schemas.records import Contract, Resource
@@ -21,8 +22,8 @@ class Selection:
     """Selected resources, in selection order."""
     skipped: tuple[tuple[str, str], ...]
     """(resource id, budget_exceeded | not_needed_for_contract)."""
-    tokens: int
-    """Tokens spent."""
+    spent: Cost
+    """What the selection spends, per budget dimension."""
     budget_hit: bool
     """Whether a useful item was left out because a limit would be exceeded."""
 
@@ -39,7 +40,7 @@ def select(typed: Sequence[tuple[Resource, frozenset[str]]], relevance: dict[str
     remaining = list(typed)
     admitted: list[Resource] = []
     skipped: list[tuple[str, str]] = []
-    tokens = 0
+    spent = Cost()
     budget_hit = False
 
     def open_(p: str) -> bool:
@@ -66,15 +67,13 @@ def select(typed: Sequence[tuple[Resource, frozenset[str]]], relevance: dict[str
         if not covered:
             remaining.insert(0, (resource, claims))
             break
-        over_tokens = budget.tokens is not None and tokens + resource.tokens > budget.tokens
-        over_calls = budget.calls is not None and len(admitted) + 1 > budget.calls
-        if over_tokens or over_calls:
+        if not fits(spent, cost_of(resource), budget):
             skipped.append((resource.id, BUDGET_EXCEEDED))
             budget_hit = True
             continue
         admitted.append(resource)
-        tokens += resource.tokens
+        spent = spent + cost_of(resource)
         for p in covered:
             chosen[p].append(resource)
     skipped.extend((r.id, NOT_NEEDED) for r, _ in remaining)
-    return Selection(tuple(admitted), tuple(sorted(skipped)), tokens, budget_hit)
+    return Selection(tuple(admitted), tuple(sorted(skipped)), spent, budget_hit)

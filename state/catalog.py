@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from compiler.attest import scope_keys
 from compiler.errors import PolicyError
+from compiler.evsi import ModelError, decision_model
 from compiler.policy import CompiledPolicy, compile_policy
 from schemas.codec import contract_from
 from schemas.errors import InvalidEvent
@@ -125,9 +126,12 @@ class Catalog:
         if row is not None and bundle.version <= row[0]:
             return None
         try:
-            self._policies[(bundle.bundle_id, bundle.version)] = compile_policy(bundle)
-        except PolicyError as exc:
+            compiled = compile_policy(bundle)
+            for contract in bundle.contracts:
+                decision_model(contract)
+        except (PolicyError, ModelError) as exc:
             raise InvalidEvent("invalid_policy", f"{exc}; the previous version stays active") from None
+        self._policies[(bundle.bundle_id, bundle.version)] = compiled
         before = [r[0] for r in self.db.execute("SELECT decision_type FROM contracts WHERE bundle_id = ?",
                                                 [bundle.bundle_id]).fetchall()]
         self.db.execute("DELETE FROM contracts WHERE bundle_id = ?", [bundle.bundle_id])

@@ -1,0 +1,71 @@
+"""The 004 seed's sufficiency: four states each reached by changing one input; copies count once."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from compiler.pipeline import compile_request
+from compiler.slots import aggregate, noisy_or
+from tests.catalog_double import SCENARIOS, MemoryCatalog
+from tests.events import envelope
+
+REQUEST = orjson.loads((SCENARIOS / "screening-request.json").read_bytes())
+
+
+@pytest.fixture
+def screening() -> MemoryCatalog:
+    return MemoryCatalog.from_scenario("screening.jsonl")
+
+
+def upsert(catalog: MemoryCatalog, rid: str, **changes) -> None:
+    body = dict(orjson.loads((SCENARIOS / "screening.jsonl").read_text().splitlines()[-2])["event"]["resource"])
+    body.update(id=rid, **changes)
+    catalog.apply("source-changes", orjson.dumps(envelope(kind="resource", op="upsert", resource=body)))
+
+
+def state(catalog: MemoryCatalog) -> str:
+    return compile_request(REQUEST, catalog, None).plan["state"]
+
+
+def test_base_case_is_sufficient(screening):
+    assert state(screening) == "SUFFICIENT"
+
+
+def test_missing_screening_is_insufficient(screening):
+    screening.apply("source-changes", orjson.dumps(envelope(kind="resource", op="delete",
+                                                            resource={"id": "screening-current"})))
+    assert state(screening) == "INSUFFICIENT"
+
+
+def test_strong_refutation_from_another_group_is_a_conflict(screening):
+    upsert(screening, "sanctions-alert-22", supports=[], contradicts=["screening_clear"],
+           provenance_group="sanctions-vendor", content="Possible sanctions match for Orion Ltd.",
+           attributes={"allowed_roles": ["ap_manager"], "allowed_purposes": ["invoice-hold-review"],
+                       "authority": 0.9})
+    plan = compile_request(REQUEST, screening, None).plan
+    slot = next(s for s in plan["slots"] if s["proposition"] == "screening_clear")
+    assert plan["state"] == "CONFLICT" and slot["conflict"] and slot["refute"] == 0.9
+    assert plan["stop_reason"] == "escalate"
+
+
+def test_restricted_screening_is_an_entitlement_block_without_disclosure(screening):
+    upsert(screening, "screening-current", version=2, sensitivity="restricted")
+    plan = compile_request(REQUEST, screening, None).plan
+    assert plan["state"] == "ENTITLEMENT_BLOCK" and plan["withheld"] == 1
+    assert "screening-current" not in orjson.dumps(plan).decode()
+
+
+def test_three_copies_from_one_provenance_group_count_once(screening):
+    contract, _ = screening.contract("invoice.hold.release")
+    goods = next(p for p in contract.propositions if p.id == "goods_accepted")
+    copies = [r for r in screening.resources.values() if r.provenance_group == "warehouse-memo"]
+    assert len(copies) == 3
+    support, _, groups = aggregate(copies, goods)
+    assert groups == 1 and support == pytest.approx(0.7) and support < noisy_or([0.7, 0.7, 0.7])
+    screening.apply("source-changes", orjson.dumps(envelope(kind="resource", op="delete",
+                                                            resource={"id": "receiving-GRN-7731"})))
+    plan = compile_request(REQUEST, screening, None).plan
+    slot = next(s for s in plan["slots"] if s["proposition"] == "goods_accepted")
+    assert slot["state"] == "unknown" and slot["independent_groups"] == 1
+    assert plan["state"] == "INSUFFICIENT"
