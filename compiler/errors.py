@@ -37,5 +37,11 @@ class TypeCheckError(RequestError):
     pass_name = "type-check"
 
 
+class AdmitError(RequestError):
+    """Pass 4: no admission is possible under the current policy for this request."""
+
+    pass_name = "admit"
+
+
 class PolicyError(ValueError):
     """A Cedar bundle that does not parse; the previous version stays active."""

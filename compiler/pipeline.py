@@ -8,7 +8,7 @@ from typing import Any, Protocol, Sequence
 
 from compiler.admission import admit
 from compiler.attest import content_hash, dependency_keys, digest, next_change
-from compiler.errors import RequestError
+from compiler.errors import AdmitError, RequestError
 from compiler.evsi import decision_model, plan_observations
 from compiler.policy import CompiledPolicy
 from compiler.relevance import bm25
@@ -87,6 +87,11 @@ def compile_request(doc: Any, view: CatalogView, now: datetime | None) -> Compil
 def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal, contract: Contract,
                  policy: CompiledPolicy, candidates: Sequence[Resource], when: datetime) -> CompiledPlan:
     """Passes 4 to 6 over already resolved inputs."""
+    if policy.effective_at is not None and when < policy.effective_at:
+        raise AdmitError("policy_not_effective", f"Policy bundle {policy.bundle_id} v{policy.version} takes "
+                         f"effect at {format_instant(policy.effective_at)}, after the decision time "
+                         f"{format_instant(when)}; freshplan keeps only the current version, so this "
+                         "historical decision cannot be governed here.", status=422)
     admission = admit(candidates, entity_id=entity_id, principal=principal, contract=contract,
                       policy=policy, purpose=request.purpose, decision_time=when)
     typed_resources = [r for r, _ in admission.typed]

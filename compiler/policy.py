@@ -24,6 +24,8 @@ class CompiledPolicy:
     """Bundle version."""
     digest: str
     """sha256 of the Cedar text, for receipts."""
+    effective_at: datetime | None
+    """Decisions before this instant cannot be governed by this version."""
     policy_set: Any
     """The cedarpy PolicySet handle."""
 
@@ -35,7 +37,7 @@ def compile_policy(bundle: PolicyBundle) -> CompiledPolicy:
     except ValueError as exc:
         raise PolicyError(f"Cedar bundle {bundle.bundle_id} v{bundle.version} does not parse: {exc}") from None
     digest = hashlib.sha256(bundle.cedar.encode()).hexdigest()
-    return CompiledPolicy(bundle.bundle_id, bundle.version, digest, handle)
+    return CompiledPolicy(bundle.bundle_id, bundle.version, digest, bundle.effective_at, handle)
 
 
 def _cedar_value(value: Any) -> Any:
