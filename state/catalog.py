@@ -204,8 +204,11 @@ class Catalog:
         """Resources of the entity whose class is accepted or whose claims touch the contract."""
         classes = sorted({c for p in contract.propositions for c in p.accepted_classes})
         props = sorted({p.id for p in contract.propositions})
+        # Materialising the entity's rows first lets DuckDB use the entity index; with the
+        # disjunction in the same WHERE it falls back to a full scan (16 ms at 100k resources).
         rows = self.db.execute(
-            f"SELECT {_RESOURCE_COLS} FROM resources WHERE entity = ? AND NOT deleted AND ("
+            "WITH e AS MATERIALIZED (SELECT * FROM resources WHERE entity = ?) "
+            f"SELECT {_RESOURCE_COLS} FROM e WHERE NOT deleted AND ("
             "list_contains(?, evidence_class) OR list_has_any(supports, ?) OR list_has_any(contradicts, ?)) "
             "ORDER BY id", [entity_id, classes, props, props]).fetchall()
         return [_resource_row(r) for r in rows]

@@ -19,6 +19,7 @@ CREATE TABLE IF NOT EXISTS resources (
   tokens BIGINT, title VARCHAR, content VARCHAR, supports VARCHAR[], contradicts VARCHAR[],
   valid_from TIMESTAMPTZ, valid_to TIMESTAMPTZ, superseded_by VARCHAR, provenance_group VARCHAR,
   sensitivity VARCHAR, attributes VARCHAR, deleted BOOLEAN NOT NULL DEFAULT false);
+CREATE INDEX IF NOT EXISTS resources_entity ON resources (entity);
 CREATE TABLE IF NOT EXISTS principals (
   id VARCHAR PRIMARY KEY, roles VARCHAR[], attributes VARCHAR, delegation_version BIGINT,
   deleted BOOLEAN NOT NULL DEFAULT false);
@@ -91,6 +92,11 @@ class Store:
                     on_conflict: str = "") -> None:
         """Write many rows in one statement (the hot paths batch through here)."""
         if rows.num_rows == 0:
+            return
+        if rows.num_rows == 1 and not on_conflict:
+            # One row: a parameterised statement costs half of registering an Arrow scan.
+            values = [rows.column(i)[0].as_py() for i in range(rows.num_columns)]
+            self.db.execute(f"{verb} {table} VALUES ({', '.join('?' * len(values))})", values)
             return
         name = f"_rows_{table}"
         self.db.register(name, rows)
