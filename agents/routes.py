@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def error(view: web.View, status: int, code: str, message: str) -> web.Response:
-    """A JSON error body with a machine-readable code and an actionable sentence."""
-    return view.json({"error": {"code": code, "message": message}}, status=status)
+def error(view: web.View, status: int, code: str, message: str, pass_name: str = "request") -> web.Response:
+    """A JSON error body with a machine-readable code, the pass that refused, and an actionable sentence."""
+    return view.json({"error": {"code": code, "pass": pass_name, "message": message}}, status=status)
 
 
 def register_routes(app, worker: "Worker") -> None:
@@ -39,11 +39,11 @@ def register_routes(app, worker: "Worker") -> None:
                 try:
                     target = decode_token(wanted)
                 except BadToken as exc:
-                    return error(self, 400, "invalid_freshness_token", str(exc))
+                    return error(self, 400, "invalid_freshness_token", str(exc), "attest")
                 if not await _wait_until_fresh(worker, target):
                     return error(self, 503, "not_fresh_enough", "This worker has not yet applied the "
                                  f"state named by at_least_as_fresh within {worker.settings.freshness_wait}s;"
-                                 " retry shortly.")
+                                 " retry shortly.", "attest")
             try:
                 result = worker.query.select(body)
             except RequestError as exc:

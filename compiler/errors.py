@@ -43,5 +43,17 @@ class AdmitError(RequestError):
     pass_name = "admit"
 
 
+class PlanError(RequestError):
+    """Pass 5: the request leaves the planner nothing it could select."""
+
+    pass_name = "plan"
+
+
+class AttestError(RequestError):
+    """Pass 6: the plan cannot be attested against the state the caller requires."""
+
+    pass_name = "attest"
+
+
 class PolicyError(ValueError):
     """A Cedar bundle that does not parse; the previous version stays active."""

@@ -8,7 +8,7 @@ from typing import Any, Protocol, Sequence
 
 from compiler.admission import admit
 from compiler.attest import content_hash, dependency_keys, digest, next_change
-from compiler.errors import AdmitError, RequestError
+from compiler.errors import AdmitError, PlanError, RequestError
 from compiler.evsi import decision_model, plan_observations
 from compiler.policy import CompiledPolicy
 from compiler.relevance import bm25
@@ -92,6 +92,9 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
                          f"effect at {format_instant(policy.effective_at)}, after the decision time "
                          f"{format_instant(when)}; freshplan keeps only the current version, so this "
                          "historical decision cannot be governed here.", status=422)
+    if request.budget.tokens == 0 or request.budget.calls == 0:
+        raise PlanError("empty_budget", "A budget of zero tokens or zero calls cannot carry any evidence; "
+                        "raise budget.tokens and budget.calls, or omit them for no limit.", status=422)
     admission = admit(candidates, entity_id=entity_id, principal=principal, contract=contract,
                       policy=policy, purpose=request.purpose, decision_time=when)
     typed_resources = [r for r, _ in admission.typed]

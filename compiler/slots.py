@@ -88,6 +88,20 @@ def aggregate(resources: Sequence[Resource], prop: Proposition) -> tuple[float, 
     return noisy_or(list(best_for.values())), noisy_or(list(best_against.values())), len(best_for)
 
 
+def _by_precedence(speaking: Sequence[Resource], prop: Proposition) -> str | None:
+    """Which side the strongest-ranked evidence class takes, when the contract ranks classes."""
+    if not prop.precedence:
+        return None
+    rank = {cls: i for i, cls in enumerate(prop.precedence)}
+    worst = len(rank)
+    best_for = min((rank.get(r.evidence_class, worst) for r in speaking if contribution(r, prop.id) > 0), default=worst)
+    best_against = min((rank.get(r.evidence_class, worst) for r in speaking if contribution(r, prop.id) < 0),
+                       default=worst)
+    if best_for == best_against:
+        return None
+    return "support" if best_for < best_against else "refute"
+
+
 def fill_slots(admitted: Sequence[Resource], contract: Contract) -> tuple[Slot, ...]:
     """One slot per proposition from admitted, correctly typed evidence."""
     slots = []
@@ -98,7 +112,14 @@ def fill_slots(admitted: Sequence[Resource], contract: Contract) -> tuple[Slot, 
         support, refute, groups = aggregate(speaking, prop)
         need = threshold_of(prop, contract)
         common = dict(required=prop.required, support=support, refute=refute, groups=groups)
-        if min(support, refute) > contract.conflict_ceiling:
+        winner = _by_precedence(speaking, prop) if min(support, refute) > contract.conflict_ceiling else None
+        if winner == "support":
+            slots.append(Slot(prop.id, SUPPORTED, ids, "sources disagree; the higher-precedence class supports it",
+                              **common))
+        elif winner == "refute":
+            slots.append(Slot(prop.id, CONTRADICTED, ids, "sources disagree; the higher-precedence class refutes it",
+                              **common))
+        elif min(support, refute) > contract.conflict_ceiling:
             slots.append(Slot(prop.id, CONTRADICTED, ids, "admitted sources disagree strongly",
                               conflict=True, **common))
         elif refute >= need and refute > support:

@@ -129,7 +129,7 @@ def contract_from(name: str, doc: dict) -> Contract:
                     required=bool(p.get("required", True)),
                     min_independent=int(p.get("min_independent") or 1),
                     max_age=parse_duration(p["max_age"]) if p.get("max_age") else None,
-                    threshold=p.get("threshold"))
+                    threshold=p.get("threshold"), precedence=tuple(p.get("precedence") or ()))
         for p in doc["propositions"]
     )
     return Contract(decision_type=name, purposes=tuple(doc["purposes"]), propositions=props,

@@ -86,6 +86,8 @@ class Proposition:
     """Evidence older than this at decision time is stale."""
     threshold: float | None = None
     """Noisy-or support needed to call it supported; None means the contract's."""
+    precedence: tuple[str, ...] = ()
+    """Evidence classes, strongest first: when admitted sources disagree, the stronger class decides."""
 
 
 @dataclass(frozen=True, slots=True)

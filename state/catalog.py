@@ -250,4 +250,5 @@ def _contract_doc(contract: Contract) -> dict:
             "observations": contract.observations,
             "propositions": [{"id": p.id, "accepted_classes": list(p.accepted_classes),
                               "required": p.required, "min_independent": p.min_independent,
-                              "max_age": age(p), "threshold": p.threshold} for p in contract.propositions]}
+                              "max_age": age(p), "threshold": p.threshold,
+                              "precedence": list(p.precedence)} for p in contract.propositions]}

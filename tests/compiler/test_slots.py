@@ -69,3 +69,21 @@ def test_three_copies_from_one_provenance_group_count_once(screening):
     slot = next(s for s in plan["slots"] if s["proposition"] == "goods_accepted")
     assert slot["state"] == "unknown" and slot["independent_groups"] == 1
     assert plan["state"] == "INSUFFICIENT"
+
+
+def test_precedence_resolves_disagreement_instead_of_conflict(screening):
+    bundle = orjson.loads((SCENARIOS / "screening.jsonl").read_text().splitlines()[0])["event"]
+    bundle.update(event_id="bundle-v2", version=2)
+    for prop in bundle["decision_types"]["invoice.hold.release"]["propositions"]:
+        if prop["id"] == "screening_clear":
+            prop["accepted_classes"] = ["screening_result", "sanctions_hit"]
+            prop["precedence"] = ["sanctions_hit", "screening_result"]
+    screening.apply("policy-versions", orjson.dumps(bundle))
+    upsert(screening, "sanctions-hit-22", evidence_class="sanctions_hit", supports=[],
+           contradicts=["screening_clear"], provenance_group="sanctions-vendor",
+           attributes={"allowed_roles": ["ap_manager"], "allowed_purposes": ["invoice-hold-review"],
+                       "authority": 0.9})
+    plan = compile_request(REQUEST, screening, None).plan
+    slot = next(s for s in plan["slots"] if s["proposition"] == "screening_clear")
+    assert slot["state"] == "contradicted" and not slot["conflict"] and "precedence" in slot["reason"]
+    assert plan["state"] == "INSUFFICIENT"
