@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,7 +65,6 @@ async def main(n: int, plans: int) -> None:
         env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers, FRESHPLAN_TOPIC_PREFIX=f"b{tag}-",
                    FRESHPLAN_APP_ID=f"bench-{tag}", FRESHPLAN_STATE_DIR=tmp, FRESHPLAN_WEB_PORT=str(port),
                    FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_FRESHNESS_WAIT="600", FRESHPLAN_LOG_LEVEL="warning")
-        print("worker log:", os.path.join(tmp, "worker.log"), flush=True)
         settings = Settings.from_env(env)
         proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=env, cwd=ROOT,
                                 stdout=open(os.path.join(tmp, "worker.log"), "wb"), stderr=subprocess.STDOUT)
@@ -106,6 +106,7 @@ async def main(n: int, plans: int) -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+            shutil.rmtree(tmp, ignore_errors=True)
     c = health["counters"]
     print(f"events={n} plans={plans} publish={published:.2f}s apply_end_to_end={applied:.2f}s "
           f"-> {n / applied:,.0f} events/s; raw aiokafka consumer {n / ceiling:,.0f} events/s "
