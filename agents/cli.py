@@ -72,6 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         class ServiceWorker(faust.Worker):
             async def on_startup_finished(self) -> None:
                 await super().on_startup_finished()
+                await worker.guard.refresh()  # ready means revocation lag is known
                 # Written only once the HTTP API answers, so `load`/`select` can rely on it.
                 settings.run_file.write_text(json.dumps(run_info))
                 print(f"freshplan: ready: broker {bootstrap} ({'embedded' if broker else 'external'}), "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from compiler.errors import RequestError
 from compiler.pipeline import compile_request
 from compiler.request import parse_request, plan_key
 from compiler.resolve import resolve_entity
@@ -16,9 +17,10 @@ from state.local_state import LocalState
 class QueryService:
     """The read path: plan key lookup, then cache or compile."""
 
-    def __init__(self, state: LocalState, invalidator: Invalidator) -> None:
+    def __init__(self, state: LocalState, invalidator: Invalidator, guard=None) -> None:
         self.state = state
         self.invalidator = invalidator
+        self.guard = guard  # a RevocationGuard; None only where no broker exists (unit tests)
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
 
     def token(self) -> str:
@@ -31,6 +33,12 @@ class QueryService:
         if isinstance(doc, dict):
             doc = {k: v for k, v in doc.items() if k != "at_least_as_fresh"}
         request = parse_request(doc)
+        if self.guard is not None:
+            try:
+                self.guard.check()
+            except RequestError:
+                self.selects["refused.revocations"] += 1
+                raise
         entity_id = resolve_entity(request.entity, state.catalog.entity_matches(request.entity))
         key = plan_key(request, entity_id)
         plan = state.plans.fresh_plan(key)
@@ -58,4 +66,5 @@ class QueryService:
                 "applied_offsets": store.next_offsets(), "freshness_token": self.token(),
                 "plans": self.state.plans.counts(), "index_edges": self.state.index.size(),
                 "outbox": self.state.outbox.size(),
-                "counters": dict(Counter(store.counters()) + self.selects)}
+                "counters": dict(Counter(store.counters()) + self.selects),
+                "revocations": self.guard.status().as_dict() if self.guard else None}

@@ -11,6 +11,7 @@ from faust import web
 
 from compiler.errors import RequestError
 from schemas.freshness import BadToken, covers, decode_token
+from streams.settings import INPUT_TOPICS
 
 if TYPE_CHECKING:
     from agents.worker import Worker
@@ -66,6 +67,28 @@ def register_routes(app, worker: "Worker") -> None:
                 return error(self, 404, "unknown_plan", f"No plan '{plan_id}' is known to this worker; "
                              "use a plan_id returned by /v1/select.")
             return self.json(status)
+
+    @app.page("/v1/admin/consumers")
+    class Consumers(web.View):
+        async def post(self, request: web.Request) -> web.Response:
+            """Pause or resume applying one input topic (maintenance; the revocation guard still watches)."""
+            try:
+                body: Any = await request.json()
+            except ValueError:
+                body = None
+            topic = body.get("topic") if isinstance(body, dict) else None
+            action = body.get("action") if isinstance(body, dict) else None
+            if topic not in INPUT_TOPICS or action not in ("pause", "resume"):
+                return error(self, 400, "invalid_request", "Send {\"topic\": one of "
+                             f"{', '.join(INPUT_TOPICS)}, \"action\": \"pause\" or \"resume\"}}.")
+            name = worker.settings.topic(topic)
+            tps = [tp for tp in worker.app.consumer.assignment() if tp.topic == name]
+            if action == "pause":
+                worker.app.consumer.pause_partitions(tps)
+            else:
+                worker.app.consumer.resume_partitions(tps)
+            log.warning("operator %sd %s (%d partitions)", action, topic, len(tps))
+            return self.json({"topic": topic, "action": action, "partitions": sorted(tp.partition for tp in tps)})
 
     @app.page("/healthz")
     class Health(web.View):

@@ -12,6 +12,7 @@ import orjson
 
 from agents.invalidation import Invalidator, RawMessage
 from agents.query import QueryService
+from agents.revocation_guard import RevocationGuard
 from agents.routes import register_routes
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
@@ -33,6 +34,7 @@ class Worker:
     invalidator: Invalidator
     query: QueryService
     publish_lock: asyncio.Lock
+    guard: RevocationGuard
 
     async def publish_outbox(self) -> int:
         """Send every queued record, wait for the broker's acknowledgements, then forget them."""
@@ -57,11 +59,23 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     topics = declare_topics(app, settings)
     state = LocalState.open(settings.db_path)
     invalidator = Invalidator(state, settings.topic, settings.max_event_bytes)
-    worker = Worker(settings, app, topics, state, invalidator, QueryService(state, invalidator),
-                    asyncio.Lock())
+    guard = RevocationGuard(state.store, bootstrap_servers, settings.topic("revocations"),
+                            settings.revocation_lag_bound)
+    worker = Worker(settings, app, topics, state, invalidator, QueryService(state, invalidator, guard),
+                    asyncio.Lock(), guard)
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
+
+    @app.task
+    async def watch_revocations() -> None:
+        # A task, not a timer: the first reading happens at start-up, not one interval later.
+        try:
+            while True:
+                await guard.refresh()
+                await asyncio.sleep(guard.poll_interval)
+        finally:
+            await guard.stop()
 
     @app.timer(interval=1.0)
     async def flush_outbox() -> None:

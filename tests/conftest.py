@@ -106,7 +106,7 @@ async def _wait_http(url: str, proc: subprocess.Popen, log_path: Path, timeout: 
                 raise AssertionError(f"worker exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
             try:
                 async with http.get(f"{url}/healthz") as resp:
-                    if resp.status == 200:
+                    if resp.status == 200 and (await resp.json())["revocations"]["state"] == "ok":
                         return
             except aiohttp.ClientError:
                 pass
@@ -122,7 +122,8 @@ async def worker(broker, tmp_path):
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers,
                FRESHPLAN_TOPIC_PREFIX=f"t{tag}-", FRESHPLAN_APP_ID=f"freshplan-{tag}",
                FRESHPLAN_STATE_DIR=str(tmp_path / "state"), FRESHPLAN_WEB_PORT=str(port),
-               FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10")
+               FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10",
+               FRESHPLAN_REVOCATION_LAG_BOUND="1")
     settings = Settings.from_env(env)
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:

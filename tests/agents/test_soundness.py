@@ -63,14 +63,16 @@ class Feeder:
         self.ids = itertools.count()
 
     def message(self, topic: str, body: dict) -> RawMessage:
-        event = {"event_id": f"gen-{next(self.ids)}", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z", **body}
+        event = {"event_id": f"gen-{next(self.ids)}", "schema_version": 1,
+                 "occurred_at": "2026-08-30T00:00:00Z", **body}
         return RawMessage(topic, 0, next(self.offsets), None, orjson.dumps(event))
 
     def translate(self, step: dict) -> RawMessage:
         kind = step["kind"]
         if kind == "resource":
             if step["op"] == "delete":
-                return self.message("source-changes", {"kind": "resource", "op": "delete", "resource": {"id": step["id"]}})
+                return self.message("source-changes", {"kind": "resource", "op": "delete",
+                                                       "resource": {"id": step["id"]}})
             acl = ({"allowed_roles": ["financial_crime"], "allowed_purposes": ["investigation"]} if step["restricted"]
                    else {"allowed_roles": ["credit_analyst", "financial_crime"],
                          "allowed_purposes": ["annual_credit_review"]})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 
 from tests.conftest import ATLAS_REQUEST
@@ -145,3 +147,33 @@ async def test_bad_events_go_to_dead_letters_and_the_worker_keeps_going(worker):
     assert health["counters"]["dead_letters.malformed_json"] == 1
     assert health["counters"]["dead_letters.schema_violation"] == 1
     assert health["counters"]["applied.source-changes"] == before["counters"]["applied.source-changes"] + 1
+
+
+async def test_no_plan_is_served_while_revocations_are_behind(worker):
+    fresh = await worker.load("atlas.jsonl")
+    plan = await worker.select(ATLAS_REQUEST, fresh)
+    assert (await worker.get("/healthz"))["revocations"]["state"] == "ok"
+
+    async with worker.http.post(f"{worker.url}/v1/admin/consumers",
+                                json={"topic": "revocations", "action": "pause"}) as resp:
+        assert resp.status == 200, await resp.text()
+    await worker.publish_events(revoke_role("maya", "credit_analyst"))
+    for _ in range(200):  # the bound is 1 s in this test's worker; wait until the guard says so
+        health = await worker.get("/healthz")
+        if health["revocations"]["state"] == "behind":
+            break
+        await asyncio.sleep(0.1)
+    assert health["revocations"]["lag_events"] == 1
+    refused = await worker.select(ATLAS_REQUEST, expect=503)
+    assert refused["error"]["code"] == "revocations_behind"
+    assert (await worker.get(f"/v1/plans/{plan['plan_id']}"))["status"] == "fresh"  # not yet applied
+
+    async with worker.http.post(f"{worker.url}/v1/admin/consumers",
+                                json={"topic": "revocations", "action": "resume"}) as resp:
+        assert resp.status == 200
+    for _ in range(200):
+        if (await worker.get("/healthz"))["revocations"]["state"] == "ok":
+            break
+        await asyncio.sleep(0.1)
+    after = await worker.select(ATLAS_REQUEST)
+    assert after["plan_id"] != plan["plan_id"] and after["admitted"] == []

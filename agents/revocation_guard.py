@@ -1,0 +1,101 @@
+"""Fail closed on revocations: know how far behind the revocations stream is, or refuse to serve."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from compiler.errors import AttestError
+from state.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RevocationStatus:
+    """How fresh this worker's view of revocations is."""
+
+    state: str
+    """ok, behind or unknown."""
+    lag_events: int | None
+    """Revocations published but not yet applied (None when unknown)."""
+    seconds_behind: float | None
+    """How long the worker has not been caught up (None when unknown)."""
+    bound_seconds: float
+    """The configured bound beyond which plans are not served."""
+
+    def as_dict(self) -> dict:
+        """Shape shown in /healthz and in refusals."""
+        return {"state": self.state, "lag_events": self.lag_events,
+                "seconds_behind": None if self.seconds_behind is None else round(self.seconds_behind, 3),
+                "bound_seconds": self.bound_seconds}
+
+
+class RevocationGuard:
+    """Polls the revocations topic's end offsets and compares them with what the store applied."""
+
+    def __init__(self, store: Store, bootstrap_servers: str, topic: str, bound_seconds: float,
+                 poll_interval: float = 0.5) -> None:
+        self.store = store
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.bound = bound_seconds
+        self.poll_interval = poll_interval
+        self._consumer: AIOKafkaConsumer | None = None
+        self._checked_at: float | None = None
+        self._caught_up_at: float | None = None
+        self._started_at = time.monotonic()
+        self._lag: int | None = None
+
+    async def refresh(self) -> None:
+        """Read end offsets (a separate consumer, so a paused or slow agent cannot hide its lag)."""
+        try:
+            if self._consumer is None:
+                self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers,
+                                                  enable_auto_commit=False, request_timeout_ms=5000)
+                await self._consumer.start()
+            partitions = self._consumer.partitions_for_topic(self.topic)
+            if not partitions:
+                await self._consumer.topics()  # refresh metadata
+                partitions = self._consumer.partitions_for_topic(self.topic) or set()
+            ends = await self._consumer.end_offsets([TopicPartition(self.topic, p) for p in partitions])
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the state unknown, i.e. closed
+            log.warning("revocation lag unknown: %s", exc)
+            self._checked_at = None
+            return
+        applied = self.store.next_offsets().get("revocations", {})
+        self._lag = sum(max(0, end - applied.get(tp.partition, 0)) for tp, end in ends.items())
+        now = time.monotonic()
+        self._checked_at = now
+        if self._lag == 0:
+            self._caught_up_at = now
+
+    def status(self) -> RevocationStatus:
+        """ok only when recently checked and not behind by more than the bound."""
+        now = time.monotonic()
+        if self._checked_at is None or now - self._checked_at > max(3 * self.poll_interval, 2.0):
+            return RevocationStatus("unknown", None, None, self.bound)
+        behind = 0.0 if self._lag == 0 else now - (self._caught_up_at or self._started_at)
+        return RevocationStatus("ok" if behind <= self.bound else "behind", self._lag, behind, self.bound)
+
+    def check(self) -> RevocationStatus:
+        """Raise a 503 AttestError unless revocations are known and within the bound."""
+        status = self.status()
+        if status.state == "unknown":
+            raise AttestError("revocations_unknown", "This worker cannot tell whether it has applied every "
+                              "revocation (starting, rebalancing or the broker is unreachable), so it will "
+                              "not serve a plan that could carry a revoked permit; retry shortly.", status=503)
+        if status.state == "behind":
+            raise AttestError("revocations_behind", f"This worker is {status.seconds_behind:.1f}s behind on "
+                              f"revocations ({status.lag_events} unapplied, bound {status.bound_seconds}s), so "
+                              "it will not serve a plan that could carry a revoked permit; retry shortly.",
+                              status=503)
+        return status
+
+    async def stop(self) -> None:
+        """Close the watermark consumer."""
+        if self._consumer is not None:
+            await self._consumer.stop()
