@@ -41,6 +41,17 @@ class WorkerProcess:
     proc: subprocess.Popen
     log_path: Path
     http: aiohttp.ClientSession | None = field(default=None, repr=False)
+    env: dict = field(default_factory=dict, repr=False)
+
+    def kill(self) -> None:
+        """SIGKILL the worker: no shutdown hooks, no flushing."""
+        self.proc.kill()
+        self.proc.wait(timeout=20)
+
+    async def restart(self) -> None:
+        """Start a new process on the same topics, group and state directory."""
+        self.proc = _spawn(self.env, self.log_path)
+        await _wait_http(self.url, self.proc, self.log_path)
 
     async def publish(self, records: list[tuple[str, bytes | None, bytes]]) -> str:
         """Publish (topic, key, value) records; return the freshness token covering them."""
@@ -73,6 +84,10 @@ class WorkerProcess:
             assert resp.status == expect, doc
             return doc
 
+    async def everything(self, topic: str) -> list[dict]:
+        """Every record on a topic right now, from the beginning."""
+        return await asyncio.wait_for(_drain(self.bootstrap, self.settings.topic(topic), self.settings.partitions), 30)
+
     async def records(self, topic: str, until, timeout: float = 30.0) -> list[dict]:
         """Read a topic from the beginning until `until(records)` is true; fail after `timeout`."""
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
@@ -98,6 +113,27 @@ class WorkerProcess:
             await consumer.stop()
 
 
+async def _drain(bootstrap: str, name: str, partitions: int) -> list[dict]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(name, p) for p in range(partitions)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        seen: list[dict] = []
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < end for tp, end in ends.items()])
+
+        while await behind():
+            batch = await consumer.getmany(timeout_ms=200)
+            for messages in batch.values():
+                seen.extend(dict(orjson.loads(m.value), _key=m.key) for m in messages)
+        return seen
+    finally:
+        await consumer.stop()
+
+
 async def _wait_http(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> None:
     async with aiohttp.ClientSession() as http:
         deadline = asyncio.get_running_loop().time() + timeout
@@ -114,6 +150,12 @@ async def _wait_http(url: str, proc: subprocess.Popen, log_path: Path, timeout: 
     raise AssertionError(f"worker HTTP not up within {timeout}s:\n{log_path.read_text()[-4000:]}")
 
 
+def _spawn(env: dict, log_path: Path) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=env, cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
 @pytest.fixture
 async def worker(broker, tmp_path):
     """A worker process on unique topics and group, with the wall clock off (scenarios drive time)."""
@@ -126,20 +168,17 @@ async def worker(broker, tmp_path):
                FRESHPLAN_REVOCATION_LAG_BOUND="1")
     settings = Settings.from_env(env)
     log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=env, cwd=ROOT,
-                                stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    running = WorkerProcess(settings, broker.bootstrap_servers, url, proc, log_path)
+    running = WorkerProcess(settings, broker.bootstrap_servers, url, _spawn(env, log_path), log_path, env=env)
     try:
-        await _wait_http(url, proc, log_path)
+        await _wait_http(url, running.proc, log_path)
         async with aiohttp.ClientSession() as http:
             running.http = http
             yield running
     finally:
-        proc.terminate()
+        running.proc.terminate()
         try:
-            proc.wait(timeout=20)
+            running.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            running.proc.kill()
+            running.proc.wait()
