@@ -21,6 +21,8 @@ from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
 
+DEAD_LETTER_ORIGINAL_BYTES = 64 * 1024
+
 REASONS = {"resource": "source_changed", "scope": "scope_changed", "principal": "principal_changed",
            "policy": "policy_changed", "contract": "contract_changed", "time": "time_passed",
            "entity": "source_changed", "alias": "source_changed"}
@@ -112,12 +114,14 @@ class Invalidator:
         """Apply events in order (resource changes in one bulk write); (keys, cause) per applied event."""
         resources = [(i, e.payload) for i, (_, e) in enumerate(fresh)
                      if isinstance(e.payload, SourceChange) and e.payload.kind == "resource"]
-        results: dict[int, list[str] | None] = dict(zip(
+        results: dict[int, list[str] | InvalidEvent | None] = dict(zip(
             (i for i, _ in resources), self.state.catalog.apply_resources([c for _, c in resources]), strict=True))
         keyed: list[tuple[list[str], dict[str, str], dict]] = []
         for i, (m, event) in enumerate(fresh):
             try:
-                keys = results[i] if i in results else self._apply_event(event)
+                keys = results[i] if i in results else self._apply_event(event, m.partition)
+                if isinstance(keys, InvalidEvent):
+                    raise keys
             except InvalidEvent as exc:
                 self._dead_letter(m, exc.error_class, exc.message, counts)
                 continue
@@ -145,7 +149,7 @@ class Invalidator:
                 touched[plan_key] = (order, dep_key, cause)
         return {k: (dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
 
-    def _apply_event(self, event: InputEvent) -> list[str] | None:
+    def _apply_event(self, event: InputEvent, partition: int = 0) -> list[str] | None:
         payload = event.payload
         catalog = self.state.catalog
         if isinstance(payload, SourceChange):
@@ -155,7 +159,11 @@ class Invalidator:
         if isinstance(payload, Revocation):
             return catalog.apply_revocation(payload)
         if isinstance(payload, ClockTick):
-            return [] if self.state.store.advance_clock(payload.now) else None
+            moved = self.state.store.advance_clock(payload.now, partition)
+            if moved is None:
+                raise InvalidEvent("clock_regression", f"tick {format_instant(payload.now)} is older than the "
+                                   f"last tick on clock partition {partition}; event time only moves forward")
+            return [] if moved else None
         raise InvalidEvent("schema_violation", f"no handler for {type(payload).__name__}")
 
     def _recompile(self, touched: dict[str, tuple[str, dict]], counts: Counter[str]) -> None:
@@ -220,9 +228,14 @@ class Invalidator:
         counts["compilations"] += len(plans)
 
     def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
+        original = m.value or b""
+        # The original is kept for replay up to a bound: an oversized event must not become an
+        # oversized dead letter that the broker refuses in turn.
         record = {"schema_version": 1, "topic": self.topic_of(m.topic), "partition": m.partition,
                   "offset": m.offset, "error_class": error_class, "message": message,
-                  "original": base64.b64encode(m.value or b"").decode()}
+                  "original": base64.b64encode(original[:DEAD_LETTER_ORIGINAL_BYTES]).decode(),
+                  "original_size": len(original),
+                  "original_truncated": len(original) > DEAD_LETTER_ORIGINAL_BYTES}
         self.state.outbox.add_many([(self.topic_of("dead-letters"), m.key, orjson.dumps(record))])
         counts[f"dead_letters.{error_class}"] += 1
         log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class)

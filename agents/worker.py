@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 import faust
 import orjson
+from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
 from agents.invalidation import Invalidator, RawMessage
 from agents.query import QueryService
@@ -21,6 +22,8 @@ from streams.settings import INPUT_TOPICS, Settings
 from streams.topics import Topics, declare_topics
 
 log = logging.getLogger(__name__)
+
+PERMANENT_SEND_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError)
 
 
 @dataclass
@@ -37,7 +40,11 @@ class Worker:
     guard: RevocationGuard
 
     async def publish_outbox(self) -> int:
-        """Send every queued record, wait for the broker's acknowledgements, then forget them."""
+        """Send queued records, wait for the broker's acknowledgements, then forget them.
+
+        A record the broker can never accept (too large) is logged and dropped so that it cannot
+        block the queue; records that failed for a transient reason stay queued for the next flush.
+        """
         sent = 0
         async with self.publish_lock:
             while True:
@@ -47,10 +54,22 @@ class Worker:
                 futures = [await self.app.producer.send(topic, key, value, partition=None,
                                                         timestamp=None, headers=None)
                            for _, topic, key, value in rows]
-                await asyncio.gather(*futures)
+                results = await asyncio.gather(*futures, return_exceptions=True)
+                done, retry = [], 0
+                for (seq, topic, key, _), result in zip(rows, results, strict=True):
+                    if not isinstance(result, BaseException):
+                        done.append(seq)
+                    elif isinstance(result, PERMANENT_SEND_ERRORS):
+                        log.error("dropping an unpublishable record for %s (key %r): %r", topic, key, result)
+                        done.append(seq)
+                    else:
+                        retry += 1
                 with self.state.store.transaction():
-                    self.state.outbox.remove_through(rows[-1][0])
-                sent += len(rows)
+                    self.state.outbox.remove(done)
+                sent += len(done)
+                if retry:
+                    log.warning("%d records not acknowledged; they stay queued", retry)
+                    return sent
 
 
 def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:

@@ -149,9 +149,10 @@ def _source_change(doc: dict) -> SourceChange:
 
 def _policy(doc: dict) -> PolicyBundle:
     contracts = tuple(contract_from(name, body) for name, body in sorted(doc["decision_types"].items()))
+    sources = {group: tuple(classes) for group, classes in (doc.get("sources") or {}).items()}
     return PolicyBundle(bundle_id=doc["bundle_id"], version=int(doc["version"]),
                         effective_at=parse_instant(doc["effective_at"]), cedar=doc["cedar"],
-                        contracts=contracts)
+                        contracts=contracts, sources=MappingProxyType(sources))
 
 
 def _revocation(doc: dict) -> Revocation:

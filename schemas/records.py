@@ -124,6 +124,8 @@ class PolicyBundle:
     """Cedar policy text."""
     contracts: tuple[Contract, ...]
     """Decision types this bundle defines."""
+    sources: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: EMPTY)
+    """Provenance group -> the evidence classes that source may assert (unlisted groups: any)."""
 
 
 @dataclass(frozen=True, slots=True)

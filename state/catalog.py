@@ -50,17 +50,27 @@ class Catalog:
         return self._apply_entity(change)
 
     def _apply_resource(self, change: SourceChange) -> list[str] | None:
-        return self.apply_resources([change])[0]
+        result = self.apply_resources([change])[0]
+        if isinstance(result, InvalidEvent):
+            raise result
+        return result
 
-    def apply_resources(self, changes: Sequence[SourceChange]) -> list[list[str] | None]:
-        """Apply resource upserts and deletes in order with one read and one write; keys per change."""
+    def apply_resources(self, changes: Sequence[SourceChange]) -> list[list[str] | InvalidEvent | None]:
+        """Apply resource upserts and deletes in order with one read and one write; keys per change.
+
+        A change is None when it is older than what is stored, and an InvalidEvent when its
+        source may not assert its evidence class (the bundles' `sources` rules).
+        """
         ids = list({c.record_id for c in changes})
         current: dict[str, tuple] = {
             r[0]: r[1:] for r in self.db.execute(
                 "SELECT id, version, deleted, entity, evidence_class, supports, contradicts FROM resources "
                 "WHERE id IN (SELECT unnest(?))", [ids]).fetchall()}
+        rules: dict[str, set[str]] = {}
+        for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
+            rules.setdefault(group, set()).update(classes)
         written: dict[str, Resource | None] = {}
-        out: list[list[str] | None] = []
+        out: list[list[str] | InvalidEvent | None] = []
         for change in changes:
             old = current.get(change.record_id)
             keys = [f"resource:{change.record_id}"]
@@ -77,6 +87,12 @@ class Catalog:
                 continue
             if old is not None and new.version <= old[0]:
                 out.append(None)
+                continue
+            allowed = rules.get(new.provenance_group or "")
+            if allowed is not None and new.evidence_class not in allowed:
+                out.append(InvalidEvent("class_not_allowed_for_source", f"resource {new.id}: source "
+                                        f"'{new.provenance_group}' may not assert evidence class "
+                                        f"'{new.evidence_class}' (allowed: {', '.join(sorted(allowed))})"))
                 continue
             current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts)
             written[new.id] = new
@@ -141,6 +157,9 @@ class Catalog:
             types[contract.decision_type] = body
             self.db.execute("INSERT OR REPLACE INTO contracts VALUES (?, ?, ?)",
                             [contract.decision_type, bundle.bundle_id, orjson.dumps(body).decode()])
+        self.db.execute("DELETE FROM source_rules WHERE bundle_id = ?", [bundle.bundle_id])
+        for group, classes in bundle.sources.items():
+            self.db.execute("INSERT INTO source_rules VALUES (?, ?, ?)", [bundle.bundle_id, group, list(classes)])
         self.db.execute("INSERT OR REPLACE INTO policy_bundles VALUES (?, ?, ?, ?, ?)",
                         [bundle.bundle_id, bundle.version, bundle.effective_at, bundle.cedar,
                          orjson.dumps(types).decode()])

@@ -31,9 +31,10 @@ class Outbox:
         return self.db.execute("SELECT seq, topic, key, value FROM outbox ORDER BY seq LIMIT ?",
                                [limit]).fetchall()
 
-    def remove_through(self, seq: int) -> None:
-        """Forget every record up to and including `seq` (they were acknowledged)."""
-        self.db.execute("DELETE FROM outbox WHERE seq <= ?", [seq])
+    def remove(self, seqs: list[int]) -> None:
+        """Forget these records (acknowledged, or permanently unpublishable)."""
+        if seqs:
+            self.db.execute("DELETE FROM outbox WHERE seq IN (SELECT unnest(?))", [seqs])
 
     def size(self) -> int:
         """Records waiting to be published."""

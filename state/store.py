@@ -30,6 +30,8 @@ CREATE TABLE IF NOT EXISTS entities (id VARCHAR PRIMARY KEY, aliases VARCHAR[], 
 CREATE TABLE IF NOT EXISTS policy_bundles (
   bundle_id VARCHAR PRIMARY KEY, version BIGINT, effective_at TIMESTAMPTZ, cedar VARCHAR,
   decision_types VARCHAR);
+CREATE TABLE IF NOT EXISTS source_rules (bundle_id VARCHAR, provenance_group VARCHAR, classes VARCHAR[],
+  PRIMARY KEY (bundle_id, provenance_group));
 CREATE TABLE IF NOT EXISTS contracts (decision_type VARCHAR PRIMARY KEY, bundle_id VARCHAR, body VARCHAR);
 CREATE TABLE IF NOT EXISTS plans (
   plan_id VARCHAR PRIMARY KEY, plan_key VARCHAR, status VARCHAR, live BOOLEAN,
@@ -143,17 +145,22 @@ class Store:
     # -- clock -------------------------------------------------------------------------
 
     def now(self) -> datetime | None:
-        """The service's event-time now: the latest clock tick applied."""
-        row = self.db.execute("SELECT now FROM clock WHERE id = 1").fetchone()
+        """The service's event-time now: the latest tick applied on any clock partition."""
+        row = self.db.execute("SELECT max(now) FROM clock").fetchone()
         return row[0] if row else None
 
-    def advance_clock(self, instant: datetime) -> bool:
-        """Move now forward to `instant`; False (and no change) if it would move backwards."""
-        current = self.now()
-        if current is not None and instant <= current:
-            return False
-        self.db.execute("INSERT INTO clock VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET now = excluded.now",
-                        [instant])
+    def advance_clock(self, instant: datetime, partition: int = 0) -> bool | None:
+        """Record a tick of one clock partition.
+
+        True when it moves that partition forward, False for a repeat of its last tick, None
+        when it would move the partition backwards (ticks on different partitions may
+        interleave in any order, so only a partition's own history can call a tick stale).
+        """
+        row = self.db.execute("SELECT now FROM clock WHERE id = ?", [partition]).fetchone()
+        if row is not None and instant <= row[0]:
+            return False if instant == row[0] else None
+        self.db.execute("INSERT INTO clock VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET now = excluded.now",
+                        [partition, instant])
         return True
 
     # -- counters ----------------------------------------------------------------------

@@ -81,5 +81,7 @@ def test_invalid_cedar_bundle_is_rejected_whole(state):
 
 def test_clock_never_moves_backwards(state):
     assert apply(state, "clock", {"event_id": "c", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z",
-                                  "now": "2026-01-01T00:00:00Z"}) is False
+                                  "now": "2026-01-01T00:00:00Z"}) is None
+    assert apply(state, "clock", {"event_id": "c2", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z",
+                                  "now": "2026-08-30T09:00:00Z"}) is False
     assert state.store.now().isoformat() == "2026-08-30T09:00:00+00:00"
