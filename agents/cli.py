@@ -46,12 +46,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     import faust
 
     from agents.loader import load_file
+    from agents.logs import configure as configure_logging
     from agents.worker import build_worker
     from streams.admin import ensure_topics
     from streams.broker import EmbeddedBroker
 
     settings = _settings(args)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     broker = worker = None
     bootstrap = settings.bootstrap_servers
     if not bootstrap:
@@ -156,6 +157,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return _call("GET", f"{_http(args)}/v1/plans/{args.plan_id}")
 
 
+def cmd_schemas_export(args: argparse.Namespace) -> int:
+    """Write the JSON Schema of every topic into DIR, for producers and consumers in other languages."""
+    from schemas.codec import TOPICS, schema_text
+
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("_common",) + TOPICS:
+        (out / f"{name}.schema.json").write_text(schema_text(name), encoding="utf-8")
+    print(json.dumps({"dir": str(out), "schemas": len(TOPICS) + 1}))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     top = argparse.ArgumentParser(prog="freshplan", description=DESCRIPTION,
@@ -202,6 +215,12 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--url")
     plan.add_argument("--state-dir")
     plan.set_defaults(func=cmd_plan)
+    schemas = sub.add_parser("schemas", help="wire contracts: JSON Schemas per topic")
+    schemas_sub = schemas.add_subparsers(dest="schemas_command", required=True)
+    export = schemas_sub.add_parser("export", help="write every topic's JSON Schema into DIR",
+                                    description=cmd_schemas_export.__doc__)
+    export.add_argument("dir", metavar="DIR")
+    export.set_defaults(func=cmd_schemas_export)
     return top
 
 

@@ -199,8 +199,9 @@ class Invalidator:
                       "cause": full_cause, "invalidated_at": wall_now(),
                       "as_of": now and format_instant(now), "successor_plan_id": successor}
             announcements.append((self.topic_of("plan-invalidations"), old_id.encode(), orjson.dumps(record)))
-            log.info("invalidated plan=%s reason=%s key=%s event=%s successor=%s", old_id, reason,
-                     dep_key, cause["event_id"], successor)
+            log.info("invalidated plan %s (%s)", old_id, reason,
+                     extra={"plan_id": old_id, "reason": reason, "dependency_key": dep_key,
+                            "event_id": cause["event_id"], "successor_plan_id": successor})
             if compiled is not None:
                 successors.append(compiled)
         counts["invalidations"] += len(announcements)
@@ -238,4 +239,6 @@ class Invalidator:
                   "original_truncated": len(original) > DEAD_LETTER_ORIGINAL_BYTES}
         self.state.outbox.add_many([(self.topic_of("dead-letters"), m.key, orjson.dumps(record))])
         counts[f"dead_letters.{error_class}"] += 1
-        log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class)
+        log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class,
+                    extra={"topic": m.topic, "partition": m.partition, "offset": m.offset,
+                           "error_class": error_class})

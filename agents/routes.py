@@ -48,12 +48,14 @@ def register_routes(app, worker: "Worker") -> None:
             try:
                 result = worker.query.select(body)
             except RequestError as exc:
-                log.info("select refused: %s (%s)", exc.code, exc.pass_name)
+                log.info("select refused: %s (%s)", exc.code, exc.pass_name,
+                         extra={"code": exc.code, "pass": exc.pass_name})
                 return self.json(exc.as_dict(), status=exc.status)
             if result.get("served_from") == "compiled":
                 await worker.publish_outbox()
-            log.info("select plan=%s served_from=%s state=%s", result["plan_id"], result["served_from"],
-                     result["state"])
+            log.info("select %s from %s", result["plan_id"], result["served_from"],
+                     extra={"plan_id": result["plan_id"], "served_from": result["served_from"],
+                            "state": result["state"], "stop_reason": result["stop_reason"]})
             return self.json(result)
 
         async def get(self, request: web.Request) -> web.Response:

@@ -48,6 +48,8 @@ class Settings:
     """Seconds the broker waits for members to rejoin; also bounds a cold start's first join."""
     log_level: str = "info"
     """Logging level of the worker."""
+    log_format: str = "json"
+    """json (one object per line, for log pipelines) or text."""
 
     @property
     def db_path(self) -> Path:
@@ -99,4 +101,5 @@ class Settings:
             session_timeout=get("SESSION_TIMEOUT", base.session_timeout, float),
             rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),
             log_level=get("LOG_LEVEL", base.log_level),
+            log_format=get("LOG_FORMAT", base.log_format),
         )

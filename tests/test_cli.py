@@ -26,6 +26,16 @@ def test_help_describes_every_command():
     assert "--load" in run_help and "--state-dir" in run_help
 
 
+def test_schemas_export_writes_one_schema_per_topic(tmp_path):
+    out = subprocess.run(FRESHPLAN + ["schemas", "export", str(tmp_path / "contracts")], capture_output=True,
+                         text=True, check=True, cwd=ROOT)
+    assert json.loads(out.stdout)["schemas"] == 9
+    written = sorted(p.name for p in (tmp_path / "contracts").iterdir())
+    assert "source-changes.schema.json" in written and "dead-letters.schema.json" in written
+    for path in (tmp_path / "contracts").iterdir():
+        assert json.loads(path.read_text())["$id"].endswith(path.name)
+
+
 @pytest.mark.timeout(180)
 def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
