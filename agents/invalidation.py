@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -42,6 +43,8 @@ class RawMessage:
     """Message key."""
     value: bytes | None
     """Message value (None for a tombstone)."""
+    timestamp: float | None = None
+    """Broker timestamp in epoch seconds, for event-to-invalidation latency."""
 
 
 def wall_now() -> str:
@@ -52,10 +55,13 @@ def wall_now() -> str:
 class Invalidator:
     """Turns batches of input messages into state changes and outbox records, transactionally."""
 
-    def __init__(self, state: LocalState, topic_of, max_event_bytes: int = 1_000_000) -> None:
+    def __init__(self, state: LocalState, topic_of, max_event_bytes: int = 1_000_000,
+                 on_latency=None, on_compile=None) -> None:
         self.state = state
         self.topic_of = topic_of  # logical name -> broker-side name
         self.max_event_bytes = max_event_bytes
+        self.on_latency = on_latency  # seconds from an event's broker timestamp to its invalidation
+        self.on_compile = on_compile  # seconds per recompilation
 
     def apply(self, messages: Sequence[RawMessage]) -> None:
         """Apply a batch in one transaction; on an unexpected error, retry one by one."""
@@ -129,7 +135,8 @@ class Invalidator:
                 counts["ignored_old_versions"] += 1
                 continue
             counts[f"applied.{m.topic}"] += 1
-            cause = {"topic": m.topic, "partition": m.partition, "offset": m.offset, "event_id": event.event_id}
+            cause = {"topic": m.topic, "partition": m.partition, "offset": m.offset, "event_id": event.event_id,
+                     "_timestamp": m.timestamp}
             due = self.state.index.due(event.payload.now) if isinstance(event.payload, ClockTick) else {}
             keyed.append((keys, due, cause))
         return keyed
@@ -179,11 +186,14 @@ class Invalidator:
             if plan_key not in heads:
                 continue
             old_id, request = heads[plan_key]
+            started = time.perf_counter()
             try:
                 compiled = compile_request(request, state.catalog, now)
             except RequestError as exc:
                 log.info("plan key %s can no longer compile: %s", plan_key, exc.code)
                 compiled = None
+            if self.on_compile:
+                self.on_compile(time.perf_counter() - started)
             if compiled is not None and compiled.plan_id == old_id:
                 # Same outcome: refresh horizon and edges, announce nothing (over-invalidation).
                 current.append(compiled)
@@ -192,7 +202,11 @@ class Invalidator:
             if compiled is None:
                 dropped.append(plan_key)
             reason = REASONS.get(dep_key.split(":", 1)[0], "source_changed")
-            full_cause = dict(cause, topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
+            stamp = cause.get("_timestamp")
+            full_cause = {k: v for k, v in cause.items() if not k.startswith("_")}
+            full_cause.update(topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
+            if self.on_latency and stamp:
+                self.on_latency(max(0.0, time.time() - stamp))
             successor = compiled.plan_id if compiled else None
             invalidated.append((old_id, reason, full_cause, successor))
             record = {"schema_version": 1, "plan_id": old_id, "plan_key": plan_key, "reason": reason,

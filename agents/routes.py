@@ -42,12 +42,15 @@ def register_routes(app, worker: "Worker") -> None:
                 except BadToken as exc:
                     return error(self, 400, "invalid_freshness_token", str(exc), "attest")
                 if not await _wait_until_fresh(worker, target):
+                    worker.query.selects["refused.not_fresh_enough"] += 1
                     return error(self, 503, "not_fresh_enough", "This worker has not yet applied the "
                                  f"state named by at_least_as_fresh within {worker.settings.freshness_wait}s;"
                                  " retry shortly.", "attest")
             try:
                 result = worker.query.select(body)
             except RequestError as exc:
+                if exc.status == 503:
+                    worker.query.selects[f"refused.{exc.code}"] += 1
                 log.info("select refused: %s (%s)", exc.code, exc.pass_name,
                          extra={"code": exc.code, "pass": exc.pass_name})
                 return self.json(exc.as_dict(), status=exc.status)
@@ -91,6 +94,12 @@ def register_routes(app, worker: "Worker") -> None:
                 worker.app.consumer.resume_partitions(tps)
             log.warning("operator %sd %s (%d partitions)", action, topic, len(tps))
             return self.json({"topic": topic, "action": action, "partitions": sorted(tp.partition for tp in tps)})
+
+    @app.page("/metrics")
+    class Metrics(web.View):
+        async def get(self, request: web.Request) -> web.Response:
+            return self.bytes(worker.metrics.render(),
+                              headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     @app.page("/healthz")
     class Health(web.View):

@@ -13,7 +13,8 @@ from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
 from agents.invalidation import Invalidator, RawMessage
 from agents.query import QueryService
-from agents.revocation_guard import RevocationGuard
+from agents.lag import LagWatcher
+from agents.metrics import Metrics
 from agents.routes import register_routes
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
@@ -37,7 +38,8 @@ class Worker:
     invalidator: Invalidator
     query: QueryService
     publish_lock: asyncio.Lock
-    guard: RevocationGuard
+    guard: LagWatcher
+    metrics: Metrics
 
     async def publish_outbox(self) -> int:
         """Send queued records, wait for the broker's acknowledgements, then forget them.
@@ -78,10 +80,14 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     topics = declare_topics(app, settings)
     state = LocalState.open(settings.db_path)
     invalidator = Invalidator(state, settings.topic, settings.max_event_bytes)
-    guard = RevocationGuard(state.store, bootstrap_servers, settings.topic("revocations"),
-                            settings.revocation_lag_bound)
-    worker = Worker(settings, app, topics, state, invalidator, QueryService(state, invalidator, guard),
-                    asyncio.Lock(), guard)
+    guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
+                       settings.revocation_lag_bound)
+    query = QueryService(state, invalidator, guard)
+    metrics = Metrics(state, query, guard)
+    invalidator.on_latency = metrics.event_to_invalidation.observe
+    invalidator.on_compile = metrics.compile_seconds.labels("recompile").observe
+    query.on_compile = metrics.compile_seconds.labels("select").observe
+    worker = Worker(settings, app, topics, state, invalidator, query, asyncio.Lock(), guard, metrics)
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
@@ -122,8 +128,8 @@ def _register_input_agent(worker: Worker, name: str) -> None:
 
     async def consume(stream) -> None:
         async for events in stream.take_events(settings.batch_size, within=settings.batch_window):
-            batch = [RawMessage(name, e.message.partition, e.message.offset, e.message.key, e.message.value)
-                     for e in events]
+            batch = [RawMessage(name, e.message.partition, e.message.offset, e.message.key, e.message.value,
+                                e.message.timestamp) for e in events]
             worker.invalidator.apply(batch)
             await worker.publish_outbox()
 

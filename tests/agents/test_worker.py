@@ -166,6 +166,11 @@ async def test_no_plan_is_served_while_revocations_are_behind(worker):
     assert health["revocations"]["lag_events"] == 1
     refused = await worker.select(ATLAS_REQUEST, expect=503)
     assert refused["error"]["code"] == "revocations_behind"
+    paused = await metrics(worker)
+    assert paused['freshplan_consumer_lag_events{partition="0",topic="revocations"}'] + paused[
+        'freshplan_consumer_lag_events{partition="1",topic="revocations"}'] == 1
+    assert paused['freshplan_stale_serve_refusals_total{reason="revocations_behind"}'] >= 1
+    assert paused["freshplan_revocation_lag_seconds"] > 1
     assert (await worker.get(f"/v1/plans/{plan['plan_id']}"))["status"] == "fresh"  # not yet applied
 
     async with worker.http.post(f"{worker.url}/v1/admin/consumers",
@@ -177,3 +182,21 @@ async def test_no_plan_is_served_while_revocations_are_behind(worker):
         await asyncio.sleep(0.1)
     after = await worker.select(ATLAS_REQUEST)
     assert after["plan_id"] != plan["plan_id"] and after["admitted"] == []
+    resumed = await metrics(worker)
+    assert resumed["freshplan_invalidations_total"] >= 1
+    assert resumed["freshplan_event_to_invalidation_seconds_count"] >= 1
+    assert resumed['freshplan_compile_seconds_count{path="select"}'] >= 1
+    assert resumed['freshplan_plans{status="invalidated"}'] >= 1
+
+
+async def metrics(worker) -> dict[str, float]:
+    """Scrape /metrics into {series: value}."""
+    async with worker.http.get(f"{worker.url}/metrics") as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
+        text = await resp.text()
+    series = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            series[name] = float(value)
+    return series

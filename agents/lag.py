@@ -1,4 +1,4 @@
-"""Fail closed on revocations: know how far behind the revocations stream is, or refuse to serve."""
+"""Consumer lag from the topics' end offsets; fail closed when revocations are behind or unknown."""
 
 from __future__ import annotations
 
@@ -34,14 +34,15 @@ class RevocationStatus:
                 "bound_seconds": self.bound_seconds}
 
 
-class RevocationGuard:
-    """Polls the revocations topic's end offsets and compares them with what the store applied."""
+class LagWatcher:
+    """Polls the input topics' end offsets and compares them with what the store applied."""
 
-    def __init__(self, store: Store, bootstrap_servers: str, topic: str, bound_seconds: float,
+    def __init__(self, store: Store, bootstrap_servers: str, topics: dict[str, str], bound_seconds: float,
                  poll_interval: float = 0.5) -> None:
         self.store = store
         self.bootstrap_servers = bootstrap_servers
-        self.topic = topic
+        self.topics = topics  # logical name -> broker-side name
+        self.ends: dict[str, dict[int, int]] = {}
         self.bound = bound_seconds
         self.poll_interval = poll_interval
         self._consumer: AIOKafkaConsumer | None = None
@@ -57,21 +58,34 @@ class RevocationGuard:
                 self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers,
                                                   enable_auto_commit=False, request_timeout_ms=5000)
                 await self._consumer.start()
-            partitions = self._consumer.partitions_for_topic(self.topic)
-            if not partitions:
-                await self._consumer.topics()  # refresh metadata
-                partitions = self._consumer.partitions_for_topic(self.topic) or set()
-            ends = await self._consumer.end_offsets([TopicPartition(self.topic, p) for p in partitions])
+            tps = []
+            for name in self.topics.values():
+                partitions = self._consumer.partitions_for_topic(name)
+                if not partitions:
+                    await self._consumer.topics()  # refresh metadata
+                    partitions = self._consumer.partitions_for_topic(name) or set()
+                tps.extend(TopicPartition(name, p) for p in partitions)
+            ends = await self._consumer.end_offsets(tps)
         except Exception as exc:  # noqa: BLE001 - any failure leaves the state unknown, i.e. closed
             log.warning("revocation lag unknown: %s", exc)
             self._checked_at = None
             return
+        logical = {v: k for k, v in self.topics.items()}
+        self.ends = {}
+        for tp, end in ends.items():
+            self.ends.setdefault(logical[tp.topic], {})[tp.partition] = end
         applied = self.store.next_offsets().get("revocations", {})
-        self._lag = sum(max(0, end - applied.get(tp.partition, 0)) for tp, end in ends.items())
+        self._lag = sum(max(0, end - applied.get(p, 0)) for p, end in self.ends.get("revocations", {}).items())
         now = time.monotonic()
         self._checked_at = now
         if self._lag == 0:
             self._caught_up_at = now
+
+    def lags(self) -> dict[str, dict[int, int]]:
+        """Unapplied events per input topic and partition, as of the last poll."""
+        applied = self.store.next_offsets()
+        return {t: {p: max(0, end - applied.get(t, {}).get(p, 0)) for p, end in parts.items()}
+                for t, parts in self.ends.items()}
 
     def status(self) -> RevocationStatus:
         """ok only when recently checked and not behind by more than the bound."""

@@ -1,0 +1,88 @@
+"""Prometheus metrics of one worker: lag, latency, plans, index, compilations, dead letters, refusals."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from agents.lag import LagWatcher
+    from agents.query import QueryService
+    from state.local_state import LocalState
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """A registry per worker (injected, not the process-global one) plus a collector over local state."""
+
+    def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.event_to_invalidation = Histogram(
+            "freshplan_event_to_invalidation_seconds", "Broker timestamp of an input event to its invalidation",
+            buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.compile_seconds = Histogram(
+            "freshplan_compile_seconds", "Time to compile one plan", ["path"], buckets=LATENCY_BUCKETS,
+            registry=self.registry)
+        self.registry.register(_StateCollector(state, query, lag))
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry)
+
+
+class _StateCollector:
+    """Reads counters and sizes from DuckDB and the lag watcher at scrape time."""
+
+    def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher") -> None:
+        self.state, self.query, self.lag = state, query, lag
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator:
+        counters = dict(self.state.store.counters())
+        lag = GaugeMetricFamily("freshplan_consumer_lag_events", "Input events published but not yet applied",
+                                labels=["topic", "partition"])
+        for topic, parts in sorted(self.lag.lags().items()):
+            for partition, value in sorted(parts.items()):
+                lag.add_metric([topic, str(partition)], value)
+        yield lag
+        status = self.lag.status()
+        behind = -1 if status.seconds_behind is None else status.seconds_behind
+        yield GaugeMetricFamily("freshplan_revocation_lag_seconds",
+                                "Seconds this worker is behind on revocations (-1 when unknown)", value=behind)
+        plans = GaugeMetricFamily("freshplan_plans", "Stored plans by status", labels=["status"])
+        for status_name, count in sorted(self.state.plans.counts().items()):
+            plans.add_metric([status_name], count)
+        yield plans
+        yield GaugeMetricFamily("freshplan_index_edges", "Dependency index edges", value=self.state.index.size())
+        yield GaugeMetricFamily("freshplan_outbox_records", "Records waiting to be published",
+                                value=self.state.outbox.size())
+        for name, help_text in (("invalidations", "Invalidations announced"),
+                                ("unchanged_recompilations", "Recompilations that came out identical"),
+                                ("compilations", "Plans compiled by agents"),
+                                ("duplicate_events", "Events ignored as duplicates by event_id"),
+                                ("ignored_old_versions", "Events ignored as older versions")):
+            yield CounterMetricFamily(f"freshplan_{name}", help_text, value=counters.get(name, 0))
+        applied = CounterMetricFamily("freshplan_events_applied", "Input events applied", labels=["topic"])
+        letters = CounterMetricFamily("freshplan_dead_letters", "Input events dead-lettered", labels=["reason"])
+        for name, value in sorted(counters.items()):
+            if name.startswith("applied."):
+                applied.add_metric([name.split(".", 1)[1]], value)
+            elif name.startswith("dead_letters."):
+                letters.add_metric([name.split(".", 1)[1]], value)
+        yield applied
+        yield letters
+        selects = CounterMetricFamily("freshplan_selects", "Selects answered", labels=["served_from"])
+        refusals = CounterMetricFamily("freshplan_stale_serve_refusals", "Selects refused rather than risk a "
+                                       "stale serve", labels=["reason"])
+        for name, value in sorted(self.query.selects.items()):
+            if name.startswith("selects."):
+                selects.add_metric([name.split(".", 1)[1]], value)
+            elif name.startswith("refused."):
+                refusals.add_metric([name.split(".", 1)[1]], value)
+        yield selects
+        yield refusals
