@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from importlib import resources
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +95,13 @@ def register_routes(app, worker: "Worker") -> None:
                 worker.app.consumer.resume_partitions(tps)
             log.warning("operator %sd %s (%d partitions)", action, topic, len(tps))
             return self.json({"topic": topic, "action": action, "partitions": sorted(tp.partition for tp in tps)})
+
+    document = resources.files("agents").joinpath("openapi.json").read_bytes()
+
+    @app.page("/openapi.json")
+    class OpenApi(web.View):
+        async def get(self, request: web.Request) -> web.Response:
+            return self.bytes(document, headers={"Content-Type": "application/json"})
 
     @app.page("/metrics")
     class Metrics(web.View):
