@@ -1,0 +1,101 @@
+"""A subscriber-side plan cache kept coherent by `plans` and `plan-invalidations` (for gateways and caches)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+
+log = logging.getLogger(__name__)
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS plans (plan_id TEXT PRIMARY KEY, plan BLOB);
+CREATE TABLE IF NOT EXISTS invalidated (plan_id TEXT PRIMARY KEY, successor TEXT, reason TEXT);
+CREATE TABLE IF NOT EXISTS causes (cause TEXT PRIMARY KEY);
+"""
+
+
+class PlanCache:
+    """Plans by id, minus every plan announced invalid; persisted so a restart resumes where it stopped.
+
+    Invalidations are idempotent by cause (plan, event, dependency key): a redelivered or
+    republished announcement changes nothing. Offsets are committed to Kafka only after the
+    batch is in the local file, so a crash re-reads rather than skips.
+    """
+
+    def __init__(self, bootstrap_servers: str, *, group_id: str, path: Path | str, topic_prefix: str = "") -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.group_id = group_id
+        self.topics = {f"{topic_prefix}plans": "plans", f"{topic_prefix}plan-invalidations": "plan-invalidations"}
+        self.db = sqlite3.connect(str(path))
+        self.db.executescript(_DDL)
+        self.duplicates = 0
+        self._consumer: AIOKafkaConsumer | None = None
+
+    # -- reading the cache ----------------------------------------------------------------
+
+    def get(self, plan_id: str) -> dict[str, Any] | None:
+        """The plan if it is known and has not been invalidated."""
+        row = self.db.execute("SELECT p.plan FROM plans p LEFT JOIN invalidated i USING (plan_id) "
+                              "WHERE p.plan_id = ? AND i.plan_id IS NULL", [plan_id]).fetchone()
+        return orjson.loads(row[0]) if row else None
+
+    def successor(self, plan_id: str) -> str | None:
+        """What replaced an invalidated plan, if announced."""
+        row = self.db.execute("SELECT successor FROM invalidated WHERE plan_id = ?", [plan_id]).fetchone()
+        return row[0] if row else None
+
+    def is_invalidated(self, plan_id: str) -> bool:
+        """Whether an invalidation of this plan has been seen."""
+        return self.db.execute("SELECT 1 FROM invalidated WHERE plan_id = ?", [plan_id]).fetchone() is not None
+
+    # -- following the topics ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join the group; resume from its committed offsets (earliest for a new group)."""
+        self._consumer = AIOKafkaConsumer(*self.topics, bootstrap_servers=self.bootstrap_servers,
+                                          group_id=self.group_id, enable_auto_commit=False,
+                                          auto_offset_reset="earliest")
+        await self._consumer.start()
+
+    async def poll(self, timeout_ms: int = 500) -> int:
+        """Apply one batch of records; return how many were read."""
+        assert self._consumer is not None, "call start() first"
+        batch = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=1000)
+        records = [m for messages in batch.values() for m in messages]
+        with self.db:
+            for message in records:
+                self._apply(self.topics[message.topic], orjson.loads(message.value))
+        if records:
+            await self._consumer.commit()
+        return len(records)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the topics until `stop` is set."""
+        while not stop.is_set():
+            await self.poll()
+
+    async def stop(self) -> None:
+        """Leave the group and close the file."""
+        if self._consumer is not None:
+            await self._consumer.stop()
+        self.db.close()
+
+    def _apply(self, topic: str, record: dict[str, Any]) -> None:
+        if topic == "plans":
+            self.db.execute("INSERT OR REPLACE INTO plans VALUES (?, ?)", [record["plan_id"], orjson.dumps(record)])
+            return
+        cause = record.get("cause") or {}
+        key = f"{record['plan_id']}|{cause.get('event_id')}|{cause.get('dependency_key')}"
+        if self.db.execute("INSERT OR IGNORE INTO causes VALUES (?)", [key]).rowcount == 0:
+            self.duplicates += 1
+            return
+        self.db.execute("INSERT OR REPLACE INTO invalidated VALUES (?, ?, ?)",
+                        [record["plan_id"], record.get("successor_plan_id"), record.get("reason")])
+        log.info("plan %s invalidated (%s), successor %s", record["plan_id"], record.get("reason"),
+                 record.get("successor_plan_id"))

@@ -1,0 +1,52 @@
+"""A cache following plans and plan-invalidations stays coherent, idempotent and restartable."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import orjson
+
+from streams.plan_cache import PlanCache
+from tests.conftest import ATLAS_REQUEST, ROOT
+from tests.events import resource
+
+
+async def follow(cache: PlanCache, until, timeout: float = 30.0) -> None:
+    async def loop():
+        while not until():
+            await cache.poll(200)
+    await asyncio.wait_for(loop(), timeout)
+
+
+async def test_cache_follows_invalidations_and_survives_restart(worker, tmp_path):
+    fresh = await worker.load("atlas.jsonl")
+    old = await worker.select(ATLAS_REQUEST, fresh)
+    path = tmp_path / "cache.sqlite"
+    cache = PlanCache(worker.bootstrap, group_id="cache-test", path=path, topic_prefix=worker.settings.topic_prefix)
+    await cache.start()
+    await follow(cache, lambda: cache.get(old["plan_id"]) is not None)
+    await cache.stop()
+
+    fresh = await worker.publish_events(resource("approved-waiver-W2"))
+    new = await worker.select(ATLAS_REQUEST, fresh)
+    cache = PlanCache(worker.bootstrap, group_id="cache-test", path=path, topic_prefix=worker.settings.topic_prefix)
+    await cache.start()  # resumes from committed offsets with its file
+    await follow(cache, lambda: cache.get(new["plan_id"]) is not None and cache.is_invalidated(old["plan_id"]))
+    assert cache.get(old["plan_id"]) is None and cache.successor(old["plan_id"]) == new["plan_id"]
+
+    # A republished announcement (same cause) changes nothing.
+    announcement = next(r for r in await worker.everything("plan-invalidations") if r["plan_id"] == old["plan_id"])
+    announcement.pop("_key")
+    await worker.publish([("plan-invalidations", old["plan_id"].encode(), orjson.dumps(announcement))])
+    await follow(cache, lambda: cache.duplicates >= 1)
+    assert cache.get(new["plan_id"])["plan_id"] == new["plan_id"]
+    await cache.stop()
+
+    example = subprocess.run([sys.executable, "examples/cache_subscriber.py", "--state-dir",
+                              str(worker.settings.state_dir), "--cache-file", str(tmp_path / "example.sqlite"),
+                              "--max-seconds", "8"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert example.returncode == 0, example.stderr[-2000:]
+    last = orjson.loads(example.stdout.strip().splitlines()[-1])
+    assert last["plans_known"] >= 2 and last["invalidated"] >= 1
