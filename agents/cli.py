@@ -152,6 +152,32 @@ def cmd_select(args: argparse.Namespace) -> int:
     return _call("POST", _http(args) + "/v1/select", body)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print lag, revocation state, plans, index size and the last event per topic of a running worker."""
+    url = _http(args) + "/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            health = json.loads(resp.read())
+    except urllib.error.URLError as exc:
+        print(f"freshplan: cannot reach {url}: {exc.reason}; is `freshplan run` up?", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(health, indent=2))
+        return 0
+    rev = health["revocations"]
+    print(f"now (event time)   {health['now']}")
+    print(f"revocations        {rev['state']} (lag {rev['lag_events']} events, {rev['seconds_behind']}s; "
+          f"bound {rev['bound_seconds']}s)")
+    print(f"plans              {', '.join(f'{k} {v}' for k, v in sorted(health['plans'].items())) or 'none'}")
+    print(f"index edges        {health['index_edges']}    outbox {health['outbox']}")
+    for topic in ("source-changes", "policy-versions", "revocations", "clock"):
+        lag = sum(health.get("lag", {}).get(topic, {}).values())
+        last = health.get("last_events", {}).get(topic)
+        seen = f"last {last['event_id']} at {last['applied_at']}" if last else "no events applied yet"
+        print(f"{topic:<18} lag {lag:<6} {seen}")
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print whether a plan is fresh or invalidated, and why."""
     return _call("GET", f"{_http(args)}/v1/plans/{args.plan_id}")
@@ -208,6 +234,13 @@ def parser() -> argparse.ArgumentParser:
     select.add_argument("--url", help="service URL (default: the local run's, else http://127.0.0.1:6066)")
     select.add_argument("--state-dir", help="state dir of the local `freshplan run`")
     select.set_defaults(func=cmd_select)
+
+    status = sub.add_parser("status", help="lag, revocations, plans, index size, last event per topic",
+                            description=cmd_status.__doc__)
+    status.add_argument("--json", action="store_true", help="print the raw /healthz document")
+    status.add_argument("--url")
+    status.add_argument("--state-dir")
+    status.set_defaults(func=cmd_status)
 
     plan = sub.add_parser("plan", help="show whether a plan is fresh or invalidated, and why",
                           description=cmd_plan.__doc__)

@@ -62,6 +62,7 @@ class Invalidator:
         self.max_event_bytes = max_event_bytes
         self.on_latency = on_latency  # seconds from an event's broker timestamp to its invalidation
         self.on_compile = on_compile  # seconds per recompilation
+        self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
 
     def apply(self, messages: Sequence[RawMessage]) -> None:
         """Apply a batch in one transaction; on an unexpected error, retry one by one."""
@@ -135,6 +136,8 @@ class Invalidator:
                 counts["ignored_old_versions"] += 1
                 continue
             counts[f"applied.{m.topic}"] += 1
+            self.last_event[m.topic] = {"event_id": event.event_id, "partition": m.partition, "offset": m.offset,
+                                        "occurred_at": format_instant(event.occurred_at), "applied_at": wall_now()}
             cause = {"topic": m.topic, "partition": m.partition, "offset": m.offset, "event_id": event.event_id,
                      "_timestamp": m.timestamp}
             due = self.state.index.due(event.payload.now) if isinstance(event.payload, ClockTick) else {}

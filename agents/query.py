@@ -67,4 +67,6 @@ class QueryService:
                 "plans": self.state.plans.counts(), "index_edges": self.state.index.size(),
                 "outbox": self.state.outbox.size(),
                 "counters": dict(Counter(store.counters()) + self.selects),
-                "revocations": self.guard.status().as_dict() if self.guard else None}
+                "revocations": self.guard.status().as_dict() if self.guard else None,
+                "lag": self.guard.lags() if self.guard else {},
+                "last_events": self.invalidator.last_event}

@@ -20,7 +20,7 @@ FRESHPLAN = [sys.executable, "-m", "agents.cli"]
 
 def test_help_describes_every_command():
     out = subprocess.run(FRESHPLAN + ["--help"], capture_output=True, text=True, check=True).stdout
-    for command in ("run", "load", "select", "plan"):
+    for command in ("run", "load", "select", "plan", "status", "schemas"):
         assert command in out
     run_help = subprocess.run(FRESHPLAN + ["run", "--help"], capture_output=True, text=True, check=True).stdout
     assert "--load" in run_help and "--state-dir" in run_help
@@ -67,6 +67,9 @@ def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
         status = subprocess.run(FRESHPLAN + ["plan", plan["plan_id"], "--url", info["http"]], cwd=ROOT,
                                 env=env, capture_output=True, text=True, timeout=60)
         assert json.loads(status.stdout)["status"] == "fresh"
+        shown = subprocess.run(FRESHPLAN + ["status", "--state-dir", str(tmp_path / "state")], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "revocations" in shown.stdout and "last atlas-" in shown.stdout, shown
         with urllib.request.urlopen(f"{info['http']}/healthz", timeout=10) as resp:
             assert json.loads(resp.read())["now"] is not None  # wall-clock ticks are on by default
     finally:
