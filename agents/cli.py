@@ -92,6 +92,62 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_bar():
+    """A rich progress bar on a terminal; None (quiet) otherwise."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not sys.stderr.isatty():
+        return None
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    transient=True)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Rebuild local state from the topics (worker stopped): the old DuckDB file is kept aside."""
+    from agents.logs import configure as configure_logging
+    from agents.replay import replay
+
+    settings = _settings(args)
+    configure_logging(settings.log_level, settings.log_format)
+    info = _run_info(settings)
+    if info.get("pid") and _alive(info["pid"]):
+        print(f"freshplan replay: a worker (pid {info['pid']}) is using {settings.state_dir}; stop it first.",
+              file=sys.stderr)
+        return 2
+    bootstrap = settings.bootstrap_servers or args.bootstrap
+    if not bootstrap:
+        print("freshplan replay: set KAFKA_BOOTSTRAP_SERVERS (or --bootstrap) to the cluster holding the topics.",
+              file=sys.stderr)
+        return 2
+    bar = _progress_bar()
+    tasks: dict[str, int] = {}
+
+    def progress(topic: str, seen: int, total: int) -> None:
+        if bar is None:
+            return
+        if topic not in tasks:
+            tasks[topic] = bar.add_task(topic, total=total)
+        bar.update(tasks[topic], completed=seen)
+
+    if bar:
+        bar.start()
+    try:
+        summary = asyncio.run(replay(settings, bootstrap, progress))
+    finally:
+        if bar:
+            bar.stop()
+    print(json.dumps(summary))
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def cmd_load(args: argparse.Namespace) -> int:
     """Publish scenario files to the configured or locally running broker."""
     from agents.loader import ScenarioError, load_file
@@ -103,12 +159,20 @@ def cmd_load(args: argparse.Namespace) -> int:
               f"with the same --state-dir (looked for {settings.run_file}).", file=sys.stderr)
         return 2
     asyncio.set_event_loop(asyncio.new_event_loop())
+    bar = _progress_bar()
     for path in args.files:
+        task = bar.add_task(f"publishing {path}", total=None) if bar else None
+        if bar:
+            bar.start()
         try:
-            count, token = load_file(settings, bootstrap, Path(path))
+            count, token = load_file(settings, bootstrap, Path(path), progress=(
+                (lambda done, total, task=task: bar.update(task, completed=done, total=total)) if bar else None))
         except (ScenarioError, OSError) as exc:
             print(f"freshplan load: {exc}", file=sys.stderr)
             return 2
+        finally:
+            if bar:
+                bar.stop()
         print(json.dumps({"file": path, "events": count, "freshness_token": token}))
     return 0
 
@@ -241,6 +305,12 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--url")
     status.add_argument("--state-dir")
     status.set_defaults(func=cmd_status)
+
+    rebuild = sub.add_parser("replay", help="rebuild local state from the topics (worker stopped)",
+                             description=cmd_replay.__doc__)
+    rebuild.add_argument("--state-dir", help="state dir of the worker to rebuild")
+    rebuild.add_argument("--bootstrap", help="Kafka bootstrap servers (else KAFKA_BOOTSTRAP_SERVERS)")
+    rebuild.set_defaults(func=cmd_replay)
 
     plan = sub.add_parser("plan", help="show whether a plan is fresh or invalidated, and why",
                           description=cmd_plan.__doc__)

@@ -52,34 +52,53 @@ class LagWatcher:
         self._lag: int | None = None
 
     async def refresh(self) -> None:
-        """Read end offsets (a separate consumer, so a paused or slow agent cannot hide its lag)."""
+        """Learn each input partition's end from a separate consumer, so a paused agent cannot hide its lag.
+
+        The end is the larger of ListOffsets and the high watermark of a small fetch from the
+        applied position: the embedded Tansu broker answers ListOffsets with the number of
+        batches rather than records (seen with Tansu 0.6.0), which alone would under-report lag.
+        """
         try:
-            if self._consumer is None:
-                self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers,
-                                                  enable_auto_commit=False, request_timeout_ms=5000)
-                await self._consumer.start()
-            tps = []
-            for name in self.topics.values():
-                partitions = self._consumer.partitions_for_topic(name)
-                if not partitions:
-                    await self._consumer.topics()  # refresh metadata
-                    partitions = self._consumer.partitions_for_topic(name) or set()
-                tps.extend(TopicPartition(name, p) for p in partitions)
-            ends = await self._consumer.end_offsets(tps)
+            consumer = await self._ensure_consumer()
+            applied = self.store.next_offsets()
+            tps = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
+            logical = {v: k for k, v in self.topics.items()}
+            for tp in tps:
+                consumer.seek(tp, applied.get(logical[tp.topic], {}).get(tp.partition, 0))
+            await consumer.getmany(timeout_ms=150, max_records=1)
+            listed = await consumer.end_offsets(tps)
         except Exception as exc:  # noqa: BLE001 - any failure leaves the state unknown, i.e. closed
             log.warning("revocation lag unknown: %s", exc)
             self._checked_at = None
             return
-        logical = {v: k for k, v in self.topics.items()}
         self.ends = {}
-        for tp, end in ends.items():
+        for tp in tps:
+            end = max(listed.get(tp, 0), consumer.highwater(tp) or 0)
             self.ends.setdefault(logical[tp.topic], {})[tp.partition] = end
-        applied = self.store.next_offsets().get("revocations", {})
-        self._lag = sum(max(0, end - applied.get(p, 0)) for p, end in self.ends.get("revocations", {}).items())
+        revoked = applied.get("revocations", {})
+        self._lag = sum(max(0, end - revoked.get(p, 0)) for p, end in self.ends.get("revocations", {}).items())
         now = time.monotonic()
         self._checked_at = now
         if self._lag == 0:
             self._caught_up_at = now
+
+    async def _ensure_consumer(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
+                                        request_timeout_ms=5000, fetch_max_wait_ms=50,
+                                        max_partition_fetch_bytes=4096)
+            await consumer.start()
+            self._consumer = consumer
+        tps = []
+        for name in self.topics.values():
+            partitions = self._consumer.partitions_for_topic(name)
+            if not partitions:
+                await self._consumer.topics()  # refresh metadata
+                partitions = self._consumer.partitions_for_topic(name) or set()
+            tps.extend(TopicPartition(name, p) for p in partitions)
+        if set(tps) != self._consumer.assignment():
+            self._consumer.assign(tps)
+        return self._consumer
 
     def lags(self) -> dict[str, dict[int, int]]:
         """Unapplied events per input topic and partition, as of the last poll."""

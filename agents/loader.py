@@ -71,9 +71,9 @@ async def publish(settings: Settings, bootstrap: str, records: list[tuple[str, b
     return encode_token(offsets)
 
 
-def load_file(settings: Settings, bootstrap: str, path: Path) -> tuple[int, str]:
+def load_file(settings: Settings, bootstrap: str, path: Path, progress=None) -> tuple[int, str]:
     """Publish one scenario file; return (events published, freshness token)."""
     records = read_scenario(path)
-    token = asyncio.get_event_loop().run_until_complete(publish(settings, bootstrap, records))
+    token = asyncio.get_event_loop().run_until_complete(publish(settings, bootstrap, records, progress))
     log.info("published %d events from %s", len(records), path)
     return len(records), token

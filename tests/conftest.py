@@ -43,6 +43,11 @@ class WorkerProcess:
     http: aiohttp.ClientSession | None = field(default=None, repr=False)
     env: dict = field(default_factory=dict, repr=False)
 
+    def stop(self) -> None:
+        """SIGTERM the worker and wait for a clean exit."""
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
     def kill(self) -> None:
         """SIGKILL the worker: no shutdown hooks, no flushing."""
         self.proc.kill()

@@ -157,18 +157,20 @@ async def test_no_plan_is_served_while_revocations_are_behind(worker):
     async with worker.http.post(f"{worker.url}/v1/admin/consumers",
                                 json={"topic": "revocations", "action": "pause"}) as resp:
         assert resp.status == 200, await resp.text()
-    await worker.publish_events(revoke_role("maya", "credit_analyst"))
+    # Three revocations in one producer batch: the lag must count records, not batches.
+    await worker.publish_events(revoke_role("maya", "credit_analyst"), revoke_role("omar", "financial_crime"),
+                                revoke_role("omar", "auditor"))
     for _ in range(200):  # the bound is 1 s in this test's worker; wait until the guard says so
         health = await worker.get("/healthz")
         if health["revocations"]["state"] == "behind":
             break
         await asyncio.sleep(0.1)
-    assert health["revocations"]["lag_events"] == 1
+    assert health["revocations"]["lag_events"] == 3
     refused = await worker.select(ATLAS_REQUEST, expect=503)
     assert refused["error"]["code"] == "revocations_behind"
     paused = await metrics(worker)
     assert paused['freshplan_consumer_lag_events{partition="0",topic="revocations"}'] + paused[
-        'freshplan_consumer_lag_events{partition="1",topic="revocations"}'] == 1
+        'freshplan_consumer_lag_events{partition="1",topic="revocations"}'] == 3
     assert paused['freshplan_stale_serve_refusals_total{reason="revocations_behind"}'] >= 1
     assert paused["freshplan_revocation_lag_seconds"] > 1
     assert (await worker.get(f"/v1/plans/{plan['plan_id']}"))["status"] == "fresh"  # not yet applied
