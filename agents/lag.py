@@ -111,8 +111,14 @@ class LagWatcher:
         now = time.monotonic()
         if self._checked_at is None or now - self._checked_at > max(3 * self.poll_interval, 2.0):
             return RevocationStatus("unknown", None, None, self.bound)
-        behind = 0.0 if self._lag == 0 else now - (self._caught_up_at or self._started_at)
-        return RevocationStatus("ok" if behind <= self.bound else "behind", self._lag, behind, self.bound)
+        # Re-count against what the store has applied by now: an agent that caught up since the
+        # last poll is not behind on anything this worker knows of.
+        applied = self.store.next_offsets().get("revocations", {})
+        lag = sum(max(0, end - applied.get(p, 0)) for p, end in self.ends.get("revocations", {}).items())
+        if lag == 0:
+            self._caught_up_at = now
+        behind = 0.0 if lag == 0 else now - (self._caught_up_at or self._started_at)
+        return RevocationStatus("ok" if behind <= self.bound else "behind", lag, behind, self.bound)
 
     def check(self) -> RevocationStatus:
         """Raise a 503 AttestError unless revocations are known and within the bound."""
