@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -55,7 +56,7 @@ class EmbeddedBroker:
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
         self.process = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -87,6 +88,16 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGTERM the broker when its owner dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: stop() remains the only way
+        pass
 
 
 def _probe(bootstrap: str) -> bool:
