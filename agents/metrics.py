@@ -67,22 +67,20 @@ class _StateCollector:
                                 ("duplicate_events", "Events ignored as duplicates by event_id"),
                                 ("ignored_old_versions", "Events ignored as older versions")):
             yield CounterMetricFamily(f"freshplan_{name}", help_text, value=counters.get(name, 0))
-        applied = CounterMetricFamily("freshplan_events_applied", "Input events applied", labels=["topic"])
-        letters = CounterMetricFamily("freshplan_dead_letters", "Input events dead-lettered", labels=["reason"])
-        for name, value in sorted(counters.items()):
-            if name.startswith("applied."):
-                applied.add_metric([name.split(".", 1)[1]], value)
-            elif name.startswith("dead_letters."):
-                letters.add_metric([name.split(".", 1)[1]], value)
-        yield applied
-        yield letters
-        selects = CounterMetricFamily("freshplan_selects", "Selects answered", labels=["served_from"])
-        refusals = CounterMetricFamily("freshplan_stale_serve_refusals", "Selects refused rather than risk a "
-                                       "stale serve", labels=["reason"])
-        for name, value in sorted(self.query.selects.items()):
-            if name.startswith("selects."):
-                selects.add_metric([name.split(".", 1)[1]], value)
-            elif name.startswith("refused."):
-                refusals.add_metric([name.split(".", 1)[1]], value)
-        yield selects
-        yield refusals
+        yield from _labelled(counters, {
+            "applied.": CounterMetricFamily("freshplan_events_applied", "Input events applied", labels=["topic"]),
+            "dead_letters.": CounterMetricFamily("freshplan_dead_letters", "Input events dead-lettered",
+                                                 labels=["reason"])})
+        yield from _labelled(self.query.selects, {
+            "selects.": CounterMetricFamily("freshplan_selects", "Selects answered", labels=["served_from"]),
+            "refused.": CounterMetricFamily("freshplan_stale_serve_refusals",
+                                            "Selects refused rather than risk a stale serve", labels=["reason"])})
+
+
+def _labelled(counts, families: dict) -> Iterator:
+    """Split `prefix.label` counters into one labelled family per prefix."""
+    for name, value in sorted(counts.items()):
+        for prefix, family in families.items():
+            if name.startswith(prefix):
+                family.add_metric([name[len(prefix):]], value)
+    yield from families.values()

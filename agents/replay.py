@@ -126,9 +126,3 @@ def _restore(state: LocalState, invalidator: Invalidator, current: list[dict]) -
         invalidator.store_compiled(restored, now, counts, publish=False)
         state.outbox.add_many(rows)  # published by the worker's outbox flush when it starts
     return len(restored), changed
-
-
-def default_progress(topic: str, seen: int, total: int) -> None:
-    """Plain progress line for non-interactive use."""
-    log.info("replayed %d/%d records of %s", seen, total, topic)
-

@@ -232,11 +232,6 @@ class Catalog:
             "ORDER BY id", [entity_id, classes, props, props]).fetchall()
         return [_resource_row(r) for r in rows]
 
-    def resource_count(self) -> int:
-        """Live resources in the catalog."""
-        return self.db.execute("SELECT count(*) FROM resources WHERE NOT deleted").fetchone()[0]
-
-
 def _resource_table(resources: Sequence[Resource]) -> pa.Table:
     """Arrow rows in the column order of the resources table."""
     strings = pa.list_(pa.string())

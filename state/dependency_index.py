@@ -42,14 +42,6 @@ class DependencyIndex:
         return self.db.execute("SELECT plan_key, dep_key FROM dependency_index "
                                "WHERE dep_key IN (SELECT unnest(?))", [keys]).fetchall()
 
-    def affected(self, keys: list[str]) -> dict[str, str]:
-        """Plan keys depending on any of `keys`, each with the earliest matching key in `keys` order."""
-        rank = {k: i for i, k in reversed(list(enumerate(keys)))}
-        out: dict[str, str] = {}
-        for plan_key, dep_key in sorted(self.affected_pairs(keys), key=lambda e: rank[e[1]]):
-            out.setdefault(plan_key, dep_key)
-        return out
-
     def due(self, now: datetime) -> dict[str, str]:
         """Live plan keys whose validity horizon `now` has reached, with their time key."""
         rows = self.db.execute(

@@ -116,12 +116,6 @@ class Store:
             out.setdefault(topic, {})[partition] = nxt
         return out
 
-    def save_offset(self, topic: str, partition: int, next_offset: int) -> None:
-        """Record that everything before `next_offset` of a partition is applied."""
-        self.db.execute("INSERT INTO offsets VALUES (?, ?, ?) ON CONFLICT (topic, partition) DO UPDATE "
-                        "SET next_offset = greatest(offsets.next_offset, excluded.next_offset)",
-                        [topic, partition, next_offset])
-
     def save_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
         """Record many partitions' next offsets in one statement."""
         if not offsets:
@@ -164,11 +158,6 @@ class Store:
         return True
 
     # -- counters ----------------------------------------------------------------------
-
-    def bump(self, name: str, by: int = 1) -> None:
-        """Add to a named counter."""
-        self.db.execute("INSERT INTO counters VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
-                        "SET value = counters.value + excluded.value", [name, by])
 
     def bump_many(self, counts: dict[str, int]) -> None:
         """Add to many counters in one statement."""
