@@ -63,9 +63,15 @@ class Invalidator:
         self.on_latency = on_latency  # seconds from an event's broker timestamp to its invalidation
         self.on_compile = on_compile  # seconds per recompilation
         self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
+        self._standby = False
 
-    def apply(self, messages: Sequence[RawMessage]) -> None:
-        """Apply a batch in one transaction; on an unexpected error, retry one by one."""
+    def apply(self, messages: Sequence[RawMessage], standby: bool = False) -> None:
+        """Apply a batch in one transaction; on an unexpected error, retry one by one.
+
+        With `standby`, what the events cause is queued for the owner of their partitions to
+        promote (see `Outbox`) instead of being published by this worker outright.
+        """
+        self._standby = standby
         try:
             with self.state.store.transaction():
                 self._apply_all(messages)
@@ -184,6 +190,8 @@ class Invalidator:
         successors: list[CompiledPlan] = []
         invalidated: list[tuple[str, str, dict, str | None]] = []
         announcements: list[tuple[str, bytes, bytes]] = []
+        sources: list[tuple[str, int, int]] = []
+        successor_sources: list[tuple[str, int, int]] = []
         dropped: list[str] = []
         for plan_key, (dep_key, cause) in touched.items():
             if plan_key not in heads:
@@ -216,33 +224,42 @@ class Invalidator:
                       "cause": full_cause, "invalidated_at": wall_now(),
                       "as_of": now and format_instant(now), "successor_plan_id": successor}
             announcements.append((self.topic_of("plan-invalidations"), old_id.encode(), orjson.dumps(record)))
+            sources.append((cause["topic"], cause["partition"], cause["offset"]))
             log.info("invalidated plan %s (%s)", old_id, reason,
                      extra={"plan_id": old_id, "reason": reason, "dependency_key": dep_key,
                             "event_id": cause["event_id"], "successor_plan_id": successor})
             if compiled is not None:
                 successors.append(compiled)
+                successor_sources.append(sources[-1])
         counts["invalidations"] += len(announcements)
-        state.outbox.add_many(announcements)
-        self.store_compiled(successors, now, counts, publish=True)
+        state.outbox.add_many(announcements, sources, standby=self._standby)
+        self.store_compiled(successors, now, counts, publish=True, sources=successor_sources)
         self.store_compiled(current, now, counts, publish=False)
         state.plans.invalidate_many(invalidated, now)
         state.plans.drop_heads(dropped)
         state.index.drop_many(dropped)
 
     def store_compiled(self, plans: Sequence[CompiledPlan], now: datetime | None, counts: Counter[str],
-                       publish: bool = True) -> None:
-        """Make compilations current: plans, receipts, index edges, and (if new) both on the outbox."""
+                       publish: bool = True, sources: Sequence[tuple[str, int, int]] | None = None) -> None:
+        """Make compilations current: plans, receipts, index edges, and (if new) both on the outbox.
+
+        A published plan carries `compiled_as_of`, the input offsets its state reflected, so
+        that other workers know when their own state is fresh enough to adopt it.
+        """
         if not plans:
             return
         state = self.state
         state.plans.save_many(plans, now)
         state.index.replace_many({p.plan_key: p.dependencies for p in plans})
         if publish:
-            rows = []
-            for p in plans:
-                rows.append((self.topic_of("plans"), p.plan_id.encode(), orjson.dumps(p.plan)))
+            as_of = state.store.next_offsets()
+            rows, row_sources = [], []
+            for i, p in enumerate(plans):
+                rows.append((self.topic_of("plans"), p.plan_id.encode(),
+                             orjson.dumps(dict(p.plan, compiled_as_of=as_of), option=orjson.OPT_NON_STR_KEYS)))
                 rows.append((self.topic_of("receipts"), p.receipt_id.encode(), orjson.dumps(p.receipt)))
-            state.outbox.add_many(rows)
+                row_sources += [sources[i] if sources else None] * 2
+            state.outbox.add_many(rows, row_sources, standby=self._standby)
         counts["compilations"] += len(plans)
 
     def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
@@ -254,7 +271,8 @@ class Invalidator:
                   "original": base64.b64encode(original[:DEAD_LETTER_ORIGINAL_BYTES]).decode(),
                   "original_size": len(original),
                   "original_truncated": len(original) > DEAD_LETTER_ORIGINAL_BYTES}
-        self.state.outbox.add_many([(self.topic_of("dead-letters"), m.key, orjson.dumps(record))])
+        self.state.outbox.add_many([(self.topic_of("dead-letters"), m.key, orjson.dumps(record))],
+                                   [(m.topic, m.partition, m.offset)], standby=self._standby)
         counts[f"dead_letters.{error_class}"] += 1
         log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class,
                     extra={"topic": m.topic, "partition": m.partition, "offset": m.offset,

@@ -87,14 +87,9 @@ def register_routes(app, worker: "Worker") -> None:
             if topic not in INPUT_TOPICS or action not in ("pause", "resume"):
                 return error(self, 400, "invalid_request", "Send {\"topic\": one of "
                              f"{', '.join(INPUT_TOPICS)}, \"action\": \"pause\" or \"resume\"}}.")
-            name = worker.settings.topic(topic)
-            tps = [tp for tp in worker.app.consumer.assignment() if tp.topic == name]
-            if action == "pause":
-                worker.app.consumer.pause_partitions(tps)
-            else:
-                worker.app.consumer.resume_partitions(tps)
-            log.warning("operator %sd %s (%d partitions)", action, topic, len(tps))
-            return self.json({"topic": topic, "action": action, "partitions": sorted(tp.partition for tp in tps)})
+            partitions = worker.replica.pause(topic) if action == "pause" else worker.replica.resume(topic)
+            log.warning("operator %sd %s (%d partitions)", action, topic, len(partitions))
+            return self.json({"topic": topic, "action": action, "partitions": partitions})
 
     document = resources.files("agents").joinpath("openapi.json").read_bytes()
 
@@ -112,7 +107,8 @@ def register_routes(app, worker: "Worker") -> None:
     @app.page("/healthz")
     class Health(web.View):
         async def get(self, request: web.Request) -> web.Response:
-            return self.json(worker.query.health())
+            return self.json(dict(worker.query.health(), duty=worker.duty(),
+                                  standby_outbox=worker.state.outbox.standby_size()))
 
 
 async def _wait_until_fresh(worker: "Worker", target: dict) -> bool:

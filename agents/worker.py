@@ -11,13 +11,16 @@ import faust
 import orjson
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
-from agents.invalidation import Invalidator, RawMessage
+from agents.invalidation import Invalidator
 from agents.query import QueryService
 from agents.lag import LagWatcher
 from agents.metrics import Metrics
+from agents.plan_feed import PlanFeed
+from agents.replica import Replica
 from agents.routes import register_routes
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
+from streams.admin import GroupOffsets
 from streams.app import create_app
 from streams.settings import INPUT_TOPICS, Settings
 from streams.topics import Topics, declare_topics
@@ -40,6 +43,21 @@ class Worker:
     publish_lock: asyncio.Lock
     guard: LagWatcher
     metrics: Metrics
+    replica: Replica
+    plan_feed: PlanFeed
+
+    def duty(self) -> dict[str, list[int]]:
+        """Input partitions the consumer group gave this worker: it publishes what their events cause."""
+        logical = {self.settings.topic(name): name for name in INPUT_TOPICS}
+        out: dict[str, list[int]] = {}
+        try:
+            assignment = self.app.consumer.assignment()
+        except Exception:  # noqa: BLE001 - before the consumer exists there is no duty
+            return out
+        for tp in sorted(assignment):
+            if tp.topic in logical:
+                out.setdefault(logical[tp.topic], []).append(tp.partition)
+        return out
 
     async def publish_outbox(self) -> int:
         """Send queued records, wait for the broker's acknowledgements, then forget them.
@@ -87,7 +105,11 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     invalidator.on_latency = metrics.event_to_invalidation.observe
     invalidator.on_compile = metrics.compile_seconds.labels("recompile").observe
     query.on_compile = metrics.compile_seconds.labels("select").observe
-    worker = Worker(settings, app, topics, state, invalidator, query, asyncio.Lock(), guard, metrics)
+    replica = Replica(invalidator, state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
+                      settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000))
+    plan_feed = PlanFeed(state, invalidator, replica, bootstrap_servers, settings.topic("plans"))
+    worker = Worker(settings, app, topics, state, invalidator, query, asyncio.Lock(), guard, metrics,
+                    replica, plan_feed)
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
@@ -102,6 +124,28 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
         finally:
             await guard.stop()
 
+    @app.task
+    async def apply_replica() -> None:
+        await replica.run()
+
+    @app.task
+    async def adopt_plans() -> None:
+        await plan_feed.run()
+
+    group_offsets = GroupOffsets(bootstrap_servers, settings.app_id)
+
+    @app.timer(interval=5.0)
+    async def prune_standby() -> None:
+        # Standby rows of partitions this worker never owns would otherwise pile up.
+        try:
+            committed = await group_offsets.read({settings.topic(n): n for n in INPUT_TOPICS})
+        except Exception as exc:  # noqa: BLE001 - pruning is housekeeping; it must never stop the worker
+            log.warning("could not read the group's committed offsets: %r", exc)
+            await group_offsets.close()
+            return
+        with state.store.transaction():
+            state.outbox.prune(committed)
+
     @app.timer(interval=1.0)
     async def flush_outbox() -> None:
         # Catches records left by a crash between commit and publish, and idle periods.
@@ -114,9 +158,10 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
             value = orjson.dumps({"event_id": f"wall-{now}", "schema_version": 1,
                                   "occurred_at": now, "now": now})
             clock = topics["clock"]
+            # Only the owner of a clock partition ticks it: workers' wall clocks must not interleave.
             await asyncio.gather(*[await app.producer.send(clock.get_topic_name(), None, value, partition=p,
                                                            timestamp=None, headers=None)
-                                   for p in range(settings.partitions)])
+                                   for p in worker.duty().get("clock", [])])
 
     register_routes(app, worker)
     return worker
@@ -127,10 +172,18 @@ def _register_input_agent(worker: Worker, name: str) -> None:
     settings = worker.settings
 
     async def consume(stream) -> None:
+        # The replica applies every partition; owning one means publishing what its events cause.
         async for events in stream.take_events(settings.batch_size, within=settings.batch_window):
-            batch = [RawMessage(name, e.message.partition, e.message.offset, e.message.key, e.message.value,
-                                e.message.timestamp) for e in events]
-            worker.invalidator.apply(batch)
+            spans: dict[int, tuple[int, int]] = {}
+            for e in events:
+                p, o = e.message.partition, e.message.offset
+                first, last = spans.get(p, (o, o))
+                spans[p] = (min(first, o), max(last, o))
+            for p, (_, last) in spans.items():
+                await worker.replica.wait_applied(name, p, last)
+            with worker.state.store.transaction():
+                for p, (first, last) in spans.items():
+                    worker.state.outbox.promote(name, p, first, last)
             await worker.publish_outbox()
 
     consume.__name__ = f"apply_{name.replace('-', '_')}"

@@ -51,6 +51,21 @@ class PlanStore:
                                [plan_keys]).fetchall()
         return {key: (plan_id, orjson.loads(request)) for key, plan_id, request in rows}
 
+    def known(self, plan_ids: list[str]) -> set[str]:
+        """Which of these plan ids this worker has stored, whatever their status."""
+        if not plan_ids:
+            return set()
+        return {r[0] for r in self.db.execute("SELECT plan_id FROM plans WHERE plan_id IN (SELECT unnest(?))",
+                                              [plan_ids]).fetchall()}
+
+    def record_stale(self, plan: dict[str, Any], cause: dict, successor: str | None, at: datetime | None) -> None:
+        """Store another worker's plan that local state already proves stale, as invalidated."""
+        self.db.execute("INSERT OR IGNORE INTO plans VALUES (?, ?, 'invalidated', ?, NULL, ?, ?, ?, "
+                        "'stale_on_arrival', ?, ?, NULL, ?)",
+                        [plan["plan_id"], plan.get("plan_key"), (plan.get("request") or {}).get("decision_time") is None,
+                         orjson.dumps(plan.get("request")).decode(), orjson.dumps(plan).decode(),
+                         plan.get("receipt_id"), orjson.dumps(cause).decode(), successor, at])
+
     def fresh_plan(self, plan_key: str) -> dict[str, Any] | None:
         """The current plan of a key if it is still fresh."""
         row = self.db.execute("SELECT p.plan FROM plan_heads h JOIN plans p USING (plan_id) "

@@ -44,7 +44,9 @@ CREATE INDEX IF NOT EXISTS dependency_index_key ON dependency_index (dep_key);
 CREATE TABLE IF NOT EXISTS receipts (receipt_id VARCHAR PRIMARY KEY, plan_id VARCHAR, receipt VARCHAR);
 CREATE SEQUENCE IF NOT EXISTS outbox_seq;
 CREATE TABLE IF NOT EXISTS outbox (seq BIGINT DEFAULT nextval('outbox_seq'), topic VARCHAR,
-  key BLOB, value BLOB);
+  key BLOB, value BLOB, src_topic VARCHAR, src_partition INTEGER, src_offset BIGINT,
+  standby BOOLEAN NOT NULL DEFAULT false);
+CREATE TABLE IF NOT EXISTS plan_feed (partition INTEGER PRIMARY KEY, next_offset BIGINT);
 CREATE TABLE IF NOT EXISTS offsets (topic VARCHAR, partition INTEGER, next_offset BIGINT,
   PRIMARY KEY (topic, partition));
 CREATE TABLE IF NOT EXISTS applied_events (event_id VARCHAR PRIMARY KEY);
@@ -62,7 +64,22 @@ class Store:
         self.db = duckdb.connect(str(self.path))
         self.db.execute("SET TimeZone = 'UTC'")
         self.db.execute(_DDL)
+        self._migrate()
+        # Schema changes must not wait in the WAL: DuckDB (1.x) can fail to replay DDL with
+        # defaults after a kill -9, and then the file does not open at all.
+        self.db.execute("CHECKPOINT")
         self._depth = 0
+
+    def _migrate(self) -> None:
+        """Bring files written by earlier versions up to the current schema."""
+        columns = {r[0] for r in self.db.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'outbox'").fetchall()}
+        if "standby" not in columns:
+            # Outboxes before scale-out hold only records due for publication.
+            self.db.execute("ALTER TABLE outbox ADD COLUMN src_topic VARCHAR; "
+                            "ALTER TABLE outbox ADD COLUMN src_partition INTEGER; "
+                            "ALTER TABLE outbox ADD COLUMN src_offset BIGINT; "
+                            "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; UPDATE outbox SET standby = false")
 
     def close(self) -> None:
         """Checkpoint and close the file."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streams.settings import INPUT_TOPICS, OUTPUT_TOPICS, Settings
@@ -38,3 +38,38 @@ def producer(bootstrap_servers: str) -> AIOKafkaProducer:
     """A producer with the delivery guarantees the service relies on."""
     return AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", linger_ms=5,
                             max_request_size=2_000_000)
+
+
+
+class GroupOffsets:
+    """Reads a consumer group's committed offsets without joining the group.
+
+    OffsetFetch through a plain consumer, not the admin client: the embedded Tansu broker's
+    answer to the admin client's OffsetFetch version does not decode (seen with Tansu 0.6.0).
+    """
+
+    def __init__(self, bootstrap_servers: str, group: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.group = group
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def read(self, topics: dict[str, str]) -> dict[tuple[str, int], int]:
+        """Committed next offsets keyed by (logical topic, partition); `topics` maps broker names to logical."""
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=self.group,
+                                        enable_auto_commit=False)
+            await consumer.start()
+            self._consumer = consumer
+        out: dict[tuple[str, int], int] = {}
+        for name, logical in topics.items():
+            for partition in sorted(self._consumer.partitions_for_topic(name) or ()):
+                offset = await self._consumer.committed(TopicPartition(name, partition))
+                if offset is not None and offset >= 0:
+                    out[(logical, partition)] = offset
+        return out
+
+    async def close(self) -> None:
+        """Close the connection."""
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None

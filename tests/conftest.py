@@ -118,6 +118,19 @@ class WorkerProcess:
             await consumer.stop()
 
 
+async def start_peer(first: WorkerProcess, directory: Path) -> WorkerProcess:
+    """A second worker on the same topics and consumer group, with its own state and port."""
+    port = free_port()
+    directory.mkdir(parents=True, exist_ok=True)
+    env = dict(first.env, FRESHPLAN_STATE_DIR=str(directory / "state"), FRESHPLAN_WEB_PORT=str(port))
+    log_path = directory / "worker.log"
+    url = f"http://127.0.0.1:{port}"
+    peer = WorkerProcess(first.settings, first.bootstrap, url, _spawn(env, log_path), log_path, http=first.http,
+                         env=env)
+    await _wait_http(url, peer.proc, log_path)
+    return peer
+
+
 async def _drain(bootstrap: str, name: str, partitions: int) -> list[dict]:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()

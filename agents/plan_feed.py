@@ -1,0 +1,125 @@
+"""Adopt plans that other workers compiled, or announce them stale when local state has moved on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import Any, Callable
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from agents.invalidation import Invalidator, wall_now
+from agents.replica import Replica
+from compiler.errors import RequestError
+from compiler.pipeline import compile_request
+from schemas.timefmt import format_instant
+from state.local_state import LocalState
+
+log = logging.getLogger(__name__)
+
+
+class PlanFeed:
+    """Reads the `plans` topic so that every worker's index covers every live plan.
+
+    A plan compiled elsewhere is only judged once local state is at least as fresh as the
+    offsets it was compiled at. It is then recompiled here: the same outcome is adopted as
+    the key's current plan (so this worker invalidates it when it owns the partition of a
+    later event); a different outcome means an event this worker already applied made it
+    stale before its index knew it, so the plan is announced invalidated here, with the local
+    compilation as its successor.
+    """
+
+    def __init__(self, state: LocalState, invalidator: Invalidator, replica: Replica, bootstrap_servers: str,
+                 topic: str, after_apply: Callable[[], object] | None = None) -> None:
+        self.state = state
+        self.invalidator = invalidator
+        self.replica = replica
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic  # broker-side name of `plans`
+        self.after_apply = after_apply
+        self.counts: Counter[str] = Counter()
+
+    async def run(self) -> None:
+        """Consume and adopt until cancelled."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", max_partition_fetch_bytes=4_000_000)
+        await consumer.start()
+        try:
+            partitions: set[int] = set()
+            while not partitions:
+                partitions = consumer.partitions_for_topic(self.topic) or set()
+                if not partitions:
+                    await consumer.topics()
+                    await asyncio.sleep(0.1)
+            tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+            consumer.assign(tps)
+            positions = dict(self.state.store.db.execute("SELECT partition, next_offset FROM plan_feed").fetchall())
+            for tp in tps:
+                if tp.partition in positions:
+                    consumer.seek(tp, positions[tp.partition])
+                else:
+                    await consumer.seek_to_beginning(tp)
+            while True:
+                batch = await consumer.getmany(timeout_ms=200, max_records=500)
+                records = [(tp.partition, m.offset, m.value) for tp, ms in batch.items() for m in ms]
+                if records:
+                    await self._ingest(records)
+                    if self.after_apply:
+                        self.after_apply()
+        finally:
+            await consumer.stop()
+
+    async def _ingest(self, records: list[tuple[int, int, bytes | None]]) -> None:
+        plans: list[tuple[int, int, dict[str, Any]]] = []
+        for partition, offset, value in records:
+            try:
+                plan = orjson.loads(value) if value else None
+            except orjson.JSONDecodeError:
+                plan = None
+            if isinstance(plan, dict) and isinstance(plan.get("plan_id"), str) and "request" in plan:
+                plans.append((partition, offset, plan))
+        known = self.state.plans.known([p["plan_id"] for _, _, p in plans])
+        foreign = [(partition, offset, p) for partition, offset, p in plans if p["plan_id"] not in known]
+        for _, _, plan in foreign:
+            # Judge a plan only against state at least as fresh as the state it was compiled from.
+            await self.replica.wait_covers(plan.get("compiled_as_of") or {})
+        ends: dict[int, int] = {}
+        for partition, offset, _ in records:
+            ends[partition] = max(ends.get(partition, 0), offset + 1)
+        with self.state.store.transaction():
+            self._judge(foreign)
+            self.state.store.db.executemany(
+                "INSERT INTO plan_feed VALUES (?, ?) ON CONFLICT (partition) DO UPDATE SET next_offset = "
+                "greatest(plan_feed.next_offset, excluded.next_offset)", list(ends.items()))
+
+    def _judge(self, foreign: list[tuple[int, int, dict[str, Any]]]) -> None:
+        state = self.state
+        now = state.store.now()
+        counts: Counter[str] = Counter()
+        for partition, offset, plan in foreign:
+            try:
+                compiled = compile_request(plan["request"], state.catalog, now)
+            except RequestError:
+                compiled = None
+            if compiled is not None and compiled.plan_id == plan["plan_id"]:
+                self.invalidator.store_compiled([compiled], now, counts, publish=False)
+                counts["plans_adopted"] += 1
+                continue
+            successor = compiled.plan_id if compiled else None
+            cause = {"topic": self.topic, "partition": partition, "offset": offset, "event_id": plan["plan_id"],
+                     "dependency_key": f"plan:{plan['plan_id']}"}
+            record = {"schema_version": 1, "plan_id": plan["plan_id"], "plan_key": plan.get("plan_key", ""),
+                      "reason": "stale_on_arrival", "cause": cause, "invalidated_at": wall_now(),
+                      "as_of": now and format_instant(now), "successor_plan_id": successor}
+            state.plans.record_stale(plan, cause, successor, now)
+            state.outbox.add_many([(self.invalidator.topic_of("plan-invalidations"), plan["plan_id"].encode(),
+                                    orjson.dumps(record))])
+            if compiled is not None:
+                self.invalidator.store_compiled([compiled], now, counts, publish=True)
+            counts["plans_stale_on_arrival"] += 1
+            counts["invalidations"] += 1
+            log.info("plan %s from another worker was stale on arrival", plan["plan_id"],
+                     extra={"plan_id": plan["plan_id"], "reason": "stale_on_arrival", "successor_plan_id": successor})
+        state.store.bump_many(counts)
