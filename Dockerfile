@@ -7,6 +7,7 @@ COPY compiler compiler
 COPY state state
 COPY agents agents
 COPY streams streams
+COPY bench bench
 COPY scenarios scenarios
 RUN pip install --no-cache-dir .
 ENV FRESHPLAN_STATE_DIR=/var/lib/freshplan FRESHPLAN_WEB_HOST=0.0.0.0

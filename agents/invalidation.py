@@ -18,6 +18,7 @@ from schemas.codec import decode
 from schemas.errors import InvalidEvent
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
+from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,8 @@ class Invalidator:
         state = self.state
         now = state.store.now()
         heads = state.plans.heads(list(touched))
+        view = CatalogSnapshot(state.catalog)
+        view.prefetch([request for _, request in heads.values()])
         current: list[CompiledPlan] = []
         successors: list[CompiledPlan] = []
         invalidated: list[tuple[str, str, dict, str | None]] = []
@@ -199,7 +202,7 @@ class Invalidator:
             old_id, request = heads[plan_key]
             started = time.perf_counter()
             try:
-                compiled = compile_request(request, state.catalog, now)
+                compiled = compile_request(request, view, now)
             except RequestError as exc:
                 log.info("plan key %s can no longer compile: %s", plan_key, exc.code)
                 compiled = None

@@ -15,6 +15,7 @@ from agents.replica import Replica
 from compiler.errors import RequestError
 from compiler.pipeline import compile_request
 from schemas.timefmt import format_instant
+from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
@@ -98,9 +99,11 @@ class PlanFeed:
         state = self.state
         now = state.store.now()
         counts: Counter[str] = Counter()
+        view = CatalogSnapshot(state.catalog)
+        view.prefetch([plan["request"] for _, _, plan in foreign])
         for partition, offset, plan in foreign:
             try:
-                compiled = compile_request(plan["request"], state.catalog, now)
+                compiled = compile_request(plan["request"], view, now)
             except RequestError:
                 compiled = None
             if compiled is not None and compiled.plan_id == plan["plan_id"]:

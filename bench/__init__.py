@@ -1,0 +1,1 @@
+"""Benchmarks against baselines: `freshplan bench` runs them side by side in one run."""

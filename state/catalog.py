@@ -232,6 +232,22 @@ class Catalog:
             "ORDER BY id", [entity_id, classes, props, props]).fetchall()
         return [_resource_row(r) for r in rows]
 
+    def candidates_many(self, entity_ids: Sequence[str], contract: Contract) -> dict[str, list[Resource]]:
+        """`candidates` for many entities in one statement (recompiling a fan-out)."""
+        classes = sorted({c for p in contract.propositions for c in p.accepted_classes})
+        props = sorted({p.id for p in contract.propositions})
+        rows = self.db.execute(
+            "WITH e AS MATERIALIZED (SELECT * FROM resources WHERE entity IN (SELECT unnest(?))) "
+            f"SELECT {_RESOURCE_COLS} FROM e WHERE NOT deleted AND ("
+            "list_contains(?, evidence_class) OR list_has_any(supports, ?) OR list_has_any(contradicts, ?)) "
+            "ORDER BY id", [list(entity_ids), classes, props, props]).fetchall()
+        out: dict[str, list[Resource]] = {e: [] for e in entity_ids}
+        for row in rows:
+            resource = _resource_row(row)
+            out[resource.entity].append(resource)
+        return out
+
+
 def _resource_table(resources: Sequence[Resource]) -> pa.Table:
     """Arrow rows in the column order of the resources table."""
     strings = pa.list_(pa.string())
