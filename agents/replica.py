@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -25,7 +25,7 @@ class Replica:
 
     def __init__(self, invalidator: Invalidator, store: Store, bootstrap_servers: str, topics: dict[str, str],
                  batch_size: int = 500, batch_window: float = 0.05, fetch_bytes: int = 2_000_000,
-                 after_apply: Callable[[], object] | None = None) -> None:
+                 after_apply: Callable[[list[RawMessage]], Awaitable[object]] | None = None) -> None:
         self.invalidator = invalidator
         self.store = store
         self.bootstrap_servers = bootstrap_servers
@@ -115,7 +115,7 @@ class Replica:
                     async with self._progress:
                         self._progress.notify_all()
                     if self.after_apply:
-                        self.after_apply()
+                        await self.after_apply(messages)
         finally:
             self._consumer = None
             await consumer.stop()

@@ -46,6 +46,26 @@ class Worker:
     replica: Replica
     plan_feed: PlanFeed
 
+    async def publish_owned(self, messages) -> None:
+        """Publish at once what the replica's batch caused on partitions this worker owns.
+
+        Faust's group consumer long-polls for up to 1.5 s per fetch, so waiting for it to deliver
+        the same events would add that much latency; it still promotes (and commits) later, which
+        keeps a hand-over lossless. Duplicates after a hand-over carry the same cause.
+        """
+        duty = self.duty()
+        spans: dict[tuple[str, int], tuple[int, int]] = {}
+        for m in messages:
+            if m.partition in duty.get(m.topic, ()):
+                first, last = spans.get((m.topic, m.partition), (m.offset, m.offset))
+                spans[(m.topic, m.partition)] = (min(first, m.offset), max(last, m.offset))
+        if not spans:
+            return
+        with self.state.store.transaction():
+            for (topic, partition), (first, last) in spans.items():
+                self.state.outbox.promote(topic, partition, first, last, drop_earlier=False)
+        await self.publish_outbox()
+
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
         logical = {self.settings.topic(name): name for name in INPUT_TOPICS}
@@ -110,6 +130,7 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     plan_feed = PlanFeed(state, invalidator, replica, bootstrap_servers, settings.topic("plans"))
     worker = Worker(settings, app, topics, state, invalidator, query, asyncio.Lock(), guard, metrics,
                     replica, plan_feed)
+    replica.after_apply = worker.publish_owned
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)

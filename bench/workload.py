@@ -71,7 +71,7 @@ def request(principal_id: str, entity_id: str) -> dict:
 
 
 def generate(*, entities: int = 100, principals: int = 10, plans: int = 200, changes: int = 5000,
-             seed: int = 7) -> Workload:
+             seed: int = 7, prefix: str = "bench-c", version_base: int = 0) -> Workload:
     """A deterministic workload; `plans` requests spread over the principal x entity grid.
 
     The change stream is 70% edits of resources (a quarter of them on entities no plan uses,
@@ -103,19 +103,19 @@ def generate(*, entities: int = 100, principals: int = 10, plans: int = 200, cha
             hot = rng.random() < 0.75 and planned
             ent = rng.choice(planned) if hot else f"E{rng.randrange(entities)}"
             rid = f"{ent}-r{rng.randrange(4)}"
-            versions[rid] = versions.get(rid, 1) + 1
-            stream.append(resource(rid, ent, versions[rid], f"bench-c{n}", "limit" if rid[-1] < "3" else "status",
+            versions[rid] = max(versions.get(rid, 1), version_base) + 1
+            stream.append(resource(rid, ent, versions[rid], f"{prefix}{n}", "limit" if rid[-1] < "3" else "status",
                                    tokens=40 + 40 * int(rid[-1])))
         elif roll < 0.90:
-            stream.append(principal(f"u{rng.randrange(principals)}", f"bench-c{n}", unit=n))
+            stream.append(principal(f"u{rng.randrange(principals)}", f"{prefix}{n}", unit=n))
         elif roll < 0.95:
             victim = f"u{principals + rng.randrange(20)}"
             stream.append(("revocations", victim.encode(), orjson.dumps(
-                {"event_id": f"bench-c{n}", "schema_version": 1, "occurred_at": T0, "principal": victim,
+                {"event_id": f"{prefix}{n}", "schema_version": 1, "occurred_at": T0, "principal": victim,
                  "revoke": "session", "value": f"s{n}", "effective_at": T0, "issued_by": "bench"})))
         else:
             tick += 1
             stream.append(("clock", None, orjson.dumps(
-                {"event_id": f"bench-t{tick}", "schema_version": 1, "occurred_at": T0,
-                 "now": f"2026-09-01T00:{tick // 60 % 60:02d}:{tick % 60:02d}Z"})))
+                {"event_id": f"{prefix}t{tick}", "schema_version": 1, "occurred_at": T0,
+                 "now": f"2026-09-01T{1 + version_base // 1_000_000:02d}:{tick // 60 % 60:02d}:{tick % 60:02d}Z"})))
     return Workload(catalog, requests, stream)

@@ -44,15 +44,16 @@ class Outbox:
         finally:
             self.db.unregister("_outbox_rows")
 
-    def promote(self, topic: str, partition: int, first: int, last: int) -> int:
+    def promote(self, topic: str, partition: int, first: int, last: int, drop_earlier: bool = True) -> int:
         """This worker owns events first..last of a partition: publish what they caused.
 
-        Standby rows of earlier offsets are dropped: the consumer group hands an owner its
-        partition at the committed offset, so everything before it was published by the
-        previous owner.
+        With `drop_earlier` (events delivered by the consumer group), standby rows of earlier
+        offsets are dropped: the group hands an owner its partition at the committed offset,
+        so everything before it was published by the previous owner.
         """
-        self.db.execute("DELETE FROM outbox WHERE standby AND src_topic = ? AND src_partition = ? "
-                        "AND src_offset < ?", [topic, partition, first])
+        if drop_earlier:
+            self.db.execute("DELETE FROM outbox WHERE standby AND src_topic = ? AND src_partition = ? "
+                            "AND src_offset < ?", [topic, partition, first])
         return self.db.execute("UPDATE outbox SET standby = false WHERE standby AND src_topic = ? "
                                "AND src_partition = ? AND src_offset BETWEEN ? AND ?",
                                [topic, partition, first, last]).fetchone()[0]

@@ -1,0 +1,130 @@
+"""Start freshplan workers and helper processes for benchmarks, on the embedded broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from agents.loader import publish
+from schemas.freshness import decode_token
+from streams.broker import free_port
+from streams.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class BenchWorker:
+    """A `freshplan run` subprocess on its own topics and group."""
+
+    settings: Settings
+    bootstrap: str
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+    http: aiohttp.ClientSession = field(repr=False)
+
+    async def publish(self, records) -> str:
+        """Publish (topic, key, value) records; the freshness token covering them."""
+        return await publish(self.settings, self.bootstrap, records)
+
+    async def select(self, body: dict, fresh: str | None = None) -> dict:
+        """POST /v1/select; raise on anything but 200."""
+        if fresh:
+            body = dict(body, at_least_as_fresh=fresh)
+        async with self.http.post(f"{self.url}/v1/select", json=body) as resp:
+            doc = await resp.json()
+            if resp.status != 200:
+                raise RuntimeError(f"select failed with {resp.status}: {doc}")
+            return doc
+
+    async def health(self) -> dict:
+        """GET /healthz."""
+        async with self.http.get(f"{self.url}/healthz") as resp:
+            return await resp.json()
+
+    async def consumers(self, topic: str, action: str) -> None:
+        """Pause or resume applying an input topic."""
+        async with self.http.post(f"{self.url}/v1/admin/consumers", json={"topic": topic, "action": action}) as r:
+            if r.status != 200:
+                raise RuntimeError(await r.text())
+
+    async def caught_up(self, token: str, poll: float = 0.02, timeout: float = 900.0) -> dict:
+        """Wait until everything up to `token` is applied and every record it caused is published."""
+        target = decode_token(token)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            health = await self.health()
+            applied = health["applied_offsets"]
+            done = all(applied.get(t, {}).get(str(p), applied.get(t, {}).get(p, 0)) >= o
+                       for t, parts in target.items() for p, o in parts.items())
+            if done and health["outbox"] == 0 and health["standby_outbox"] == 0:
+                return health
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"worker not caught up within {timeout}s: {health['lag']}")
+            await asyncio.sleep(poll)
+
+    def stop(self) -> None:
+        """SIGTERM and wait."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def start_worker(bootstrap: str, directory: Path, http: aiohttp.ClientSession, **extra: str) -> BenchWorker:
+    """A worker with the wall clock off, on fresh topics; returns once its HTTP API is ready."""
+    tag = uuid.uuid4().hex[:8]
+    port = free_port()
+    directory.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, FRESHPLAN_TOPIC_PREFIX=f"bench{tag}-",
+               FRESHPLAN_APP_ID=f"bench-{tag}", FRESHPLAN_STATE_DIR=str(directory / "state"),
+               FRESHPLAN_WEB_PORT=str(port), FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_FRESHNESS_WAIT="600",
+               FRESHPLAN_LOG_LEVEL="warning", FRESHPLAN_PARTITIONS="4", FRESHPLAN_REVOCATION_LAG_BOUND="3600",
+               **extra)
+    log_path = directory / "worker.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=env, cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)
+    worker = BenchWorker(Settings.from_env(env), bootstrap, f"http://127.0.0.1:{port}", proc, log_path, http)
+    deadline = asyncio.get_running_loop().time() + 90
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}; see {log_path}")
+        try:
+            if (await worker.health())["revocations"]["state"] == "ok":
+                return worker
+        except aiohttp.ClientError:
+            pass
+        if asyncio.get_running_loop().time() > deadline:
+            worker.stop()
+            raise RuntimeError(f"worker did not start within 90s; see {log_path}")
+        await asyncio.sleep(0.1)
+
+
+async def run_ceiling(bootstrap: str, topics: list[str], expect: int, directory: Path) -> dict:
+    """The bare Faust agent over the same topics; events/s from its first to its last batch."""
+    out = directory / f"ceiling-{uuid.uuid4().hex[:6]}.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.faust_ceiling", "--bootstrap", bootstrap, "--topics", ",".join(topics),
+        "--expect", str(expect), "--group", f"ceiling-{uuid.uuid4().hex[:6]}", "--out", str(out), cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        await asyncio.wait_for(proc.wait(), 300)
+    except asyncio.TimeoutError:
+        proc.kill()
+        raise RuntimeError("the Faust ceiling did not consume the workload within 300s") from None
+    import json
+
+    result = json.loads(out.read_text())
+    return {"events": result["count"], "seconds": round(result["seconds"], 4),
+            "events_per_second": round(result["count"] / result["seconds"]) if result["seconds"] else None}
