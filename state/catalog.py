@@ -182,6 +182,17 @@ class Catalog:
             "list_transform(aliases, a -> lower(a)), lower(?)))", [name, name]).fetchall()
         return [r[0] for r in rows]
 
+    def entity_matches_many(self, names: Sequence[str]) -> dict[str, list[str]]:
+        """`entity_matches` for many names in one statement."""
+        rows = self.db.execute(
+            "SELECT n.name, e.id FROM (SELECT unnest(?) AS name) n JOIN entities e ON NOT e.deleted AND "
+            "(e.id = n.name OR list_contains(list_transform(e.aliases, a -> lower(a)), lower(n.name))) "
+            "ORDER BY e.id", [list(names)]).fetchall()
+        out: dict[str, list[str]] = {name: [] for name in names}
+        for name, entity_id in rows:
+            out[name].append(entity_id)
+        return out
+
     def principal(self, principal_id: str) -> Principal | None:
         """The principal with revoked roles, grants, delegations and sessions taken away."""
         row = self.db.execute("SELECT roles, attributes, delegation_version FROM principals "

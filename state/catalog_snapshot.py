@@ -46,7 +46,11 @@ class CatalogSnapshot:
         return self._get(("candidates", entity_id, id(contract)), lambda: self.catalog.candidates(entity_id, contract))
 
     def prefetch(self, requests: Sequence[dict]) -> None:
-        """Load the candidates of many requests' entities in one statement per decision type."""
+        """Resolve many requests' entities in one statement, and load their candidates in one per decision type."""
+        names = sorted({r["entity"] for r in requests if isinstance(r.get("entity"), str)})
+        if len(names) > 1:
+            for name, ids in self.catalog.entity_matches_many(names).items():
+                self._memo.setdefault(("entity", name), ids)
         by_type: dict[str, set[str]] = {}
         for r in requests:
             if isinstance(r.get("decision_type"), str) and isinstance(r.get("entity"), str):

@@ -1,0 +1,72 @@
+"""Where the apply path spends its time: pyinstrument over the in-process invalidator."""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from pyinstrument import Profiler
+
+from agents.invalidation import Invalidator, RawMessage
+from agents.query import QueryService
+from bench.workload import Workload
+from state.local_state import LocalState
+
+
+def profile_apply(workload: Workload, events: int = 600, batch: int = 50) -> tuple[str, dict[str, float]]:
+    """Apply part of the change stream in worker-sized batches under the profiler.
+
+    Returns the profile as text and the share of time per part of the path.
+    """
+    with tempfile.TemporaryDirectory(prefix="fpbench-profile-") as tmp:
+        state = LocalState.open(Path(tmp) / "state.duckdb")
+        try:
+            inv = Invalidator(state, lambda name: name)
+            offsets: Counter[str] = Counter()
+
+            def raw(record):
+                topic, key, value = record
+                offsets[topic] += 1
+                return RawMessage(topic, 0, offsets[topic] - 1, key, value)
+
+            inv.apply([raw(r) for r in workload.catalog])
+            query = QueryService(state, inv)
+            for body in workload.requests:
+                query.select(body)
+            stream = [raw(r) for r in workload.changes[:events]]
+            profiler = Profiler(interval=0.0005)
+            profiler.start()
+            for i in range(0, len(stream), batch):
+                inv.apply(stream[i:i + batch])
+            session = profiler.stop()
+        finally:
+            state.close()
+    text = profiler.output_text(unicode=False, color=False, show_all=False)
+    return text, _shares(session.root_frame(), session.duration)
+
+
+PARTS = {"compile_request": "compiling (passes 1-6, incl. catalog reads)",
+         "Catalog.candidates_many": "fetching candidates (DuckDB)",
+         "Invalidator.store_compiled": "storing plans, receipts, index edges (DuckDB)",
+         "Catalog.apply_resources": "applying source changes (DuckDB)",
+         "PlanStore.heads": "reading plan heads (DuckDB)",
+         "Store.save_offsets": "saving offsets (DuckDB)",
+         "Store.bump_many": "counters (DuckDB)",
+         "Outbox.add_many": "outbox writes (DuckDB)"}
+
+
+def _shares(root, duration: float) -> dict[str, float]:
+    totals: Counter[str] = Counter()
+
+    def walk(frame, inside: frozenset) -> None:
+        name = frame.function if not frame.class_name else f"{frame.class_name}.{frame.function}"
+        if name in PARTS and name not in inside:
+            totals[PARTS[name]] += frame.time
+            inside = inside | {name}
+        for child in frame.children:
+            walk(child, inside)
+
+    if root is not None:
+        walk(root, frozenset())
+    return {part: round(seconds / duration, 4) for part, seconds in totals.most_common()} if duration else {}
