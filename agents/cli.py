@@ -10,6 +10,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -259,6 +260,28 @@ def cmd_schemas_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run every benchmark against its baselines in one run on the embedded broker.
+
+    Writes bench/results/<date>.json (everything), <date>-quality.json (replayable selection
+    quality), <date>.md (summary with targets met or missed), <date>-profile.txt and PNG plots.
+    A full run takes about ten minutes on two cores; --quick takes under a minute.
+    """
+    from bench.suite import BenchOptions, run  # bench sits above agents; loaded only for this command
+
+    options = BenchOptions.quick() if args.quick else BenchOptions()
+    changes = {k: v for k, v in {"events": args.events, "fanout_plans": args.fanout_plans,
+                                 "restart_plans": args.restart_plans, "seed": args.seed}.items() if v is not None}
+    if args.rates:
+        changes["rates"] = tuple(int(r) for r in args.rates.split(","))
+    options = replace(options, **changes)
+    result = run(options, Path(args.out), bootstrap=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None)
+    for target in result["targets"]:
+        print(f"{'met   ' if target['met'] else 'MISSED'}  {target['measure']}: {target['shown']} "
+              f"(target {target['target']}){'; ' + target['gap'] if target['gap'] else ''}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     top = argparse.ArgumentParser(prog="freshplan", description=DESCRIPTION,
@@ -318,6 +341,17 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--url")
     plan.add_argument("--state-dir")
     plan.set_defaults(func=cmd_plan)
+    bench = sub.add_parser("bench", help="benchmarks against baselines, side by side in one run",
+                           description=cmd_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("--quick", action="store_true", help="small sizes (a smoke run, under a minute)")
+    bench.add_argument("--out", default="bench/results", help="directory for results (default bench/results)")
+    bench.add_argument("--events", type=int, help="change events in the throughput comparison (default 20000)")
+    bench.add_argument("--rates", help="fixed input rates for latency, comma-separated (default 100,1000,5000)")
+    bench.add_argument("--fanout-plans", dest="fanout_plans", type=int, help="plans in the fan-out (default 2000)")
+    bench.add_argument("--restart-plans", dest="restart_plans", type=int,
+                       help="plans in the restart measurement (default 1000000)")
+    bench.add_argument("--seed", type=int, help="workload seed (default 7)")
+    bench.set_defaults(func=cmd_bench)
     schemas = sub.add_parser("schemas", help="wire contracts: JSON Schemas per topic")
     schemas_sub = schemas.add_subparsers(dest="schemas_command", required=True)
     export = schemas_sub.add_parser("export", help="write every topic's JSON Schema into DIR",

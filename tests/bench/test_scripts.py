@@ -18,11 +18,3 @@ def test_select_latency_benchmark_runs():
     assert out.returncode == 0, out.stderr[-3000:]
     for path in ("compile", "cache", "bm25_top10"):
         assert any(line.startswith(path) for line in out.stdout.splitlines()), out.stdout
-
-
-@pytest.mark.timeout(240)
-def test_apply_throughput_benchmark_runs():
-    out = subprocess.run([sys.executable, "bench/apply_throughput.py", "--events", "500", "--plans", "5"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=220)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "events/s" in out.stdout and "raw aiokafka consumer" in out.stdout, out.stdout
