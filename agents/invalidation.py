@@ -57,7 +57,7 @@ class Invalidator:
     """Turns batches of input messages into state changes and outbox records, transactionally."""
 
     def __init__(self, state: LocalState, topic_of, max_event_bytes: int = 1_000_000,
-                 on_latency=None, on_compile=None) -> None:
+                 on_latency=None, on_compile=None, eager_limit: int = 500) -> None:
         self.state = state
         self.topic_of = topic_of  # logical name -> broker-side name
         self.max_event_bytes = max_event_bytes
@@ -65,6 +65,8 @@ class Invalidator:
         self.on_compile = on_compile  # seconds per recompilation
         self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
         self._standby = False
+        self.eager_limit = eager_limit  # larger fan-outs are announced first and recompiled later
+        self._queue_pending = state.queue.size() > 0  # saves a statement per batch while the queue is empty
 
     def apply(self, messages: Sequence[RawMessage], standby: bool = False) -> None:
         """Apply a batch in one transaction; on an unexpected error, retry one by one.
@@ -187,8 +189,11 @@ class Invalidator:
         state = self.state
         now = state.store.now()
         heads = state.plans.heads(list(touched))
+        if len(heads) > self.eager_limit:
+            self._announce_first(touched, heads, now, counts)
+            return
         view = CatalogSnapshot(state.catalog)
-        view.prefetch([request for _, request in heads.values()])
+        view.prefetch([request for _, request, _ in heads.values()])
         current: list[CompiledPlan] = []
         successors: list[CompiledPlan] = []
         invalidated: list[tuple[str, str, dict, str | None]] = []
@@ -199,15 +204,8 @@ class Invalidator:
         for plan_key, (dep_key, cause) in touched.items():
             if plan_key not in heads:
                 continue
-            old_id, request = heads[plan_key]
-            started = time.perf_counter()
-            try:
-                compiled = compile_request(request, view, now)
-            except RequestError as exc:
-                log.info("plan key %s can no longer compile: %s", plan_key, exc.code)
-                compiled = None
-            if self.on_compile:
-                self.on_compile(time.perf_counter() - started)
+            old_id, request, status = heads[plan_key]
+            compiled = self._compile(plan_key, request, view, now)
             if compiled is not None and compiled.plan_id == old_id:
                 # Same outcome: refresh horizon and edges, announce nothing (over-invalidation).
                 current.append(compiled)
@@ -215,25 +213,14 @@ class Invalidator:
                 continue
             if compiled is None:
                 dropped.append(plan_key)
-            reason = REASONS.get(dep_key.split(":", 1)[0], "source_changed")
-            stamp = cause.get("_timestamp")
-            full_cause = {k: v for k, v in cause.items() if not k.startswith("_")}
-            full_cause.update(topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
-            if self.on_latency and stamp:
-                self.on_latency(max(0.0, time.time() - stamp))
-            successor = compiled.plan_id if compiled else None
-            invalidated.append((old_id, reason, full_cause, successor))
-            record = {"schema_version": 1, "plan_id": old_id, "plan_key": plan_key, "reason": reason,
-                      "cause": full_cause, "invalidated_at": wall_now(),
-                      "as_of": now and format_instant(now), "successor_plan_id": successor}
-            announcements.append((self.topic_of("plan-invalidations"), old_id.encode(), orjson.dumps(record)))
-            sources.append((cause["topic"], cause["partition"], cause["offset"]))
-            log.info("invalidated plan %s (%s)", old_id, reason,
-                     extra={"plan_id": old_id, "reason": reason, "dependency_key": dep_key,
-                            "event_id": cause["event_id"], "successor_plan_id": successor})
+            if status != "invalidated":  # an invalidated head was announced already; only its successor is due
+                row, source, entry = self._announcement(old_id, plan_key, dep_key, cause, compiled, now)
+                announcements.append(row)
+                sources.append(source)
+                invalidated.append(entry)
             if compiled is not None:
                 successors.append(compiled)
-                successor_sources.append(sources[-1])
+                successor_sources.append((cause["topic"], cause["partition"], cause["offset"]))
         counts["invalidations"] += len(announcements)
         state.outbox.add_many(announcements, sources, standby=self._standby)
         self.store_compiled(successors, now, counts, publish=True, sources=successor_sources)
@@ -241,6 +228,99 @@ class Invalidator:
         state.plans.invalidate_many(invalidated, now)
         state.plans.drop_heads(dropped)
         state.index.drop_many(dropped)
+        if self._queue_pending:
+            state.queue.remove(list(touched))
+
+    def _compile(self, plan_key: str, request: dict, view, now: datetime | None) -> CompiledPlan | None:
+        started = time.perf_counter()
+        try:
+            return compile_request(request, view, now)
+        except RequestError as exc:
+            log.info("plan key %s can no longer compile: %s", plan_key, exc.code)
+            return None
+        finally:
+            if self.on_compile:
+                self.on_compile(time.perf_counter() - started)
+
+    def _announcement(self, old_id: str, plan_key: str, dep_key: str, cause: dict, compiled: CompiledPlan | None,
+                      now: datetime | None) -> tuple[tuple[str, bytes, bytes], tuple[str, int, int], tuple]:
+        """The plan-invalidations record of one plan, its source position, and its plan-store update."""
+        reason = REASONS.get(dep_key.split(":", 1)[0], "source_changed")
+        stamp = cause.get("_timestamp")
+        full_cause = {k: v for k, v in cause.items() if not k.startswith("_")}
+        full_cause.update(topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
+        if self.on_latency and stamp:
+            self.on_latency(max(0.0, time.time() - stamp))
+        successor = compiled.plan_id if compiled else None
+        record = {"schema_version": 1, "plan_id": old_id, "plan_key": plan_key, "reason": reason,
+                  "cause": full_cause, "invalidated_at": wall_now(),
+                  "as_of": now and format_instant(now), "successor_plan_id": successor}
+        log.info("invalidated plan %s (%s)", old_id, reason,
+                 extra={"plan_id": old_id, "reason": reason, "dependency_key": dep_key,
+                        "event_id": cause["event_id"], "successor_plan_id": successor})
+        return ((self.topic_of("plan-invalidations"), old_id.encode(), orjson.dumps(record)),
+                (cause["topic"], cause["partition"], cause["offset"]), (old_id, reason, full_cause, successor))
+
+    def _announce_first(self, touched: dict[str, tuple[str, dict]], heads: dict, now: datetime | None,
+                        counts: Counter[str]) -> None:
+        """A fan-out larger than `eager_limit`: announce every plan now, compile successors later.
+
+        Announcements then cost an index lookup and a record each, whatever compiling costs; the
+        successor id is published on `plans` when `recompile_queued` gets to it.
+        """
+        rows, sources, invalidated, queued = [], [], [], []
+        for plan_key, (dep_key, cause) in touched.items():
+            if plan_key not in heads or heads[plan_key][2] == "invalidated":
+                continue  # no plan, or announced already and waiting in the queue
+            row, source, entry = self._announcement(heads[plan_key][0], plan_key, dep_key, cause, None, now)
+            rows.append(row)
+            sources.append(source)
+            invalidated.append(entry)
+            queued.append((plan_key, *source))
+        self.state.outbox.add_many(rows, sources, standby=self._standby)
+        self.state.plans.invalidate_many(invalidated, now)
+        self.state.queue.add_many(queued)
+        self._queue_pending = self._queue_pending or bool(queued)
+        counts["invalidations"] += len(rows)
+        counts["deferred_recompilations"] += len(queued)
+
+    def recompile_queued(self, limit: int, owns) -> int:
+        """Compile successors of up to `limit` announced plans; publish those whose cause this worker owns.
+
+        `owns(topic, partition)` says whether this worker publishes for that input partition now.
+        Returns how many queue entries were handled.
+        """
+        state = self.state
+        with state.store.transaction():
+            entries = state.queue.oldest(limit) if self._queue_pending else []
+            if not entries:
+                self._queue_pending = False
+                return 0
+            now = state.store.now()
+            heads = state.plans.heads([e[0] for e in entries])
+            view = CatalogSnapshot(state.catalog)
+            view.prefetch([request for _, request, _ in heads.values()])
+            counts: Counter[str] = Counter()
+            published, local, successors, dropped = [], [], [], []
+            for plan_key, topic, partition, _ in entries:
+                if plan_key not in heads or heads[plan_key][2] == "fresh":
+                    continue  # compiled on demand by a select in the meantime
+                old_id, request, _ = heads[plan_key]
+                compiled = self._compile(plan_key, request, view, now)
+                if compiled is None:
+                    dropped.append(plan_key)
+                    continue
+                counts["announced_unchanged"] += compiled.plan_id == old_id
+                successors.append((old_id, compiled.plan_id))
+                (published if owns(topic, partition) else local).append(compiled)
+            state.plans.set_successors(successors)
+            self.store_compiled(published, now, counts, publish=True)
+            self.store_compiled(local, now, counts, publish=False)
+            state.plans.drop_heads(dropped)
+            state.index.drop_many(dropped)
+            state.queue.remove([e[0] for e in entries])
+            state.store.bump_many(counts)
+        return len(entries)
 
     def store_compiled(self, plans: Sequence[CompiledPlan], now: datetime | None, counts: Counter[str],
                        publish: bool = True, sources: Sequence[tuple[str, int, int]] | None = None) -> None:

@@ -117,7 +117,8 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     app = create_app(settings, bootstrap_servers)
     topics = declare_topics(app, settings)
     state = LocalState.open(settings.db_path)
-    invalidator = Invalidator(state, settings.topic, settings.max_event_bytes)
+    invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
+                              eager_limit=settings.eager_recompile_limit)
     guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound)
     query = QueryService(state, invalidator, guard)
@@ -152,6 +153,16 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     @app.task
     async def adopt_plans() -> None:
         await plan_feed.run()
+
+    @app.task
+    async def recompile_backlog() -> None:
+        # Successors of fan-outs announced first; small steps keep the loop responsive.
+        while True:
+            duty = worker.duty()
+            done = invalidator.recompile_queued(100, lambda topic, partition: partition in duty.get(topic, ()))
+            if done:
+                await worker.publish_outbox()
+            await asyncio.sleep(0 if done else 0.1)
 
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id)
 

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from compiler.costs import Cost, cost_of, fits, penalty
 from compiler.request import Budget
+from compiler.slots import group_of
 from schemas.records import Contract, Resource
 
 NOT_WORTH_IT = "not_worth_it"
@@ -125,6 +126,7 @@ def plan_observations(candidates: Sequence[Resource], model: DecisionModel, budg
     spent = Cost()
     rounds: list[list[dict]] = []
     observed: list[dict] = []
+    seen: set[str] = set()
     while True:
         rows, over = [], []
         for r in remaining:
@@ -132,7 +134,9 @@ def plan_observations(candidates: Sequence[Resource], model: DecisionModel, budg
             if not fits(spent, cost, budget):
                 over.append(r)
                 continue
-            value = evsi(belief, established, model.observations[r.evidence_class], model)
+            # A copy of a source already observed is not independent evidence (004 seed): it adds nothing.
+            value = 0.0 if group_of(r) in seen else evsi(belief, established, model.observations[r.evidence_class],
+                                                         model)
             charge = penalty(cost, model.weights)
             rows.append({"resource_id": r.id, "evsi": value, "penalty": charge,
                          "net": value - charge, "_r": r})
@@ -149,6 +153,7 @@ def plan_observations(candidates: Sequence[Resource], model: DecisionModel, budg
                 established = outcome
         observed.append({"resource_id": chosen.id, "outcome": outcome if outcome in obs.outcomes else None})
         admitted.append(chosen)
+        seen.add(group_of(chosen))
         spent = spent + cost_of(chosen)
         remaining.remove(chosen)
     action, risk = bayes_risk(belief, established, model)

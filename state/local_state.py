@@ -9,6 +9,7 @@ from state.catalog import Catalog
 from state.dependency_index import DependencyIndex
 from state.outbox import Outbox
 from state.plan_store import PlanStore
+from state.recompile_queue import RecompileQueue
 from state.store import Store
 
 
@@ -26,12 +27,15 @@ class LocalState:
     """Plans, plan heads and receipts."""
     outbox: Outbox
     """Records to publish."""
+    queue: RecompileQueue
+    """Plan keys announced invalidated, successors still to compile."""
 
     @classmethod
     def open(cls, path: Path | str) -> "LocalState":
         """Open (or create) the state file."""
         store = Store(path)
-        return cls(store, Catalog(store), DependencyIndex(store), PlanStore(store), Outbox(store))
+        return cls(store, Catalog(store), DependencyIndex(store), PlanStore(store), Outbox(store),
+                   RecompileQueue(store))
 
     def close(self) -> None:
         """Close the file."""

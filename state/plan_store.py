@@ -42,14 +42,21 @@ class PlanStore:
             "receipt_id": [p.receipt_id for p in plans], "plan_id": [p.plan_id for p in plans],
             "receipt": [orjson.dumps(p.receipt).decode() for p in plans]}))
 
-    def heads(self, plan_keys: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
-        """Current plan id and request document of each plan key that has one."""
+    def heads(self, plan_keys: list[str]) -> dict[str, tuple[str, dict[str, Any], str]]:
+        """Current plan id, request document and status of each plan key that has one."""
         if not plan_keys:
             return {}
-        rows = self.db.execute("SELECT h.plan_key, h.plan_id, p.request FROM plan_heads h "
+        rows = self.db.execute("SELECT h.plan_key, h.plan_id, p.request, p.status FROM plan_heads h "
                                "JOIN plans p USING (plan_id) WHERE h.plan_key IN (SELECT unnest(?))",
                                [plan_keys]).fetchall()
-        return {key: (plan_id, orjson.loads(request)) for key, plan_id, request in rows}
+        return {key: (plan_id, orjson.loads(request), status) for key, plan_id, request, status in rows}
+
+    def set_successors(self, pairs: list[tuple[str, str]]) -> None:
+        """Record successors found after the invalidation was announced: (old plan id, new plan id)."""
+        pairs = [(old, new) for old, new in pairs if old != new]
+        if pairs:
+            self.db.executemany("UPDATE plans SET successor_plan_id = ? WHERE plan_id = ? AND successor_plan_id IS NULL",
+                                [(new, old) for old, new in pairs])
 
     def known(self, plan_ids: list[str]) -> set[str]:
         """Which of these plan ids this worker has stored, whatever their status."""

@@ -47,6 +47,8 @@ CREATE TABLE IF NOT EXISTS outbox (seq BIGINT DEFAULT nextval('outbox_seq'), top
   key BLOB, value BLOB, src_topic VARCHAR, src_partition INTEGER, src_offset BIGINT,
   standby BOOLEAN NOT NULL DEFAULT false);
 CREATE TABLE IF NOT EXISTS plan_feed (partition INTEGER PRIMARY KEY, next_offset BIGINT);
+CREATE TABLE IF NOT EXISTS recompile_queue (plan_key VARCHAR PRIMARY KEY, src_topic VARCHAR, src_partition INTEGER,
+  src_offset BIGINT);
 CREATE TABLE IF NOT EXISTS offsets (topic VARCHAR, partition INTEGER, next_offset BIGINT,
   PRIMARY KEY (topic, partition));
 CREATE TABLE IF NOT EXISTS applied_events (event_id VARCHAR PRIMARY KEY);

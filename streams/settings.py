@@ -40,6 +40,8 @@ class Settings:
     """Longest a select waits for `at_least_as_fresh` before refusing."""
     revocation_lag_bound: float = 5.0
     """Seconds behind on revocations beyond which no plan is served (HTTP 503)."""
+    eager_recompile_limit: int = 500
+    """Plans one batch recompiles before announcing; larger fan-outs are announced first."""
     max_event_bytes: int = 1_000_000
     """Events larger than this are dead-lettered unread."""
     session_timeout: float = 10.0
@@ -97,6 +99,7 @@ class Settings:
             batch_window=get("BATCH_WINDOW", base.batch_window, float),
             freshness_wait=get("FRESHNESS_WAIT", base.freshness_wait, float),
             max_event_bytes=get("MAX_EVENT_BYTES", base.max_event_bytes, int),
+            eager_recompile_limit=get("EAGER_RECOMPILE_LIMIT", base.eager_recompile_limit, int),
             revocation_lag_bound=get("REVOCATION_LAG_BOUND", base.revocation_lag_bound, float),
             session_timeout=get("SESSION_TIMEOUT", base.session_timeout, float),
             rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),

@@ -152,6 +152,36 @@ def test_no_fresh_plan_differs_from_its_recompilation(steps):
             state.close()
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=events)
+def test_announcing_first_and_recompiling_later_is_as_sound(steps):
+    """The large fan-out path: every touched plan announced at once, successors drained one at a time."""
+    with tempfile.TemporaryDirectory() as tmp:
+        state = LocalState.open(Path(tmp) / "f.duckdb")
+        try:
+            feeder = Feeder()
+            inv = Invalidator(state, lambda name: name, eager_limit=0)
+            query = QueryService(state, inv)
+            inv.apply([feeder.message(item["topic"], {k: v for k, v in item["event"].items()
+                                                      if k not in ("event_id", "schema_version", "occurred_at")})
+                       for item in ATLAS])
+            for request in REQUESTS:
+                query.select(request)
+            for step in steps:
+                if step["kind"] == "select":
+                    try:
+                        query.select(REQUESTS[step["request"]])
+                    except RequestError:
+                        pass
+                else:
+                    inv.apply([feeder.translate(step)])
+                assert stale_plans(state) == [], f"stale plan after {step}"
+                inv.recompile_queued(1, lambda topic, partition: True)
+                assert stale_plans(state) == [], f"stale successor after {step}"
+        finally:
+            state.close()
+
+
 def test_report_over_invalidation():
     """A figure, not a failure: recompilations that came out identical, as a share of all triggered."""
     triggered = TOTALS["invalidations"] + TOTALS["unchanged_recompilations"]

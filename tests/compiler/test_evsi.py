@@ -72,3 +72,20 @@ def test_malformed_decision_models_are_refused(payments):
                             loss={"prior": {"approved": 1}, "actions": {"hold": {"pending": 1}}})
     with pytest.raises(ModelError):
         decision_model(broken)
+
+
+def test_a_copy_of_an_observed_source_is_not_worth_observing():
+    from compiler.evsi import plan_observations
+    from compiler.request import Budget
+    from schemas.codec import contract_from
+    from schemas.records import Resource
+
+    body = orjson.loads((SCENARIOS / "payment.jsonl").read_text().splitlines()[0])["event"]["decision_types"]
+    model = decision_model(contract_from("payment.release", body["payment.release"]))
+    original, copy = (Resource(id=i, version=1, entity="E", evidence_class="approval_record", tokens=50,
+                               provenance_group="erp") for i in ("registry", "registry-copy"))
+    plan = plan_observations([original, copy], model, Budget(), {})
+    # Before the copy rule both were read: without an outcome the belief does not move, so the
+    # copy looked exactly as valuable as the first reading.
+    assert [r.id for r in plan.admitted] == ["registry"]
+    assert dict(plan.rejected) == {"registry-copy": "not_worth_it"}

@@ -1,0 +1,40 @@
+"""Plan keys announced invalidated whose successors are still to be compiled (large fan-outs)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from state.store import Store
+
+Entry = tuple[str, str, int, int]  # (plan key, input topic, partition, offset of the causing event)
+
+
+class RecompileQueue:
+    """A durable backlog, written in the transaction that announced the invalidations."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.db = store.db
+
+    def add_many(self, entries: list[Entry]) -> None:
+        """Queue plan keys; a key already queued keeps its first cause."""
+        if entries:
+            self.store.insert_rows("recompile_queue", pa.table({
+                "plan_key": [e[0] for e in entries], "src_topic": [e[1] for e in entries],
+                "src_partition": pa.array([e[2] for e in entries], pa.int32()),
+                "src_offset": pa.array([e[3] for e in entries], pa.int64())}),
+                verb="INSERT OR IGNORE INTO")
+
+    def oldest(self, limit: int) -> list[Entry]:
+        """Up to `limit` entries, in the order their events arrived."""
+        return self.db.execute("SELECT plan_key, src_topic, src_partition, src_offset FROM recompile_queue "
+                               "ORDER BY src_offset, plan_key LIMIT ?", [limit]).fetchall()
+
+    def remove(self, plan_keys: list[str]) -> None:
+        """Forget keys that have been recompiled (or can no longer compile)."""
+        if plan_keys:
+            self.db.execute("DELETE FROM recompile_queue WHERE plan_key IN (SELECT unnest(?))", [plan_keys])
+
+    def size(self) -> int:
+        """Keys waiting."""
+        return self.db.execute("SELECT count(*) FROM recompile_queue").fetchone()[0]
