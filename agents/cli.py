@@ -347,7 +347,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench/results", help="directory for results (default bench/results)")
     bench.add_argument("--events", type=int, help="change events in the throughput comparison (default 20000)")
     bench.add_argument("--rates", help="fixed input rates for latency, comma-separated (default 100,1000,5000)")
-    bench.add_argument("--fanout-plans", dest="fanout_plans", type=int, help="plans in the fan-out (default 2000)")
+    bench.add_argument("--fanout-plans", dest="fanout_plans", type=int, help="plans in the fan-out (default 100000)")
     bench.add_argument("--restart-plans", dest="restart_plans", type=int,
                        help="plans in the restart measurement (default 1000000)")
     bench.add_argument("--seed", type=int, help="workload seed (default 7)")

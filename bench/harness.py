@@ -30,6 +30,7 @@ class BenchWorker:
     proc: subprocess.Popen
     log_path: Path
     http: aiohttp.ClientSession = field(repr=False)
+    env: dict = field(default_factory=dict, repr=False)
 
     async def publish(self, records) -> str:
         """Publish (topic, key, value) records; the freshness token covering them."""
@@ -71,6 +72,13 @@ class BenchWorker:
                 raise TimeoutError(f"worker not caught up within {timeout}s: {health['lag']}")
             await asyncio.sleep(poll)
 
+    async def restart(self) -> None:
+        """Start a new process on the same topics, group and state."""
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=self.env, cwd=ROOT,
+                                         stdout=log, stderr=subprocess.STDOUT)
+        await _ready(self)
+
     def stop(self) -> None:
         """SIGTERM and wait."""
         self.proc.terminate()
@@ -95,19 +103,24 @@ async def start_worker(bootstrap: str, directory: Path, http: aiohttp.ClientSess
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=env, cwd=ROOT,
                                 stdout=log, stderr=subprocess.STDOUT)
-    worker = BenchWorker(Settings.from_env(env), bootstrap, f"http://127.0.0.1:{port}", proc, log_path, http)
+    worker = BenchWorker(Settings.from_env(env), bootstrap, f"http://127.0.0.1:{port}", proc, log_path, http, env)
+    await _ready(worker)
+    return worker
+
+
+async def _ready(worker: BenchWorker) -> None:
     deadline = asyncio.get_running_loop().time() + 90
     while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited with {proc.returncode}; see {log_path}")
+        if worker.proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {worker.proc.returncode}; see {worker.log_path}")
         try:
             if (await worker.health())["revocations"]["state"] == "ok":
-                return worker
+                return
         except aiohttp.ClientError:
             pass
         if asyncio.get_running_loop().time() > deadline:
             worker.stop()
-            raise RuntimeError(f"worker did not start within 90s; see {log_path}")
+            raise RuntimeError(f"worker did not start within 90s; see {worker.log_path}")
         await asyncio.sleep(0.1)
 
 

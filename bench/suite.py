@@ -31,8 +31,8 @@ class BenchOptions:
     """Fixed input rates for the latency comparison (events/s)."""
     rate_seconds: float = 5.0
     """How long each fixed rate is held."""
-    fanout_plans: int = 2_000
-    """Plans warmed for the policy-version fan-out."""
+    fanout_plans: int = 100_000
+    """Plans indexed for the policy-version fan-out (copies of one compiled plan)."""
     cache_events: int = 3_000
     """Events in the cache comparison (one read per event)."""
     cache_event_rate: float = 20.0
@@ -49,7 +49,7 @@ class BenchOptions:
     @classmethod
     def quick(cls) -> "BenchOptions":
         """Small enough for a test run; same code paths."""
-        return cls(events=300, plans=30, rates=(100,), rate_seconds=1.0, fanout_plans=40, cache_events=150,
+        return cls(events=300, plans=30, rates=(100,), rate_seconds=1.0, fanout_plans=600, cache_events=150,
                    index_plans=2_000, restart_plans=20_000)
 
 

@@ -39,8 +39,11 @@ def markdown(result: dict, images: list[str]) -> str:
                           v["max_ms"]] for r, v in path["latency_by_rate"].items()])
         fan = path["fanout"]
         lines += [f"Fan-out: one policy version invalidated {fan['invalidations_seen']:,} of {fan['fanout_plans']:,} "
-                  f"plans; the first announcement came after {fan['first_invalidation_seconds']} s and the last "
-                  f"after {fan['all_published_seconds']} s ({fan['seconds_per_plan_ms']} ms per plan).", ""]
+                  f"indexed plans ({fan['cloned_plans']:,} of them copies of one compiled plan with its dependency "
+                  "keys, written into the stopped worker's state, then the worker restarted); the first "
+                  f"announcement came after {fan['first_invalidation_seconds']} s and the last after "
+                  f"{fan['all_published_seconds']} s ({fan['seconds_per_plan_ms']} ms per plan). Fan-outs larger "
+                  "than `FRESHPLAN_EAGER_RECOMPILE_LIMIT` are announced before their successors are compiled.", ""]
     caches = result.get("caches")
     if caches:
         lines += [f"## Caches on the same change stream ({caches['events']:,} events at {caches['event_rate']:g}/s "
