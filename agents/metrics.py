@@ -61,9 +61,18 @@ class _StateCollector:
         yield GaugeMetricFamily("freshplan_index_edges", "Dependency index edges", value=self.state.index.size())
         yield GaugeMetricFamily("freshplan_outbox_records", "Records waiting to be published",
                                 value=self.state.outbox.size())
+        yield GaugeMetricFamily("freshplan_outbox_standby_records",
+                                "Records held until the owner of their input partition publishes them",
+                                value=self.state.outbox.standby_size())
+        yield GaugeMetricFamily("freshplan_recompile_queue", "Announced plans whose successors are not compiled yet",
+                                value=self.state.queue.size())
         for name, help_text in (("invalidations", "Invalidations announced"),
                                 ("unchanged_recompilations", "Recompilations that came out identical"),
                                 ("compilations", "Plans compiled by agents"),
+                                ("deferred_recompilations", "Plans announced before their successor was compiled"),
+                                ("announced_unchanged", "Announced plans whose successor came out identical"),
+                                ("plans_adopted", "Plans compiled by other workers and indexed here"),
+                                ("plans_stale_on_arrival", "Plans from other workers announced stale here"),
                                 ("duplicate_events", "Events ignored as duplicates by event_id"),
                                 ("ignored_old_versions", "Events ignored as older versions")):
             yield CounterMetricFamily(f"freshplan_{name}", help_text, value=counters.get(name, 0))

@@ -90,15 +90,7 @@ async def _latency(worker: BenchWorker, rate: int, seconds: float, version_base:
     ids = [orjson.loads(v)["event_id"] for _, _, v in stream]
     sent: dict[str, float] = {}
     got: dict[str, float] = {}
-    consumer = AIOKafkaConsumer(bootstrap_servers=worker.bootstrap, enable_auto_commit=False,
-                                fetch_max_wait_ms=10)  # a short long-poll: the listener's own wait is not latency
-    await consumer.start()
-    name = worker.settings.topic("plan-invalidations")
-    tps = [TopicPartition(name, p) for p in range(worker.settings.partitions)]
-    consumer.assign(tps)
-    await consumer.seek_to_end(*tps)
-    for tp in tps:
-        await consumer.position(tp)
+    consumer = await _announcements_from_now(worker)
 
     async def listen() -> None:
         while True:
@@ -156,15 +148,7 @@ async def _fanout(worker: BenchWorker, plans: int) -> dict:
     await worker.restart()
     health = await worker.health()
     expected = health["plans"].get("fresh", 0)  # a new policy version changes every fresh plan
-    consumer = AIOKafkaConsumer(bootstrap_servers=worker.bootstrap, enable_auto_commit=False,
-                                fetch_max_wait_ms=10, max_partition_fetch_bytes=8_000_000)
-    await consumer.start()
-    name = worker.settings.topic("plan-invalidations")
-    tps = [TopicPartition(name, p) for p in range(worker.settings.partitions)]
-    consumer.assign(tps)
-    await consumer.seek_to_end(*tps)
-    for tp in tps:
-        await consumer.position(tp)
+    consumer = await _announcements_from_now(worker)
     seen: set[str] = set()
     try:
         started = time.perf_counter()
@@ -186,6 +170,21 @@ async def _fanout(worker: BenchWorker, plans: int) -> dict:
             "first_invalidation_seconds": first and round(first - started, 3),
             "all_published_seconds": round(last - started, 3),
             "seconds_per_plan_ms": round((last - started) / max(1, len(seen)) * 1000, 4)}
+
+
+async def _announcements_from_now(worker: BenchWorker) -> AIOKafkaConsumer:
+    """A consumer of `plan-invalidations` positioned at its end."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=worker.bootstrap, enable_auto_commit=False,
+                                fetch_max_wait_ms=10,  # a short long-poll: the listener's own wait is not latency
+                                max_partition_fetch_bytes=8_000_000)
+    await consumer.start()
+    name = worker.settings.topic("plan-invalidations")
+    tps = [TopicPartition(name, p) for p in range(worker.settings.partitions)]
+    consumer.assign(tps)
+    await consumer.seek_to_end(*tps)
+    for tp in tps:
+        await consumer.position(tp)
+    return consumer
 
 
 def worker_token(health: dict) -> str:

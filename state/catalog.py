@@ -147,6 +147,14 @@ class Catalog:
                 decision_model(contract)
         except (PolicyError, ModelError) as exc:
             raise InvalidEvent("invalid_policy", f"{exc}; the previous version stays active") from None
+        names = [c.decision_type for c in bundle.contracts]
+        owned = self.db.execute("SELECT decision_type, bundle_id FROM contracts WHERE decision_type IN "
+                                "(SELECT unnest(?)) AND bundle_id <> ?", [names, bundle.bundle_id]).fetchall()
+        if owned:
+            # Silently re-homing a decision type would swap the contract and policy under other plans.
+            raise InvalidEvent("decision_type_conflict", "decision types already defined by another bundle: "
+                               + ", ".join(f"{d} (bundle {b})" for d, b in sorted(owned))
+                               + "; retire them there first; the previous version stays active")
         self._policies[(bundle.bundle_id, bundle.version)] = compiled
         before = [r[0] for r in self.db.execute("SELECT decision_type FROM contracts WHERE bundle_id = ?",
                                                 [bundle.bundle_id]).fetchall()]

@@ -29,6 +29,7 @@ async def test_bad_input_catalogue(worker):
         ("source-changes", b"w5", orjson.dumps(dict(waiver, resource=dict(waiver["resource"],
                                                                           content="x" * 1_100_000)))),
         ("policy-versions", b"credit", orjson.dumps(envelope(**dict(BUNDLE, version=3, cedar="permit(")))),
+        ("policy-versions", b"rogue", orjson.dumps(envelope(**dict(BUNDLE, bundle_id="rogue", version=1)))),
         ("clock", None, orjson.dumps(tick("2026-01-01T00:00:00Z")[1])),
         ("source-changes", b"w6", orjson.dumps(resource("w-forged", cls="facility_record",
                                                         supports=("facility_limit",))[1])),
@@ -40,7 +41,7 @@ async def test_bad_input_catalogue(worker):
     # The stale tick was published to both clock partitions, so it is refused twice.
     expected = sorted(["malformed_json", "schema_violation", "schema_violation", "unknown_schema_version",
                        "oversized", "invalid_policy", "clock_regression", "clock_regression",
-                       "class_not_allowed_for_source"])
+                       "class_not_allowed_for_source", "decision_type_conflict"])
     await worker.records("dead-letters", lambda rs: len(rs) >= len(expected))
     after = await worker.select(ATLAS_REQUEST, fresh)
     letters = await worker.everything("dead-letters")
