@@ -66,7 +66,7 @@ class Invalidator:
         self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
         self._standby = False
         self.eager_limit = eager_limit  # larger fan-outs are announced first and recompiled later
-        self._queue_pending = state.queue.size() > 0  # saves a statement per batch while the queue is empty
+        self.queue_pending = state.queue.size() > 0  # saves a statement per batch while the queue is empty
 
     def apply(self, messages: Sequence[RawMessage], standby: bool = False) -> None:
         """Apply a batch in one transaction; on an unexpected error, retry one by one.
@@ -188,10 +188,11 @@ class Invalidator:
     def _recompile(self, touched: dict[str, tuple[str, dict]], counts: Counter[str]) -> None:
         state = self.state
         now = state.store.now()
-        heads = state.plans.heads(list(touched))
+        heads = state.plans.heads(list(touched), parse=False)
         if len(heads) > self.eager_limit:
             self._announce_first(touched, heads, now, counts)
             return
+        heads = {k: (plan_id, orjson.loads(request), status) for k, (plan_id, request, status) in heads.items()}
         view = CatalogSnapshot(state.catalog)
         view.prefetch([request for _, request, _ in heads.values()])
         current: list[CompiledPlan] = []
@@ -205,7 +206,7 @@ class Invalidator:
             if plan_key not in heads:
                 continue
             old_id, request, status = heads[plan_key]
-            compiled = self._compile(plan_key, request, view, now)
+            compiled = self.compile_one(plan_key, request, view, now)
             if compiled is not None and compiled.plan_id == old_id:
                 # Same outcome: refresh horizon and edges, announce nothing (over-invalidation).
                 current.append(compiled)
@@ -228,10 +229,11 @@ class Invalidator:
         state.plans.invalidate_many(invalidated, now)
         state.plans.drop_heads(dropped)
         state.index.drop_many(dropped)
-        if self._queue_pending:
+        if self.queue_pending:
             state.queue.remove(list(touched))
 
-    def _compile(self, plan_key: str, request: dict, view, now: datetime | None) -> CompiledPlan | None:
+    def compile_one(self, plan_key: str, request: dict, view, now: datetime | None) -> CompiledPlan | None:
+        """Recompile one plan key; None when it can no longer compile (its plan is dropped)."""
         started = time.perf_counter()
         try:
             return compile_request(request, view, now)
@@ -243,21 +245,33 @@ class Invalidator:
                 self.on_compile(time.perf_counter() - started)
 
     def _announcement(self, old_id: str, plan_key: str, dep_key: str, cause: dict, compiled: CompiledPlan | None,
-                      now: datetime | None) -> tuple[tuple[str, bytes, bytes], tuple[str, int, int], tuple]:
-        """The plan-invalidations record of one plan, its source position, and its plan-store update."""
-        reason = REASONS.get(dep_key.split(":", 1)[0], "source_changed")
+                      now: datetime | None, memo: dict | None = None, quiet: bool = False
+                      ) -> tuple[tuple[str, bytes, bytes], tuple[str, int, int], tuple]:
+        """The plan-invalidations record of one plan, its source position, and its plan-store update.
+
+        `memo` shares what plans of one batch have in common (cause, stamps) across a fan-out.
+        """
+        memo = {} if memo is None else memo
+        shared = memo.get((id(cause), dep_key))
+        if shared is None:
+            full_cause = {k: v for k, v in cause.items() if not k.startswith("_")}
+            full_cause.update(topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
+            shared = memo[(id(cause), dep_key)] = (REASONS.get(dep_key.split(":", 1)[0], "source_changed"),
+                                                   full_cause)
+        reason, full_cause = shared
+        if "stamps" not in memo:
+            memo["stamps"] = (wall_now(), now and format_instant(now))
         stamp = cause.get("_timestamp")
-        full_cause = {k: v for k, v in cause.items() if not k.startswith("_")}
-        full_cause.update(topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
         if self.on_latency and stamp:
             self.on_latency(max(0.0, time.time() - stamp))
         successor = compiled.plan_id if compiled else None
         record = {"schema_version": 1, "plan_id": old_id, "plan_key": plan_key, "reason": reason,
-                  "cause": full_cause, "invalidated_at": wall_now(),
-                  "as_of": now and format_instant(now), "successor_plan_id": successor}
-        log.info("invalidated plan %s (%s)", old_id, reason,
-                 extra={"plan_id": old_id, "reason": reason, "dependency_key": dep_key,
-                        "event_id": cause["event_id"], "successor_plan_id": successor})
+                  "cause": full_cause, "invalidated_at": memo["stamps"][0], "as_of": memo["stamps"][1],
+                  "successor_plan_id": successor}
+        if not quiet:
+            log.info("invalidated plan %s (%s)", old_id, reason,
+                     extra={"plan_id": old_id, "reason": reason, "dependency_key": dep_key,
+                            "event_id": cause["event_id"], "successor_plan_id": successor})
         return ((self.topic_of("plan-invalidations"), old_id.encode(), orjson.dumps(record)),
                 (cause["topic"], cause["partition"], cause["offset"]), (old_id, reason, full_cause, successor))
 
@@ -269,10 +283,14 @@ class Invalidator:
         successor id is published on `plans` when `recompile_queued` gets to it.
         """
         rows, sources, invalidated, queued = [], [], [], []
+        memo: dict = {}
+        events: Counter[str] = Counter()
         for plan_key, (dep_key, cause) in touched.items():
             if plan_key not in heads or heads[plan_key][2] == "invalidated":
                 continue  # no plan, or announced already and waiting in the queue
-            row, source, entry = self._announcement(heads[plan_key][0], plan_key, dep_key, cause, None, now)
+            events[cause["event_id"]] += 1
+            row, source, entry = self._announcement(heads[plan_key][0], plan_key, dep_key, cause, None, now,
+                                                    memo, quiet=True)
             rows.append(row)
             sources.append(source)
             invalidated.append(entry)
@@ -280,47 +298,12 @@ class Invalidator:
         self.state.outbox.add_many(rows, sources, standby=self._standby)
         self.state.plans.invalidate_many(invalidated, now)
         self.state.queue.add_many(queued)
-        self._queue_pending = self._queue_pending or bool(queued)
+        self.queue_pending = self.queue_pending or bool(queued)
         counts["invalidations"] += len(rows)
         counts["deferred_recompilations"] += len(queued)
-
-    def recompile_queued(self, limit: int, owns) -> int:
-        """Compile successors of up to `limit` announced plans; publish those whose cause this worker owns.
-
-        `owns(topic, partition)` says whether this worker publishes for that input partition now.
-        Returns how many queue entries were handled.
-        """
-        state = self.state
-        with state.store.transaction():
-            entries = state.queue.oldest(limit) if self._queue_pending else []
-            if not entries:
-                self._queue_pending = False
-                return 0
-            now = state.store.now()
-            heads = state.plans.heads([e[0] for e in entries])
-            view = CatalogSnapshot(state.catalog)
-            view.prefetch([request for _, request, _ in heads.values()])
-            counts: Counter[str] = Counter()
-            published, local, successors, dropped = [], [], [], []
-            for plan_key, topic, partition, _ in entries:
-                if plan_key not in heads or heads[plan_key][2] == "fresh":
-                    continue  # compiled on demand by a select in the meantime
-                old_id, request, _ = heads[plan_key]
-                compiled = self._compile(plan_key, request, view, now)
-                if compiled is None:
-                    dropped.append(plan_key)
-                    continue
-                counts["announced_unchanged"] += compiled.plan_id == old_id
-                successors.append((old_id, compiled.plan_id))
-                (published if owns(topic, partition) else local).append(compiled)
-            state.plans.set_successors(successors)
-            self.store_compiled(published, now, counts, publish=True)
-            self.store_compiled(local, now, counts, publish=False)
-            state.plans.drop_heads(dropped)
-            state.index.drop_many(dropped)
-            state.queue.remove([e[0] for e in entries])
-            state.store.bump_many(counts)
-        return len(entries)
+        for event_id, n in events.items():  # one line per event: the plan ids are on the topic
+            log.info("invalidated %d plans, successors to follow", n,
+                     extra={"event_id": event_id, "plans": n, "reason": "fan_out"})
 
     def store_compiled(self, plans: Sequence[CompiledPlan], now: datetime | None, counts: Counter[str],
                        publish: bool = True, sources: Sequence[tuple[str, int, int]] | None = None) -> None:

@@ -11,6 +11,7 @@ import faust
 import orjson
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
+from agents.backlog import recompile_queued
 from agents.invalidation import Invalidator
 from agents.query import QueryService
 from agents.lag import LagWatcher
@@ -88,7 +89,7 @@ class Worker:
         sent = 0
         async with self.publish_lock:
             while True:
-                rows = self.state.outbox.pending()
+                rows = self.state.outbox.pending(20_000)
                 if not rows:
                     return sent
                 futures = [await self.app.producer.send(topic, key, value, partition=None,
@@ -159,7 +160,7 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
         # Successors of fan-outs announced first; small steps keep the loop responsive.
         while True:
             duty = worker.duty()
-            done = invalidator.recompile_queued(100, lambda topic, partition: partition in duty.get(topic, ()))
+            done = recompile_queued(invalidator, 100, lambda topic, partition: partition in duty.get(topic, ()))
             if done:
                 await worker.publish_outbox()
             await asyncio.sleep(0 if done else 0.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import orjson
@@ -106,7 +107,7 @@ class Catalog:
 
     def _apply_principal(self, change: SourceChange) -> list[str] | None:
         new: Principal | None = change.record  # type: ignore[assignment]
-        old = self.db.execute("SELECT delegation_version, deleted FROM principals WHERE id = ?",
+        old = self.db.execute("SELECT delegation_version, deleted, roles, attributes FROM principals WHERE id = ?",
                               [change.record_id]).fetchone()
         if new is None:
             if old is None or old[1]:
@@ -118,7 +119,27 @@ class Catalog:
             self.db.execute("INSERT OR REPLACE INTO principals VALUES (?, ?, ?, ?, false)",
                             [new.id, list(new.roles), orjson.dumps(dict(new.attributes)).decode(),
                              new.delegation_version])
+            if old is not None and not old[1] and not self._principal_change_matters(old, new):
+                return []
         return [f"principal:{change.record_id}"]
+
+    def _principal_change_matters(self, old: tuple, new: Principal) -> bool:
+        """Whether an upsert can change any plan: roles, delegation, or an attribute some policy reads.
+
+        Cedar reads attributes only by their literal names, so an attribute whose name appears in
+        no stored policy text cannot change an authorisation; the compiler itself reads only the
+        revocable lists. Anything else (a department rename, a phone number) invalidates nothing.
+        """
+        if new.delegation_version != old[0] or sorted(new.roles) != sorted(old[2] or ()):
+            return True
+        before, after = orjson.loads(old[3] or "{}"), dict(new.attributes)
+        changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+        if not changed:
+            return False
+        if changed & {"grants", "delegations", "sessions"}:
+            return True
+        texts = [r[0] for r in self.db.execute("SELECT cedar FROM policy_bundles").fetchall()]
+        return any(re.search(rf"\b{re.escape(name)}\b", text) for name in changed for text in texts)
 
     def _apply_entity(self, change: SourceChange) -> list[str] | None:
         new: Entity | None = change.record  # type: ignore[assignment]

@@ -42,13 +42,15 @@ class PlanStore:
             "receipt_id": [p.receipt_id for p in plans], "plan_id": [p.plan_id for p in plans],
             "receipt": [orjson.dumps(p.receipt).decode() for p in plans]}))
 
-    def heads(self, plan_keys: list[str]) -> dict[str, tuple[str, dict[str, Any], str]]:
-        """Current plan id, request document and status of each plan key that has one."""
+    def heads(self, plan_keys: list[str], parse: bool = True) -> dict[str, tuple[str, Any, str]]:
+        """Current plan id, request document (JSON text unless `parse`) and status of each plan key."""
         if not plan_keys:
             return {}
         rows = self.db.execute("SELECT h.plan_key, h.plan_id, p.request, p.status FROM plan_heads h "
                                "JOIN plans p USING (plan_id) WHERE h.plan_key IN (SELECT unnest(?))",
                                [plan_keys]).fetchall()
+        if not parse:
+            return {key: (plan_id, request, status) for key, plan_id, request, status in rows}
         return {key: (plan_id, orjson.loads(request), status) for key, plan_id, request, status in rows}
 
     def set_successors(self, pairs: list[tuple[str, str]]) -> None:

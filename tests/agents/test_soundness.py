@@ -10,6 +10,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agents.backlog import recompile_queued
 from agents.invalidation import Invalidator, RawMessage
 from agents.query import QueryService
 from compiler.errors import RequestError
@@ -39,7 +40,10 @@ resource_event = st.fixed_dictionaries({
     "group": st.sampled_from(["g1", "g2", "g3"]), "tokens": st.sampled_from([60, 120, 240])})
 principal_event = st.fixed_dictionaries({
     "kind": st.just("principal"), "id": st.sampled_from(["maya", "omar"]),
-    "roles": st.lists(st.sampled_from(["credit_analyst", "financial_crime"]), max_size=2, unique=True)})
+    "roles": st.lists(st.sampled_from(["credit_analyst", "financial_crime"]), max_size=2, unique=True),
+    # `unit` is read by no policy; `clearance` only by the clearance rule a policy step may add.
+    "unit": st.sampled_from(["credit", "risk"]), "clearance": st.sampled_from(["low", "high"]),
+    "bump_delegation": st.booleans()})
 revocation_event = st.fixed_dictionaries({
     "kind": st.just("revocation"), "id": st.sampled_from(["maya", "omar"]),
     "role": st.sampled_from(["credit_analyst", "financial_crime"])})
@@ -47,7 +51,7 @@ policy_event = st.fixed_dictionaries({
     "kind": st.just("policy"), "min_independent": st.sampled_from([1, 2]),
     "waiver_classes": st.sampled_from([["approved_waiver"], ["approved_waiver", "committee_record"],
                                        ["approved_waiver", "case_note"]]),
-    "forbid_restricted": st.booleans()})
+    "forbid_restricted": st.booleans(), "clearance_rule": st.booleans()})
 clock_event = st.fixed_dictionaries({"kind": st.just("clock"), "now": st.sampled_from(DAYS)})
 select_event = st.fixed_dictionaries({"kind": st.just("select"), "request": st.sampled_from(range(len(REQUESTS)))})
 events = st.lists(st.one_of(resource_event, resource_event, principal_event, revocation_event, policy_event,
@@ -61,6 +65,7 @@ class Feeder:
         self.offsets = itertools.count()
         self.versions = itertools.count(2)
         self.ids = itertools.count()
+        self.delegations = {"maya": 3, "omar": 1}  # the Atlas scenario's
 
     def message(self, topic: str, body: dict) -> RawMessage:
         event = {"event_id": f"gen-{next(self.ids)}", "schema_version": 1,
@@ -83,8 +88,11 @@ class Feeder:
                 "superseded_by": "x" if step["superseded"] else None, "provenance_group": step["group"],
                 "sensitivity": "restricted" if step["restricted"] else "internal", "attributes": acl}})
         if kind == "principal":
+            if step["bump_delegation"]:
+                self.delegations[step["id"]] = next(self.versions)
             return self.message("source-changes", {"kind": "principal", "op": "upsert", "principal": {
-                "id": step["id"], "roles": step["roles"], "delegation_version": next(self.versions)}})
+                "id": step["id"], "roles": step["roles"], "delegation_version": self.delegations[step["id"]],
+                "attributes": {"unit": step["unit"], "clearance": step["clearance"]}}})
         if kind == "revocation":
             return self.message("revocations", {"principal": step["id"], "revoke": "role", "value": step["role"],
                                                 "effective_at": "2026-08-30T00:00:00Z"})
@@ -96,6 +104,10 @@ class Feeder:
                     prop["min_independent"] = step["min_independent"]
             if not step["forbid_restricted"]:
                 bundle["cedar"] = bundle["cedar"].split("// Restricted")[0]
+            if step["clearance_rule"]:
+                bundle["cedar"] += ('forbid(principal, action == Action::"use", resource) when { '
+                                    'resource.evidence_class == "approved_waiver" && principal has clearance && '
+                                    'principal.clearance == "low" };\n')
             bundle.update(version=next(self.versions))
             return self.message("policy-versions", {k: v for k, v in bundle.items()
                                                     if k not in ("event_id", "schema_version", "occurred_at")})
@@ -145,7 +157,7 @@ def run_steps(steps, eager_limit: int = 500, drain: bool = False) -> dict[str, i
                 assert stale_plans(state) == [], f"stale plan after {step}"
                 TOTALS["checks"] += 1
                 if drain:  # successors of announced plans, one at a time
-                    inv.recompile_queued(1, lambda topic, partition: True)
+                    recompile_queued(inv, 1, lambda topic, partition: True)
                     assert stale_plans(state) == [], f"stale successor after {step}"
             return state.store.counters()
         finally:
