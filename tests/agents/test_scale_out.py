@@ -58,9 +58,14 @@ async def test_second_worker_shares_partitions_and_takes_over_without_loss(worke
         plan = await peer.select(ATLAS_REQUEST, revoked)
         assert plan["admitted"] == [] and plan["plan_id"] != successor
         assert cause.startswith("test-")
-        # Nothing was announced twice for the same cause: exactly one worker published each.
-        pairs = [(r["plan_id"], r["cause"]["event_id"]) for r in await peer.everything("plan-invalidations")]
-        assert len(pairs) == len(set(pairs))
+        # At least once, and a repeat (both workers owning a partition for a moment during a
+        # rebalance) is the same record: same plan, same cause, same successor.
+        records = await peer.everything("plan-invalidations")
+        by_cause: dict = {}
+        for r in records:
+            by_cause.setdefault((r["plan_id"], r["cause"]["event_id"]), set()).add(
+                (r["cause"]["topic"], r["cause"]["partition"], r["cause"]["offset"], r["successor_plan_id"]))
+        assert (first["plan_id"], cause) in by_cause and all(len(v) == 1 for v in by_cause.values())
     finally:
         peer.stop()
 
