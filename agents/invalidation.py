@@ -80,6 +80,7 @@ class Invalidator:
                 self._apply_all(messages)
         except Exception:  # noqa: BLE001 - one policy: isolate the poison message, never crash
             log.exception("batch of %d failed; applying one by one", len(messages))
+            self.state.catalog.forget_cached()
             for message in messages:
                 try:
                     with self.state.store.transaction():

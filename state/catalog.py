@@ -39,6 +39,11 @@ class Catalog:
         self.store = store
         self.db = store.db
         self._policies: dict[tuple[str, int], CompiledPolicy] = {}
+        self._policy_texts: list[str] | None = None  # Cedar texts of the stored bundles, read once per change
+
+    def forget_cached(self) -> None:
+        """Drop what was read inside a transaction that rolled back."""
+        self._policy_texts = None
 
     # -- applying events: each returns the dependency keys it touched ------------------
 
@@ -138,8 +143,9 @@ class Catalog:
             return False
         if changed & {"grants", "delegations", "sessions"}:
             return True
-        texts = [r[0] for r in self.db.execute("SELECT cedar FROM policy_bundles").fetchall()]
-        return any(re.search(rf"\b{re.escape(name)}\b", text) for name in changed for text in texts)
+        if self._policy_texts is None:
+            self._policy_texts = [r[0] for r in self.db.execute("SELECT cedar FROM policy_bundles").fetchall()]
+        return any(re.search(rf"\b{re.escape(name)}\b", text) for name in changed for text in self._policy_texts)
 
     def _apply_entity(self, change: SourceChange) -> list[str] | None:
         new: Entity | None = change.record  # type: ignore[assignment]
@@ -177,6 +183,7 @@ class Catalog:
                                + ", ".join(f"{d} (bundle {b})" for d, b in sorted(owned))
                                + "; retire them there first; the previous version stays active")
         self._policies[(bundle.bundle_id, bundle.version)] = compiled
+        self._policy_texts = None
         before = [r[0] for r in self.db.execute("SELECT decision_type FROM contracts WHERE bundle_id = ?",
                                                 [bundle.bundle_id]).fetchall()]
         self.db.execute("DELETE FROM contracts WHERE bundle_id = ?", [bundle.bundle_id])
