@@ -157,8 +157,12 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
 
     @app.task
     async def recompile_backlog() -> None:
-        # Successors of fan-outs announced first; small steps keep the loop responsive.
+        # Successors of fan-outs announced first; small steps keep the loop responsive, and
+        # announcements still waiting in the outbox go out before any successor is compiled.
         while True:
+            if state.outbox.size():
+                await asyncio.sleep(0.05)
+                continue
             duty = worker.duty()
             done = recompile_queued(invalidator, 100, lambda topic, partition: partition in duty.get(topic, ()))
             if done:

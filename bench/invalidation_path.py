@@ -166,10 +166,36 @@ async def _fanout(worker: BenchWorker, plans: int) -> dict:
         last = time.perf_counter()
     finally:
         await consumer.stop()
+    ceiling = await _bare_producer(worker, len(seen), size=300)
     return {"fanout_plans": expected, "invalidations_seen": len(seen), "cloned_plans": plans,
+            "bare_producer_seconds": ceiling,
             "first_invalidation_seconds": first and round(first - started, 3),
             "all_published_seconds": round(last - started, 3),
             "seconds_per_plan_ms": round((last - started) / max(1, len(seen)) * 1000, 4)}
+
+
+async def _bare_producer(worker: BenchWorker, records: int, size: int) -> float:
+    """Seconds a bare aiokafka producer needs for as many keyed records of about the same size: the floor."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    name = worker.settings.topic("bench-producer-ceiling")
+    admin = AIOKafkaAdminClient(bootstrap_servers=worker.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, worker.settings.partitions, 1)])
+    finally:
+        await admin.close()
+    send = producer(worker.bootstrap)
+    await send.start()
+    try:
+        await send.send_and_wait(name, b"warm-up", key=b"warm-up")
+        value = b"x" * size
+        started = time.perf_counter()
+        futures = [await send.send(name, value, key=f"plan-{i}".encode()) for i in range(records)]
+        await asyncio.gather(*futures)
+        return round(time.perf_counter() - started, 3)
+    finally:
+        await send.stop()
 
 
 async def _announcements_from_now(worker: BenchWorker) -> AIOKafkaConsumer:

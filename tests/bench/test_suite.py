@@ -26,6 +26,7 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert path["throughput"]["freshplan"]["events"] == 300 and path["throughput"]["ratio_to_ceiling"] > 0
     assert path["latency_by_rate"]["100"]["count"] > 0
     assert path["fanout"]["invalidations_seen"] == path["fanout"]["fanout_plans"] > 600   # announced first
+    assert path["fanout"]["bare_producer_seconds"] > 0
     caches = result["caches"]["contenders"]
     assert caches["freshplan"]["stale_serves"] == 0 and caches["flush_all"]["stale_serves"] == 0
     assert caches["ttl_60s"]["stale_serves"] > 0          # the workload does make cached plans stale
