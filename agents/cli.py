@@ -32,7 +32,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         web_host=getattr(args, "host", None), web_port=getattr(args, "port", None),
         state_dir=Path(args.state_dir) if getattr(args, "state_dir", None) else None,
         partitions=getattr(args, "partitions", None),
-        wall_clock=False if getattr(args, "no_wall_clock", False) else None)
+        wall_clock=False if getattr(args, "no_wall_clock", False) else None,
+        rebase=True if getattr(args, "rebase", False) else None)
 
 
 def _run_info(settings: Settings) -> dict:
@@ -298,6 +299,9 @@ def parser() -> argparse.ArgumentParser:
                      help="publish this scenario before starting (repeatable)")
     run.add_argument("--no-wall-clock", action="store_true",
                      help="do not publish clock ticks from wall time (a clock producer does)")
+    run.add_argument("--rebase", action="store_true",
+                     help="accept input topics that were reset (new broker, recreated topics): keep the catalog "
+                          "and plans and re-read the topics from their start (the embedded broker always does)")
     run.set_defaults(func=cmd_run)
 
     load = sub.add_parser("load", help="publish scenario files (JSON lines of {topic, event})",

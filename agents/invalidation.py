@@ -20,6 +20,7 @@ from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, Sou
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
+from streams.incarnation import record_mark
 
 log = logging.getLogger(__name__)
 
@@ -100,18 +101,21 @@ class Invalidator:
         applied = store.next_offsets()
         counts: Counter[str] = Counter()
         offsets: dict[tuple[str, int], int] = {}
+        marks: dict[tuple[str, int], tuple[int, RawMessage]] = {}
         decoded: list[tuple[RawMessage, InputEvent]] = []
         for m in messages:
             if m.offset < applied.get(m.topic, {}).get(m.partition, 0):
                 counts["redelivered_skipped"] += 1
                 continue
             applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
+            marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
             try:
                 decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
                                           max_bytes=self.max_event_bytes)))
             except InvalidEvent as exc:
                 self._dead_letter(m, exc.error_class, exc.message, counts)
-        store.save_offsets(offsets)
+        store.save_offsets(offsets, {pos: (offset, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))
+                                     for pos, (offset, m) in marks.items()})
         # The clock is idempotent by monotonicity; its ticks need no event-id ledger.
         first_seen = store.claim_events([e.event_id for m, e in decoded if m.topic != "clock"])
         fresh: list[tuple[RawMessage, InputEvent]] = []
@@ -320,10 +324,12 @@ class Invalidator:
         state.index.replace_many({p.plan_key: p.dependencies for p in plans})
         if publish:
             as_of = state.store.next_offsets()
+            cluster_id = state.store.incarnation()[0]
             rows, row_sources = [], []
             for i, p in enumerate(plans):
                 rows.append((self.topic_of("plans"), p.plan_id.encode(),
-                             orjson.dumps(dict(p.plan, compiled_as_of=as_of), option=orjson.OPT_NON_STR_KEYS)))
+                             orjson.dumps(dict(p.plan, compiled_as_of=as_of, compiled_in=cluster_id),
+                                         option=orjson.OPT_NON_STR_KEYS)))
                 rows.append((self.topic_of("receipts"), p.receipt_id.encode(), orjson.dumps(p.receipt)))
                 row_sources += [sources[i] if sources else None] * 2
             state.outbox.add_many(rows, row_sources, standby=self._standby)

@@ -1,4 +1,5 @@
-"""Consumer lag from the topics' end offsets; fail closed when revocations are behind or unknown."""
+"""Consumer lag from the topics' end offsets; fail closed when revocations or policies are behind, unknown,
+paused or reset."""
 
 from __future__ import annotations
 
@@ -8,10 +9,17 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from agents.incarnation import Recorded, firsts_of, judge
 from compiler.errors import AttestError
 from state.store import Store
+from streams.incarnation import read_cluster_id
 
 log = logging.getLogger(__name__)
+
+# Both can take permissions away: a select is only answered when these are applied within the bound.
+GUARDED_TOPICS = ("revocations", "policy-versions")
+# These make answers less current but never more permissive: a pause is reported, not refused.
+DEGRADABLE_TOPICS = ("source-changes", "clock")
 
 
 @dataclass(frozen=True)
@@ -19,19 +27,25 @@ class RevocationStatus:
     """How fresh this worker's view of revocations is."""
 
     state: str
-    """ok, behind or unknown."""
+    """ok, behind, unknown, paused or reset."""
     lag_events: int | None
     """Revocations published but not yet applied (None when unknown)."""
     seconds_behind: float | None
     """How long the worker has not been caught up (None when unknown)."""
     bound_seconds: float
     """The configured bound beyond which plans are not served."""
+    topic: str = "revocations"
+    """The guarded topic this status is about (the worst of revocations and policy versions)."""
+    resets: tuple[tuple[str, str], ...] = ()
+    """(input topic, reason) of topics whose recorded offsets belong to another incarnation."""
+    paused: tuple[str, ...] = ()
+    """Input topics an operator paused."""
 
     def as_dict(self) -> dict:
         """Shape shown in /healthz and in refusals."""
-        return {"state": self.state, "lag_events": self.lag_events,
+        return {"state": self.state, "topic": self.topic, "lag_events": self.lag_events,
                 "seconds_behind": None if self.seconds_behind is None else round(self.seconds_behind, 3),
-                "bound_seconds": self.bound_seconds}
+                "bound_seconds": self.bound_seconds, "resets": dict(self.resets), "paused": list(self.paused)}
 
 
 class LagWatcher:
@@ -47,46 +61,61 @@ class LagWatcher:
         self.poll_interval = poll_interval
         self._consumer: AIOKafkaConsumer | None = None
         self._checked_at: float | None = None
-        self._caught_up_at: float | None = None
         self._started_at = time.monotonic()
-        self._lag: int | None = None
+        self._caught_up: dict[str, float] = {}
+        self.paused: set[str] = set()  # shared with the replica: topics an operator paused
+        self.blocked: dict[str, str] = {}  # shared with the replica: reset topics it does not apply
+        self.resets: dict[str, str] = {}
+        self._cluster_id: str | None = None
+        self._cluster_read_at = 0.0
 
     async def refresh(self) -> None:
-        """Learn each input partition's end from a separate consumer, so a paused agent cannot hide its lag.
+        """Learn each input partition's end and incarnation from a separate consumer.
 
-        The end is the larger of ListOffsets and the high watermark of a small fetch from the
-        applied position: the embedded Tansu broker answers ListOffsets with the number of
-        batches rather than records (seen with Tansu 0.6.0), which alone would under-report lag.
+        A paused agent cannot hide its lag from it. Each partition is read from the last record
+        this worker applied: its high watermark is the end (Tansu answers ListOffsets with the
+        number of batches rather than records, seen with 0.6.0, which alone would under-report
+        lag), and the record there must still be the one applied, or the topic was reset.
         """
         try:
             consumer = await self._ensure_consumer()
-            applied = self.store.next_offsets()
+            now = time.monotonic()
+            if self._cluster_id is None or now - self._cluster_read_at > 10:
+                self._cluster_id = await read_cluster_id(self.bootstrap_servers)
+                self._cluster_read_at = now
+            recorded = Recorded.read(self.store, self.topics)
+            applied = recorded.applied
             tps = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
             logical = {v: k for k, v in self.topics.items()}
             for tp in tps:
-                consumer.seek(tp, applied.get(logical[tp.topic], {}).get(tp.partition, 0))
-            await consumer.getmany(timeout_ms=150, max_records=1)
+                position = (logical[tp.topic], tp.partition)
+                consumer.seek(tp, recorded.targets.get(position, applied.get(position[0], {}).get(tp.partition, 0)))
+            batch = await consumer.getmany(timeout_ms=150)
             listed = await consumer.end_offsets(tps)
         except Exception as exc:  # noqa: BLE001 - any failure leaves the state unknown, i.e. closed
-            log.warning("revocation lag unknown: %s", exc)
+            log.warning("input lag unknown: %s", exc)
             self._checked_at = None
+            self._cluster_id = None
             return
         self.ends = {}
+        highwaters = {}
         for tp in tps:
+            if consumer.highwater(tp) is not None:
+                highwaters[(logical[tp.topic], tp.partition)] = consumer.highwater(tp)
             end = max(listed.get(tp, 0), consumer.highwater(tp) or 0)
             self.ends.setdefault(logical[tp.topic], {})[tp.partition] = end
-        revoked = applied.get("revocations", {})
-        self._lag = sum(max(0, end - revoked.get(p, 0)) for p, end in self.ends.get("revocations", {}).items())
-        now = time.monotonic()
-        self._checked_at = now
-        if self._lag == 0:
-            self._caught_up_at = now
+        resets = judge(recorded, self._cluster_id, self.topics, firsts_of(batch, logical), highwaters)
+        if resets != self.resets and resets:
+            log.error("input topics reset: %s", resets, extra={"reason": "input_reset", "topics": sorted(resets)})
+        self.resets = resets
+        self._checked_at = time.monotonic()
+        self._count_lag(applied)
 
     async def _ensure_consumer(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
                                         request_timeout_ms=5000, fetch_max_wait_ms=50,
-                                        max_partition_fetch_bytes=4096)
+                                        max_partition_fetch_bytes=4096, auto_offset_reset="latest")
             await consumer.start()
             self._consumer = consumer
         tps = []
@@ -106,32 +135,65 @@ class LagWatcher:
         return {t: {p: max(0, end - applied.get(t, {}).get(p, 0)) for p, end in parts.items()}
                 for t, parts in self.ends.items()}
 
-    def status(self) -> RevocationStatus:
-        """ok only when recently checked and not behind by more than the bound."""
+    def _count_lag(self, applied: dict[str, dict[int, int]]) -> dict[str, int]:
+        """Unapplied events per guarded topic; remembers when each was last caught up."""
         now = time.monotonic()
+        lags = {}
+        for topic in GUARDED_TOPICS:
+            done = applied.get(topic, {})
+            lags[topic] = sum(max(0, end - done.get(p, 0)) for p, end in self.ends.get(topic, {}).items())
+            if lags[topic] == 0:
+                self._caught_up[topic] = now
+        return lags
+
+    def status(self) -> RevocationStatus:
+        """ok only when recently checked, nothing reset or paused, and not behind by more than the bound."""
+        now = time.monotonic()
+        resets = tuple(sorted({**self.resets, **self.blocked}.items()))
+        paused = tuple(sorted(self.paused))
+        if resets:
+            return RevocationStatus("reset", None, None, self.bound, resets[0][0], resets, paused)
         if self._checked_at is None or now - self._checked_at > max(3 * self.poll_interval, 2.0):
-            return RevocationStatus("unknown", None, None, self.bound)
+            return RevocationStatus("unknown", None, None, self.bound, paused=paused)
+        guarded_paused = [t for t in GUARDED_TOPICS if t in self.paused]
         # Re-count against what the store has applied by now: an agent that caught up since the
         # last poll is not behind on anything this worker knows of.
-        applied = self.store.next_offsets().get("revocations", {})
-        lag = sum(max(0, end - applied.get(p, 0)) for p, end in self.ends.get("revocations", {}).items())
-        if lag == 0:
-            self._caught_up_at = now
-        behind = 0.0 if lag == 0 else now - (self._caught_up_at or self._started_at)
-        return RevocationStatus("ok" if behind <= self.bound else "behind", lag, behind, self.bound)
+        lags = self._count_lag(self.store.next_offsets())
+        worst = max(GUARDED_TOPICS, key=lambda t: (0.0 if lags[t] == 0 else
+                                                     now - self._caught_up.get(t, self._started_at)))
+        behind = 0.0 if lags[worst] == 0 else now - self._caught_up.get(worst, self._started_at)
+        if guarded_paused:
+            return RevocationStatus("paused", lags[guarded_paused[0]], behind, self.bound, guarded_paused[0],
+                                    paused=paused)
+        return RevocationStatus("ok" if behind <= self.bound else "behind", lags[worst], behind, self.bound, worst,
+                                paused=paused)
+
+    def degraded(self) -> list[str]:
+        """Paused input topics that make answers less current without making them more permissive."""
+        return [t for t in DEGRADABLE_TOPICS if t in self.paused]
 
     def check(self) -> RevocationStatus:
-        """Raise a 503 AttestError unless revocations are known and within the bound."""
+        """Raise a 503 AttestError unless revocations and policies are known, applied and within the bound."""
         status = self.status()
+        if status.state == "reset":
+            topics = ", ".join(f"{t} ({why})" for t, why in status.resets)
+            raise AttestError("input_reset", f"The broker no longer holds the input this worker applied: {topics} "
+                              "were reset (a new broker or recreated topics). Nothing is served until an operator "
+                              "runs `freshplan replay` or restarts with `freshplan run --rebase`.", status=503)
         if status.state == "unknown":
             raise AttestError("revocations_unknown", "This worker cannot tell whether it has applied every "
-                              "revocation (starting, rebalancing or the broker is unreachable), so it will "
-                              "not serve a plan that could carry a revoked permit; retry shortly.", status=503)
-        if status.state == "behind":
-            raise AttestError("revocations_behind", f"This worker is {status.seconds_behind:.1f}s behind on "
-                              f"revocations ({status.lag_events} unapplied, bound {status.bound_seconds}s), so "
-                              "it will not serve a plan that could carry a revoked permit; retry shortly.",
+                              "revocation and policy version (starting, rebalancing or the broker is unreachable), "
+                              "so it will not serve a plan that could carry a revoked permit; retry shortly.",
                               status=503)
+        if status.state == "paused":
+            raise AttestError("input_paused", f"An operator paused applying {status.topic}, which can take "
+                              "permissions away, so no plan is served until it is resumed "
+                              "(POST /v1/admin/consumers with action resume).", status=503)
+        if status.state == "behind":
+            code = "revocations_behind" if status.topic == "revocations" else "policy_versions_behind"
+            raise AttestError(code, f"This worker is {status.seconds_behind:.1f}s behind on {status.topic} "
+                              f"({status.lag_events} unapplied, bound {status.bound_seconds}s), so it will not "
+                              "serve a plan that could carry a revoked permit; retry shortly.", status=503)
         return status
 
     async def stop(self) -> None:

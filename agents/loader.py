@@ -11,6 +11,7 @@ import orjson
 from schemas.codec import event_key
 from schemas.freshness import encode_token
 from streams.admin import ensure_topics, producer
+from streams.incarnation import read_cluster_id
 from streams.settings import INPUT_TOPICS, Settings
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ async def publish(settings: Settings, bootstrap: str, records: list[tuple[str, b
                 progress(done, len(futures))
     finally:
         await prod.stop()
-    return encode_token(offsets)
+    return encode_token(offsets, await read_cluster_id(bootstrap))
 
 
 def load_file(settings: Settings, bootstrap: str, path: Path, progress=None) -> tuple[int, str]:

@@ -14,11 +14,17 @@ from agents.invalidation import Invalidator, wall_now
 from agents.replica import Replica
 from compiler.errors import RequestError
 from compiler.pipeline import compile_request
+from schemas.codec import validate
+from schemas.errors import InvalidEvent
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
+
+# A plan naming offsets this worker never reaches (another incarnation, a poisoned record) is
+# judged against the state there is after this long, rather than stalling the feed.
+FRESHNESS_WAIT_SECONDS = 30.0
 
 
 class PlanFeed:
@@ -66,34 +72,77 @@ class PlanFeed:
                 batch = await consumer.getmany(timeout_ms=200, max_records=500)
                 records = [(tp.partition, m.offset, m.value) for tp, ms in batch.items() for m in ms]
                 if records:
-                    await self._ingest(records)
+                    await self._ingest_isolated(records)
                     if self.after_apply:
                         self.after_apply()
         finally:
             await consumer.stop()
 
+    async def _ingest_isolated(self, records: list[tuple[int, int, bytes | None]]) -> None:
+        """Ingest a batch; if it fails, one record at a time, skipping (and counting) any that fails."""
+        try:
+            await self._ingest(records)
+            return
+        except Exception:  # noqa: BLE001 - one policy for poison: isolate it, never stop the feed
+            log.exception("plans batch of %d failed; ingesting one by one", len(records))
+            self.state.catalog.forget_cached()
+        for record in records:
+            try:
+                await self._ingest([record])
+            except Exception as exc:  # noqa: BLE001
+                partition, offset, _ = record
+                with self.state.store.transaction():
+                    self._save_positions({partition: offset + 1})
+                self._skip(partition, offset, f"{type(exc).__name__} while ingesting")
+
+    def _save_positions(self, ends: dict[int, int]) -> None:
+        self.state.store.db.executemany(
+            "INSERT INTO plan_feed VALUES (?, ?) ON CONFLICT (partition) DO UPDATE SET next_offset = "
+            "greatest(plan_feed.next_offset, excluded.next_offset)", list(ends.items()))
+
     async def _ingest(self, records: list[tuple[int, int, bytes | None]]) -> None:
         plans: list[tuple[int, int, dict[str, Any]]] = []
         for partition, offset, value in records:
+            if value is None:
+                continue  # a tombstone of the compacted topic
             try:
-                plan = orjson.loads(value) if value else None
-            except orjson.JSONDecodeError:
-                plan = None
-            if isinstance(plan, dict) and isinstance(plan.get("plan_id"), str) and "request" in plan:
-                plans.append((partition, offset, plan))
+                plan = orjson.loads(value)
+                validate("plans", plan)
+                if not isinstance(plan.get("request"), dict):
+                    raise InvalidEvent("schema_violation", "plans record has no request object")
+            except (orjson.JSONDecodeError, InvalidEvent) as exc:
+                self._skip(partition, offset, getattr(exc, "message", "not JSON"))
+                continue
+            plans.append((partition, offset, plan))
         known = self.state.plans.known([p["plan_id"] for _, _, p in plans])
         foreign = [(partition, offset, p) for partition, offset, p in plans if p["plan_id"] not in known]
+        cluster_id = self.state.store.incarnation()[0]
         for _, _, plan in foreign:
-            # Judge a plan only against state at least as fresh as the state it was compiled from.
-            await self.replica.wait_covers(plan.get("compiled_as_of") or {})
+            # Judge a plan only against state at least as fresh as the state it was compiled from;
+            # offsets of another broker incarnation say nothing about this one.
+            if plan.get("compiled_in") == cluster_id:
+                try:
+                    await asyncio.wait_for(self.replica.wait_covers(plan.get("compiled_as_of") or {}),
+                                           FRESHNESS_WAIT_SECONDS)
+                except asyncio.TimeoutError:
+                    log.warning("plan %s names offsets not reached in %.0fs; judged against current state",
+                                plan["plan_id"], FRESHNESS_WAIT_SECONDS, extra={"plan_id": plan["plan_id"]})
         ends: dict[int, int] = {}
         for partition, offset, _ in records:
             ends[partition] = max(ends.get(partition, 0), offset + 1)
         with self.state.store.transaction():
             self._judge(foreign)
-            self.state.store.db.executemany(
-                "INSERT INTO plan_feed VALUES (?, ?) ON CONFLICT (partition) DO UPDATE SET next_offset = "
-                "greatest(plan_feed.next_offset, excluded.next_offset)", list(ends.items()))
+            self._save_positions(ends)
+
+    def _skip(self, partition: int, offset: int, why: str, counts: Counter[str] | None = None) -> None:
+        """Count and log a `plans` record this worker cannot use; the feed moves on."""
+        if counts is None:
+            self.state.store.bump_many({"bad_internal_records.plans": 1})
+        else:
+            counts["bad_internal_records.plans"] += 1
+        log.warning("skipped plans record %d/%d: %s", partition, offset, why,
+                    extra={"topic": self.topic, "partition": partition, "offset": offset,
+                           "error_class": "bad_internal_record"})
 
     def _judge(self, foreign: list[tuple[int, int, dict[str, Any]]]) -> None:
         state = self.state
@@ -106,6 +155,9 @@ class PlanFeed:
                 compiled = compile_request(plan["request"], view, now)
             except RequestError:
                 compiled = None
+            except Exception as exc:  # noqa: BLE001 - a poisoned internal record must not stop any worker
+                self._skip(partition, offset, f"{type(exc).__name__} while compiling its request", counts)
+                continue
             if compiled is not None and compiled.plan_id == plan["plan_id"]:
                 self.invalidator.store_compiled([compiled], now, counts, publish=False)
                 counts["plans_adopted"] += 1

@@ -26,7 +26,8 @@ class QueryService:
 
     def token(self) -> str:
         """Freshness token of the state as it is now."""
-        return encode_token(self.state.store.next_offsets())
+        store = self.state.store
+        return encode_token(store.next_offsets(), *store.incarnation())
 
     def select(self, doc: Any) -> dict[str, Any]:
         """Return the plan for a select body; raises RequestError for bad requests."""
@@ -34,8 +35,10 @@ class QueryService:
         if isinstance(doc, dict):
             doc = {k: v for k, v in doc.items() if k != "at_least_as_fresh"}
         request = parse_request(doc)
+        degraded: list[str] = []
         if self.guard is not None:
             self.guard.check()
+            degraded = self.guard.degraded()
         entity_id = resolve_entity(request.entity, state.catalog.entity_matches(request.entity))
         key = plan_key(request, entity_id)
         plan = state.plans.fresh_plan(key)
@@ -52,7 +55,10 @@ class QueryService:
             plan = compiled.plan
             served_from = "compiled"
         self.selects[f"selects.{served_from}"] += 1
-        return dict(plan, freshness_token=self.token(), served_from=served_from)
+        out = dict(plan, freshness_token=self.token(), served_from=served_from)
+        if degraded:
+            out["degraded"] = degraded  # paused inputs that can make this answer less current
+        return out
 
     def plan_status(self, plan_id: str) -> dict[str, Any] | None:
         """Public status of a plan id, or None when unknown."""

@@ -15,6 +15,7 @@ from agents.invalidation import Invalidator, RawMessage, wall_now
 from compiler.errors import RequestError
 from compiler.pipeline import compile_request
 from state.local_state import LocalState
+from streams.incarnation import read_cluster_id
 from streams.settings import INPUT_TOPICS, Settings
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ async def replay(settings: Settings, bootstrap: str, progress=None) -> dict:
         shutil.move(db, backup)
     state = LocalState.open(db)
     try:
+        with state.store.transaction():
+            state.store.record_cluster(await read_cluster_id(bootstrap))
         invalidator = Invalidator(state, settings.topic, settings.max_event_bytes)
         started = time.perf_counter()
         applied = {}

@@ -7,9 +7,12 @@ import logging
 from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import OffsetOutOfRangeError
 
+from agents.incarnation import probe
 from agents.invalidation import Invalidator, RawMessage
 from state.store import Store
+from streams.incarnation import read_cluster_id
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +28,8 @@ class Replica:
 
     def __init__(self, invalidator: Invalidator, store: Store, bootstrap_servers: str, topics: dict[str, str],
                  batch_size: int = 500, batch_window: float = 0.05, fetch_bytes: int = 2_000_000,
-                 after_apply: Callable[[list[RawMessage]], Awaitable[object]] | None = None) -> None:
+                 after_apply: Callable[[list[RawMessage]], Awaitable[object]] | None = None,
+                 auto_rebase: bool = False) -> None:
         self.invalidator = invalidator
         self.store = store
         self.bootstrap_servers = bootstrap_servers
@@ -38,6 +42,10 @@ class Replica:
         self._progress = asyncio.Condition()
         self._consumer: AIOKafkaConsumer | None = None
         self.paused: set[str] = set()
+        self.auto_rebase = auto_rebase  # embedded broker or `run --rebase`: re-read reset topics from their start
+        self.blocked: dict[str, str] = {}  # reset input topics not applied until an operator rebases
+        self.cluster_id: str | None = None
+        self.ready = asyncio.Event()  # set once offsets are known to belong to the broker's topics
 
     def applied(self, topic: str, partition: int, offset: int) -> bool:
         """Whether the event at this position has been applied (or skipped) locally."""
@@ -86,7 +94,7 @@ class Replica:
     async def run(self) -> None:
         """Consume and apply until cancelled."""
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
-                                    auto_offset_reset="earliest", max_partition_fetch_bytes=self.fetch_bytes,
+                                    auto_offset_reset="none", max_partition_fetch_bytes=self.fetch_bytes,
                                     fetch_max_wait_ms=int(self.batch_window * 1000))
         await consumer.start()
         self._consumer = consumer
@@ -94,6 +102,10 @@ class Replica:
         try:
             tps = await self._partitions(consumer)
             consumer.assign(tps)
+            await self._verify_incarnation(consumer)
+            tps = [tp for tp in tps if logical[tp.topic] not in self.blocked]
+            consumer.assign(tps)
+            self.ready.set()
             for tp in tps:
                 nxt = self.positions.get(logical[tp.topic], {}).get(tp.partition)
                 if nxt is None:
@@ -104,8 +116,16 @@ class Replica:
                 self._set_paused(topic, True)
             log.info("replica applying %d input partitions", len(tps))
             while True:
-                batch = await consumer.getmany(timeout_ms=int(self.batch_window * 1000),
-                                               max_records=self.batch_size)
+                try:
+                    batch = await consumer.getmany(timeout_ms=int(self.batch_window * 1000),
+                                                   max_records=self.batch_size)
+                except OffsetOutOfRangeError as exc:
+                    # The broker lost offsets this worker applied: stop reading those topics (the
+                    # guard refuses selects with input_reset) rather than skip to the log start.
+                    topics = {logical[tp.topic] for tp in exc.args[0]} if exc.args else set(self.topics)
+                    self._block({t: "position_out_of_range" for t in topics})
+                    consumer.assign([tp for tp in consumer.assignment() if logical[tp.topic] not in self.blocked])
+                    continue
                 messages = [RawMessage(logical[tp.topic], tp.partition, m.offset, m.key, m.value,
                                        m.timestamp / 1000 if m.timestamp else None)
                             for tp, records in batch.items() for m in records]
@@ -119,6 +139,34 @@ class Replica:
         finally:
             self._consumer = None
             await consumer.stop()
+
+    async def _verify_incarnation(self, consumer: AIOKafkaConsumer) -> None:
+        """Compare the recorded offsets with the broker's topics; rebase or block what was reset."""
+        self.cluster_id = await read_cluster_id(self.bootstrap_servers)
+        resets = await probe(consumer, self.store, self.topics, self.cluster_id)
+        if not resets:
+            with self.store.transaction():
+                self.store.record_cluster(self.cluster_id)
+            return
+        if not self.auto_rebase:
+            self._block(resets)
+            return
+        recorded, _ = self.store.incarnation()
+        topics = list(resets) + (["plans"] if recorded != self.cluster_id else [])
+        with self.store.transaction():
+            epoch = self.store.rebase(self.cluster_id, topics)
+            self.store.bump_many({"input_resets": 1})
+        self.positions = self.store.next_offsets()
+        log.warning("input topics were reset (%s); offsets rebased to the new topics (epoch %d), catalog and "
+                    "plans kept", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())), epoch,
+                    extra={"reason": "input_reset", "topics": sorted(resets)})
+
+    def _block(self, resets: dict[str, str]) -> None:
+        self.blocked.update(resets)
+        log.error("input topics were reset (%s): their recorded offsets belong to another broker or topic "
+                  "incarnation; selects are refused with input_reset until an operator runs `freshplan replay` "
+                  "or `freshplan run --rebase`", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())),
+                  extra={"reason": "input_reset", "topics": sorted(resets)})
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         tps: list[TopicPartition] = []

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from faust import web
 
 from compiler.errors import RequestError
-from schemas.freshness import BadToken, covers, decode_token
+from schemas.freshness import BadToken, covers, read_token
 from streams.settings import INPUT_TOPICS
 
 if TYPE_CHECKING:
@@ -39,10 +39,15 @@ def register_routes(app, worker: "Worker") -> None:
             wanted = body.get("at_least_as_fresh") if isinstance(body, dict) else None
             if wanted:
                 try:
-                    target = decode_token(wanted)
+                    target = read_token(wanted)
                 except BadToken as exc:
                     return error(self, 400, "invalid_freshness_token", str(exc), "attest")
-                if not await _wait_until_fresh(worker, target):
+                if not target.same_incarnation(*worker.state.store.incarnation()):
+                    return error(self, 409, "token_other_incarnation", "at_least_as_fresh was issued against "
+                                 "another incarnation of the input topics (the broker or its topics were reset "
+                                 "since); its offsets mean nothing here. Select without it, or with a token "
+                                 "issued since the reset.", "attest")
+                if not await _wait_until_fresh(worker, target.offsets):
                     worker.query.selects["refused.not_fresh_enough"] += 1
                     return error(self, 503, "not_fresh_enough", "This worker has not yet applied the "
                                  f"state named by at_least_as_fresh within {worker.settings.freshness_wait}s;"

@@ -127,8 +127,11 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     invalidator.on_latency = metrics.event_to_invalidation.observe
     invalidator.on_compile = metrics.compile_seconds.labels("recompile").observe
     query.on_compile = metrics.compile_seconds.labels("select").observe
+    # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
     replica = Replica(invalidator, state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
-                      settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000))
+                      settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
+                      auto_rebase=settings.rebase or settings.bootstrap_servers is None)
+    guard.paused, guard.blocked = replica.paused, replica.blocked
     plan_feed = PlanFeed(state, invalidator, replica, bootstrap_servers, settings.topic("plans"))
     worker = Worker(settings, app, topics, state, invalidator, query, asyncio.Lock(), guard, metrics,
                     replica, plan_feed)

@@ -51,6 +51,10 @@ CREATE TABLE IF NOT EXISTS recompile_queue (plan_key VARCHAR PRIMARY KEY, src_to
   src_offset BIGINT);
 CREATE TABLE IF NOT EXISTS offsets (topic VARCHAR, partition INTEGER, next_offset BIGINT,
   PRIMARY KEY (topic, partition));
+CREATE TABLE IF NOT EXISTS offset_marks (topic VARCHAR, partition INTEGER, record_offset BIGINT, mark VARCHAR,
+  PRIMARY KEY (topic, partition));
+CREATE TABLE IF NOT EXISTS incarnation (id INTEGER PRIMARY KEY, cluster_id VARCHAR, epoch BIGINT,
+  rebased_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS applied_events (event_id VARCHAR PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY, now TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
@@ -135,14 +139,63 @@ class Store:
             out.setdefault(topic, {})[partition] = nxt
         return out
 
-    def save_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
-        """Record many partitions' next offsets in one statement."""
+    def save_offsets(self, offsets: dict[tuple[str, int], int],
+                     marks: dict[tuple[str, int], tuple[int, str]] | None = None) -> None:
+        """Record many partitions' next offsets in one statement, with the mark of each last record read.
+
+        A mark (see `streams.incarnation.record_mark`) identifies the record at one offset, so
+        a later start can tell whether the broker still holds the topic these offsets belong to.
+        """
         if not offsets:
             return
         rows = pa.table({"topic": [t for t, _ in offsets], "partition": pa.array([p for _, p in offsets], pa.int32()),
                          "next_offset": list(offsets.values())})
         self.insert_rows("offsets", rows, verb="INSERT INTO", on_conflict="ON CONFLICT (topic, partition) DO UPDATE "
                          "SET next_offset = greatest(offsets.next_offset, excluded.next_offset)")
+        if marks:
+            rows = pa.table({"topic": [t for t, _ in marks], "partition": pa.array([p for _, p in marks], pa.int32()),
+                             "record_offset": pa.array([o for o, _ in marks.values()], pa.int64()),
+                             "mark": [m for _, m in marks.values()]})
+            self.insert_rows("offset_marks", rows, verb="INSERT INTO", on_conflict=(
+                "ON CONFLICT (topic, partition) DO UPDATE SET record_offset = excluded.record_offset, "
+                "mark = excluded.mark WHERE excluded.record_offset >= offset_marks.record_offset"))
+
+    def offset_marks(self) -> dict[tuple[str, int], tuple[int, str]]:
+        """(topic, partition) -> (offset, mark) of the last record applied there."""
+        return {(t, p): (o, m) for t, p, o, m in self.db.execute(
+            "SELECT topic, partition, record_offset, mark FROM offset_marks").fetchall()}
+
+    # -- broker incarnation ------------------------------------------------------------
+
+    def incarnation(self) -> tuple[str | None, int]:
+        """(cluster id the recorded offsets belong to, rebase epoch); (None, 0) before the first record."""
+        row = self.db.execute("SELECT cluster_id, epoch FROM incarnation WHERE id = 0").fetchone()
+        return (row[0], row[1]) if row else (None, 0)
+
+    def record_cluster(self, cluster_id: str) -> None:
+        """Remember the cluster whose offsets this file records (first contact only)."""
+        self.db.execute("INSERT INTO incarnation VALUES (0, ?, 0, NULL) ON CONFLICT (id) DO NOTHING", [cluster_id])
+
+    def rebase(self, cluster_id: str, topics: list[str]) -> int:
+        """Forget offsets recorded against another incarnation of these topics; returns the new epoch.
+
+        Catalog, plans and event ids stay: events read again from the new topics are applied
+        by id (a repeat changes nothing), so nothing is skipped because of an old offset.
+        """
+        _, epoch = self.incarnation()
+        epoch += 1
+        self.db.execute("INSERT INTO incarnation VALUES (0, ?, ?, now()) ON CONFLICT (id) DO UPDATE SET "
+                        "cluster_id = excluded.cluster_id, epoch = excluded.epoch, rebased_at = excluded.rebased_at",
+                        [cluster_id, epoch])
+        for table in ("offsets", "offset_marks"):
+            self.db.execute(f"DELETE FROM {table} WHERE topic IN (SELECT unnest(?))", [topics])
+        if "plans" in topics:
+            self.db.execute("DELETE FROM plan_feed")
+        # What old events caused but no owner published yet goes out now: a repeat is harmless,
+        # a loss is not, and the old positions can never be promoted by new events.
+        self.db.execute("UPDATE outbox SET standby = false WHERE standby AND src_topic IN (SELECT unnest(?))",
+                        [topics])
+        return epoch
 
     def claim_events(self, event_ids: list[str]) -> set[str]:
         """The ids seen for the first time (first occurrence in the list wins); records them."""

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -32,6 +33,8 @@ class EmbeddedBroker:
 
     host: str = "127.0.0.1"
     port: int = 0
+    cluster_id: str = field(default_factory=lambda: f"freshplan-embedded-{uuid.uuid4().hex[:12]}")
+    """Unique per start: the broker keeps topics in memory, so every start is a new incarnation."""
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -52,7 +55,7 @@ class EmbeddedBroker:
         self.port = self.port or free_port(self.host)
         url = f"tcp://{self.host}:{self.port}"
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-               "--storage-engine", "memory://tansu/"]
+               "--storage-engine", "memory://tansu/", "--cluster-id", self.cluster_id]
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
         self.process = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,

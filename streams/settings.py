@@ -52,6 +52,8 @@ class Settings:
     """Logging level of the worker."""
     log_format: str = "json"
     """json (one object per line, for log pipelines) or text."""
+    rebase: bool = False
+    """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
 
     @property
     def db_path(self) -> Path:

@@ -149,7 +149,7 @@ async def test_bad_events_go_to_dead_letters_and_the_worker_keeps_going(worker):
     assert health["counters"]["applied.source-changes"] == before["counters"]["applied.source-changes"] + 1
 
 
-async def test_no_plan_is_served_while_revocations_are_behind(worker):
+async def test_no_plan_is_served_while_revocations_are_paused_and_behind(worker):
     fresh = await worker.load("atlas.jsonl")
     plan = await worker.select(ATLAS_REQUEST, fresh)
     assert (await worker.get("/healthz"))["revocations"]["state"] == "ok"
@@ -160,18 +160,19 @@ async def test_no_plan_is_served_while_revocations_are_behind(worker):
     # Three revocations in one producer batch: the lag must count records, not batches.
     await worker.publish_events(revoke_role("maya", "credit_analyst"), revoke_role("omar", "financial_crime"),
                                 revoke_role("omar", "auditor"))
-    for _ in range(200):  # the bound is 1 s in this test's worker; wait until the guard says so
+    for _ in range(200):  # the bound is 1 s in this test's worker; wait until the guard has seen all three
         health = await worker.get("/healthz")
-        if health["revocations"]["state"] == "behind":
+        if health["revocations"]["lag_events"] == 3 and health["revocations"]["seconds_behind"] > 1:
             break
         await asyncio.sleep(0.1)
+    assert health["revocations"]["state"] == "paused" and health["revocations"]["paused"] == ["revocations"]
     assert health["revocations"]["lag_events"] == 3
     refused = await worker.select(ATLAS_REQUEST, expect=503)
-    assert refused["error"]["code"] == "revocations_behind"
+    assert refused["error"]["code"] == "input_paused"
     paused = await metrics(worker)
     assert paused['freshplan_consumer_lag_events{partition="0",topic="revocations"}'] + paused[
         'freshplan_consumer_lag_events{partition="1",topic="revocations"}'] == 3
-    assert paused['freshplan_stale_serve_refusals_total{reason="revocations_behind"}'] >= 1
+    assert paused['freshplan_stale_serve_refusals_total{reason="input_paused"}'] >= 1
     assert paused["freshplan_revocation_lag_seconds"] > 1
     assert (await worker.get(f"/v1/plans/{plan['plan_id']}"))["status"] == "fresh"  # not yet applied
 
