@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.invalidation import Invalidator, wall_now
 from agents.replica import Replica
-from compiler.errors import RequestError
+from compiler.errors import ParseError, RequestError
 from compiler.pipeline import compile_request
 from schemas.codec import validate
 from schemas.errors import InvalidEvent
@@ -153,6 +153,9 @@ class PlanFeed:
         for partition, offset, plan in foreign:
             try:
                 compiled = compile_request(plan["request"], view, now)
+            except ParseError as exc:  # no worker could have compiled this request: not a plan at all
+                self._skip(partition, offset, f"its request does not parse ({exc.code})", counts)
+                continue
             except RequestError:
                 compiled = None
             except Exception as exc:  # noqa: BLE001 - a poisoned internal record must not stop any worker

@@ -1,0 +1,57 @@
+"""Finding 5: a bad record on the compacted `plans` topic is skipped and counted, on every start."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from streams.admin import producer
+from tests.conftest import ATLAS_REQUEST
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _poison(plan: dict) -> list[tuple[str, bytes | None, bytes]]:
+    overflow = dict(plan, plan_id="pl-poison-overflow", request=dict(plan["request"],
+                                                                     decision_time="0001-01-01T00:00:00+14:00"))
+    wrong_type = dict(plan, plan_id="pl-poison-type", request=dict(plan["request"], budget={"tokens": "all"}))
+    return [("plans", b"pl-poison-json", b"{not json"),
+            ("plans", b"pl-poison-schema", orjson.dumps({"plan_id": 7})),
+            ("plans", b"pl-poison-overflow", orjson.dumps(overflow)),
+            ("plans", b"pl-poison-type", orjson.dumps(wrong_type)),
+            ("plans", b"pl-poison-asof", orjson.dumps(dict(plan, plan_id="pl-poison-asof",
+                                                            compiled_as_of={"clock": {"0": -1}})))]
+
+
+async def _bad_records(worker) -> int:
+    return (await worker.get("/healthz"))["counters"].get("bad_internal_records.plans", 0)
+
+
+async def test_poisoned_plans_records_never_stop_a_worker(worker):
+    loaded = await worker.load("atlas.jsonl")
+    plan = await worker.select(ATLAS_REQUEST, loaded)
+    [published] = await worker.records("plans", lambda rs: any(r["plan_id"] == plan["plan_id"] for r in rs))
+    published = {k: v for k, v in published.items() if k != "_key"}
+    from agents.loader import publish
+
+    prod = producer(worker.bootstrap)
+    await prod.start()
+    try:
+        await asyncio.gather(*[await prod.send(worker.settings.topic(t), v, key=k) for t, k, v in _poison(published)])
+    finally:
+        await prod.stop()
+    for _ in range(100):
+        if await _bad_records(worker) >= 5:
+            break
+        await asyncio.sleep(0.1)
+    assert await _bad_records(worker) == 5
+    assert (await worker.select(ATLAS_REQUEST))["plan_id"] == plan["plan_id"]
+
+    worker.stop()
+    await worker.restart()  # the records are still on the topic; the feed resumes past them
+    assert worker.proc.poll() is None
+    assert (await worker.select(ATLAS_REQUEST))["plan_id"] == plan["plan_id"]
+    await asyncio.sleep(1)
+    assert worker.proc.poll() is None and await _bad_records(worker) == 5
