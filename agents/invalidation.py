@@ -114,8 +114,8 @@ class Invalidator:
                                           max_bytes=self.max_event_bytes)))
             except InvalidEvent as exc:
                 self._dead_letter(m, exc.error_class, exc.message, counts)
-        store.save_offsets(offsets, {pos: (offset, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))
-                                     for pos, (offset, m) in marks.items()})
+        store.save_offsets(offsets, {pos: (o, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))
+                                     for pos, (o, m) in marks.items()})
         # The clock is idempotent by monotonicity; its ticks need no event-id ledger.
         first_seen = store.claim_events([e.event_id for m, e in decoded if m.topic != "clock"])
         fresh: list[tuple[RawMessage, InputEvent]] = []

@@ -128,7 +128,8 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     invalidator.on_compile = metrics.compile_seconds.labels("recompile").observe
     query.on_compile = metrics.compile_seconds.labels("select").observe
     # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
-    replica = Replica(invalidator, state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
+    inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
+    replica = Replica(invalidator, state.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None)
     guard.paused, guard.blocked = replica.paused, replica.blocked

@@ -34,7 +34,6 @@ async def test_poisoned_plans_records_never_stop_a_worker(worker):
     plan = await worker.select(ATLAS_REQUEST, loaded)
     [published] = await worker.records("plans", lambda rs: any(r["plan_id"] == plan["plan_id"] for r in rs))
     published = {k: v for k, v in published.items() if k != "_key"}
-    from agents.loader import publish
 
     prod = producer(worker.bootstrap)
     await prod.start()
