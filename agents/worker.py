@@ -21,6 +21,7 @@ from agents.replica import Replica
 from agents.routes import register_routes
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
+from state.outbox import OutboundLimit
 from streams.admin import GroupOffsets
 from streams.app import create_app
 from streams.settings import INPUT_TOPICS, Settings
@@ -29,6 +30,16 @@ from streams.topics import Topics, declare_topics
 log = logging.getLogger(__name__)
 
 PERMANENT_SEND_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError)
+
+
+def _refused_at_send(exc: BaseException) -> bool:
+    """Whether a send failed for a reason no retry can fix (Faust wraps the producer's error)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, PERMANENT_SEND_ERRORS + (TypeError, ValueError)):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 @dataclass
@@ -81,10 +92,19 @@ class Worker:
         return out
 
     async def publish_outbox(self) -> int:
+        """Publish the outbox; never raises (what failed stays queued and is retried by the timer)."""
+        try:
+            return await self._publish_outbox()
+        except Exception:  # noqa: BLE001 - callers are the apply path, timers and routes: none may die of it
+            log.exception("publishing the outbox failed; the records stay queued")
+            return 0
+
+    async def _publish_outbox(self) -> int:
         """Send queued records, wait for the broker's acknowledgements, then forget them.
 
-        A record the broker can never accept (too large) is logged and dropped so that it cannot
-        block the queue; records that failed for a transient reason stay queued for the next flush.
+        A record the broker can never accept (too large, refused at send or acknowledgement) is
+        replaced by its dead letter so that it cannot block the queue or stop the worker; records
+        that failed for a transient reason stay queued for the next flush.
         """
         sent = 0
         async with self.publish_lock:
@@ -92,21 +112,29 @@ class Worker:
                 rows = self.state.outbox.pending(20_000)
                 if not rows:
                     return sent
-                futures = [await self.app.producer.send(topic, key, value, partition=None,
-                                                        timestamp=None, headers=None)
-                           for _, topic, key, value in rows]
-                results = await asyncio.gather(*futures, return_exceptions=True)
-                done, retry = [], 0
-                for (seq, topic, key, _), result in zip(rows, results, strict=True):
+                results: list = []
+                for _, topic, key, value in rows:
+                    try:
+                        results.append(await self.app.producer.send(topic, key, value, partition=None,
+                                                                    timestamp=None, headers=None))
+                    except Exception as exc:  # noqa: BLE001 - refused before it left: never retry it as it is
+                        results.append(exc)
+                pending = [r for r in results if not isinstance(r, BaseException)]
+                acked = iter(await asyncio.gather(*pending, return_exceptions=True))
+                results = [r if isinstance(r, BaseException) else next(acked) for r in results]
+                done, refused, retry = [], [], 0
+                for row, result in zip(rows, results, strict=True):
                     if not isinstance(result, BaseException):
-                        done.append(seq)
-                    elif isinstance(result, PERMANENT_SEND_ERRORS):
-                        log.error("dropping an unpublishable record for %s (key %r): %r", topic, key, result)
-                        done.append(seq)
+                        done.append(row[0])
+                    elif isinstance(result, PERMANENT_SEND_ERRORS) or _refused_at_send(result):
+                        log.error("outbound %s record %r refused for good: %s", row[1], row[2],
+                                  type(result).__name__, extra={"topic": row[1], "error_class": "record_too_large"})
+                        refused.append(row)
                     else:
                         retry += 1
                 with self.state.store.transaction():
                     self.state.outbox.remove(done)
+                    self.state.outbox.replace_with_dead_letters(refused, "refused by the producer or broker")
                 sent += len(done)
                 if retry:
                     log.warning("%d records not acknowledged; they stay queued", retry)
@@ -118,6 +146,8 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     app = create_app(settings, bootstrap_servers)
     topics = declare_topics(app, settings)
     state = LocalState.open(settings.db_path)
+    state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
+                                       frozenset({settings.topic("plans"), settings.topic("receipts")}))
     invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
                               eager_limit=settings.eager_recompile_limit)
     guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},

@@ -4,11 +4,30 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import logging
+from dataclasses import dataclass
+
+import orjson
 import pyarrow as pa
 
+from schemas.outbound import compact_plan, fits, too_large_letter
 from state.store import Store
 
+log = logging.getLogger(__name__)
+
 Source = tuple[str, int, int]  # (input topic, partition, offset) of the event that caused a record
+
+
+@dataclass(frozen=True)
+class OutboundLimit:
+    """What the producer can publish, checked before a record is stored."""
+
+    max_bytes: int
+    """Largest record (key, value and framing) the producer and broker accept."""
+    dead_letters: str
+    """Broker-side name of `dead-letters`, where records that cannot fit are reported."""
+    compactable: frozenset[str]
+    """Broker-side names of topics whose records have a compact form (plans, receipts)."""
 
 
 class Outbox:
@@ -20,14 +39,45 @@ class Outbox:
     promoted by the partition's owner; the others are pruned once the group has moved past them.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, limit: OutboundLimit | None = None) -> None:
+        self.store = store
         self.db = store.db
+        self.limit = limit
+
+    def _fit(self, rows: list[tuple[str, bytes | None, bytes]]) -> list[tuple[str, bytes | None, bytes]]:
+        """Every row within the limit: as it is, compacted, or replaced by its dead letter."""
+        limit = self.limit
+        if limit is None or all(fits(k, v, limit.max_bytes) for _, k, v in rows):
+            return rows
+        out, counts = [], {}
+        for topic, key, value in rows:
+            if fits(key, value, limit.max_bytes):
+                out.append((topic, key, value))
+                continue
+            if topic in limit.compactable:
+                try:
+                    compact = orjson.dumps(compact_plan(orjson.loads(value)), option=orjson.OPT_NON_STR_KEYS)
+                except (orjson.JSONDecodeError, TypeError, AttributeError):
+                    compact = value
+                if fits(key, compact, limit.max_bytes):
+                    out.append((topic, key, compact))
+                    counts["outbound_compacted"] = counts.get("outbound_compacted", 0) + 1
+                    log.warning("published a compact %s record %r (%d bytes without contents)", topic, key,
+                                len(value), extra={"topic": topic, "error_class": "compacted"})
+                    continue
+            out.append((limit.dead_letters, key, too_large_letter(topic, key, value, limit.max_bytes, "stored")))
+            counts["dead_letters.record_too_large"] = counts.get("dead_letters.record_too_large", 0) + 1
+            log.error("outbound %s record %r of %d bytes cannot be published; dead-lettered", topic, key, len(value),
+                      extra={"topic": topic, "error_class": "record_too_large"})
+        self.store.bump_many(counts)
+        return out
 
     def add_many(self, rows: list[tuple[str, bytes | None, bytes]], sources: Sequence[Source | None] | None = None,
                  standby: bool = False) -> None:
-        """Queue records for publication, in order, in one statement."""
+        """Queue records for publication, in order, in one statement (each within the outbound limit)."""
         if not rows:
             return
+        rows = self._fit(rows)
         sources = list(sources) if sources is not None else [None] * len(rows)
         table = pa.table({
             "topic": [r[0] for r in rows], "key": pa.array([r[1] for r in rows], pa.binary()),
@@ -75,6 +125,16 @@ class Outbox:
         """The oldest records due for publication, in order."""
         return self.db.execute("SELECT seq, topic, key, value FROM outbox WHERE NOT standby ORDER BY seq LIMIT ?",
                                [limit]).fetchall()
+
+    def replace_with_dead_letters(self, rows: list[tuple[int, str, bytes | None, bytes]], why: str) -> None:
+        """Records the broker refused for good: queue a dead letter for each and forget them."""
+        if not rows or self.limit is None:
+            self.remove([seq for seq, *_ in rows])
+            return
+        self.remove([seq for seq, *_ in rows])
+        self.add_many([(self.limit.dead_letters, key, too_large_letter(topic, key, value, self.limit.max_bytes, why))
+                       for _, topic, key, value in rows])
+        self.store.bump_many({"dead_letters.record_too_large": len(rows)})
 
     def remove(self, seqs: list[int]) -> None:
         """Forget these records (acknowledged, or permanently unpublishable)."""

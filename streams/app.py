@@ -25,6 +25,7 @@ def create_app(settings: Settings, bootstrap_servers: str) -> faust.App:
         web_port=settings.web_port,
         web_in_thread=False,
         producer_acks=-1,
+        producer_max_request_size=settings.max_record_bytes,
         broker_commit_interval=1.0,
         broker_session_timeout=settings.session_timeout,
         broker_rebalance_timeout=settings.rebalance_timeout,

@@ -44,6 +44,8 @@ class Settings:
     """Plans one batch recompiles before announcing; larger fan-outs are announced first."""
     max_event_bytes: int = 1_000_000
     """Events larger than this are dead-lettered unread."""
+    max_record_bytes: int = 1_000_000
+    """Largest record the service publishes (the producer's max request size); larger plans go out compact."""
     session_timeout: float = 10.0
     """Seconds without heartbeats before the group drops a worker."""
     rebalance_timeout: float = 3.0
@@ -101,6 +103,7 @@ class Settings:
             batch_window=get("BATCH_WINDOW", base.batch_window, float),
             freshness_wait=get("FRESHNESS_WAIT", base.freshness_wait, float),
             max_event_bytes=get("MAX_EVENT_BYTES", base.max_event_bytes, int),
+            max_record_bytes=get("MAX_RECORD_BYTES", base.max_record_bytes, int),
             eager_recompile_limit=get("EAGER_RECOMPILE_LIMIT", base.eager_recompile_limit, int),
             revocation_lag_bound=get("REVOCATION_LAG_BOUND", base.revocation_lag_bound, float),
             session_timeout=get("SESSION_TIMEOUT", base.session_timeout, float),

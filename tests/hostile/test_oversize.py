@@ -1,0 +1,71 @@
+"""Finding 2: a record too large to publish never stops a worker; plans go out compact, the rest dead-lettered."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from tests.conftest import ATLAS_REQUEST, SCENARIOS
+
+pytestmark = pytest.mark.timeout(240)
+
+ADMITTED = ("facility-F102", "workflow-E88", "policy-P3")
+
+
+def _bloated(size: int) -> list[tuple[str, dict]]:
+    """New versions of the three items Atlas admits, each with `size` characters of content."""
+    lines = [orjson.loads(line) for line in (SCENARIOS / "atlas.jsonl").read_text().splitlines()]
+    out = []
+    for item in lines:
+        resource = item["event"].get("resource") or {}
+        if resource.get("id") in ADMITTED:
+            event = dict(item["event"], event_id=f"bloat-{resource['id']}",
+                         resource=dict(resource, version=2, content=resource["id"][0] * size))
+            out.append(("source-changes", event))
+    return out
+
+
+async def test_a_plan_larger_than_the_broker_accepts_goes_out_compact(worker):
+    loaded = await worker.load("atlas.jsonl")
+    before = await worker.select(ATLAS_REQUEST, loaded)
+    bloated = await worker.publish_events(*_bloated(400_000))  # three valid 400 KB updates
+    after = await worker.select(ATLAS_REQUEST, bloated)
+    assert after["plan_id"] != before["plan_id"]
+    assert sorted(len(item["content"]) for item in after["admitted"]) == [400_000] * 3  # callers get it all
+
+    published = await worker.records("plans", lambda rs: any(r["plan_id"] == after["plan_id"] for r in rs))
+    [compact] = [r for r in published if r["plan_id"] == after["plan_id"]]
+    assert all(item["content_omitted"] and len(item["content_sha256"]) == 64 and "content" not in item
+               for item in compact["admitted"])
+    announced = await worker.records("plan-invalidations",
+                                     lambda rs: any(r["plan_id"] == before["plan_id"] for r in rs))
+    assert all(r["successor_plan_id"] for r in announced if r["plan_id"] == before["plan_id"])
+
+    # A restart finds an empty outbox, not a record it dies on again.
+    worker.stop()
+    await worker.restart()
+    health = await worker.get("/healthz")
+    assert health["outbox"] == 0 and health["counters"]["outbound_compacted"] >= 1
+    assert (await worker.select(ATLAS_REQUEST, bloated))["plan_id"] == after["plan_id"]
+
+
+async def test_a_record_that_cannot_fit_even_compact_is_dead_lettered(worker):
+    worker.stop()
+    worker.env["FRESHPLAN_MAX_RECORD_BYTES"] = "2500"  # below any plan's compact form
+    await worker.restart()
+    loaded = await worker.load("atlas.jsonl")
+    plan = await worker.select(ATLAS_REQUEST, loaded)
+    letters = await worker.records("dead-letters", lambda rs: any(r["error_class"] == "record_too_large"
+                                                                   and r["outbound_key"] == plan["plan_id"]
+                                                                   for r in rs))
+    [letter] = [r for r in letters if r.get("outbound_key") == plan["plan_id"]]
+    assert letter["topic"].endswith("plans") and letter["original"] == "" and letter["original_size"] + 512 > 2500
+    for _ in range(50):
+        health = await worker.get("/healthz")
+        if health["outbox"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert health["outbox"] == 0 and health["counters"]["dead_letters.record_too_large"] >= 1
+    assert worker.proc.poll() is None
