@@ -16,12 +16,24 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.loader import publish, read_scenario
+from schemas.freshness import decode_token, encode_token
 from streams.broker import EmbeddedBroker, free_port
 from streams.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
 ATLAS_REQUEST = orjson.loads((SCENARIOS / "atlas-request.json").read_bytes())
+
+
+def freshest(*tokens: str) -> str:
+    """One token covering all of `tokens`: each publish's token names only the partitions it wrote to."""
+    merged: dict[str, dict[int, int]] = {}
+    for token in tokens:
+        for topic, parts in decode_token(token).items():
+            for partition, offset in parts.items():
+                here = merged.setdefault(topic, {})
+                here[partition] = max(here.get(partition, 0), offset)
+    return encode_token(merged)
 
 
 @pytest.fixture(scope="session")
