@@ -16,12 +16,28 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.loader import publish, read_scenario
+from schemas.freshness import encode_token, read_token
 from streams.broker import EmbeddedBroker, free_port
 from streams.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
 ATLAS_REQUEST = orjson.loads((SCENARIOS / "atlas-request.json").read_bytes())
+
+
+def freshest(*tokens: str) -> str:
+    """One token covering all of `tokens`: each publish's token names only the partitions it wrote to."""
+    merged: dict[str, dict[int, int]] = {}
+    clusters = set()
+    for token in tokens:
+        decoded = read_token(token)
+        clusters.add(decoded.cluster_id)
+        for topic, parts in decoded.offsets.items():
+            for partition, offset in parts.items():
+                here = merged.setdefault(topic, {})
+                here[partition] = max(here.get(partition, 0), offset)
+    [cluster] = clusters  # tokens of one broker incarnation only
+    return encode_token(merged, cluster)
 
 
 @pytest.fixture(scope="session")

@@ -7,16 +7,17 @@ import asyncio
 import orjson
 
 from tests.catalog_double import SCENARIOS
+from tests.conftest import freshest
 from tests.events import envelope
 
 PLANS = 200
 
 
 async def test_sigkill_mid_fan_out_loses_no_invalidation(worker):
-    await worker.load("atlas.jsonl")
+    loaded = await worker.load("atlas.jsonl")
     entities = [("source-changes", envelope(kind="entity", op="upsert", entity={"id": f"CO-{i}", "aliases": []}))
                 for i in range(PLANS)]
-    fresh = await worker.publish_events(*entities)
+    fresh = freshest(loaded, await worker.publish_events(*entities))
     requests = [{"decision_type": "credit.review.continuation", "principal": "maya",
                  "purpose": "annual_credit_review", "entity": f"CO-{i}", "budget": {"tokens": 500}}
                 for i in range(PLANS)]

@@ -7,7 +7,7 @@ import base64
 import orjson
 
 from tests.catalog_double import SCENARIOS
-from tests.conftest import ATLAS_REQUEST
+from tests.conftest import ATLAS_REQUEST, freshest
 from tests.events import resource, revoke_role
 
 PAYMENT = orjson.loads((SCENARIOS / "payment-request.json").read_bytes())
@@ -16,8 +16,7 @@ RESTRICTED_IDS = ["investigation-X9", "mailbox-sweep-481"]
 
 
 async def test_restricted_content_appears_nowhere(worker):
-    await worker.load("atlas.jsonl")
-    fresh = await worker.load("payment.jsonl")
+    fresh = freshest(await worker.load("atlas.jsonl"), await worker.load("payment.jsonl"))
     bodies = [await worker.select(ATLAS_REQUEST, fresh), await worker.select(PAYMENT, fresh),
               await worker.select(dict(ATLAS_REQUEST, principal="omar"), fresh)]
     fresh = await worker.publish_events(resource("approved-waiver-W2"), revoke_role("maya", "credit_analyst"))

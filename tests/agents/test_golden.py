@@ -7,6 +7,7 @@ import orjson
 from schemas.freshness import encode_token
 from bench.baselines import admissible_ids, plain_top_k, post_filtered_top_k, score
 from tests.catalog_double import SCENARIOS, MemoryCatalog
+from tests.conftest import freshest
 from tests.events import envelope
 
 PAYMENT = orjson.loads((SCENARIOS / "payment-request.json").read_bytes())
@@ -24,9 +25,8 @@ def delete(rid: str) -> tuple[str, dict]:
 
 
 async def test_seed_outcomes_through_the_service(worker):
-    fresh = None
-    for name in ("payment.jsonl", "screening.jsonl", "synthetic-topk.jsonl"):
-        fresh = await worker.load(name)
+    fresh = freshest(*[await worker.load(name) for name in ("payment.jsonl", "screening.jsonl",
+                                                             "synthetic-topk.jsonl")])
 
     # 000: EVSI under hard budgets.
     pay = await worker.select(PAYMENT, fresh)

@@ -12,7 +12,7 @@ from agents.query import QueryService
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
-from tests.events import resource, revoke_role
+from tests.events import resource, revoke_role, tick
 
 _offsets = itertools.count()
 
@@ -124,3 +124,91 @@ def test_a_principal_attribute_invalidates_only_when_some_policy_reads_it(setup)
     assert announced["plan_id"] == plan["plan_id"] and announced["reason"] == "principal_changed"
     after = query.select(ATLAS_REQUEST)
     assert "approved-waiver-W2" not in {a["resource_id"] for a in after["admitted"]}
+
+
+LIVE_REQUEST = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
+
+
+def test_a_claim_in_a_class_the_contract_does_not_accept_invalidates(setup):
+    state, inv, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    # A case note is no candidate by class, only by what it claims: only the claims key reaches the plan.
+    inv.apply([raw(*resource("rm-note-N8", cls="case_note", valid_to=None))])
+    status = query.plan_status(plan["plan_id"])
+    assert status["status"] == "invalidated" and status["reason"] == "scope_changed"
+    assert status["cause"]["dependency_key"] == "scope:ATLAS-IN-01/claims:waiver_valid"
+    after = query.select(ATLAS_REQUEST)
+    assert after["served_from"] == "cache" and after["plan_id"] == status["successor_plan_id"]
+    assert {"resource_id": "rm-note-N8", "reason": "wrong_evidence_class"} in after["rejected"]
+
+
+def test_a_tick_at_exactly_valid_from_invalidates_a_live_plan(setup):
+    state, inv, query = setup
+    inv.apply([raw(*resource("approved-waiver-W3", valid_from="2026-09-01T00:00:00Z", valid_to=None))])
+    plan = query.select(LIVE_REQUEST)
+    assert plan["valid_until"] == "2026-09-01T00:00:00Z"
+    assert "approved-waiver-W3" in {r["resource_id"] for r in plan["rejected"]}  # not yet applicable
+
+    inv.apply([raw(*tick("2026-08-31T23:59:59Z"))])
+    assert query.plan_status(plan["plan_id"])["status"] == "fresh"
+    inv.apply([raw(*tick("2026-09-01T00:00:00Z"))])
+    status = query.plan_status(plan["plan_id"])
+    assert status["status"] == "invalidated" and status["reason"] == "time_passed"
+    assert status["cause"]["dependency_key"] == "time:2026-09-01T00:00:00Z"
+    after = query.select(LIVE_REQUEST)
+    assert after["plan_id"] == status["successor_plan_id"]
+    assert "approved-waiver-W3" in {a["resource_id"] for a in after["admitted"]}
+
+
+def _maya_roles(event_id: str, roles: list[str]) -> tuple[str, dict]:
+    return "source-changes", {"event_id": event_id, "schema_version": 1, "occurred_at": "2026-08-30T10:00:00Z",
+                              "kind": "principal", "op": "upsert",
+                              "principal": {"id": "maya", "roles": roles, "delegation_version": 3,
+                                            "attributes": {"unit": "corporate-credit"}}}
+
+
+def test_a_replayed_principal_update_does_not_undo_a_later_one(setup):
+    state, inv, query = setup
+    grant = _maya_roles("maya-grant", ["credit_analyst", "financial_crime"])
+    inv.apply([raw(*grant)])
+    inv.apply([raw(*_maya_roles("maya-narrow", ["credit_analyst"]))])
+    inv.apply([raw(*grant)])  # the same event again, at a new offset (a producer retry, a re-published file)
+    assert state.catalog.principal("maya").roles == ("credit_analyst",)
+    assert query.select(ATLAS_REQUEST)["withheld"] == 1  # investigation-X9 stays out of her plan
+
+
+def test_a_principal_update_repeated_in_one_batch_does_not_undo_a_later_one(setup):
+    state, inv, query = setup
+    grant = _maya_roles("maya-grant", ["credit_analyst", "financial_crime"])
+    inv.apply([raw(*grant), raw(*_maya_roles("maya-narrow", ["credit_analyst"])), raw(*grant)])
+    assert state.catalog.principal("maya").roles == ("credit_analyst",)
+    assert query.select(ATLAS_REQUEST)["withheld"] == 1
+
+
+def test_a_batch_that_fails_after_saving_offsets_is_applied_when_retried(setup, monkeypatch):
+    state, inv, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    before = state.store.next_offsets()
+    claim = state.store.claim_events
+    calls = []
+
+    def fail_once(event_ids):  # runs after the batch's offsets are written, inside its transaction
+        calls.append(event_ids)
+        if len(calls) == 1:
+            raise RuntimeError("simulated failure after saving offsets")
+        return claim(event_ids)
+
+    monkeypatch.setattr(state.store, "claim_events", fail_once)
+    batch = [raw(*revoke_role("maya", "credit_analyst"), offset=500),
+             raw(*resource("approved-waiver-W2"), offset=900)]
+    inv.apply(batch)
+    assert len(calls[0]) == 2  # the whole batch failed once, then each event was retried alone
+    assert state.store.next_offsets()["revocations"][0] == 501
+    assert state.store.next_offsets()["source-changes"][0] == 901
+    assert before["source-changes"][0] < 900
+    # The retry applied both events instead of skipping them as already consumed.
+    assert state.catalog.principal("maya").roles == ()
+    assert "approved-waiver-W2" in {r.id for r in state.catalog.candidates(
+        "ATLAS-IN-01", state.catalog.contract("credit.review.continuation")[0])}
+    assert outbox(state, "dead-letters") == []
+    assert query.plan_status(plan["plan_id"])["status"] == "invalidated"

@@ -6,7 +6,7 @@ import asyncio
 
 import orjson
 
-from tests.conftest import ATLAS_REQUEST
+from tests.conftest import ATLAS_REQUEST, freshest
 from tests.events import resource, revoke_role, tick
 
 LIVE_REQUEST = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
@@ -86,8 +86,8 @@ async def test_revoking_the_role_invalidates_and_never_serves_old_items(worker):
 
 
 async def test_clock_past_valid_to_invalidates_live_plans_only(worker):
-    await worker.load("atlas.jsonl")
-    fresh = await worker.publish_events(resource("approved-waiver-W2"))
+    loaded = await worker.load("atlas.jsonl")  # its clock tick is what a live select needs
+    fresh = freshest(loaded, await worker.publish_events(resource("approved-waiver-W2")))
     live = await worker.select(LIVE_REQUEST, fresh)
     past = await worker.select(ATLAS_REQUEST, fresh)
     assert slot(live, "waiver_valid")["state"] == "supported"

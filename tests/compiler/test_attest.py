@@ -1,0 +1,75 @@
+"""Pass 6: dependency keys cover evidence that does not exist yet; live horizons are exact to the second."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import orjson
+import pytest
+
+from compiler.attest import scope_keys
+from compiler.pipeline import compile_request
+from tests.catalog_double import MemoryCatalog
+from tests.conftest import ATLAS_REQUEST
+from tests.events import resource
+
+NOW = datetime(2026, 8, 30, 9, tzinfo=timezone.utc)
+LIVE = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
+PROPOSITIONS = ["facility_limit", "review_open", "waiver_valid", "continuation_rule"]
+
+
+@pytest.fixture
+def atlas() -> MemoryCatalog:
+    return MemoryCatalog.from_scenario("atlas.jsonl")
+
+
+def test_a_plan_depends_on_claims_of_every_proposition_in_any_class(atlas):
+    deps = set(compile_request(ATLAS_REQUEST, atlas, NOW).dependencies)
+    assert {f"scope:ATLAS-IN-01/claims:{p}" for p in PROPOSITIONS} <= deps
+
+
+def test_a_new_resource_announces_the_claims_it_makes():
+    keys = scope_keys("ATLAS-IN-01", "case_note", ["waiver_valid", "review_open"])
+    assert set(keys) == {"scope:ATLAS-IN-01/case_note", "scope:ATLAS-IN-01/claims:waiver_valid",
+                         "scope:ATLAS-IN-01/claims:review_open"}
+
+
+def test_a_claim_in_an_unaccepted_class_changes_the_plan(atlas):
+    # Why the claims key matters: this case note is no candidate by class, yet it changes the plan.
+    before = compile_request(ATLAS_REQUEST, atlas, NOW)
+    atlas.apply(*_wire(resource("rm-note-N8", cls="case_note", valid_to=None)))
+    after = compile_request(ATLAS_REQUEST, atlas, NOW)
+    assert {"resource_id": "rm-note-N8", "reason": "wrong_evidence_class"} in after.plan["rejected"]
+    assert after.plan_id != before.plan_id
+    shared = set(before.dependencies) & set(scope_keys("ATLAS-IN-01", "case_note", ["waiver_valid"]))
+    assert shared == {"scope:ATLAS-IN-01/claims:waiver_valid"}
+
+
+def test_a_live_plan_before_valid_from_is_valid_until_exactly_valid_from(atlas):
+    starts = NOW + timedelta(days=2)
+    atlas.apply(*_wire(resource("approved-waiver-W3", valid_from=_fmt(starts), valid_to=None)))
+    plan = compile_request(LIVE, atlas, NOW)
+    assert plan.plan["valid_until"] == _fmt(starts) and plan.valid_until == starts
+    assert f"time:{_fmt(starts)}" in plan.dependencies
+    # The horizon is the first instant the outcome differs: the same plan a second before, a new one at it.
+    assert compile_request(LIVE, atlas, starts - timedelta(seconds=1)).plan_id == plan.plan_id
+    at = compile_request(LIVE, atlas, starts)
+    assert at.plan_id != plan.plan_id
+    assert "approved-waiver-W3" in {a["resource_id"] for a in at.plan["admitted"]}
+
+
+def test_a_live_plan_is_valid_until_one_second_after_valid_to(atlas):
+    ends = NOW + timedelta(days=2)
+    atlas.apply(*_wire(resource("approved-waiver-W3", valid_to=_fmt(ends))))
+    plan = compile_request(LIVE, atlas, NOW)
+    assert plan.plan["valid_until"] == _fmt(ends + timedelta(seconds=1))
+    assert compile_request(LIVE, atlas, ends).plan_id == plan.plan_id
+    assert compile_request(LIVE, atlas, ends + timedelta(seconds=1)).plan_id != plan.plan_id
+
+
+def _fmt(instant: datetime) -> str:
+    return instant.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _wire(item: tuple[str, dict]) -> tuple[str, bytes]:
+    return item[0], orjson.dumps(item[1])
