@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -198,6 +199,7 @@ class Invalidator:
             self._announce_first(touched, heads, now, counts)
             return
         heads = {k: (plan_id, orjson.loads(request), status) for k, (plan_id, request, status) in heads.items()}
+        visible = self._discoverable(touched, heads)
         view = CatalogSnapshot(state.catalog)
         view.prefetch([request for _, request, _ in heads.values()])
         current: list[CompiledPlan] = []
@@ -220,14 +222,15 @@ class Invalidator:
             if compiled is None:
                 dropped.append(plan_key)
             if status != "invalidated":  # an invalidated head was announced already; only its successor is due
-                row, source, entry = self._announcement(old_id, plan_key, dep_key, cause, compiled, now)
-                announcements.append(row)
-                sources.append(source)
+                rows, source, entry = self._announcement(old_id, plan_key, dep_key, cause, compiled, now,
+                                                         visible=visible.get(old_id))
+                announcements.extend(rows)
+                sources.extend([source] * len(rows))
                 invalidated.append(entry)
             if compiled is not None:
                 successors.append(compiled)
                 successor_sources.append((cause["topic"], cause["partition"], cause["offset"]))
-        counts["invalidations"] += len(announcements)
+        counts["invalidations"] += len(invalidated)
         state.outbox.add_many(announcements, sources, standby=self._standby)
         self.store_compiled(successors, now, counts, publish=True, sources=successor_sources)
         self.store_compiled(current, now, counts, publish=False)
@@ -249,21 +252,33 @@ class Invalidator:
             if self.on_compile:
                 self.on_compile(time.perf_counter() - started)
 
+    def _discoverable(self, touched: dict[str, tuple[str, dict]], heads: dict) -> dict[str, set[str]]:
+        """For plans touched through a resource key: the resource ids their principal may learn of."""
+        by_resource = [heads[k][0] for k, (dep_key, _) in touched.items()
+                       if k in heads and dep_key.startswith("resource:")]
+        return self.state.plans.discoverable(by_resource)
+
     def _announcement(self, old_id: str, plan_key: str, dep_key: str, cause: dict, compiled: CompiledPlan | None,
-                      now: datetime | None, memo: dict | None = None, quiet: bool = False
+                      now: datetime | None, memo: dict | None = None, quiet: bool = False,
+                      visible: set[str] | None = None,
                       ) -> tuple[tuple[str, bytes, bytes], tuple[str, int, int], tuple]:
         """The plan-invalidations record of one plan, its source position, and its plan-store update.
 
-        `memo` shares what plans of one batch have in common (cause, stamps) across a fan-out.
+        `memo` shares what plans of one batch have in common (cause, stamps) across a fan-out. A
+        resource the plan neither admitted nor rejected by name (withheld, or new) is not named
+        to the plan's subscribers: the cause says `resource:withheld`, and the full cause goes
+        to auditors on `receipts`.
         """
         memo = {} if memo is None else memo
-        shared = memo.get((id(cause), dep_key))
+        redact = dep_key.startswith("resource:") and dep_key[len("resource:"):] not in (visible or ())
+        shared = memo.get((id(cause), dep_key, redact))
         if shared is None:
             full_cause = {k: v for k, v in cause.items() if not k.startswith("_")}
             full_cause.update(topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
-            shared = memo[(id(cause), dep_key)] = (REASONS.get(dep_key.split(":", 1)[0], "source_changed"),
-                                                   full_cause)
-        reason, full_cause = shared
+            public = dict(full_cause, dependency_key="resource:withheld", event_id="withheld") if redact else full_cause
+            shared = memo[(id(cause), dep_key, redact)] = (REASONS.get(dep_key.split(":", 1)[0], "source_changed"),
+                                                           public, full_cause)
+        reason, public_cause, full_cause = shared
         if "stamps" not in memo:
             memo["stamps"] = (wall_now(), now and format_instant(now))
         stamp = cause.get("_timestamp")
@@ -271,14 +286,19 @@ class Invalidator:
             self.on_latency(max(0.0, time.time() - stamp))
         successor = compiled.plan_id if compiled else None
         record = {"schema_version": 1, "plan_id": old_id, "plan_key": plan_key, "reason": reason,
-                  "cause": full_cause, "invalidated_at": memo["stamps"][0], "as_of": memo["stamps"][1],
+                  "cause": public_cause, "invalidated_at": memo["stamps"][0], "as_of": memo["stamps"][1],
                   "successor_plan_id": successor}
         if not quiet:
             log.info("invalidated plan %s (%s)", old_id, reason,
-                     extra={"plan_id": old_id, "reason": reason, "dependency_key": dep_key,
-                            "event_id": cause["event_id"], "successor_plan_id": successor})
-        return ((self.topic_of("plan-invalidations"), old_id.encode(), orjson.dumps(record)),
-                (cause["topic"], cause["partition"], cause["offset"]), (old_id, reason, full_cause, successor))
+                     extra={"plan_id": old_id, "reason": reason, "dependency_key": public_cause["dependency_key"],
+                            "event_id": public_cause["event_id"], "successor_plan_id": successor})
+        rows = [(self.topic_of("plan-invalidations"), old_id.encode(), orjson.dumps(record))]
+        if public_cause is not full_cause:
+            audit = {"schema_version": 1, "kind": "invalidation", "plan_id": old_id, "reason": reason,
+                     "cause": full_cause, "invalidated_at": memo["stamps"][0], "successor_plan_id": successor}
+            audit["receipt_id"] = "rcpt-inv-" + hashlib.sha256(orjson.dumps(audit)).hexdigest()[:20]
+            rows.append((self.topic_of("receipts"), audit["receipt_id"].encode(), orjson.dumps(audit)))
+        return (rows, (cause["topic"], cause["partition"], cause["offset"]), (old_id, reason, public_cause, successor))
 
     def _announce_first(self, touched: dict[str, tuple[str, dict]], heads: dict, now: datetime | None,
                         counts: Counter[str]) -> None:
@@ -290,21 +310,22 @@ class Invalidator:
         rows, sources, invalidated, queued = [], [], [], []
         memo: dict = {}
         events: Counter[str] = Counter()
+        visible = self._discoverable(touched, heads)
         for plan_key, (dep_key, cause) in touched.items():
             if plan_key not in heads or heads[plan_key][2] == "invalidated":
                 continue  # no plan, or announced already and waiting in the queue
             events[cause["event_id"]] += 1
-            row, source, entry = self._announcement(heads[plan_key][0], plan_key, dep_key, cause, None, now,
-                                                    memo, quiet=True)
-            rows.append(row)
-            sources.append(source)
+            plan_rows, source, entry = self._announcement(heads[plan_key][0], plan_key, dep_key, cause, None, now,
+                                                          memo, quiet=True, visible=visible.get(heads[plan_key][0]))
+            rows.extend(plan_rows)
+            sources.extend([source] * len(plan_rows))
             invalidated.append(entry)
             queued.append((plan_key, *source))
         self.state.outbox.add_many(rows, sources, standby=self._standby)
         self.state.plans.invalidate_many(invalidated, now)
         self.state.queue.add_many(queued)
         self.queue_pending = self.queue_pending or bool(queued)
-        counts["invalidations"] += len(rows)
+        counts["invalidations"] += len(invalidated)
         counts["deferred_recompilations"] += len(queued)
         for event_id, n in events.items():  # one line per event: the plan ids are on the topic
             log.info("invalidated %d plans, successors to follow", n,

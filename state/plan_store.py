@@ -53,6 +53,18 @@ class PlanStore:
             return {key: (plan_id, request, status) for key, plan_id, request, status in rows}
         return {key: (plan_id, orjson.loads(request), status) for key, plan_id, request, status in rows}
 
+    def discoverable(self, plan_ids: list[str]) -> dict[str, set[str]]:
+        """Resource ids each plan's principal may learn of: what the plan admitted or rejected by name."""
+        if not plan_ids:
+            return {}
+        rows = self.db.execute("SELECT plan_id, plan FROM plans WHERE plan_id IN (SELECT unnest(?))",
+                               [list(set(plan_ids))]).fetchall()
+        out: dict[str, set[str]] = {}
+        for plan_id, text in rows:
+            plan = orjson.loads(text)
+            out[plan_id] = {item["resource_id"] for part in ("admitted", "rejected") for item in plan.get(part) or ()}
+        return out
+
     def set_successors(self, pairs: list[tuple[str, str]]) -> None:
         """Record successors found after the invalidation was announced: (old plan id, new plan id)."""
         pairs = [(old, new) for old, new in pairs if old != new]
