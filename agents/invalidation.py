@@ -113,14 +113,18 @@ class Invalidator:
                 self._dead_letter(m, exc.error_class, exc.message, counts)
         store.save_offsets(offsets)
         # The clock is idempotent by monotonicity; its ticks need no event-id ledger.
-        first_seen = store.claim_events([e.event_id for m, e in decoded if m.topic != "clock"])
+        verdicts = iter(store.claim_events([(m.topic, e.event_id, e.content_hash)
+                                            for m, e in decoded if m.topic != "clock"]))
         fresh: list[tuple[RawMessage, InputEvent]] = []
         for m, e in decoded:
-            if m.topic == "clock" or e.event_id in first_seen:
-                first_seen.discard(e.event_id)
+            verdict = "new" if m.topic == "clock" else next(verdicts)
+            if verdict == "new":
                 fresh.append((m, e))
-            else:
+            elif verdict == "duplicate":
                 counts["duplicate_events"] += 1
+            else:
+                self._dead_letter(m, "event_id_conflict", f"this event_id was already applied on {m.topic} "
+                                  "with different content; give every distinct event its own event_id", counts)
         keyed = self._apply_events(fresh, counts)
         touched = self._affected(keyed)
         self._recompile(touched, counts)

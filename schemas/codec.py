@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from functools import lru_cache
 from importlib import resources
@@ -86,7 +87,17 @@ def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str 
         raise
     except (ValueError, TypeError, KeyError) as exc:
         raise InvalidEvent("invalid_value", f"{topic} event {doc.get('event_id')!r}: {exc}") from None
-    return InputEvent(event_id=doc["event_id"], occurred_at=occurred, topic=topic, payload=payload)
+    return InputEvent(event_id=doc["event_id"], occurred_at=occurred, topic=topic, payload=payload,
+                      content_hash=content_hash(doc))
+
+
+def content_hash(doc: dict) -> str:
+    """Digest of what an event says, so a repeated id can be told from a conflicting one.
+
+    `occurred_at` is left out: a producer retry that restamps the time is the same event.
+    """
+    body = {k: v for k, v in doc.items() if k != "occurred_at"}
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
 def _opt_instant(value: str | None):

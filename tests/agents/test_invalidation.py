@@ -124,3 +124,30 @@ def test_a_principal_attribute_invalidates_only_when_some_policy_reads_it(setup)
     assert announced["plan_id"] == plan["plan_id"] and announced["reason"] == "principal_changed"
     after = query.select(ATLAS_REQUEST)
     assert "approved-waiver-W2" not in {a["resource_id"] for a in after["admitted"]}
+
+
+def _roles(event_id: str, roles: list[str]) -> tuple[str, dict]:
+    return "source-changes", {"event_id": event_id, "schema_version": 1, "occurred_at": "2026-08-30T10:00:00Z",
+                              "kind": "principal", "op": "upsert",
+                              "principal": {"id": "maya", "roles": roles, "delegation_version": 3}}
+
+
+def test_a_replayed_principal_update_does_not_undo_a_later_change(setup):
+    state, inv, _ = setup
+    first, later = _roles("p-1", ["credit_analyst", "auditor"]), _roles("p-2", ["auditor"])
+    inv.apply([raw(*first), raw(*later), raw(*first)])          # a repeat within one batch
+    assert state.catalog.principal("maya").roles == ("auditor",)
+    inv.apply([raw(*first)])                                    # and at a new offset
+    assert state.catalog.principal("maya").roles == ("auditor",)
+    assert state.store.counters()["duplicate_events"] == 2
+
+
+def test_an_id_reused_with_other_content_is_dead_lettered(setup):
+    state, inv, _ = setup
+    inv.apply([raw(*_roles("p-1", ["auditor"])), raw(*_roles("p-1", ["credit_analyst", "admin"]))])
+    [letter] = outbox(state, "dead-letters")
+    assert letter["error_class"] == "event_id_conflict" and "admin" not in letter["message"]
+    assert state.catalog.principal("maya").roles == ("auditor",)
+    inv.apply([raw(*_roles("p-1", ["admin"]))])
+    assert state.catalog.principal("maya").roles == ("auditor",)
+    assert state.store.counters()["dead_letters.event_id_conflict"] == 2
