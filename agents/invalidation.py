@@ -7,7 +7,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 import orjson
@@ -48,6 +48,11 @@ class RawMessage:
     """Broker timestamp in epoch seconds, for event-to-invalidation latency."""
 
 
+def _iso(span: timedelta) -> str:
+    """A span as an ISO 8601 duration of days and seconds."""
+    return f"P{span.days}D" + (f"T{span.seconds}S" if span.seconds else "")
+
+
 def wall_now() -> str:
     """Wall-clock time for `invalidated_at` stamps (latency is measured against it)."""
     return format_instant(datetime.now(timezone.utc))
@@ -57,10 +62,12 @@ class Invalidator:
     """Turns batches of input messages into state changes and outbox records, transactionally."""
 
     def __init__(self, state: LocalState, topic_of, max_event_bytes: int = 1_000_000,
-                 on_latency=None, on_compile=None, eager_limit: int = 500) -> None:
+                 on_latency=None, on_compile=None, eager_limit: int = 500,
+                 max_clock_jump: timedelta | None = timedelta(days=400)) -> None:
         self.state = state
         self.topic_of = topic_of  # logical name -> broker-side name
         self.max_event_bytes = max_event_bytes
+        self.max_clock_jump = max_clock_jump  # a tick further past now is refused; None: unbounded
         self.on_latency = on_latency  # seconds from an event's broker timestamp to its invalidation
         self.on_compile = on_compile  # seconds per recompilation
         self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
@@ -183,6 +190,11 @@ class Invalidator:
         if isinstance(payload, Revocation):
             return catalog.apply_revocation(payload)
         if isinstance(payload, ClockTick):
+            now = self.state.store.now()
+            # One wild tick must not move event time for good (later correct ticks would all regress).
+            if now is not None and self.max_clock_jump is not None and payload.now - now > self.max_clock_jump:
+                raise InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} past the "
+                                   "current now; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
             moved = self.state.store.advance_clock(payload.now, partition)
             if moved is None:
                 raise InvalidEvent("clock_regression", f"tick {format_instant(payload.now)} is older than the "

@@ -71,7 +71,8 @@ async def replay(settings: Settings, bootstrap: str, progress=None) -> dict:
         shutil.move(db, backup)
     state = LocalState.open(db)
     try:
-        invalidator = Invalidator(state, settings.topic, settings.max_event_bytes)
+        invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
+                                  max_clock_jump=settings.max_clock_jump)
         started = time.perf_counter()
         applied = {}
         for name in INPUT_TOPICS:

@@ -119,7 +119,7 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     topics = declare_topics(app, settings)
     state = LocalState.open(settings.db_path)
     invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
-                              eager_limit=settings.eager_recompile_limit)
+                              eager_limit=settings.eager_recompile_limit, max_clock_jump=settings.max_clock_jump)
     guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound)
     query = QueryService(state, invalidator, guard)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
+
+from schemas.timefmt import parse_duration
 
 INPUT_TOPICS = ("source-changes", "policy-versions", "revocations", "clock")
 OUTPUT_TOPICS = ("plan-invalidations", "plans", "receipts", "dead-letters")
@@ -44,6 +47,8 @@ class Settings:
     """Plans one batch recompiles before announcing; larger fan-outs are announced first."""
     max_event_bytes: int = 1_000_000
     """Events larger than this are dead-lettered unread."""
+    max_clock_jump: timedelta = timedelta(days=400)
+    """A clock tick further than this past the current now is dead-lettered (`clock_jump`)."""
     session_timeout: float = 10.0
     """Seconds without heartbeats before the group drops a worker."""
     rebalance_timeout: float = 3.0
@@ -101,6 +106,7 @@ class Settings:
             max_event_bytes=get("MAX_EVENT_BYTES", base.max_event_bytes, int),
             eager_recompile_limit=get("EAGER_RECOMPILE_LIMIT", base.eager_recompile_limit, int),
             revocation_lag_bound=get("REVOCATION_LAG_BOUND", base.revocation_lag_bound, float),
+            max_clock_jump=get("MAX_CLOCK_JUMP", base.max_clock_jump, parse_duration),
             session_timeout=get("SESSION_TIMEOUT", base.session_timeout, float),
             rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),
             log_level=get("LOG_LEVEL", base.log_level),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 
 import orjson
 import pytest
@@ -12,7 +13,8 @@ from agents.query import QueryService
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
-from tests.events import resource, revoke_role
+from schemas.timefmt import format_instant
+from tests.events import resource, revoke_role, tick
 
 _offsets = itertools.count()
 
@@ -151,3 +153,19 @@ def test_an_id_reused_with_other_content_is_dead_lettered(setup):
     inv.apply([raw(*_roles("p-1", ["admin"]))])
     assert state.catalog.principal("maya").roles == ("auditor",)
     assert state.store.counters()["dead_letters.event_id_conflict"] == 2
+
+
+def test_a_clock_jump_is_dead_lettered_and_the_first_tick_is_unbounded(setup, tmp_path):
+    state, inv, _ = setup
+    before = state.store.now()
+    inv.apply([raw(*tick("2206-08-30T00:00:00Z"))])
+    [letter] = outbox(state, "dead-letters")
+    assert letter["error_class"] == "clock_jump" and "P400D" in letter["message"]
+    assert state.store.now() == before
+    inv.apply([raw(*tick("2027-09-30T00:00:00Z"))])            # within 400 days of now: applied
+    assert format_instant(state.store.now()) == "2027-09-30T00:00:00Z"
+
+    empty = LocalState.open(tmp_path / "empty.duckdb")
+    Invalidator(empty, lambda name: name, max_clock_jump=timedelta(hours=1)).apply([raw(*tick("2206-08-30"))])
+    assert format_instant(empty.store.now()) == "2206-08-30T00:00:00Z"
+    empty.close()
