@@ -19,6 +19,7 @@ from agents.metrics import Metrics
 from agents.plan_feed import PlanFeed
 from agents.replica import Replica
 from agents.routes import register_routes
+from compiler.request import Limits
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
 from streams.admin import GroupOffsets
@@ -123,6 +124,8 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound)
     query = QueryService(state, invalidator, guard)
+    query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
+                          calls=settings.max_budget_calls)
     metrics = Metrics(state, query, guard)
     invalidator.on_latency = metrics.event_to_invalidation.observe
     invalidator.on_compile = metrics.compile_seconds.labels("recompile").observe

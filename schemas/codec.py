@@ -72,7 +72,11 @@ def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str 
         except orjson.JSONDecodeError as exc:
             raise InvalidEvent("malformed_json", f"not valid JSON: {exc}") from None
     if topic == "source-changes" and debezium.is_debezium(doc):
-        doc = debezium.from_debezium(doc)
+        try:
+            doc = debezium.from_debezium(doc)
+        except (ValueError, TypeError, KeyError, OverflowError, OSError):
+            raise InvalidEvent("invalid_value", "Debezium envelope with an unusable ts_ms or source "
+                               "position; check the connector's output") from None
     if not isinstance(doc, dict):
         raise InvalidEvent("schema_violation", f"{topic} event must be a JSON object")
     version = doc.get("schema_version")
@@ -85,7 +89,7 @@ def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str 
         occurred = parse_instant(doc["occurred_at"])
     except InvalidEvent:
         raise
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
         raise InvalidEvent("invalid_value", f"{topic} event {doc.get('event_id')!r}: {exc}") from None
     return InputEvent(event_id=doc["event_id"], occurred_at=occurred, topic=topic, payload=payload,
                       content_hash=content_hash(doc))

@@ -47,6 +47,12 @@ class Settings:
     """Plans one batch recompiles before announcing; larger fan-outs are announced first."""
     max_event_bytes: int = 1_000_000
     """Events larger than this are dead-lettered unread."""
+    max_query_bytes: int = 4096
+    """Longest select `query` in UTF-8 bytes; longer ones get 422 `field_too_large`."""
+    max_budget_tokens: int = 1_000_000_000
+    """Largest `budget.tokens` a select may ask for (422 `budget_too_large` beyond)."""
+    max_budget_calls: int = 1_000_000
+    """Largest `budget.calls` a select may ask for (422 `budget_too_large` beyond)."""
     max_clock_jump: timedelta = timedelta(days=400)
     """A clock tick further than this past the current now is dead-lettered (`clock_jump`)."""
     session_timeout: float = 10.0
@@ -106,6 +112,9 @@ class Settings:
             max_event_bytes=get("MAX_EVENT_BYTES", base.max_event_bytes, int),
             eager_recompile_limit=get("EAGER_RECOMPILE_LIMIT", base.eager_recompile_limit, int),
             revocation_lag_bound=get("REVOCATION_LAG_BOUND", base.revocation_lag_bound, float),
+            max_query_bytes=get("MAX_QUERY_BYTES", base.max_query_bytes, int),
+            max_budget_tokens=get("MAX_BUDGET_TOKENS", base.max_budget_tokens, int),
+            max_budget_calls=get("MAX_BUDGET_CALLS", base.max_budget_calls, int),
             max_clock_jump=get("MAX_CLOCK_JUMP", base.max_clock_jump, parse_duration),
             session_timeout=get("SESSION_TIMEOUT", base.session_timeout, float),
             rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),
