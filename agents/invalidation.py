@@ -344,6 +344,7 @@ class Invalidator:
                 row_sources += [sources[i] if sources else None] * 2
             state.outbox.add_many(rows, row_sources, standby=self._standby)
         counts["compilations"] += len(plans)
+        counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
 
     def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
         original = m.value or b""
