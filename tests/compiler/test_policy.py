@@ -47,7 +47,8 @@ def test_a_decimal_compared_with_an_operator_errors_and_denies():
 
 
 def test_decimal_methods_compare_floats_as_authors_expect():
-    text = PERMIT + 'forbid(principal, action, resource) when { resource.risk_score.greaterThanOrEqual(decimal("8.0")) };'
+    text = PERMIT + ('forbid(principal, action, resource) when '
+                     '{ resource.risk_score.greaterThanOrEqual(decimal("8.0")) };')
     assert verdict(text, item("risky", risk_score=9.5), item("edge", risk_score=8.0),
                    item("safe", risk_score=7.99)) == ([False, False, True], [False, False, False])
 
