@@ -8,7 +8,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 import orjson
@@ -50,6 +50,11 @@ class RawMessage:
     """Broker timestamp in epoch seconds, for event-to-invalidation latency."""
 
 
+def _iso(span: timedelta) -> str:
+    """A span as an ISO 8601 duration of days and seconds."""
+    return f"P{span.days}D" + (f"T{span.seconds}S" if span.seconds else "")
+
+
 def wall_now() -> str:
     """Wall-clock time for `invalidated_at` stamps (latency is measured against it)."""
     return format_instant(datetime.now(timezone.utc))
@@ -59,10 +64,12 @@ class Invalidator:
     """Turns batches of input messages into state changes and outbox records, transactionally."""
 
     def __init__(self, state: LocalState, topic_of, max_event_bytes: int = 1_000_000,
-                 on_latency=None, on_compile=None, eager_limit: int = 500) -> None:
+                 on_latency=None, on_compile=None, eager_limit: int = 500,
+                 max_clock_jump: timedelta | None = timedelta(days=400)) -> None:
         self.state = state
         self.topic_of = topic_of  # logical name -> broker-side name
         self.max_event_bytes = max_event_bytes
+        self.max_clock_jump = max_clock_jump  # a tick further past now is refused; None: unbounded
         self.on_latency = on_latency  # seconds from an event's broker timestamp to its invalidation
         self.on_compile = on_compile  # seconds per recompilation
         self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
@@ -118,14 +125,18 @@ class Invalidator:
         store.save_offsets(offsets, {pos: (o, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))
                                      for pos, (o, m) in marks.items()})
         # The clock is idempotent by monotonicity; its ticks need no event-id ledger.
-        first_seen = store.claim_events([e.event_id for m, e in decoded if m.topic != "clock"])
+        verdicts = iter(store.claim_events([(m.topic, e.event_id, e.content_hash)
+                                            for m, e in decoded if m.topic != "clock"]))
         fresh: list[tuple[RawMessage, InputEvent]] = []
         for m, e in decoded:
-            if m.topic == "clock" or e.event_id in first_seen:
-                first_seen.discard(e.event_id)
+            verdict = "new" if m.topic == "clock" else next(verdicts)
+            if verdict == "new":
                 fresh.append((m, e))
-            else:
+            elif verdict == "duplicate":
                 counts["duplicate_events"] += 1
+            else:
+                self._dead_letter(m, "event_id_conflict", f"this event_id was already applied on {m.topic} "
+                                  "with different content; give every distinct event its own event_id", counts)
         keyed = self._apply_events(fresh, counts)
         touched = self._affected(keyed)
         self._recompile(touched, counts)
@@ -184,6 +195,11 @@ class Invalidator:
         if isinstance(payload, Revocation):
             return catalog.apply_revocation(payload)
         if isinstance(payload, ClockTick):
+            now = self.state.store.now()
+            # One wild tick must not move event time for good (later correct ticks would all regress).
+            if now is not None and self.max_clock_jump is not None and payload.now - now > self.max_clock_jump:
+                raise InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} past the "
+                                   "current now; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
             moved = self.state.store.advance_clock(payload.now, partition)
             if moved is None:
                 raise InvalidEvent("clock_regression", f"tick {format_instant(payload.now)} is older than the "
@@ -355,6 +371,7 @@ class Invalidator:
                 row_sources += [sources[i] if sources else None] * 2
             state.outbox.add_many(rows, row_sources, standby=self._standby)
         counts["compilations"] += len(plans)
+        counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
 
     def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
         original = m.value or b""

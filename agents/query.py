@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from compiler.pipeline import compile_request
-from compiler.request import parse_request, plan_key
+from compiler.request import Limits, parse_request, plan_key
 from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
 from agents.invalidation import Invalidator
@@ -23,6 +23,7 @@ class QueryService:
         self.guard = guard  # a LagWatcher; None only where no broker exists (unit tests)
         self.on_compile = None  # seconds per compilation on the read path
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
+        self.limits = Limits()  # largest request fields a select accepts
 
     def token(self) -> str:
         """Freshness token of the state as it is now."""
@@ -34,7 +35,7 @@ class QueryService:
         state = self.state
         if isinstance(doc, dict):
             doc = {k: v for k, v in doc.items() if k != "at_least_as_fresh"}
-        request = parse_request(doc)
+        request = parse_request(doc, self.limits)
         degraded: list[str] = []
         if self.guard is not None:
             self.guard.check()

@@ -74,7 +74,8 @@ async def replay(settings: Settings, bootstrap: str, progress=None) -> dict:
     try:
         with state.store.transaction():
             state.store.record_cluster(await read_cluster_id(bootstrap))
-        invalidator = Invalidator(state, settings.topic, settings.max_event_bytes)
+        invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
+                                  max_clock_jump=settings.max_clock_jump)
         started = time.perf_counter()
         applied = {}
         for name in INPUT_TOPICS:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from faust import web
 
 from compiler.errors import RequestError
+from compiler.request import decode_body
 from schemas.freshness import BadToken, covers, read_token
 from streams.settings import INPUT_TOPICS
 
@@ -32,10 +33,9 @@ def register_routes(app, worker: "Worker") -> None:
     class Select(web.View):
         async def post(self, request: web.Request) -> web.Response:
             try:
-                body: Any = await request.json()
-            except ValueError:
-                return error(self, 400, "malformed_json", "The request body is not valid JSON; send a "
-                             "JSON object with decision_type, principal, purpose and entity.")
+                body: Any = decode_body(await request.read(), worker.query.limits)
+            except RequestError as exc:
+                return self.json(exc.as_dict(), status=exc.status)
             wanted = body.get("at_least_as_fresh") if isinstance(body, dict) else None
             if wanted:
                 try:

@@ -19,6 +19,7 @@ from agents.metrics import Metrics
 from agents.plan_feed import PlanFeed
 from agents.replica import Replica
 from agents.routes import register_routes
+from compiler.request import Limits
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
@@ -149,10 +150,12 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
                                        frozenset({settings.topic("plans"), settings.topic("receipts")}))
     invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
-                              eager_limit=settings.eager_recompile_limit)
+                              eager_limit=settings.eager_recompile_limit, max_clock_jump=settings.max_clock_jump)
     guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound)
     query = QueryService(state, invalidator, guard)
+    query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
+                          calls=settings.max_budget_calls)
     metrics = Metrics(state, query, guard)
     invalidator.on_latency = metrics.event_to_invalidation.observe
     invalidator.on_compile = metrics.compile_seconds.labels("recompile").observe

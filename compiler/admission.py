@@ -28,6 +28,8 @@ class Admission:
     """(resource id, reason class) for permitted but unusable resources."""
     withheld: tuple[str, ...]
     """Ids Cedar denied; counted to the caller, named only in the receipt."""
+    policy_errors: int = 0
+    """Candidates withheld because some policy failed to evaluate for them (errors deny)."""
 
 
 def applicable_at(resource: Resource, when: datetime) -> bool:
@@ -59,12 +61,12 @@ def admit(candidates: Sequence[Resource], *, entity_id: str, principal: Principa
           contract: Contract, policy: CompiledPolicy, purpose: str,
           decision_time: datetime) -> Admission:
     """Validate every candidate: Cedar in one batch, then subject, time, freshness, class."""
-    allowed = authorise(policy, principal, candidates, purpose=purpose,
+    verdict = authorise(policy, principal, candidates, purpose=purpose,
                         decision_type=contract.decision_type, decision_time=decision_time)
     typed: list[tuple[Resource, frozenset[str]]] = []
     rejected: list[tuple[str, str]] = []
     withheld: list[str] = []
-    for resource, ok in zip(candidates, allowed, strict=True):
+    for resource, ok in zip(candidates, verdict.allowed, strict=True):
         if not ok:
             withheld.append(resource.id)
         elif resource.entity != entity_id:
@@ -81,4 +83,4 @@ def admit(candidates: Sequence[Resource], *, entity_id: str, principal: Principa
                 typed.append((resource, props))
             else:
                 rejected.append((resource.id, WRONG_EVIDENCE_CLASS))
-    return Admission(tuple(typed), tuple(sorted(rejected)), tuple(sorted(withheld)))
+    return Admission(tuple(typed), tuple(sorted(rejected)), tuple(sorted(withheld)), sum(verdict.errors))

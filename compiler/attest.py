@@ -9,6 +9,7 @@ from typing import Iterable, Sequence
 import orjson
 
 from schemas.records import Contract, Resource
+from schemas.timefmt import add_or_none
 
 # Validity is inclusive to the second, so a plan changes one second after `valid_to`.
 _RESOLUTION = timedelta(seconds=1)
@@ -51,8 +52,15 @@ def next_change(candidates: Sequence[Resource], contract: Contract, after: datet
     for r in candidates:
         if r.valid_from is not None:
             instants.append(r.valid_from)
-            instants.extend(r.valid_from + w + _RESOLUTION for w in windows)
+            instants.extend(_second_after(r.valid_from, w) for w in windows)
         if r.valid_to is not None:
-            instants.append(r.valid_to + _RESOLUTION)
-    future = [t for t in instants if t > after]
+            # A valid_to in the last second of 9999 ends after every representable instant: no change.
+            instants.append(_second_after(r.valid_to))
+    future = [t for t in instants if t is not None and t > after]
     return min(future) if future else None
+
+
+def _second_after(instant: datetime, span: timedelta = timedelta(0)) -> datetime | None:
+    """The first second past `instant + span`, or None when that is past every representable instant."""
+    end = add_or_none(instant, span)
+    return None if end is None else add_or_none(end, _RESOLUTION)

@@ -136,6 +136,7 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
         + [{"resource_id": i, "reason": "not_authorised"} for i in admission.withheld],
         "slots": [s.as_dict() for s in slots], "state": state, "stop_reason": stop,
         "budget_spent": spent, "dependencies": deps, "decision": report,
+        "policy_errors": admission.policy_errors,
     }
     receipt_id = digest(receipt, prefix="rcpt-")
     receipt["receipt_id"] = receipt_id

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields, is_dataclass
 from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any, Sequence
 
 import cedarpy
+from cedarpy import pst
 
 from compiler.errors import PolicyError
 from schemas.records import PolicyBundle, Principal, Resource
 from schemas.timefmt import epoch_seconds
+
+_LONG = (-(2**63), 2**63 - 1)
+_DECIMAL_STEP = Decimal("0.0001")  # Cedar decimals carry four fractional digits
+_DECIMAL_MAX = Decimal("922337203685477.5807")
+_ORDERING = {"less": "lessThan", "less_eq": "lessThanOrEqual", "greater": "greaterThan",
+             "greater_eq": "greaterThanOrEqual"}
+_DECIMAL_METHODS = {"decimal_less_than", "decimal_less_eq", "decimal_greater", "decimal_greater_eq"}
+_ESCAPES = {"__entity", "__extn", "__expr"}  # keys Cedar's JSON reads as entity or extension values
 
 
 @dataclass(frozen=True)
@@ -30,54 +41,161 @@ class CompiledPolicy:
     """The cedarpy PolicySet handle."""
 
 
-def compile_policy(bundle: PolicyBundle) -> CompiledPolicy:
-    """Parse a bundle's Cedar text; raise PolicyError when it does not parse."""
+@dataclass(frozen=True)
+class Authorisation:
+    """Cedar's answer for a batch of candidates."""
+
+    allowed: tuple[bool, ...]
+    """Per candidate, in order: True only for a clean Allow (any evaluation error denies)."""
+    errors: tuple[bool, ...]
+    """Per candidate: whether some policy failed to evaluate for it (or it could not be expressed)."""
+
+
+class Unrepresentable(ValueError):
+    """An attribute value Cedar cannot hold faithfully; the candidate carrying it is denied."""
+
+
+def compile_policy(bundle: PolicyBundle, strict: bool = True) -> CompiledPolicy:
+    """Parse a bundle's Cedar text; raise PolicyError when it does not parse or cannot evaluate.
+
+    `strict` adds the static checks (comparisons that always fail); a bundle stored before
+    those checks existed is loaded without them and still fails closed when it errors.
+    """
     try:
         handle = cedarpy.PolicySet.from_str(bundle.cedar)
     except ValueError as exc:
         raise PolicyError(f"Cedar bundle {bundle.bundle_id} v{bundle.version} does not parse: {exc}") from None
+    if strict:
+        problem = static_problem(bundle.cedar)
+        if problem:
+            raise PolicyError(f"Cedar bundle {bundle.bundle_id} v{bundle.version} cannot evaluate: {problem}")
     digest = hashlib.sha256(bundle.cedar.encode()).hexdigest()
     return CompiledPolicy(bundle.bundle_id, bundle.version, digest, bundle.effective_at, handle)
 
 
-def _cedar_value(value: Any) -> Any:
-    """Cedar has no floats or nulls; tuples become sets, floats become strings."""
-    if isinstance(value, (list, tuple)):
-        return [_cedar_value(v) for v in value if v is not None]
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {k: _cedar_value(v) for k, v in value.items() if v is not None}
+def static_problem(text: str) -> str | None:
+    """The first expression of a parsed bundle that errors whatever the data, or None.
+
+    Numbers with a fraction reach Cedar as `decimal` values, which `<`, `<=`, `>` and `>=` do
+    not order; a bundle must compare them with `.lessThan(decimal("8.0"))` and the like.
+    """
+    try:
+        tree = cedarpy.policies_to_pst(text)
+    except ValueError:
+        return None  # syntax newer than cedarpy's tree: evaluation errors still deny
+    stack: list[Any] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, pst.BinaryOp):
+            sides = (node.left, node.right)
+            if node.op in _ORDERING and any(_is_decimal_literal(s) for s in sides):
+                return (f"`{_ORDERING[node.op]}` is needed to compare a decimal; the operator form "
+                        "orders only integers, datetimes and durations")
+            if node.op in _DECIMAL_METHODS and any(isinstance(s, pst.LongLit) for s in sides):
+                return "a decimal comparison against an integer literal; write decimal(\"8.0\") instead of 8"
+        if isinstance(node, pst.UnaryOp) and node.op == "decimal" and isinstance(node.arg, pst.StringLit):
+            if not _valid_decimal_literal(node.arg.value):
+                return "a decimal literal with more than four fractional digits or out of range"
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, tuple):
+            stack.extend(node)
+        elif is_dataclass(node) and not isinstance(node, type):
+            stack.extend(getattr(node, f.name) for f in fields(node))
+    return None
+
+
+def _is_decimal_literal(node: Any) -> bool:
+    return isinstance(node, pst.UnaryOp) and node.op == "decimal"
+
+
+def _valid_decimal_literal(text: str) -> bool:
+    whole, dot, fraction = text.partition(".")
+    try:
+        return bool(dot) and 1 <= len(fraction) <= 4 and abs(Decimal(text)) <= _DECIMAL_MAX and (
+            whole.lstrip("-").isdigit() and fraction.isdigit())
+    except InvalidOperation:
+        return False
+
+
+def cedar_value(value: Any) -> Any:
+    """A JSON value as Cedar JSON: integers are Longs, other numbers decimals, lists sets.
+
+    Nulls are left out (a policy reading one errors, and errors deny); anything Cedar cannot
+    hold faithfully raises Unrepresentable.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        if not _LONG[0] <= value <= _LONG[1]:
+            raise Unrepresentable("an integer outside Cedar's 64-bit Long")
+        return value
     if isinstance(value, float):
-        return str(value)
-    return value
+        if not math.isfinite(value):
+            raise Unrepresentable("a number that is not finite")
+        exact = Decimal(repr(value))
+        if abs(exact) > _DECIMAL_MAX:
+            raise Unrepresentable("a number outside Cedar's decimal range")
+        # Cedar keeps four fractional digits; finer digits round half to even.
+        rounded = exact.quantize(_DECIMAL_STEP, rounding=ROUND_HALF_EVEN)
+        return {"__extn": {"fn": "decimal", "arg": format(rounded, "f")}}
+    if isinstance(value, (list, tuple)):
+        return [cedar_value(v) for v in value if v is not None]
+    if isinstance(value, dict) or hasattr(value, "items"):
+        if _ESCAPES & set(value):
+            raise Unrepresentable("a record using Cedar's reserved escape keys")
+        return {k: cedar_value(v) for k, v in value.items() if v is not None}
+    raise Unrepresentable(f"a value of type {type(value).__name__}")
 
 
 def principal_entity(principal: Principal) -> dict:
     """The Cedar entity of a principal: its attributes plus `roles` as a set."""
-    attrs = _cedar_value(dict(principal.attributes))
+    attrs = cedar_value(dict(principal.attributes))
     attrs["roles"] = list(principal.roles)
-    attrs["delegation_version"] = principal.delegation_version
+    attrs["delegation_version"] = cedar_value(principal.delegation_version)
     return {"uid": {"type": "User", "id": principal.id}, "attrs": attrs, "parents": []}
 
 
 def resource_entity(resource: Resource) -> dict:
     """The Cedar entity of a resource: its attributes plus entity, evidence class, sensitivity."""
-    attrs = _cedar_value(dict(resource.attributes))
+    attrs = cedar_value(dict(resource.attributes))
     attrs.update(entity=resource.entity, evidence_class=resource.evidence_class,
                  sensitivity=resource.sensitivity)
     return {"uid": {"type": "Resource", "id": resource.id}, "attrs": attrs, "parents": []}
 
 
 def authorise(policy: CompiledPolicy, principal: Principal, resources: Sequence[Resource], *,
-              purpose: str, decision_type: str, decision_time: datetime) -> list[bool]:
-    """Cedar's decision for `use` of each resource, in one batch; errors deny."""
+              purpose: str, decision_type: str, decision_time: datetime) -> Authorisation:
+    """Cedar's decision for `use` of each resource, in one batch.
+
+    Fail closed: a candidate is allowed only on a clean Allow. Cedar skips a policy that errors
+    (so a forbid that errors would let a permit win); here any error denies the candidate.
+    """
     if not resources:
-        return []
-    entities = [principal_entity(principal)] + [resource_entity(r) for r in resources]
+        return Authorisation((), ())
+    denied = (False,) * len(resources)
+    try:
+        user = principal_entity(principal)
+    except Unrepresentable:
+        return Authorisation(denied, (True,) * len(resources))
+    entities, usable = [user], []
+    for i, r in enumerate(resources):
+        try:
+            entities.append(resource_entity(r))
+            usable.append(i)
+        except Unrepresentable:
+            pass
     context = {"purpose": purpose, "decision_type": decision_type,
                "decision_time": epoch_seconds(decision_time)}
-    user = {"type": "User", "id": principal.id}
     action = {"type": "Action", "id": "use"}
-    requests = [{"principal": user, "action": action, "resource": {"type": "Resource", "id": r.id},
-                 "context": context} for r in resources]
-    results = cedarpy.is_authorized_batch(requests, policy.policy_set, entities)
-    return [result.decision == cedarpy.Decision.Allow for result in results]
+    requests = [{"principal": user["uid"], "action": action,
+                 "resource": {"type": "Resource", "id": resources[i].id}, "context": context} for i in usable]
+    allowed, errors = list(denied), [True] * len(resources)
+    try:
+        results = cedarpy.is_authorized_batch(requests, policy.policy_set, entities) if requests else []
+    except Exception:  # noqa: BLE001 - whatever the engine raises, nothing is admitted
+        return Authorisation(denied, tuple(errors))
+    for i, result in zip(usable, results, strict=True):
+        errors[i] = bool(result.diagnostics.errors) or result.decision == cedarpy.Decision.NoDecision
+        allowed[i] = result.decision == cedarpy.Decision.Allow and not errors[i]
+    return Authorisation(tuple(allowed), tuple(errors))

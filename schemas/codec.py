@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from functools import lru_cache
 from importlib import resources
@@ -71,7 +72,11 @@ def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str 
         except orjson.JSONDecodeError as exc:
             raise InvalidEvent("malformed_json", f"not valid JSON: {exc}") from None
     if topic == "source-changes" and debezium.is_debezium(doc):
-        doc = debezium.from_debezium(doc)
+        try:
+            doc = debezium.from_debezium(doc)
+        except (ValueError, TypeError, KeyError, OverflowError, OSError):
+            raise InvalidEvent("invalid_value", "Debezium envelope with an unusable ts_ms or source "
+                               "position; check the connector's output") from None
     if not isinstance(doc, dict):
         raise InvalidEvent("schema_violation", f"{topic} event must be a JSON object")
     version = doc.get("schema_version")
@@ -84,9 +89,19 @@ def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str 
         occurred = parse_instant(doc["occurred_at"])
     except InvalidEvent:
         raise
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
         raise InvalidEvent("invalid_value", f"{topic} event {doc.get('event_id')!r}: {exc}") from None
-    return InputEvent(event_id=doc["event_id"], occurred_at=occurred, topic=topic, payload=payload)
+    return InputEvent(event_id=doc["event_id"], occurred_at=occurred, topic=topic, payload=payload,
+                      content_hash=content_hash(doc))
+
+
+def content_hash(doc: dict) -> str:
+    """Digest of what an event says, so a repeated id can be told from a conflicting one.
+
+    `occurred_at` is left out: a producer retry that restamps the time is the same event.
+    """
+    body = {k: v for k, v in doc.items() if k != "occurred_at"}
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
 def _opt_instant(value: str | None):

@@ -6,6 +6,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 _OPS = {"c": "upsert", "u": "upsert", "r": "upsert", "d": "delete"}
+# Source fields that together name one change, by the field that identifies the connector's
+# position (MySQL binlog file and offset and row, SQL Server and Oracle change numbers, Postgres LSN).
+_POSITIONS = (("file", ("file", "pos", "row")), ("change_lsn", ("change_lsn", "commit_lsn", "event_serial_no")),
+              ("commit_lsn", ("change_lsn", "commit_lsn", "event_serial_no")), ("scn", ("scn", "commit_scn")),
+              ("lsn", ("lsn", "txId")))
+# The connector's software version is no part of where a change came from.
+_VOLATILE = {"version"}
 
 
 def is_debezium(doc: Any) -> bool:
@@ -31,12 +38,27 @@ def from_debezium(doc: dict[str, Any]) -> dict[str, Any]:
     row = dict(row)
     kind = row.pop("kind", "resource")
     source = doc.get("source") or {}
-    position = source.get("lsn") or source.get("pos") or source.get("gtid") or doc.get("ts_ms")
+    position = source_position(source) or str(doc.get("ts_ms"))
     event_id = f"dbz:{source.get('table', kind)}:{row.get('id')}:{position}:{doc['op']}"
     ts_ms = doc.get("ts_ms") or source.get("ts_ms") or 0
     occurred = datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
     return {"event_id": event_id, "schema_version": 1, "occurred_at": occurred,
             "kind": kind, "op": op, kind: row}
+
+
+def source_position(source: Any) -> str:
+    """The full source position of a change: every field the connector needs to name it uniquely.
+
+    `mysql-bin.000002:154` and `mysql-bin.000001:154` are different changes; an unknown
+    connector's position is all of its scalar source fields but its software version.
+    """
+    if not isinstance(source, dict):
+        return ""
+    for marker, names in _POSITIONS:
+        if source.get(marker) is not None:
+            return ":".join(f"{source[n]}" for n in names if source.get(n) is not None)
+    return ":".join(f"{k}={v}" for k, v in sorted(source.items())
+                    if k not in _VOLATILE and v is not None and not isinstance(v, (dict, list)))
 
 
 def tombstone(key: bytes | None, position: str) -> dict[str, Any] | None:

@@ -7,7 +7,8 @@ class InvalidEvent(ValueError):
     """An input event that cannot be applied; it goes to `dead-letters` with this reason.
 
     `error_class` is machine-readable (malformed_json, schema_violation,
-    unknown_schema_version, oversized, invalid_value, invalid_policy); the message says
+    unknown_schema_version, oversized, invalid_value, invalid_policy, clock_regression,
+    clock_jump, event_id_conflict, ...); the message says
     what to fix in the producer.
     """
 

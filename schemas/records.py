@@ -181,3 +181,5 @@ class InputEvent:
     """Logical topic name (without prefix)."""
     payload: Payload
     """The typed payload."""
+    content_hash: str = ""
+    """Digest of the event without `occurred_at`: tells a repeat of an id from a conflicting reuse."""

@@ -258,7 +258,7 @@ class Catalog:
         body, bundle_id, version, effective_at, cedar = row
         policy = self._policies.get((bundle_id, version))
         if policy is None:  # first use after a restart: parse once, then reuse
-            policy = compile_policy(PolicyBundle(bundle_id, version, effective_at, cedar, ()))
+            policy = compile_policy(PolicyBundle(bundle_id, version, effective_at, cedar, ()), strict=False)
             self._policies[(bundle_id, version)] = policy
         return contract_from(decision_type, orjson.loads(body)), policy
 

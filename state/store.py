@@ -55,7 +55,8 @@ CREATE TABLE IF NOT EXISTS offset_marks (topic VARCHAR, partition INTEGER, recor
   PRIMARY KEY (topic, partition));
 CREATE TABLE IF NOT EXISTS incarnation (id INTEGER PRIMARY KEY, cluster_id VARCHAR, epoch BIGINT,
   rebased_at TIMESTAMPTZ);
-CREATE TABLE IF NOT EXISTS applied_events (event_id VARCHAR PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS applied_events (topic VARCHAR, event_id VARCHAR, content_hash VARCHAR,
+  PRIMARY KEY (topic, event_id));
 CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY, now TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 """
@@ -86,6 +87,19 @@ class Store:
                             "ALTER TABLE outbox ADD COLUMN src_partition INTEGER; "
                             "ALTER TABLE outbox ADD COLUMN src_offset BIGINT; "
                             "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; UPDATE outbox SET standby = false")
+        self._migrate_event_ids()
+
+    def _migrate_event_ids(self) -> None:
+        """Event ids were once global: keep them as ids of every topic (topic '') with no known content."""
+        columns = {r[0] for r in self.db.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'applied_events'").fetchall()}
+        if "topic" in columns:
+            return
+        self.db.execute("ALTER TABLE applied_events RENAME TO applied_events_global; "
+                        "CREATE TABLE applied_events (topic VARCHAR, event_id VARCHAR, content_hash VARCHAR, "
+                        "PRIMARY KEY (topic, event_id)); "
+                        "INSERT INTO applied_events SELECT '', event_id, NULL FROM applied_events_global; "
+                        "DROP TABLE applied_events_global")
 
     def close(self) -> None:
         """Checkpoint and close the file."""
@@ -197,16 +211,40 @@ class Store:
                         [topics])
         return epoch
 
-    def claim_events(self, event_ids: list[str]) -> set[str]:
-        """The ids seen for the first time (first occurrence in the list wins); records them."""
-        unique = list(dict.fromkeys(event_ids))
-        if not unique:
-            return set()
-        seen = {r[0] for r in self.db.execute(
-            "SELECT event_id FROM applied_events WHERE event_id IN (SELECT unnest(?))", [unique]).fetchall()}
-        new = [e for e in unique if e not in seen]
-        self.insert_rows("applied_events", pa.table({"event_id": new}), verb="INSERT INTO")
-        return set(new)
+    def claim_events(self, events: list[tuple[str, str, str]]) -> list[str]:
+        """Classify (topic, event id, content hash) triples in order and record the new ones.
+
+        Each gets `new` (first time on that topic), `duplicate` (seen with the same content, in
+        this list or before) or `conflict` (the id was seen on that topic with other content).
+        Ids recorded before ids were scoped by topic match any topic and count as duplicates.
+        """
+        if not events:
+            return []
+        ids = list({e for _, e, _ in events})
+        known: dict[tuple[str, str], str | None] = {}
+        legacy: set[str] = set()
+        for topic, event_id, digest in self.db.execute(
+                "SELECT topic, event_id, content_hash FROM applied_events WHERE event_id IN (SELECT unnest(?)) "
+                "AND topic IN (SELECT unnest(?))", [ids, list({t for t, _, _ in events} | {""})]).fetchall():
+            if topic == "":
+                legacy.add(event_id)
+            else:
+                known[(topic, event_id)] = digest
+        verdicts: list[str] = []
+        new: list[tuple[str, str, str]] = []
+        for topic, event_id, digest in events:
+            if (topic, event_id) not in known and event_id not in legacy:
+                known[(topic, event_id)] = digest
+                new.append((topic, event_id, digest))
+                verdicts.append("new")
+            elif event_id in legacy and (topic, event_id) not in known:
+                verdicts.append("duplicate")
+            else:
+                verdicts.append("duplicate" if known[(topic, event_id)] == digest else "conflict")
+        rows = pa.table({"topic": [t for t, _, _ in new], "event_id": [e for _, e, _ in new],
+                         "content_hash": [d for _, _, d in new]})
+        self.insert_rows("applied_events", rows, verb="INSERT INTO")
+        return verdicts
 
     # -- clock -------------------------------------------------------------------------
 

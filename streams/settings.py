@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
+
+from schemas.timefmt import parse_duration
 
 INPUT_TOPICS = ("source-changes", "policy-versions", "revocations", "clock")
 OUTPUT_TOPICS = ("plan-invalidations", "plans", "receipts", "dead-letters")
@@ -46,6 +49,14 @@ class Settings:
     """Events larger than this are dead-lettered unread."""
     max_record_bytes: int = 1_000_000
     """Largest record the service publishes (the producer's max request size); larger plans go out compact."""
+    max_query_bytes: int = 4096
+    """Longest select `query` in UTF-8 bytes; longer ones get 422 `field_too_large`."""
+    max_budget_tokens: int = 1_000_000_000
+    """Largest `budget.tokens` a select may ask for (422 `budget_too_large` beyond)."""
+    max_budget_calls: int = 1_000_000
+    """Largest `budget.calls` a select may ask for (422 `budget_too_large` beyond)."""
+    max_clock_jump: timedelta = timedelta(days=400)
+    """A clock tick further than this past the current now is dead-lettered (`clock_jump`)."""
     session_timeout: float = 10.0
     """Seconds without heartbeats before the group drops a worker."""
     rebalance_timeout: float = 3.0
@@ -106,6 +117,10 @@ class Settings:
             max_record_bytes=get("MAX_RECORD_BYTES", base.max_record_bytes, int),
             eager_recompile_limit=get("EAGER_RECOMPILE_LIMIT", base.eager_recompile_limit, int),
             revocation_lag_bound=get("REVOCATION_LAG_BOUND", base.revocation_lag_bound, float),
+            max_query_bytes=get("MAX_QUERY_BYTES", base.max_query_bytes, int),
+            max_budget_tokens=get("MAX_BUDGET_TOKENS", base.max_budget_tokens, int),
+            max_budget_calls=get("MAX_BUDGET_CALLS", base.max_budget_calls, int),
+            max_clock_jump=get("MAX_CLOCK_JUMP", base.max_clock_jump, parse_duration),
             session_timeout=get("SESSION_TIMEOUT", base.session_timeout, float),
             rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),
             log_level=get("LOG_LEVEL", base.log_level),

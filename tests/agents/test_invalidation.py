@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 
 import orjson
 import pytest
@@ -12,6 +13,7 @@ from agents.query import QueryService
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
+from schemas.timefmt import format_instant
 from tests.events import resource, revoke_role, tick
 
 _offsets = itertools.count()
@@ -212,3 +214,44 @@ def test_a_batch_that_fails_after_saving_offsets_is_applied_when_retried(setup, 
         "ATLAS-IN-01", state.catalog.contract("credit.review.continuation")[0])}
     assert outbox(state, "dead-letters") == []
     assert query.plan_status(plan["plan_id"])["status"] == "invalidated"
+def _roles(event_id: str, roles: list[str]) -> tuple[str, dict]:
+    return "source-changes", {"event_id": event_id, "schema_version": 1, "occurred_at": "2026-08-30T10:00:00Z",
+                              "kind": "principal", "op": "upsert",
+                              "principal": {"id": "maya", "roles": roles, "delegation_version": 3}}
+
+
+def test_a_replayed_principal_update_does_not_undo_a_later_change(setup):
+    state, inv, _ = setup
+    first, later = _roles("p-1", ["credit_analyst", "auditor"]), _roles("p-2", ["auditor"])
+    inv.apply([raw(*first), raw(*later), raw(*first)])          # a repeat within one batch
+    assert state.catalog.principal("maya").roles == ("auditor",)
+    inv.apply([raw(*first)])                                    # and at a new offset
+    assert state.catalog.principal("maya").roles == ("auditor",)
+    assert state.store.counters()["duplicate_events"] == 2
+
+
+def test_an_id_reused_with_other_content_is_dead_lettered(setup):
+    state, inv, _ = setup
+    inv.apply([raw(*_roles("p-1", ["auditor"])), raw(*_roles("p-1", ["credit_analyst", "admin"]))])
+    [letter] = outbox(state, "dead-letters")
+    assert letter["error_class"] == "event_id_conflict" and "admin" not in letter["message"]
+    assert state.catalog.principal("maya").roles == ("auditor",)
+    inv.apply([raw(*_roles("p-1", ["admin"]))])
+    assert state.catalog.principal("maya").roles == ("auditor",)
+    assert state.store.counters()["dead_letters.event_id_conflict"] == 2
+
+
+def test_a_clock_jump_is_dead_lettered_and_the_first_tick_is_unbounded(setup, tmp_path):
+    state, inv, _ = setup
+    before = state.store.now()
+    inv.apply([raw(*tick("2206-08-30T00:00:00Z"))])
+    [letter] = outbox(state, "dead-letters")
+    assert letter["error_class"] == "clock_jump" and "P400D" in letter["message"]
+    assert state.store.now() == before
+    inv.apply([raw(*tick("2027-09-30T00:00:00Z"))])            # within 400 days of now: applied
+    assert format_instant(state.store.now()) == "2027-09-30T00:00:00Z"
+
+    empty = LocalState.open(tmp_path / "empty.duckdb")
+    Invalidator(empty, lambda name: name, max_clock_jump=timedelta(hours=1)).apply([raw(*tick("2206-08-30"))])
+    assert format_instant(empty.store.now()) == "2206-08-30T00:00:00Z"
+    empty.close()

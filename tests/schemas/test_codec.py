@@ -36,6 +36,13 @@ def test_a_resource_event_decodes_into_records():
     (lambda e: orjson.dumps(dict(e, resource=dict(e["resource"], valid_to="next tuesday"))), "invalid_value"),
     (lambda e: orjson.dumps(dict(e, resource=dict(e["resource"], content="x" * 2_000_000))), "oversized"),
     (lambda e: orjson.dumps([e]), "schema_violation"),
+    (lambda e: orjson.dumps(dict(e, resource=dict(e["resource"], valid_to="9999-12-31T23:59:59-01:00"))),
+     "invalid_value"),
+    (lambda e: orjson.dumps(dict(e, occurred_at="0001-01-01T00:00:00+14:00")), "invalid_value"),
+    (lambda e: orjson.dumps(dict(e, resource=dict(e["resource"], tokens=2**63))), "schema_violation"),
+    (lambda e: orjson.dumps(dict(e, resource=dict(e["resource"], version=2**64 - 1))), "schema_violation"),
+    (lambda e: orjson.dumps({"op": "c", "after": e["resource"], "ts_ms": 2**62, "source": {}}),
+     "invalid_value"),
 ])
 def test_bad_input_is_classified(mutate, error_class):
     topic, event = resource("w")
@@ -66,3 +73,10 @@ def test_debezium_envelopes_and_tombstones_map_onto_source_changes():
     assert gone.payload.op == "delete" and gone.payload.record_id == "dbz-1"
     with pytest.raises(InvalidEvent):
         decode("clock", None, None)
+
+
+def test_out_of_range_clock_ticks_are_invalid_values():
+    with pytest.raises(InvalidEvent) as err:
+        decode("clock", None, orjson.dumps(tick("0001-01-01T00:00:00+14:00")[1]))
+    assert err.value.error_class == "invalid_value" and "0001-01-01T00:00:00+14:00" not in err.value.message
+    assert decode("clock", None, orjson.dumps(tick("9999-12-31T23:59:59Z")[1])).payload.now.year == 9999

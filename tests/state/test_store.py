@@ -1,7 +1,9 @@
-"""The DuckDB store: event-id ledger and all-or-nothing transactions, over a real file."""
+"""The DuckDB store: the event-id ledger (scoping, conflicts, migration of older files), all-or-nothing
+transactions and offsets, over a real file."""
 
 from __future__ import annotations
 
+import duckdb
 import pytest
 
 from state.store import Store
@@ -16,27 +18,28 @@ def store(tmp_path):
 
 def test_an_event_id_is_claimed_once_across_batches_and_within_one(store):
     with store.transaction():
-        assert store.claim_events(["a", "b", "a"]) == {"a", "b"}
+        assert store.claim_events([("t", "a", "h"), ("t", "b", "h"), ("t", "a", "h")]) == ["new", "new", "duplicate"]
     with store.transaction():
-        assert store.claim_events(["b", "c", "c"]) == {"c"}
+        assert store.claim_events([("t", "b", "h"), ("t", "c", "h"), ("t", "c", "h")]) == [
+            "duplicate", "new", "duplicate"]
     assert {r[0] for r in store.db.execute("SELECT event_id FROM applied_events").fetchall()} == {"a", "b", "c"}
 
 
 def test_a_failed_transaction_rolls_back_offsets_and_claimed_ids(store):
     with store.transaction():
         store.save_offsets({("revocations", 0): 5})
-        store.claim_events(["a"])
+        store.claim_events([("t", "a", "h")])
 
     class Boom(Exception):
         pass
 
     with pytest.raises(Boom), store.transaction():
         store.save_offsets({("revocations", 0): 9, ("source-changes", 1): 3})
-        store.claim_events(["b"])
+        store.claim_events([("t", "b", "h")])
         raise Boom
     assert store.next_offsets() == {"revocations": {0: 5}}
     with store.transaction():
-        assert store.claim_events(["a", "b"]) == {"b"}  # b was never applied, so it is still new
+        assert store.claim_events([("t", "a", "h"), ("t", "b", "h")]) == ["duplicate", "new"]  # b never applied
 
 
 def test_offsets_survive_reopening_and_never_move_back(tmp_path):
@@ -51,3 +54,37 @@ def test_offsets_survive_reopening_and_never_move_back(tmp_path):
         assert again.next_offsets() == {"clock": {0: 7}}
     finally:
         again.close()
+
+
+def test_event_ids_are_scoped_by_topic(tmp_path):
+    store = Store(tmp_path / "f.duckdb")
+    assert store.claim_events([("source-changes", "2002", "a")]) == ["new"]
+    assert store.claim_events([("revocations", "2002", "b")]) == ["new"]
+    assert store.claim_events([("revocations", "2002", "b"), ("source-changes", "2002", "a")]) == [
+        "duplicate", "duplicate"]
+    store.close()
+
+
+def test_a_repeated_id_with_other_content_is_a_conflict_also_within_one_batch(tmp_path):
+    store = Store(tmp_path / "f.duckdb")
+    assert store.claim_events([("revocations", "e1", "a")]) == ["new"]
+    assert store.claim_events([("revocations", "e1", "z")]) == ["conflict"]
+    assert store.claim_events([("revocations", "e2", "a"), ("revocations", "e2", "a"),
+                               ("revocations", "e2", "b")]) == ["new", "duplicate", "conflict"]
+    assert store.claim_events([("revocations", "e2", "a")]) == ["duplicate"]   # the first content stays
+    store.close()
+
+
+def test_a_file_with_global_event_ids_is_migrated(tmp_path):
+    path = tmp_path / "old.duckdb"
+    db = duckdb.connect(str(path))
+    db.execute("CREATE TABLE applied_events (event_id VARCHAR PRIMARY KEY); INSERT INTO applied_events VALUES ('x')")
+    db.close()
+    store = Store(path)
+    # An id applied before the upgrade stays applied on every topic; new ids are scoped.
+    assert store.claim_events([("revocations", "x", "a"), ("clock", "x", "b")]) == ["duplicate", "duplicate"]
+    assert store.claim_events([("revocations", "y", "a"), ("source-changes", "y", "a")]) == ["new", "new"]
+    store.close()
+    reopened = Store(path)
+    assert reopened.claim_events([("revocations", "y", "b")]) == ["conflict"]
+    reopened.close()

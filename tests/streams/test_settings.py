@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from streams.settings import Settings
@@ -22,3 +23,8 @@ def test_environment_and_overrides():
     assert settings.topic("plans") == "t1-plans" and settings.wall_clock is False
     assert settings.freshness_wait == 2.5 and settings.web_port == 7000
     assert settings.state_dir == Path(".freshplan")
+
+
+def test_the_clock_jump_bound_is_an_iso_duration():
+    assert Settings.from_env({}).max_clock_jump == timedelta(days=400)
+    assert Settings.from_env({"FRESHPLAN_MAX_CLOCK_JUMP": "PT12H"}).max_clock_jump == timedelta(hours=12)
