@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from schemas.freshness import encode_token
+from schemas.freshness import encode_token, read_token
 from bench.baselines import admissible_ids, plain_top_k, post_filtered_top_k, score
 from tests.catalog_double import SCENARIOS, MemoryCatalog
 from tests.conftest import freshest
@@ -89,7 +89,8 @@ async def test_each_pass_refuses_its_own_bad_request(worker):
         assert (error["code"], error["pass"]) == (code, pass_name) and len(error["message"]) > 30
     async with worker.http.post(f"{worker.url}/v1/select", data=b"{oops") as resp:
         assert resp.status == 400 and (await resp.json())["error"]["code"] == "malformed_json"
-    ahead = encode_token({"revocations": {0: 99}})  # offsets this worker will never have applied
+    cluster = read_token((await worker.get("/healthz"))["freshness_token"]).cluster_id
+    ahead = encode_token({"revocations": {0: 99}}, cluster)  # offsets this worker will never have applied
     async with worker.http.post(f"{worker.url}/v1/select", json=dict(PAYMENT, at_least_as_fresh=ahead)) as resp:
         body = await resp.json()
         assert resp.status == 503 and body["error"]["code"] == "not_fresh_enough", body
