@@ -38,7 +38,7 @@ class LagWatcher:
     """Polls the input topics' end offsets and compares them with what the store applied."""
 
     def __init__(self, store: Store, bootstrap_servers: str, topics: dict[str, str], bound_seconds: float,
-                 poll_interval: float = 0.5) -> None:
+                 poll_interval: float = 0.5, kafka: dict | None = None) -> None:
         self.store = store
         self.bootstrap_servers = bootstrap_servers
         self.topics = topics  # logical name -> broker-side name
@@ -50,6 +50,7 @@ class LagWatcher:
         self._caught_up_at: float | None = None
         self._started_at = time.monotonic()
         self._lag: int | None = None
+        self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
 
     async def refresh(self) -> None:
         """Learn each input partition's end from a separate consumer, so a paused agent cannot hide its lag.
@@ -86,7 +87,7 @@ class LagWatcher:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
                                         request_timeout_ms=5000, fetch_max_wait_ms=50,
-                                        max_partition_fetch_bytes=4096)
+                                        max_partition_fetch_bytes=4096, **self.kafka)
             await consumer.start()
             self._consumer = consumer
         tps = []

@@ -47,7 +47,7 @@ async def publish(settings: Settings, bootstrap: str, records: list[tuple[str, b
                   progress=None) -> str:
     """Publish records in order per partition; return the freshness token covering them."""
     await ensure_topics(settings, bootstrap)
-    prod = producer(bootstrap)
+    prod = producer(bootstrap, settings.kafka.client_kwargs())
     await prod.start()
     offsets: dict[str, dict[int, int]] = {}
     try:

@@ -25,7 +25,8 @@ class Replica:
 
     def __init__(self, invalidator: Invalidator, store: Store, bootstrap_servers: str, topics: dict[str, str],
                  batch_size: int = 500, batch_window: float = 0.05, fetch_bytes: int = 2_000_000,
-                 after_apply: Callable[[list[RawMessage]], Awaitable[object]] | None = None) -> None:
+                 after_apply: Callable[[list[RawMessage]], Awaitable[object]] | None = None,
+                 kafka: dict | None = None) -> None:
         self.invalidator = invalidator
         self.store = store
         self.bootstrap_servers = bootstrap_servers
@@ -38,6 +39,7 @@ class Replica:
         self._progress = asyncio.Condition()
         self._consumer: AIOKafkaConsumer | None = None
         self.paused: set[str] = set()
+        self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
 
     def applied(self, topic: str, partition: int, offset: int) -> bool:
         """Whether the event at this position has been applied (or skipped) locally."""
@@ -87,7 +89,7 @@ class Replica:
         """Consume and apply until cancelled."""
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
                                     auto_offset_reset="earliest", max_partition_fetch_bytes=self.fetch_bytes,
-                                    fetch_max_wait_ms=int(self.batch_window * 1000))
+                                    fetch_max_wait_ms=int(self.batch_window * 1000), **self.kafka)
         await consumer.start()
         self._consumer = consumer
         logical = {v: k for k, v in self.topics.items()}

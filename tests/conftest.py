@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import subprocess
 import sys
 import uuid
@@ -43,6 +44,11 @@ class WorkerProcess:
     http: aiohttp.ClientSession | None = field(default=None, repr=False)
     env: dict = field(default_factory=dict, repr=False)
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The bearer header for the secret the worker was started with (FRESHPLAN_TOKEN)."""
+        return auth_header(self.env)
+
     def stop(self) -> None:
         """SIGTERM the worker and wait for a clean exit."""
         self.proc.terminate()
@@ -56,7 +62,7 @@ class WorkerProcess:
     async def restart(self) -> None:
         """Start a new process on the same topics, group and state directory."""
         self.proc = _spawn(self.env, self.log_path)
-        await _wait_http(self.url, self.proc, self.log_path)
+        await _wait_http(self.url, self.proc, self.log_path, self.auth)
 
     async def publish(self, records: list[tuple[str, bytes | None, bytes]]) -> str:
         """Publish (topic, key, value) records; return the freshness token covering them."""
@@ -127,7 +133,7 @@ async def start_peer(first: WorkerProcess, directory: Path) -> WorkerProcess:
     url = f"http://127.0.0.1:{port}"
     peer = WorkerProcess(first.settings, first.bootstrap, url, _spawn(env, log_path), log_path, http=first.http,
                          env=env)
-    await _wait_http(url, peer.proc, log_path)
+    await _wait_http(url, peer.proc, log_path, peer.auth)
     return peer
 
 
@@ -152,8 +158,14 @@ async def _drain(bootstrap: str, name: str, partitions: int) -> list[dict]:
         await consumer.stop()
 
 
-async def _wait_http(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> None:
-    async with aiohttp.ClientSession() as http:
+def auth_header(env: dict) -> dict[str, str]:
+    """`Authorization: Bearer` with the FRESHPLAN_TOKEN of a worker's environment."""
+    return {"Authorization": f"Bearer {env['FRESHPLAN_TOKEN']}"}
+
+
+async def _wait_http(url: str, proc: subprocess.Popen, log_path: Path, auth: dict[str, str],
+                     timeout: float = 60.0) -> None:
+    async with aiohttp.ClientSession(headers=auth) as http:
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
             if proc.poll() is not None:
@@ -183,14 +195,14 @@ async def worker(broker, tmp_path):
                FRESHPLAN_TOPIC_PREFIX=f"t{tag}-", FRESHPLAN_APP_ID=f"freshplan-{tag}",
                FRESHPLAN_STATE_DIR=str(tmp_path / "state"), FRESHPLAN_WEB_PORT=str(port),
                FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10",
-               FRESHPLAN_REVOCATION_LAG_BOUND="1")
+               FRESHPLAN_REVOCATION_LAG_BOUND="1", FRESHPLAN_TOKEN=secrets.token_urlsafe(32))
     settings = Settings.from_env(env)
     log_path = tmp_path / "worker.log"
     url = f"http://127.0.0.1:{port}"
     running = WorkerProcess(settings, broker.bootstrap_servers, url, _spawn(env, log_path), log_path, env=env)
     try:
-        await _wait_http(url, running.proc, log_path)
-        async with aiohttp.ClientSession() as http:
+        await _wait_http(url, running.proc, log_path, running.auth)
+        async with aiohttp.ClientSession(headers=running.auth) as http:
             running.http = http
             yield running
     finally:
