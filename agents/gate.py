@@ -21,6 +21,11 @@ OPEN = ""
 JWT_SCOPES = frozenset({"select", "plans"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
+CALLER = web.RequestKey("freshplan_caller", Caller)
+"""The authenticated caller of a request (absent on open routes called without a credential)."""
+AUDIT = web.RequestKey("freshplan_audit", dict)
+"""Fields a handler adds to the request's audit line: principal, plan_id, served_from."""
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -92,7 +97,7 @@ class Gate:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Refuse in the documented order; record one audit line per request."""
         record: dict = {"caller": None, "principal": None, "plan_id": None, "served_from": None}
-        request["audit"] = record
+        request[AUDIT] = record
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else None
         if request.match_info.http_exception is not None:
@@ -140,7 +145,7 @@ class Gate:
                           headers={"WWW-Authenticate": 'Bearer realm="freshplan"'
                                    + ("" if reason == "missing" else ', error="invalid_token"')})
         record["caller"] = caller.id
-        request["caller"] = caller
+        request[CALLER] = caller
         if scope != OPEN and scope not in caller.scopes:
             return refuse(403, "scope_missing", f"Caller '{caller.id}' lacks the '{scope}' scope this route "
                           "needs; ask the operator to add it in the callers file.")

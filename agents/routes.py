@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from faust import web
 
 from agents.access import Access
-from agents.gate import principal_refusal
+from agents.gate import AUDIT, CALLER, principal_refusal
 from agents.metrics_port import serve_metrics
 from compiler.errors import AttestError, RequestError
 from schemas.freshness import BadToken, covers, decode_token
@@ -39,11 +39,11 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
             except ValueError:
                 return error(self, 400, "malformed_json", "The request body is not valid JSON; send a "
                              "JSON object with decision_type, principal, purpose and entity.")
-            refused = principal_refusal(request.get("caller"), body)
+            refused = principal_refusal(request.get(CALLER), body)
             if refused is not None:
                 return refused
             if isinstance(body, dict) and isinstance(body.get("principal"), str):
-                request["audit"]["principal"] = body["principal"].strip()
+                request[AUDIT]["principal"] = body["principal"].strip()
             wanted = body.get("at_least_as_fresh") if isinstance(body, dict) else None
             if wanted:
                 try:
@@ -63,7 +63,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
                 log.info("select refused: %s (%s)", exc.code, exc.pass_name,
                          extra={"code": exc.code, "pass": exc.pass_name})
                 return self.json(exc.as_dict(), status=exc.status)
-            request["audit"].update(plan_id=result["plan_id"], served_from=result["served_from"])
+            request[AUDIT].update(plan_id=result["plan_id"], served_from=result["served_from"])
             if result.get("served_from") == "compiled":
                 await worker.publish_outbox()
             log.info("select %s from %s", result["plan_id"], result["served_from"],
@@ -78,7 +78,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
     class PlanStatus(web.View):
         async def get(self, request: web.Request, plan_id: str) -> web.Response:
             status = worker.query.plan_status(plan_id)
-            request["audit"]["plan_id"] = plan_id
+            request[AUDIT]["plan_id"] = plan_id
             if status is None:
                 return error(self, 404, "unknown_plan", f"No plan '{plan_id}' is known to this worker; "
                              "use a plan_id returned by /v1/select.")
@@ -91,7 +91,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
             if receipt is None:
                 return error(self, 404, "unknown_receipt", f"No receipt '{receipt_id}' is known to this "
                              "worker; use a receipt_id from a plan or the receipts topic.")
-            request["audit"]["plan_id"] = receipt.get("plan_id")
+            request[AUDIT]["plan_id"] = receipt.get("plan_id")
             return self.json(receipt)
 
     @app.page("/v1/admin/consumers")
@@ -132,7 +132,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
     @app.page("/healthz")
     class Health(web.View):
         async def get(self, request: web.Request) -> web.Response:
-            caller = request.get("caller")
+            caller = request.get(CALLER)
             if caller is None or "status" not in caller.scopes:
                 return self.json({"status": "ok"})  # liveness; details need the status scope
             return self.json(dict(worker.query.health(), duty=worker.duty(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import subprocess
@@ -62,7 +63,7 @@ class WorkerProcess:
     async def restart(self) -> None:
         """Start a new process on the same topics, group and state directory."""
         self.proc = _spawn(self.env, self.log_path)
-        await _wait_http(self.url, self.proc, self.log_path, self.auth)
+        await _wait_http(self.url, self.proc, self.log_path)
 
     async def publish(self, records: list[tuple[str, bytes | None, bytes]]) -> str:
         """Publish (topic, key, value) records; return the freshness token covering them."""
@@ -133,7 +134,7 @@ async def start_peer(first: WorkerProcess, directory: Path) -> WorkerProcess:
     url = f"http://127.0.0.1:{port}"
     peer = WorkerProcess(first.settings, first.bootstrap, url, _spawn(env, log_path), log_path, http=first.http,
                          env=env)
-    await _wait_http(url, peer.proc, log_path, peer.auth)
+    await _wait_http(url, peer.proc, log_path)
     return peer
 
 
@@ -163,16 +164,16 @@ def auth_header(env: dict) -> dict[str, str]:
     return {"Authorization": f"Bearer {env['FRESHPLAN_TOKEN']}"}
 
 
-async def _wait_http(url: str, proc: subprocess.Popen, log_path: Path, auth: dict[str, str],
-                     timeout: float = 60.0) -> None:
-    async with aiohttp.ClientSession(headers=auth) as http:
+async def _wait_http(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> None:
+    """Until /readyz says 200: the HTTP API is up and revocations are known and within the bound."""
+    async with aiohttp.ClientSession() as http:
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
             if proc.poll() is not None:
                 raise AssertionError(f"worker exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
             try:
-                async with http.get(f"{url}/healthz") as resp:
-                    if resp.status == 200 and (await resp.json())["revocations"]["state"] == "ok":
+                async with http.get(f"{url}/readyz") as resp:
+                    if resp.status == 200:
                         return
             except aiohttp.ClientError:
                 pass
@@ -186,22 +187,29 @@ def _spawn(env: dict, log_path: Path) -> subprocess.Popen:
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
-@pytest.fixture
-async def worker(broker, tmp_path):
-    """A worker process on unique topics and group, with the wall clock off (scenarios drive time)."""
+@contextlib.asynccontextmanager
+async def launch(broker, directory: Path, wait: bool = True, **extra: str):
+    """A worker process on unique topics and group, with the wall clock off (scenarios drive time).
+
+    `extra` adds environment variables; the worker's secret is FRESHPLAN_TOKEN, sent by `http`.
+    With wait=False it yields as soon as the process is spawned (`http` is then set as well).
+    """
     tag = uuid.uuid4().hex[:8]
     port = free_port()
+    directory.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers,
                FRESHPLAN_TOPIC_PREFIX=f"t{tag}-", FRESHPLAN_APP_ID=f"freshplan-{tag}",
-               FRESHPLAN_STATE_DIR=str(tmp_path / "state"), FRESHPLAN_WEB_PORT=str(port),
+               FRESHPLAN_STATE_DIR=str(directory / "state"), FRESHPLAN_WEB_PORT=str(port),
                FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10",
                FRESHPLAN_REVOCATION_LAG_BOUND="1", FRESHPLAN_TOKEN=secrets.token_urlsafe(32))
+    env.update(extra)
     settings = Settings.from_env(env)
-    log_path = tmp_path / "worker.log"
+    log_path = directory / "worker.log"
     url = f"http://127.0.0.1:{port}"
     running = WorkerProcess(settings, broker.bootstrap_servers, url, _spawn(env, log_path), log_path, env=env)
     try:
-        await _wait_http(url, running.proc, log_path, running.auth)
+        if wait:
+            await _wait_http(url, running.proc, log_path)
         async with aiohttp.ClientSession(headers=running.auth) as http:
             running.http = http
             yield running
@@ -212,3 +220,10 @@ async def worker(broker, tmp_path):
         except subprocess.TimeoutExpired:
             running.proc.kill()
             running.proc.wait()
+
+
+@pytest.fixture
+async def worker(broker, tmp_path):
+    """A worker process on unique topics and group, with the wall clock off (scenarios drive time)."""
+    async with launch(broker, tmp_path) as running:
+        yield running
