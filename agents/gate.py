@@ -9,7 +9,7 @@ from typing import Awaitable, Callable, Mapping
 import orjson
 from aiohttp import web
 
-from agents.callers import Caller, CallersFile, match
+from agents.callers import Caller, match
 from agents.tokens import JwtRefused, JwtVerifier, looks_like_jwt
 from streams.settings import Settings
 

@@ -76,7 +76,8 @@ def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
         secret = info["token"]
         assert len(secret) >= 32 and stat.S_IMODE(run_file.stat().st_mode) == 0o600
         auth = {"Authorization": f"Bearer {secret}"}
-        with urllib.request.urlopen(urllib.request.Request(f"{info['http']}/healthz", headers=auth), timeout=10) as resp:
+        health = urllib.request.Request(f"{info['http']}/healthz", headers=auth)
+        with urllib.request.urlopen(health, timeout=10) as resp:
             assert json.loads(resp.read())["now"] is not None  # wall-clock ticks are on by default
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(f"{info['http']}/v1/plans/{plan['plan_id']}"), timeout=10)

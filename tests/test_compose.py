@@ -36,7 +36,8 @@ def test_kafka_is_reached_over_sasl_ssl_and_acls_keep_writers_to_their_topics():
     assert "allow.everyone.if.no.acl.found=false" in broker and "listeners=SASL_SSL://:9094," in broker
     acls = (ROOT / "deploy" / "kafka" / "acls.sh").read_text()
     writers = {}
-    for principal, topic in re.findall(r"--allow-principal User:([\w-]+) --operation Write .*--topic ([\w\-\"$]+)", acls):
+    granted = re.findall(r"--allow-principal User:([\w-]+) --operation Write .*--topic ([\w\-\"$]+)", acls)
+    for principal, topic in granted:
         writers.setdefault(topic, set()).add(principal)
     assert writers["policy-versions"] == {"policy-service"} and writers["revocations"] == {"iam"}
     assert writers["source-changes"] == {"cdc"}
