@@ -42,6 +42,8 @@ class Access:
 
 def load_access(settings: Settings) -> Access:
     """Settle access at start-up; AccessError (with the file, line and field) stops the worker."""
+    if settings.metrics_auth not in ("open", "status"):
+        raise AccessError("FRESHPLAN_METRICS_AUTH must be open or status")
     try:
         jwt = JwtVerifier.from_files(settings.jwt_jwks_file, settings.jwt_issuer, settings.jwt_audience,
                                      settings.jwt_principal_claim)

@@ -13,7 +13,6 @@ from agents.callers import Caller, match
 from agents.tokens import JwtRefused, JwtVerifier, looks_like_jwt
 from streams.settings import Settings
 
-log = logging.getLogger(__name__)
 audit_log = logging.getLogger("freshplan.audit")
 
 OPEN = ""

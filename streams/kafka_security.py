@@ -105,8 +105,6 @@ class KafkaSecurity:
         if self.protocol == "PLAINTEXT":
             return None
         if self.uses_sasl:
-            credentials = faust.SASLCredentials(username=self.sasl_username, password=self.sasl_password,
-                                                ssl_context=self.ssl_context(),
-                                                mechanism=self.sasl_mechanism or "PLAIN")
-            return credentials
+            return faust.SASLCredentials(username=self.sasl_username, password=self.sasl_password,
+                                         ssl_context=self.ssl_context(), mechanism=self.sasl_mechanism or "PLAIN")
         return faust.SSLCredentials(self.ssl_context())

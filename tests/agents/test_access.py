@@ -38,6 +38,8 @@ def test_a_callers_file_replaces_the_local_secret(tmp_path):
     path.write_text('{"callers": [\n  {"id": "a", "secret_sha256": "00"}]}')
     with pytest.raises(AccessError, match=r"line 2: callers\[0\]\.secret_sha256"):
         load_access(Settings(state_dir=tmp_path, callers_file=path))
+    with pytest.raises(AccessError, match="FRESHPLAN_METRICS_AUTH"):
+        load_access(Settings(state_dir=tmp_path, metrics_auth="closed"))
     with pytest.raises(AccessError, match="FRESHPLAN_JWT_ISSUER"):
         load_access(Settings(state_dir=tmp_path, jwt_jwks_file=path, jwt_audience="x"))
 

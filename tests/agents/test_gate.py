@@ -23,6 +23,12 @@ def test_host_names_ignore_the_port():
     assert Settings(allowed_hosts=("freshplan",)).hosts == {"freshplan"}
 
 
+def test_metrics_can_be_open_behind_status_or_elsewhere():
+    assert api_routes(Settings())["/metrics"] == ""
+    assert api_routes(Settings(metrics_auth="status"))["/metrics"] == "status"
+    assert "/metrics" not in api_routes(Settings(metrics_port=9100))
+
+
 def test_bearer_parsing():
     assert bearer("Bearer abc") == "abc" and bearer("bearer  abc ") == "abc"
     assert bearer(None) is bearer("") is bearer("Basic abc") is bearer("Bearer") is bearer("Bearer a b") is None
