@@ -37,24 +37,33 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _run_info(settings: Settings) -> dict:
-    try:
-        return json.loads(settings.run_file.read_text())
-    except (OSError, ValueError):
-        return {}
+    from agents.access import read_run_file
+
+    return read_run_file(settings.run_file)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Start the embedded broker if needed, then the worker and its HTTP API, until stopped."""
     import faust
 
+    from agents.access import AccessError, load_access, write_run_file
     from agents.loader import load_file
     from agents.logs import configure as configure_logging
     from agents.worker import build_worker
     from streams.admin import ensure_topics
     from streams.broker import EmbeddedBroker
+    from streams.kafka_security import KafkaSecurityError
 
     settings = _settings(args)
     configure_logging(settings.log_level, settings.log_format)
+    try:
+        settings.kafka.validate()
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        access = load_access(settings)
+    except (AccessError, KafkaSecurityError) as exc:
+        print(f"freshplan run: {exc}", file=sys.stderr, flush=True)
+        return 2
+    kept = {"token": access.local_token} if access.local_token else {}  # the secret survives restarts
     broker = worker = None
     bootstrap = settings.bootstrap_servers
     if not bootstrap:
@@ -68,25 +77,30 @@ def cmd_run(args: argparse.Namespace) -> int:
             count, token = load_file(settings, bootstrap, Path(path))
             print(f"freshplan: loaded {count} events from {path} (freshness token {token})", flush=True)
         http = f"http://{settings.web_host}:{settings.web_port}"
-        run_info = {"bootstrap_servers": bootstrap, "http": http, "topic_prefix": settings.topic_prefix,
-                    "pid": os.getpid()}
-        worker = build_worker(settings, bootstrap)
+        run_info = dict(kept, bootstrap_servers=bootstrap, http=http, topic_prefix=settings.topic_prefix,
+                        pid=os.getpid())
+        worker = build_worker(settings, bootstrap, access)
 
         class ServiceWorker(faust.Worker):
             async def on_startup_finished(self) -> None:
                 await super().on_startup_finished()
                 await worker.guard.refresh()  # ready means revocation lag is known
                 # Written only once the HTTP API answers, so `load`/`select` can rely on it.
-                settings.run_file.write_text(json.dumps(run_info))
+                write_run_file(settings.run_file, run_info)
+                where = (f"the secret is in {settings.run_file}" if access.local_token
+                         else f"callers from {settings.callers_file}")
                 print(f"freshplan: ready: broker {bootstrap} ({'embedded' if broker else 'external'}), "
-                      f"HTTP {http}, state {settings.db_path}", flush=True)
+                      f"HTTP {http}, state {settings.db_path}; {where}", flush=True)
 
         ServiceWorker(worker.app, loglevel=settings.log_level, loop=loop,
                       override_logging=False).execute_from_commandline()
     except SystemExit:
         pass
     finally:
-        settings.run_file.unlink(missing_ok=True)
+        if kept:
+            write_run_file(settings.run_file, kept)
+        else:
+            settings.run_file.unlink(missing_ok=True)
         if worker is not None:
             worker.state.close()
         if broker is not None:
@@ -185,10 +199,19 @@ def _http(args: argparse.Namespace) -> str:
             or f"http://{settings.web_host}:{settings.web_port}").rstrip("/")
 
 
-def _call(method: str, url: str, body: dict | None = None) -> int:
+def _headers(args: argparse.Namespace) -> dict[str, str]:
+    """JSON, and the bearer secret from FRESHPLAN_TOKEN or the local run's run.json."""
+    settings = _settings(args)
+    token = settings.token or _run_info(settings).get("token")
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def _call(method: str, url: str, body: dict | None, headers: dict[str, str]) -> int:
     data = orjson.dumps(body) if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             print(json.dumps(json.loads(resp.read()), indent=2))
@@ -215,21 +238,28 @@ def cmd_select(args: argparse.Namespace) -> int:
             budget[name] = getattr(args, name)
     if budget:
         body["budget"] = budget
-    return _call("POST", _http(args) + "/v1/select", body)
+    return _call("POST", _http(args) + "/v1/select", body, _headers(args))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print lag, revocation state, plans, index size and the last event per topic of a running worker."""
     url = _http(args) + "/healthz"
     try:
-        with urllib.request.urlopen(url, timeout=30) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=_headers(args)), timeout=30) as resp:
             health = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        print(json.dumps(json.loads(exc.read() or b"{}"), indent=2), file=sys.stderr)
+        return 1
     except urllib.error.URLError as exc:
         print(f"freshplan: cannot reach {url}: {exc.reason}; is `freshplan run` up?", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(health, indent=2))
         return 0
+    if "revocations" not in health:
+        print("freshplan status: the worker is alive, but this caller lacks the `status` scope for details; "
+              "set FRESHPLAN_TOKEN to a secret that has it.", file=sys.stderr)
+        return 1
     rev = health["revocations"]
     print(f"now (event time)   {health['now']}")
     print(f"revocations        {rev['state']} (lag {rev['lag_events']} events, {rev['seconds_behind']}s; "
@@ -246,7 +276,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print whether a plan is fresh or invalidated, and why."""
-    return _call("GET", f"{_http(args)}/v1/plans/{args.plan_id}")
+    return _call("GET", f"{_http(args)}/v1/plans/{args.plan_id}", None, _headers(args))
 
 
 def cmd_schemas_export(args: argparse.Namespace) -> int:

@@ -52,7 +52,7 @@ class LagWatcher:
     """Polls the input topics' end offsets and compares them with what the store applied."""
 
     def __init__(self, store: Store, bootstrap_servers: str, topics: dict[str, str], bound_seconds: float,
-                 poll_interval: float = 0.5) -> None:
+                 poll_interval: float = 0.5, kafka: dict | None = None) -> None:
         self.store = store
         self.bootstrap_servers = bootstrap_servers
         self.topics = topics  # logical name -> broker-side name
@@ -68,6 +68,7 @@ class LagWatcher:
         self.resets: dict[str, str] = {}
         self._cluster_id: str | None = None
         self._cluster_read_at = 0.0
+        self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
 
     async def refresh(self) -> None:
         """Learn each input partition's end and incarnation from a separate consumer.
@@ -81,7 +82,7 @@ class LagWatcher:
             consumer = await self._ensure_consumer()
             now = time.monotonic()
             if self._cluster_id is None or now - self._cluster_read_at > 10:
-                self._cluster_id = await read_cluster_id(self.bootstrap_servers)
+                self._cluster_id = await read_cluster_id(self.bootstrap_servers, **self.kafka)
                 self._cluster_read_at = now
             recorded = Recorded.read(self.store, self.topics)
             applied = recorded.applied
@@ -115,7 +116,7 @@ class LagWatcher:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
                                         request_timeout_ms=5000, fetch_max_wait_ms=50,
-                                        max_partition_fetch_bytes=4096, auto_offset_reset="latest")
+                                        max_partition_fetch_bytes=4096, auto_offset_reset="latest", **self.kafka)
             await consumer.start()
             self._consumer = consumer
         tps = []

@@ -48,7 +48,7 @@ async def publish(settings: Settings, bootstrap: str, records: list[tuple[str, b
                   progress=None) -> str:
     """Publish records in order per partition; return the freshness token covering them."""
     await ensure_topics(settings, bootstrap)
-    prod = producer(bootstrap)
+    prod = producer(bootstrap, settings.kafka.client_kwargs())
     await prod.start()
     offsets: dict[str, dict[int, int]] = {}
     try:
@@ -69,7 +69,7 @@ async def publish(settings: Settings, bootstrap: str, records: list[tuple[str, b
                 progress(done, len(futures))
     finally:
         await prod.stop()
-    return encode_token(offsets, await read_cluster_id(bootstrap))
+    return encode_token(offsets, await read_cluster_id(bootstrap, **settings.kafka.client_kwargs()))
 
 
 def load_file(settings: Settings, bootstrap: str, path: Path, progress=None) -> tuple[int, str]:

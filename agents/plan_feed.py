@@ -39,7 +39,7 @@ class PlanFeed:
     """
 
     def __init__(self, state: LocalState, invalidator: Invalidator, replica: Replica, bootstrap_servers: str,
-                 topic: str, after_apply: Callable[[], object] | None = None) -> None:
+                 topic: str, after_apply: Callable[[], object] | None = None, kafka: dict | None = None) -> None:
         self.state = state
         self.invalidator = invalidator
         self.replica = replica
@@ -47,11 +47,12 @@ class PlanFeed:
         self.topic = topic  # broker-side name of `plans`
         self.after_apply = after_apply
         self.counts: Counter[str] = Counter()
+        self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
 
     async def run(self) -> None:
         """Consume and adopt until cancelled."""
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
-                                    auto_offset_reset="earliest", max_partition_fetch_bytes=4_000_000)
+                                    auto_offset_reset="earliest", max_partition_fetch_bytes=4_000_000, **self.kafka)
         await consumer.start()
         try:
             partitions: set[int] = set()

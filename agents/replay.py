@@ -21,9 +21,9 @@ from streams.settings import INPUT_TOPICS, Settings
 log = logging.getLogger(__name__)
 
 
-async def read_all(bootstrap: str, topic: str, on_batch, progress=None) -> int:
+async def read_all(bootstrap: str, topic: str, on_batch, progress=None, kafka: dict | None = None) -> int:
     """Feed every record of a topic, from the beginning to its current end, to `on_batch`."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **(kafka or {}))
     await consumer.start()
     try:
         partitions = consumer.partitions_for_topic(topic) or set()
@@ -71,9 +71,10 @@ async def replay(settings: Settings, bootstrap: str, progress=None) -> dict:
         backup = db.with_name(f"{db.name}.before-replay-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
         shutil.move(db, backup)
     state = LocalState.open(db)
+    kafka = settings.kafka.client_kwargs()
     try:
         with state.store.transaction():
-            state.store.record_cluster(await read_cluster_id(bootstrap))
+            state.store.record_cluster(await read_cluster_id(bootstrap, **kafka))
         invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
                                   max_clock_jump=settings.max_clock_jump)
         started = time.perf_counter()
@@ -82,7 +83,7 @@ async def replay(settings: Settings, bootstrap: str, progress=None) -> dict:
             def apply(records, name=name):
                 invalidator.apply([RawMessage(name, m.partition, m.offset, m.key, m.value, m.timestamp / 1000)
                                    for m in records])
-            applied[name] = await read_all(bootstrap, settings.topic(name), apply, progress)
+            applied[name] = await read_all(bootstrap, settings.topic(name), apply, progress, kafka)
         plans: dict[str, dict] = {}
         gone: set[str] = set()
 
@@ -94,8 +95,8 @@ async def replay(settings: Settings, bootstrap: str, progress=None) -> dict:
         def keep_invalidated(records):
             gone.update(orjson.loads(m.value)["plan_id"] for m in records)
 
-        await read_all(bootstrap, settings.topic("plans"), keep_plans, progress)
-        await read_all(bootstrap, settings.topic("plan-invalidations"), keep_invalidated, progress)
+        await read_all(bootstrap, settings.topic("plans"), keep_plans, progress, kafka)
+        await read_all(bootstrap, settings.topic("plan-invalidations"), keep_invalidated, progress, kafka)
         restored, changed = _restore(state, invalidator, [p for pid, p in plans.items() if pid not in gone])
         return {"backup": str(backup) if backup else None, "events": applied, "plans_restored": restored,
                 "plans_changed": changed, "seconds": round(time.perf_counter() - started, 2)}

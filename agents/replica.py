@@ -29,7 +29,7 @@ class Replica:
     def __init__(self, invalidator: Invalidator, store: Store, bootstrap_servers: str, topics: dict[str, str],
                  batch_size: int = 500, batch_window: float = 0.05, fetch_bytes: int = 2_000_000,
                  after_apply: Callable[[list[RawMessage]], Awaitable[object]] | None = None,
-                 auto_rebase: bool = False) -> None:
+                 auto_rebase: bool = False, kafka: dict | None = None) -> None:
         self.invalidator = invalidator
         self.store = store
         self.bootstrap_servers = bootstrap_servers
@@ -46,6 +46,7 @@ class Replica:
         self.blocked: dict[str, str] = {}  # reset input topics not applied until an operator rebases
         self.cluster_id: str | None = None
         self.ready = asyncio.Event()  # set once offsets are known to belong to the broker's topics
+        self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
 
     def applied(self, topic: str, partition: int, offset: int) -> bool:
         """Whether the event at this position has been applied (or skipped) locally."""
@@ -95,7 +96,7 @@ class Replica:
         """Consume and apply until cancelled."""
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
                                     auto_offset_reset="none", max_partition_fetch_bytes=self.fetch_bytes,
-                                    fetch_max_wait_ms=int(self.batch_window * 1000))
+                                    fetch_max_wait_ms=int(self.batch_window * 1000), **self.kafka)
         await consumer.start()
         self._consumer = consumer
         logical = {v: k for k, v in self.topics.items()}
@@ -142,7 +143,7 @@ class Replica:
 
     async def _verify_incarnation(self, consumer: AIOKafkaConsumer) -> None:
         """Compare the recorded offsets with the broker's topics; rebase or block what was reset."""
-        self.cluster_id = await read_cluster_id(self.bootstrap_servers)
+        self.cluster_id = await read_cluster_id(self.bootstrap_servers, **self.kafka)
         resets = await probe(consumer, self.store, self.topics, self.cluster_id)
         if not resets:
             with self.store.transaction():

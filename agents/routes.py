@@ -1,4 +1,4 @@
-"""HTTP routes: POST /v1/select, GET /v1/plans/{plan_id}, GET /healthz."""
+"""HTTP routes: select, plans, receipts, admin, health, readiness, metrics (gatekeeping is in agents.gate)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from faust import web
 
-from compiler.errors import RequestError
+from agents.access import Access
+from agents.gate import AUDIT, CALLER, principal_refusal
+from agents.metrics_port import serve_metrics
+from compiler.errors import AttestError, RequestError
 from compiler.request import decode_body
 from schemas.freshness import BadToken, covers, read_token
 from streams.settings import INPUT_TOPICS
@@ -26,7 +29,7 @@ def error(view: web.View, status: int, code: str, message: str, pass_name: str =
     return view.json({"error": {"code": code, "pass": pass_name, "message": message}}, status=status)
 
 
-def register_routes(app, worker: "Worker") -> None:
+def register_routes(app, worker: "Worker", access: Access) -> None:
     """Attach the HTTP API of one worker to its Faust web server."""
 
     @app.page("/v1/select")
@@ -36,6 +39,11 @@ def register_routes(app, worker: "Worker") -> None:
                 body: Any = decode_body(await request.read(), worker.query.limits)
             except RequestError as exc:
                 return self.json(exc.as_dict(), status=exc.status)
+            refused = principal_refusal(request.get(CALLER), body)
+            if refused is not None:
+                return refused
+            if isinstance(body, dict) and isinstance(body.get("principal"), str):
+                request[AUDIT]["principal"] = body["principal"].strip()
             wanted = body.get("at_least_as_fresh") if isinstance(body, dict) else None
             if wanted:
                 try:
@@ -60,6 +68,7 @@ def register_routes(app, worker: "Worker") -> None:
                 log.info("select refused: %s (%s)", exc.code, exc.pass_name,
                          extra={"code": exc.code, "pass": exc.pass_name})
                 return self.json(exc.as_dict(), status=exc.status)
+            request[AUDIT].update(plan_id=result["plan_id"], served_from=result["served_from"])
             if result.get("served_from") == "compiled":
                 await worker.publish_outbox()
             log.info("select %s from %s", result["plan_id"], result["served_from"],
@@ -74,10 +83,21 @@ def register_routes(app, worker: "Worker") -> None:
     class PlanStatus(web.View):
         async def get(self, request: web.Request, plan_id: str) -> web.Response:
             status = worker.query.plan_status(plan_id)
+            request[AUDIT]["plan_id"] = plan_id
             if status is None:
                 return error(self, 404, "unknown_plan", f"No plan '{plan_id}' is known to this worker; "
                              "use a plan_id returned by /v1/select.")
             return self.json(status)
+
+    @app.page("/v1/receipts/{receipt_id}")
+    class Receipt(web.View):
+        async def get(self, request: web.Request, receipt_id: str) -> web.Response:
+            receipt = worker.state.plans.receipt(receipt_id)
+            if receipt is None:
+                return error(self, 404, "unknown_receipt", f"No receipt '{receipt_id}' is known to this "
+                             "worker; use a receipt_id from a plan or the receipts topic.")
+            request[AUDIT]["plan_id"] = receipt.get("plan_id")
+            return self.json(receipt)
 
     @app.page("/v1/admin/consumers")
     class Consumers(web.View):
@@ -103,17 +123,40 @@ def register_routes(app, worker: "Worker") -> None:
         async def get(self, request: web.Request) -> web.Response:
             return self.bytes(document, headers={"Content-Type": "application/json"})
 
-    @app.page("/metrics")
-    class Metrics(web.View):
-        async def get(self, request: web.Request) -> web.Response:
-            return self.bytes(worker.metrics.render(),
-                              headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    if worker.settings.metrics_port is None:
+        @app.page("/metrics")
+        class Metrics(web.View):
+            async def get(self, request: web.Request) -> web.Response:
+                return self.bytes(worker.metrics.render(),
+                                  headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    else:
+        @app.task
+        async def metrics_port() -> None:
+            await serve_metrics(worker.settings, access, worker.metrics.render)
 
     @app.page("/healthz")
     class Health(web.View):
         async def get(self, request: web.Request) -> web.Response:
+            caller = request.get(CALLER)
+            if caller is None or "status" not in caller.scopes:
+                return self.json({"status": "ok"})  # liveness; details need the status scope
             return self.json(dict(worker.query.health(), duty=worker.duty(),
                                   standby_outbox=worker.state.outbox.standby_size()))
+
+    @app.page("/readyz")
+    class Ready(web.View):
+        async def get(self, request: web.Request) -> web.Response:
+            try:
+                worker.guard.check()
+            except AttestError as exc:
+                return error(self, 503, exc.code, exc.message, "ready")
+            return self.json({"status": "ready"})
+
+    if access.reload is not None:
+        @app.timer(interval=1.0)
+        async def reload_callers() -> None:
+            # Polling a small file once a second applies an edit within the promised 5 s on any filesystem.
+            access.reload()
 
 
 async def _wait_until_fresh(worker: "Worker", target: dict) -> bool:

@@ -11,7 +11,9 @@ import faust
 import orjson
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
+from agents.access import Access
 from agents.backlog import recompile_queued
+from agents.gate import Gate, api_routes
 from agents.invalidation import Invalidator
 from agents.query import QueryService
 from agents.lag import LagWatcher
@@ -142,9 +144,12 @@ class Worker:
                     return sent
 
 
-def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
+def build_worker(settings: Settings, bootstrap_servers: str, access: Access | None = None) -> Worker:
     """Create the app and register everything on it; nothing runs until the app starts."""
-    app = create_app(settings, bootstrap_servers)
+    access = access or Access.closed()
+    kafka = settings.kafka.client_kwargs()
+    gate = Gate(settings, access.callers, access.jwt, api_routes(settings))
+    app = create_app(settings, bootstrap_servers, [gate.middleware])
     topics = declare_topics(app, settings)
     state = LocalState.open(settings.db_path)
     state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
@@ -152,7 +157,7 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
                               eager_limit=settings.eager_recompile_limit, max_clock_jump=settings.max_clock_jump)
     guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
-                       settings.revocation_lag_bound)
+                       settings.revocation_lag_bound, kafka=kafka)
     query = QueryService(state, invalidator, guard)
     query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
                           calls=settings.max_budget_calls)
@@ -164,9 +169,9 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
     replica = Replica(invalidator, state.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
-                      auto_rebase=settings.rebase or settings.bootstrap_servers is None)
+                      auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka)
     guard.paused, guard.blocked = replica.paused, replica.blocked
-    plan_feed = PlanFeed(state, invalidator, replica, bootstrap_servers, settings.topic("plans"))
+    plan_feed = PlanFeed(state, invalidator, replica, bootstrap_servers, settings.topic("plans"), kafka=kafka)
     worker = Worker(settings, app, topics, state, invalidator, query, asyncio.Lock(), guard, metrics,
                     replica, plan_feed)
     replica.after_apply = worker.publish_owned
@@ -206,7 +211,7 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
                 await worker.publish_outbox()
             await asyncio.sleep(0 if done else 0.1)
 
-    group_offsets = GroupOffsets(bootstrap_servers, settings.app_id)
+    group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
 
     @app.timer(interval=5.0)
     async def prune_standby() -> None:
@@ -237,7 +242,7 @@ def build_worker(settings: Settings, bootstrap_servers: str) -> Worker:
                                                            timestamp=None, headers=None)
                                    for p in worker.duty().get("clock", [])])
 
-    register_routes(app, worker)
+    register_routes(app, worker, access)
     return worker
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import subprocess
 import sys
 import uuid
@@ -32,6 +33,11 @@ class BenchWorker:
     http: aiohttp.ClientSession = field(repr=False)
     env: dict = field(default_factory=dict, repr=False)
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The bearer header for the secret this worker was started with."""
+        return {"Authorization": f"Bearer {self.settings.token}"}
+
     async def publish(self, records) -> str:
         """Publish (topic, key, value) records; the freshness token covering them."""
         return await publish(self.settings, self.bootstrap, records)
@@ -40,7 +46,7 @@ class BenchWorker:
         """POST /v1/select; raise on anything but 200."""
         if fresh:
             body = dict(body, at_least_as_fresh=fresh)
-        async with self.http.post(f"{self.url}/v1/select", json=body) as resp:
+        async with self.http.post(f"{self.url}/v1/select", json=body, headers=self.auth) as resp:
             doc = await resp.json()
             if resp.status != 200:
                 raise RuntimeError(f"select failed with {resp.status}: {doc}")
@@ -48,12 +54,13 @@ class BenchWorker:
 
     async def health(self) -> dict:
         """GET /healthz."""
-        async with self.http.get(f"{self.url}/healthz") as resp:
+        async with self.http.get(f"{self.url}/healthz", headers=self.auth) as resp:
             return await resp.json()
 
     async def consumers(self, topic: str, action: str) -> None:
         """Pause or resume applying an input topic."""
-        async with self.http.post(f"{self.url}/v1/admin/consumers", json={"topic": topic, "action": action}) as r:
+        async with self.http.post(f"{self.url}/v1/admin/consumers", json={"topic": topic, "action": action},
+                                  headers=self.auth) as r:
             if r.status != 200:
                 raise RuntimeError(await r.text())
 
@@ -98,7 +105,7 @@ async def start_worker(bootstrap: str, directory: Path, http: aiohttp.ClientSess
                FRESHPLAN_APP_ID=f"bench-{tag}", FRESHPLAN_STATE_DIR=str(directory / "state"),
                FRESHPLAN_WEB_PORT=str(port), FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_FRESHNESS_WAIT="600",
                FRESHPLAN_LOG_LEVEL="warning", FRESHPLAN_PARTITIONS="4", FRESHPLAN_REVOCATION_LAG_BOUND="3600",
-               **extra)
+               FRESHPLAN_TOKEN=secrets.token_urlsafe(32), **extra)
     log_path = directory / "worker.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=env, cwd=ROOT,

@@ -102,7 +102,7 @@ async def _latency(worker: BenchWorker, rate: int, seconds: float, version_base:
                     got.setdefault(eid, now)
 
     listener = asyncio.create_task(listen())
-    send = producer(worker.bootstrap)
+    send = producer(worker.bootstrap, worker.settings.kafka.client_kwargs())
     await send.start()
     futures = []
     try:
@@ -179,13 +179,13 @@ async def _bare_producer(worker: BenchWorker, records: int, size: int) -> float:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     name = worker.settings.topic("bench-producer-ceiling")
-    admin = AIOKafkaAdminClient(bootstrap_servers=worker.bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=worker.bootstrap, **worker.settings.kafka.client_kwargs())
     await admin.start()
     try:
         await admin.create_topics([NewTopic(name, worker.settings.partitions, 1)])
     finally:
         await admin.close()
-    send = producer(worker.bootstrap)
+    send = producer(worker.bootstrap, worker.settings.kafka.client_kwargs())
     await send.start()
     try:
         await send.send_and_wait(name, b"warm-up", key=b"warm-up")
@@ -202,7 +202,7 @@ async def _announcements_from_now(worker: BenchWorker) -> AIOKafkaConsumer:
     """A consumer of `plan-invalidations` positioned at its end."""
     consumer = AIOKafkaConsumer(bootstrap_servers=worker.bootstrap, enable_auto_commit=False,
                                 fetch_max_wait_ms=10,  # a short long-poll: the listener's own wait is not latency
-                                max_partition_fetch_bytes=8_000_000)
+                                max_partition_fetch_bytes=8_000_000, **worker.settings.kafka.client_kwargs())
     await consumer.start()
     name = worker.settings.topic("plan-invalidations")
     tps = [TopicPartition(name, p) for p in range(worker.settings.partitions)]

@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from streams.kafka_security import KafkaSecurity  # noqa: E402
 from streams.plan_cache import PlanCache  # noqa: E402
 
 
@@ -21,7 +23,8 @@ async def main(args: argparse.Namespace) -> None:
     info = json.loads((Path(args.state_dir) / "run.json").read_text()) if not args.bootstrap else {}
     bootstrap = args.bootstrap or info["bootstrap_servers"]
     cache = PlanCache(bootstrap, group_id=args.group, path=args.cache_file,
-                      topic_prefix=args.topic_prefix or info.get("topic_prefix", ""))
+                      topic_prefix=args.topic_prefix or info.get("topic_prefix", ""),
+                      kafka=KafkaSecurity.from_env(dict(os.environ)).client_kwargs())  # the KAFKA_* security settings
     await cache.start()
     deadline = time.monotonic() + args.max_seconds if args.max_seconds else None
     try:

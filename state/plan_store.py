@@ -122,6 +122,11 @@ class PlanStore:
         return {"plan_id": plan_id, "status": row[0], "reason": row[1],
                 "cause": orjson.loads(row[2]) if row[2] else None, "successor_plan_id": row[3]}
 
+    def receipt(self, receipt_id: str) -> dict[str, Any] | None:
+        """A stored receipt (withheld items by id and reason class, never content)."""
+        row = self.db.execute("SELECT receipt FROM receipts WHERE receipt_id = ?", [receipt_id]).fetchone()
+        return orjson.loads(row[0]) if row else None
+
     def counts(self) -> dict[str, int]:
         """Plans by status."""
         return dict(self.db.execute("SELECT status, count(*) FROM plans GROUP BY 1").fetchall())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -14,7 +15,7 @@ log = logging.getLogger(__name__)
 
 async def ensure_topics(settings: Settings, bootstrap_servers: str) -> list[str]:
     """Create any of the design's topics that do not exist yet; return the ones created."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **settings.kafka.client_kwargs())
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -34,10 +35,10 @@ async def ensure_topics(settings: Settings, bootstrap_servers: str) -> list[str]
         await admin.close()
 
 
-def producer(bootstrap_servers: str) -> AIOKafkaProducer:
-    """A producer with the delivery guarantees the service relies on."""
+def producer(bootstrap_servers: str, kafka: dict[str, Any] | None = None) -> AIOKafkaProducer:
+    """A producer with the delivery guarantees the service relies on; `kafka` is KafkaSecurity.client_kwargs()."""
     return AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", linger_ms=5,
-                            max_request_size=2_000_000)
+                            max_request_size=2_000_000, **(kafka or {}))
 
 
 
@@ -48,16 +49,17 @@ class GroupOffsets:
     answer to the admin client's OffsetFetch version does not decode (seen with Tansu 0.6.0).
     """
 
-    def __init__(self, bootstrap_servers: str, group: str) -> None:
+    def __init__(self, bootstrap_servers: str, group: str, kafka: dict[str, Any] | None = None) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.group = group
+        self.kafka = kafka or {}
         self._consumer: AIOKafkaConsumer | None = None
 
     async def read(self, topics: dict[str, str]) -> dict[tuple[str, int], int]:
         """Committed next offsets keyed by (logical topic, partition); `topics` maps broker names to logical."""
         if self._consumer is None:
             consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=self.group,
-                                        enable_auto_commit=False)
+                                        enable_auto_commit=False, **self.kafka)
             await consumer.start()
             self._consumer = consumer
         out: dict[tuple[str, int], int] = {}

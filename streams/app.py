@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import faust
 
 from streams.settings import Settings
 
 
-def create_app(settings: Settings, bootstrap_servers: str) -> faust.App:
-    """A Faust app for one worker: no tables (state is DuckDB), web server on the settings' port."""
+def create_app(settings: Settings, bootstrap_servers: str, middlewares: Sequence[Any] = ()) -> faust.App:
+    """A Faust app for one worker: no tables (state is DuckDB), web server on the settings' port.
+
+    Faust's own pages (/router/, /table/, /graph/, statistics, /performance/) are switched off:
+    they would answer without the callers' credentials. `middlewares` wrap every HTTP request.
+    """
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     return faust.App(
         settings.app_id,
@@ -24,6 +30,13 @@ def create_app(settings: Settings, bootstrap_servers: str) -> faust.App:
         web_host=settings.web_host,
         web_port=settings.web_port,
         web_in_thread=False,
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_graph_enabled=False,
+        web_stats_enabled=False,
+        web_metrics_enabled=False,
+        web_application_options={"middlewares": list(middlewares)},
+        broker_credentials=settings.kafka.faust_credentials(),
         producer_acks=-1,
         producer_max_request_size=settings.max_record_bytes,
         broker_commit_interval=1.0,

@@ -28,8 +28,10 @@ class PlanCache:
     batch is in the local file, so a crash re-reads rather than skips.
     """
 
-    def __init__(self, bootstrap_servers: str, *, group_id: str, path: Path | str, topic_prefix: str = "") -> None:
+    def __init__(self, bootstrap_servers: str, *, group_id: str, path: Path | str, topic_prefix: str = "",
+                 kafka: dict[str, Any] | None = None) -> None:
         self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka or {}  # KafkaSecurity.client_kwargs() of the subscriber
         self.group_id = group_id
         self.topics = {f"{topic_prefix}plans": "plans", f"{topic_prefix}plan-invalidations": "plan-invalidations"}
         self.db = sqlite3.connect(str(path))
@@ -60,7 +62,7 @@ class PlanCache:
         """Join the group; resume from its committed offsets (earliest for a new group)."""
         self._consumer = AIOKafkaConsumer(*self.topics, bootstrap_servers=self.bootstrap_servers,
                                           group_id=self.group_id, enable_auto_commit=False,
-                                          auto_offset_reset="earliest")
+                                          auto_offset_reset="earliest", **self.kafka)
         await self._consumer.start()
 
     async def poll(self, timeout_ms: int = 500) -> int:

@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from schemas.timefmt import parse_duration
+from streams.kafka_security import KafkaSecurity
 
 INPUT_TOPICS = ("source-changes", "policy-versions", "revocations", "clock")
 OUTPUT_TOPICS = ("plan-invalidations", "plans", "receipts", "dead-letters")
@@ -67,6 +68,28 @@ class Settings:
     """json (one object per line, for log pipelines) or text."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
+    kafka: KafkaSecurity = field(default_factory=KafkaSecurity)
+    """TLS and SASL settings every Kafka client of the process uses."""
+    token: str | None = field(default=None, repr=False)
+    """FRESHPLAN_TOKEN: the secret the CLI sends; without a callers file, `run` serves it instead of generating one."""
+    callers_file: Path | None = None
+    """JSON file of callers (secret hashes, principals, scopes); None means the single run.json secret."""
+    jwt_jwks_file: Path | None = None
+    """JWKS file with the public keys that sign end-user JWTs; JWTs are refused without it."""
+    jwt_issuer: str | None = None
+    """Required `iss` of end-user JWTs."""
+    jwt_audience: str | None = None
+    """Required `aud` of end-user JWTs."""
+    jwt_principal_claim: str = "sub"
+    """JWT claim naming the only principal a JWT caller may ask for."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins allowed to call the API; any other Origin header gets 403."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host header names accepted (port ignored); empty means the bind address, localhost, 127.0.0.1, [::1]."""
+    metrics_port: int | None = None
+    """Serve /metrics on this port instead of the API port."""
+    metrics_auth: str = "open"
+    """open, or status: /metrics then needs a caller with the `status` scope."""
 
     @property
     def db_path(self) -> Path:
@@ -77,6 +100,13 @@ class Settings:
     def run_file(self) -> Path:
         """Where `freshplan run` records the broker and HTTP addresses it uses."""
         return self.state_dir / "run.json"
+
+    @property
+    def hosts(self) -> frozenset[str]:
+        """Host names the API answers to (lower case, no port)."""
+        if self.allowed_hosts:
+            return frozenset(h.lower() for h in self.allowed_hosts)
+        return frozenset({self.web_host.lower(), "localhost", "127.0.0.1", "[::1]", "::1"})
 
     def topic(self, name: str) -> str:
         """The broker-side name of one of the design's topics."""
@@ -125,4 +155,20 @@ class Settings:
             rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),
             log_level=get("LOG_LEVEL", base.log_level),
             log_format=get("LOG_FORMAT", base.log_format),
+            kafka=KafkaSecurity.from_env(env),
+            token=get("TOKEN", None),
+            callers_file=get("CALLERS_FILE", None, Path),
+            jwt_jwks_file=get("JWT_JWKS_FILE", None, Path),
+            jwt_issuer=get("JWT_ISSUER", None),
+            jwt_audience=get("JWT_AUDIENCE", None),
+            jwt_principal_claim=get("JWT_PRINCIPAL_CLAIM", base.jwt_principal_claim),
+            allowed_origins=get("ALLOWED_ORIGINS", (), _words),
+            allowed_hosts=get("ALLOWED_HOSTS", (), _words),
+            metrics_port=get("METRICS_PORT", None, int),
+            metrics_auth=get("METRICS_AUTH", base.metrics_auth),
         )
+
+
+def _words(raw: str) -> tuple[str, ...]:
+    """A comma- or space-separated list."""
+    return tuple(w for w in raw.replace(",", " ").split() if w)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import secrets
 import subprocess
 import sys
 import uuid
@@ -58,6 +60,11 @@ class WorkerProcess:
     log_path: Path
     http: aiohttp.ClientSession | None = field(default=None, repr=False)
     env: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The bearer header for the secret the worker was started with (FRESHPLAN_TOKEN)."""
+        return auth_header(self.env)
 
     def stop(self) -> None:
         """SIGTERM the worker and wait for a clean exit."""
@@ -168,15 +175,21 @@ async def _drain(bootstrap: str, name: str, partitions: int) -> list[dict]:
         await consumer.stop()
 
 
+def auth_header(env: dict) -> dict[str, str]:
+    """`Authorization: Bearer` with the FRESHPLAN_TOKEN of a worker's environment."""
+    return {"Authorization": f"Bearer {env['FRESHPLAN_TOKEN']}"}
+
+
 async def _wait_http(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> None:
+    """Until /readyz says 200: the HTTP API is up and revocations are known and within the bound."""
     async with aiohttp.ClientSession() as http:
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
             if proc.poll() is not None:
                 raise AssertionError(f"worker exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
             try:
-                async with http.get(f"{url}/healthz") as resp:
-                    if resp.status == 200 and (await resp.json())["revocations"]["state"] == "ok":
+                async with http.get(f"{url}/readyz") as resp:
+                    if resp.status == 200:
                         return
             except aiohttp.ClientError:
                 pass
@@ -190,23 +203,30 @@ def _spawn(env: dict, log_path: Path) -> subprocess.Popen:
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
-@pytest.fixture
-async def worker(broker, tmp_path):
-    """A worker process on unique topics and group, with the wall clock off (scenarios drive time)."""
+@contextlib.asynccontextmanager
+async def launch(broker, directory: Path, wait: bool = True, **extra: str):
+    """A worker process on unique topics and group, with the wall clock off (scenarios drive time).
+
+    `extra` adds environment variables; the worker's secret is FRESHPLAN_TOKEN, sent by `http`.
+    With wait=False it yields as soon as the process is spawned (`http` is then set as well).
+    """
     tag = uuid.uuid4().hex[:8]
     port = free_port()
+    directory.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers,
                FRESHPLAN_TOPIC_PREFIX=f"t{tag}-", FRESHPLAN_APP_ID=f"freshplan-{tag}",
-               FRESHPLAN_STATE_DIR=str(tmp_path / "state"), FRESHPLAN_WEB_PORT=str(port),
+               FRESHPLAN_STATE_DIR=str(directory / "state"), FRESHPLAN_WEB_PORT=str(port),
                FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10",
-               FRESHPLAN_REVOCATION_LAG_BOUND="1")
+               FRESHPLAN_REVOCATION_LAG_BOUND="1", FRESHPLAN_TOKEN=secrets.token_urlsafe(32))
+    env.update(extra)
     settings = Settings.from_env(env)
-    log_path = tmp_path / "worker.log"
+    log_path = directory / "worker.log"
     url = f"http://127.0.0.1:{port}"
     running = WorkerProcess(settings, broker.bootstrap_servers, url, _spawn(env, log_path), log_path, env=env)
     try:
-        await _wait_http(url, running.proc, log_path)
-        async with aiohttp.ClientSession() as http:
+        if wait:
+            await _wait_http(url, running.proc, log_path)
+        async with aiohttp.ClientSession(headers=running.auth) as http:
             running.http = http
             yield running
     finally:
@@ -216,3 +236,10 @@ async def worker(broker, tmp_path):
         except subprocess.TimeoutExpired:
             running.proc.kill()
             running.proc.wait()
+
+
+@pytest.fixture
+async def worker(broker, tmp_path):
+    """A worker process on unique topics and group, with the wall clock off (scenarios drive time)."""
+    async with launch(broker, tmp_path) as running:
+        yield running

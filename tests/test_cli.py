@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -38,7 +40,7 @@ def test_schemas_export_writes_one_schema_per_topic(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "FRESHPLAN_TOKEN")}
     env.update(FRESHPLAN_WEB_PORT=str(free_port()), FRESHPLAN_STATE_DIR=str(tmp_path / "state"),
                FRESHPLAN_FRESHNESS_WAIT="30")
     log_path = tmp_path / "run.log"
@@ -70,8 +72,18 @@ def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
         shown = subprocess.run(FRESHPLAN + ["status", "--state-dir", str(tmp_path / "state")], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and "revocations" in shown.stdout and "last atlas-" in shown.stdout, shown
-        with urllib.request.urlopen(f"{info['http']}/healthz", timeout=10) as resp:
+        # The generated secret: in run.json only (owner-readable), sent by the CLI, required by the API.
+        secret = info["token"]
+        assert len(secret) >= 32 and stat.S_IMODE(run_file.stat().st_mode) == 0o600
+        auth = {"Authorization": f"Bearer {secret}"}
+        health = urllib.request.Request(f"{info['http']}/healthz", headers=auth)
+        with urllib.request.urlopen(health, timeout=10) as resp:
             assert json.loads(resp.read())["now"] is not None  # wall-clock ticks are on by default
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(f"{info['http']}/v1/plans/{plan['plan_id']}"), timeout=10)
+        refused.value.close()
+        assert refused.value.code == 401 and refused.value.headers["WWW-Authenticate"].startswith("Bearer")
+        assert secret not in log_path.read_text() and str(run_file) in log_path.read_text()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -79,7 +91,7 @@ def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             raise
-    assert not (tmp_path / "state" / "run.json").exists()
+    assert json.loads((tmp_path / "state" / "run.json").read_text()) == {"token": secret}  # kept for the next start
     broker = info["bootstrap_servers"]
     host, port = broker.rsplit(":", 1)
     import socket

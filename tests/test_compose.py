@@ -21,7 +21,26 @@ def test_the_worker_service_can_be_scaled():
     host = env["KAFKA_BOOTSTRAP_SERVERS"].split(":")[0]
     assert host in compose["services"] and worker["depends_on"][host]["condition"] == "service_healthy"
     assert int(env["FRESHPLAN_PARTITIONS"]) >= 3   # three workers need three partitions to share
-    assert worker["volumes"] and all(":" not in v for v in worker["volumes"])  # one state volume per replica
+    state = "/var/lib/freshplan"
+    assert state in worker["volumes"]  # anonymous: one state volume per replica
+    assert all(v == state or v.endswith(":ro") for v in worker["volumes"])  # anything shared is read-only
+
+
+def test_kafka_is_reached_over_sasl_ssl_and_acls_keep_writers_to_their_topics():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    env = compose["services"]["worker"]["environment"]
+    assert env["KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL" and env["KAFKA_SASL_USERNAME"] == "freshplan"
+    assert env["KAFKA_SSL_CAFILE"] and env["KAFKA_SASL_PASSWORD"].startswith("${")  # never a literal
+    assert env["FRESHPLAN_TOKEN"].startswith("${") and "worker" in env["FRESHPLAN_ALLOWED_HOSTS"]
+    broker = (ROOT / "deploy" / "kafka" / "start-kafka.sh").read_text()
+    assert "allow.everyone.if.no.acl.found=false" in broker and "listeners=SASL_SSL://:9094," in broker
+    acls = (ROOT / "deploy" / "kafka" / "acls.sh").read_text()
+    writers = {}
+    granted = re.findall(r"--allow-principal User:([\w-]+) --operation Write .*--topic ([\w\-\"$]+)", acls)
+    for principal, topic in granted:
+        writers.setdefault(topic, set()).add(principal)
+    assert writers["policy-versions"] == {"policy-service"} and writers["revocations"] == {"iam"}
+    assert writers["source-changes"] == {"cdc"}
 
 
 def test_the_image_contains_every_package():

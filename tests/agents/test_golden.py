@@ -87,7 +87,8 @@ async def test_each_pass_refuses_its_own_bad_request(worker):
     for body, status, code, pass_name in cases:
         error = (await worker.select(body, expect=status))["error"]
         assert (error["code"], error["pass"]) == (code, pass_name) and len(error["message"]) > 30
-    async with worker.http.post(f"{worker.url}/v1/select", data=b"{oops") as resp:
+    async with worker.http.post(f"{worker.url}/v1/select", data=b"{oops",
+                                headers={"Content-Type": "application/json"}) as resp:
         assert resp.status == 400 and (await resp.json())["error"]["code"] == "malformed_json"
     cluster = read_token((await worker.get("/healthz"))["freshness_token"]).cluster_id
     ahead = encode_token({"revocations": {0: 99}}, cluster)  # offsets this worker will never have applied

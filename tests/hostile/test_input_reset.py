@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import uuid
@@ -15,7 +16,7 @@ import pytest
 from agents.loader import publish, read_scenario
 from streams.broker import EmbeddedBroker, free_port
 from streams.settings import Settings
-from tests.conftest import ATLAS_REQUEST, ROOT, SCENARIOS, WorkerProcess
+from tests.conftest import ATLAS_REQUEST, ROOT, SCENARIOS, WorkerProcess, auth_header
 from tests.events import revoke_role
 
 pytestmark = pytest.mark.timeout(240)
@@ -27,9 +28,10 @@ def _spawn(env: dict, log_path, *args: str) -> subprocess.Popen:
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
-async def _wait_health(url: str, proc: subprocess.Popen, log_path, want: str, timeout: float = 60.0) -> dict:
-    """Poll /healthz until the guard's state is `want` (ok, reset, ...)."""
-    async with aiohttp.ClientSession() as http:
+async def _wait_health(url: str, proc: subprocess.Popen, log_path, want: str, headers: dict,
+                       timeout: float = 60.0) -> dict:
+    """Poll /healthz (details need the secret) until the guard's state is `want` (ok, reset, ...)."""
+    async with aiohttp.ClientSession(headers=headers) as http:
         deadline = asyncio.get_running_loop().time() + timeout
         health: dict = {}
         while asyncio.get_running_loop().time() < deadline:
@@ -66,7 +68,7 @@ async def _run_embedded(env: dict, tmp_path, port: int) -> tuple[subprocess.Pope
         if run_file.exists():
             break
         await asyncio.sleep(0.1)
-    await _wait_health(url, proc, log_path, "ok")
+    await _wait_health(url, proc, log_path, "ok", auth_header(env))
     info = json.loads(run_file.read_text())
     settings = Settings.from_env(env)
     return proc, WorkerProcess(settings, info["bootstrap_servers"], url, proc, log_path, env=env)
@@ -76,9 +78,10 @@ async def test_restart_on_an_embedded_broker_applies_a_revocation_below_the_old_
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
     env.update(FRESHPLAN_STATE_DIR=str(tmp_path / "state"), FRESHPLAN_WEB_PORT=str(port), FRESHPLAN_WALL_CLOCK="0",
-               FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10", FRESHPLAN_REVOCATION_LAG_BOUND="1")
+               FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10", FRESHPLAN_REVOCATION_LAG_BOUND="1",
+               FRESHPLAN_TOKEN=secrets.token_urlsafe(32))
     proc, first = await _run_embedded(env, tmp_path, port)
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=auth_header(env)) as http:
         first.http = http
         try:
             loaded = await first.publish(read_scenario(SCENARIOS / "atlas.jsonl"))
@@ -118,7 +121,7 @@ async def test_a_reset_external_broker_is_refused_until_the_operator_rebases(wor
         log_path = tmp_path / "reset.log"
         proc = _spawn(env, log_path)
         try:
-            health = await _wait_health(worker.url, proc, log_path, "reset")
+            health = await _wait_health(worker.url, proc, log_path, "reset", auth_header(env))
             assert set(health["revocations"]["resets"]) >= {"revocations", "source-changes"}
             refused = await worker.select(ATLAS_REQUEST, expect=503)
             assert refused["error"]["code"] == "input_reset"
@@ -130,7 +133,7 @@ async def test_a_reset_external_broker_is_refused_until_the_operator_rebases(wor
         await publish(settings, other.bootstrap_servers, read_scenario(SCENARIOS / "atlas.jsonl"))
         proc = _spawn(env, log_path, "--rebase")
         try:
-            await _wait_health(worker.url, proc, log_path, "ok")
+            await _wait_health(worker.url, proc, log_path, "ok", auth_header(env))
             moved = WorkerProcess(settings, other.bootstrap_servers, worker.url, proc, log_path, worker.http, env)
             revoked = await moved.publish_events(revoke_role("maya", "credit_analyst"))
             after = await moved.select(ATLAS_REQUEST, revoked)

@@ -28,3 +28,20 @@ def test_environment_and_overrides():
 def test_the_clock_jump_bound_is_an_iso_duration():
     assert Settings.from_env({}).max_clock_jump == timedelta(days=400)
     assert Settings.from_env({"FRESHPLAN_MAX_CLOCK_JUMP": "PT12H"}).max_clock_jump == timedelta(hours=12)
+
+
+def test_caller_and_kafka_security_settings():
+    env = {"FRESHPLAN_CALLERS_FILE": "/etc/freshplan/callers.json",
+           "FRESHPLAN_ALLOWED_ORIGINS": "https://a.example, https://b.example",
+           "FRESHPLAN_ALLOWED_HOSTS": "freshplan.internal,LOCALHOST", "FRESHPLAN_METRICS_PORT": "9100",
+           "FRESHPLAN_TOKEN": "declared-secret-0001", "FRESHPLAN_JWT_ISSUER": "https://idp",
+           "KAFKA_SECURITY_PROTOCOL": "sasl_ssl", "KAFKA_SASL_USERNAME": "freshplan",
+           "KAFKA_SASL_PASSWORD": "pw-not-shown"}
+    settings = Settings.from_env(env)
+    assert settings.callers_file == Path("/etc/freshplan/callers.json") and settings.metrics_port == 9100
+    assert settings.allowed_origins == ("https://a.example", "https://b.example")
+    assert settings.hosts == {"freshplan.internal", "localhost"} and settings.jwt_principal_claim == "sub"
+    assert settings.kafka.protocol == "SASL_SSL" and settings.kafka.sasl_username == "freshplan"
+    assert "declared-secret-0001" not in repr(settings) and "pw-not-shown" not in repr(settings)
+    assert Settings.from_env({"FRESHPLAN_WEB_HOST": "0.0.0.0"}).hosts == {"0.0.0.0", "localhost", "127.0.0.1",
+                                                                          "[::1]", "::1"}

@@ -1,0 +1,38 @@
+#!/bin/sh
+# Topics and ACLs of the compose example (run once by the `acls` service, as the admin user).
+# Only the policy service writes policy-versions, only IAM writes revocations, only CDC writes
+# source-changes; freshplan reads the inputs, writes its outputs and the clock.
+set -eu
+: "${KAFKA_ADMIN_PASSWORD:?}" "${PARTITIONS:=4}"
+cat > /tmp/admin.properties <<PROPS
+security.protocol=SASL_SSL
+sasl.mechanism=PLAIN
+sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="${KAFKA_ADMIN_PASSWORD}";
+ssl.truststore.type=PEM
+ssl.truststore.location=/certs/ca.pem
+PROPS
+BS="--bootstrap-server kafka:9094 --command-config /tmp/admin.properties"
+bin=/opt/kafka/bin
+for t in source-changes policy-versions revocations clock plan-invalidations receipts dead-letters; do
+  $bin/kafka-topics.sh $BS --create --if-not-exists --topic "$t" --partitions "$PARTITIONS" --replication-factor 1
+done
+$bin/kafka-topics.sh $BS --create --if-not-exists --topic plans --partitions "$PARTITIONS" --replication-factor 1 \
+  --config cleanup.policy=compact
+# Producers of the inputs: one writer per topic.
+$bin/kafka-acls.sh $BS --add --allow-principal User:policy-service --operation Write --operation Describe --topic policy-versions
+$bin/kafka-acls.sh $BS --add --allow-principal User:iam --operation Write --operation Describe --topic revocations
+$bin/kafka-acls.sh $BS --add --allow-principal User:cdc --operation Write --operation Describe --topic source-changes
+# freshplan: read every input and `plans` (workers adopt each other's plans), write its outputs
+# and clock ticks, its consumer group, and Faust's internal topics (prefix = the app id).
+for t in source-changes policy-versions revocations clock plans; do
+  $bin/kafka-acls.sh $BS --add --allow-principal User:freshplan --operation Read --operation Describe --topic "$t"
+done
+for t in clock plan-invalidations plans receipts dead-letters; do
+  $bin/kafka-acls.sh $BS --add --allow-principal User:freshplan --operation Write --operation Describe --topic "$t"
+done
+$bin/kafka-acls.sh $BS --add --allow-principal User:freshplan --operation All --resource-pattern-type prefixed \
+  --topic freshplan-
+$bin/kafka-acls.sh $BS --add --allow-principal User:freshplan --operation Read --operation Describe \
+  --resource-pattern-type prefixed --group freshplan
+$bin/kafka-acls.sh $BS --add --allow-principal User:freshplan --operation Describe --cluster
+$bin/kafka-acls.sh $BS --list
