@@ -7,7 +7,7 @@ import logging
 from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import OffsetOutOfRangeError
+from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from agents.incarnation import probe
 from agents.invalidation import Invalidator, RawMessage
@@ -94,9 +94,7 @@ class Replica:
 
     async def run(self) -> None:
         """Consume and apply until cancelled."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
-                                    auto_offset_reset="none", max_partition_fetch_bytes=self.fetch_bytes,
-                                    fetch_max_wait_ms=int(self.batch_window * 1000), **self.kafka)
+        consumer = self._new_consumer()
         await consumer.start()
         self._consumer = consumer
         logical = {v: k for k, v in self.topics.items()}
@@ -105,6 +103,12 @@ class Replica:
             consumer.assign(tps)
             await self._verify_incarnation(consumer)
             tps = [tp for tp in tps if logical[tp.topic] not in self.blocked]
+            # A fresh consumer: the probe's out-of-range errors must not surface in the first fetch.
+            await consumer.stop()
+            consumer = self._consumer = self._new_consumer()
+            await consumer.start()
+            if not tps:
+                await asyncio.Event().wait()  # every input was reset: apply nothing until restarted
             consumer.assign(tps)
             self.ready.set()
             for tp in tps:
@@ -120,10 +124,12 @@ class Replica:
                 try:
                     batch = await consumer.getmany(timeout_ms=int(self.batch_window * 1000),
                                                    max_records=self.batch_size)
-                except OffsetOutOfRangeError as exc:
+                except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
                     # The broker lost offsets this worker applied: stop reading those topics (the
                     # guard refuses selects with input_reset) rather than skip to the log start.
-                    topics = {logical[tp.topic] for tp in exc.args[0]} if exc.args else set(self.topics)
+                    arg = exc.args[0] if exc.args else None
+                    lost = list(arg) if isinstance(arg, dict) else [arg] if isinstance(arg, TopicPartition) else []
+                    topics = {logical[tp.topic] for tp in lost} or set(self.topics)
                     self._block({t: "position_out_of_range" for t in topics})
                     consumer.assign([tp for tp in consumer.assignment() if logical[tp.topic] not in self.blocked])
                     continue
@@ -140,6 +146,12 @@ class Replica:
         finally:
             self._consumer = None
             await consumer.stop()
+
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        # No reset policy: a position the broker lost is an error to report, never a silent skip.
+        return AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="none", max_partition_fetch_bytes=self.fetch_bytes,
+                                fetch_max_wait_ms=int(self.batch_window * 1000), **self.kafka)
 
     async def _verify_incarnation(self, consumer: AIOKafkaConsumer) -> None:
         """Compare the recorded offsets with the broker's topics; rebase or block what was reset."""
