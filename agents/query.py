@@ -23,6 +23,7 @@ class QueryService:
         self.guard = guard  # a LagWatcher; None only where no broker exists (unit tests)
         self.on_compile = None  # seconds per compilation on the read path
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
+        self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
 
     def token(self) -> str:
         """Freshness token of the state as it is now."""
@@ -41,6 +42,7 @@ class QueryService:
             degraded = self.guard.degraded()
         entity_id = resolve_entity(request.entity, state.catalog.entity_matches(request.entity))
         key = plan_key(request, entity_id)
+        self.selected.add(key)
         plan = state.plans.fresh_plan(key)
         served_from = "cache"
         if plan is None:
@@ -60,9 +62,14 @@ class QueryService:
             out["degraded"] = degraded  # paused inputs that can make this answer less current
         return out
 
+    def take_selected(self) -> set[str]:
+        """The plan keys selected since the last call (for the retention pass to stamp)."""
+        taken, self.selected = self.selected, set()
+        return taken
+
     def plan_status(self, plan_id: str) -> dict[str, Any] | None:
-        """Public status of a plan id, or None when unknown."""
-        return self.state.plans.status(plan_id)
+        """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown."""
+        return self.state.plans.status(plan_id) or self.state.retention.evicted_status(plan_id)
 
     def health(self) -> dict[str, Any]:
         """Liveness plus what the worker has applied."""
