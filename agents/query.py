@@ -78,7 +78,7 @@ class QueryService:
         return {"status": "ok", "now": now and now.isoformat().replace("+00:00", "Z"),
                 "applied_offsets": store.next_offsets(), "freshness_token": self.token(),
                 "plans": self.state.plans.counts(), "index_edges": self.state.index.size(),
-                "outbox": self.state.outbox.size(),
+                "outbox": self.state.outbox.size(), "retention": self.state.retention.sizes(),
                 "counters": dict(Counter(store.counters()) + self.selects),
                 "revocations": self.guard.status().as_dict() if self.guard else None,
                 "lag": self.guard.lags() if self.guard else {},

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
+
+from schemas.timefmt import parse_duration
 
 INPUT_TOPICS = ("source-changes", "policy-versions", "revocations", "clock")
 OUTPUT_TOPICS = ("plan-invalidations", "plans", "receipts", "dead-letters")
@@ -54,6 +57,12 @@ class Settings:
     """Logging level of the worker."""
     log_format: str = "json"
     """json (one object per line, for log pipelines) or text."""
+    plan_retention: timedelta = timedelta(days=30)
+    """Event time a plan key may go unselected before its plan is evicted (ISO 8601 duration in the env)."""
+    receipt_retention: timedelta = timedelta(days=400)
+    """Event time receipts are kept in DuckDB (the `receipts` topic keeps them for auditors)."""
+    retention_interval: float = 10.0
+    """Seconds between retention passes (each removes a bounded batch)."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
 
@@ -110,4 +119,7 @@ class Settings:
             rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),
             log_level=get("LOG_LEVEL", base.log_level),
             log_format=get("LOG_FORMAT", base.log_format),
+            plan_retention=get("PLAN_RETENTION", base.plan_retention, parse_duration),
+            receipt_retention=get("RECEIPT_RETENTION", base.receipt_retention, parse_duration),
+            retention_interval=get("RETENTION_INTERVAL", base.retention_interval, float),
         )
