@@ -97,11 +97,12 @@ class Retention:
         keys = sorted(set(plan_keys))
         if not keys:
             return
-        rows = pa.table({"plan_key": keys, "selected_at": pa.array([at] * len(keys), pa.timestamp("us", tz="UTC"))})
+        stamps = pa.array([at] * len(keys), pa.timestamp("us", tz="UTC"))
+        rows = pa.table({"plan_key": keys, "selected_at": stamps})
         self.db.register("_stamps", rows)
         try:
-            self.db.execute("INSERT INTO plan_selected SELECT s.plan_key, s.selected_at FROM _stamps s SEMI JOIN plan_heads h "
-                            "USING (plan_key) ON CONFLICT (plan_key) DO UPDATE SET "
+            self.db.execute("INSERT INTO plan_selected SELECT s.plan_key, s.selected_at FROM _stamps s "
+                            "SEMI JOIN plan_heads h USING (plan_key) ON CONFLICT (plan_key) DO UPDATE SET "
                             "selected_at = greatest(plan_selected.selected_at, excluded.selected_at)")
         finally:
             self.db.unregister("_stamps")
@@ -145,7 +146,8 @@ class Retention:
     def _evict(self, now: datetime, cutoff: datetime, limit: int, topics: Topics,
                invalidated_at: str) -> list[tuple[str, str]]:
         due = self.db.execute("SELECT h.plan_key, h.plan_id FROM plan_heads h JOIN plan_selected s USING (plan_key) "
-                              "WHERE s.selected_at < ? ORDER BY s.selected_at, h.plan_key LIMIT ?", [cutoff, limit]).fetchall()
+                              "WHERE s.selected_at < ? ORDER BY s.selected_at, h.plan_key LIMIT ?",
+                              [cutoff, limit]).fetchall()
         if not due:
             return []
         cause = self._cause(now, topics.clock)

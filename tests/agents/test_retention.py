@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from tests.conftest import ATLAS_REQUEST
+from tests.conftest import ATLAS_REQUEST, start_peer
 from tests.events import tick
 
 pytestmark = pytest.mark.timeout(180)
@@ -72,3 +72,31 @@ async def test_unknown_retention_span_refuses_to_start(worker):
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{worker.url}/healthz") as resp:
             assert resp.status == 200
+
+
+async def test_a_peers_eviction_makes_every_worker_drop_the_plan(worker, tmp_path):
+    worker.stop()
+    worker.env.update(FRESHPLAN_RETENTION_INTERVAL="0.2", FRESHPLAN_PLAN_RETENTION="P30D")
+    await worker.restart()
+    peer = await start_peer(worker, tmp_path / "peer")
+    try:
+        peer.env["FRESHPLAN_RETENTION_INTERVAL"] = "3600"    # the peer never evicts by itself here
+        peer.stop()
+        await peer.restart()
+        loaded = await worker.load("atlas.jsonl")
+        plan = await peer.select(ATLAS_REQUEST, loaded)      # compiled on the peer, adopted by the worker
+        await _until(worker, lambda h: h["retention"]["stamped_keys"] == 1)
+        later = await worker.publish_events(tick("2026-10-09T09:00:00Z"))
+        assert (await peer.select(ATLAS_REQUEST, later))["served_from"] == "cache"
+
+        [evicted] = await worker.records("plan-invalidations", lambda rs: any(r["reason"] == "evicted" for r in rs))
+        assert evicted["plan_id"] == plan["plan_id"]
+        health = await _until(peer, lambda h: h["counters"].get("plans_evicted_by_peers") == 1)
+        assert health["plans"] == {} and health["index_edges"] == 0   # nobody indexes it, nobody serves it
+        assert (await peer.get(f"/v1/plans/{plan['plan_id']}"))["reason"] == "evicted"
+        again = await peer.select(ATLAS_REQUEST)
+        assert again["served_from"] == "compiled" and again["plan_id"] == plan["plan_id"]
+        # Published after the tombstone, so the evicting worker indexes it again.
+        await _until(worker, lambda h: h["plans"] == {"fresh": 1} and h["index_edges"] > 0)
+    finally:
+        peer.stop()

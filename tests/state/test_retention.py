@@ -39,7 +39,8 @@ def setup(tmp_path):
 
 def run_pass(state: LocalState, query: QueryService, policy: RetentionPolicy = POLICY):
     with state.store.transaction():
-        return state.retention.run_pass(state.store.now(), policy, query.take_selected(), TOPICS, "2026-01-01T00:00:00Z")
+        return state.retention.run_pass(state.store.now(), policy, query.take_selected(), TOPICS,
+                                        "2026-01-01T00:00:00Z")
 
 
 def advance(state: LocalState, inv: Invalidator, days: float) -> None:
