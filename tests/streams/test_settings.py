@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
+
+import pytest
 
 from streams.settings import Settings
 
@@ -22,3 +25,12 @@ def test_environment_and_overrides():
     assert settings.topic("plans") == "t1-plans" and settings.wall_clock is False
     assert settings.freshness_wait == 2.5 and settings.web_port == 7000
     assert settings.state_dir == Path(".freshplan")
+
+
+def test_retention_spans_are_iso_durations():
+    assert Settings.from_env({}).plan_retention == timedelta(days=30)
+    assert Settings.from_env({}).receipt_retention == timedelta(days=400)
+    settings = Settings.from_env({"FRESHPLAN_PLAN_RETENTION": "PT12H", "FRESHPLAN_RECEIPT_RETENTION": "P2W"})
+    assert settings.plan_retention == timedelta(hours=12) and settings.receipt_retention == timedelta(weeks=2)
+    with pytest.raises(ValueError, match="ISO 8601 duration"):
+        Settings.from_env({"FRESHPLAN_PLAN_RETENTION": "30 days"})
