@@ -74,7 +74,11 @@ class _StateCollector:
                                 ("plans_adopted", "Plans compiled by other workers and indexed here"),
                                 ("plans_stale_on_arrival", "Plans from other workers announced stale here"),
                                 ("duplicate_events", "Events ignored as duplicates by event_id"),
-                                ("ignored_old_versions", "Events ignored as older versions")):
+                                ("ignored_old_versions", "Events ignored as older versions"),
+                                ("plans_evicted", "Plans evicted after going unselected for the retention span"),
+                                ("plans_evicted_by_peers", "Plans dropped here because another worker evicted them"),
+                                ("plan_rows_expired", "Rows of invalidated or evicted plans deleted by retention"),
+                                ("receipts_expired", "Receipts deleted from local state after their retention span")):
             yield CounterMetricFamily(f"freshplan_{name}", help_text, value=counters.get(name, 0))
         yield from _labelled(counters, {
             "applied.": CounterMetricFamily("freshplan_events_applied", "Input events applied", labels=["topic"]),

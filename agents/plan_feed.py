@@ -71,7 +71,7 @@ class PlanFeed:
                     await consumer.seek_to_beginning(tp)
             while True:
                 batch = await consumer.getmany(timeout_ms=200, max_records=500)
-                records = [(tp.partition, m.offset, m.value) for tp, ms in batch.items() for m in ms]
+                records = [(tp.partition, m.offset, m.value, m.key) for tp, ms in batch.items() for m in ms]
                 if records:
                     await self._ingest_isolated(records)
                     if self.after_apply:
@@ -79,7 +79,7 @@ class PlanFeed:
         finally:
             await consumer.stop()
 
-    async def _ingest_isolated(self, records: list[tuple[int, int, bytes | None]]) -> None:
+    async def _ingest_isolated(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
         """Ingest a batch; if it fails, one record at a time, skipping (and counting) any that fails."""
         try:
             await self._ingest(records)
@@ -91,7 +91,7 @@ class PlanFeed:
             try:
                 await self._ingest([record])
             except Exception as exc:  # noqa: BLE001
-                partition, offset, _ = record
+                partition, offset, *_ = record
                 with self.state.store.transaction():
                     self._save_positions({partition: offset + 1})
                 self._skip(partition, offset, f"{type(exc).__name__} while ingesting")
@@ -101,11 +101,14 @@ class PlanFeed:
             "INSERT INTO plan_feed VALUES (?, ?) ON CONFLICT (partition) DO UPDATE SET next_offset = "
             "greatest(plan_feed.next_offset, excluded.next_offset)", list(ends.items()))
 
-    async def _ingest(self, records: list[tuple[int, int, bytes | None]]) -> None:
+    async def _ingest(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
         plans: list[tuple[int, int, dict[str, Any]]] = []
-        for partition, offset, value in records:
+        # A tombstone is a peer's eviction of that plan id; a later record of the id brings it back.
+        tombstones = {key.decode(errors="replace"): offset for _, offset, value, key in records
+                      if value is None and key}
+        for partition, offset, value, _ in records:
             if value is None:
-                continue  # a tombstone of the compacted topic
+                continue
             try:
                 plan = orjson.loads(value)
                 validate("plans", plan)
@@ -115,6 +118,11 @@ class PlanFeed:
                 self._skip(partition, offset, getattr(exc, "message", "not JSON"))
                 continue
             plans.append((partition, offset, plan))
+        plans = [(partition, offset, p) for partition, offset, p in plans
+                 if offset > tombstones.get(p["plan_id"], -1)]
+        if tombstones:
+            with self.state.store.transaction():
+                self._drop_evicted(list(tombstones))
         known = self.state.plans.known([p["plan_id"] for _, _, p in plans])
         foreign = [(partition, offset, p) for partition, offset, p in plans if p["plan_id"] not in known]
         cluster_id = self.state.store.incarnation()[0]
@@ -129,11 +137,19 @@ class PlanFeed:
                     log.warning("plan %s names offsets not reached in %.0fs; judged against current state",
                                 plan["plan_id"], FRESHNESS_WAIT_SECONDS, extra={"plan_id": plan["plan_id"]})
         ends: dict[int, int] = {}
-        for partition, offset, _ in records:
+        for partition, offset, *_ in records:
             ends[partition] = max(ends.get(partition, 0), offset + 1)
         with self.state.store.transaction():
             self._judge(foreign)
             self._save_positions(ends)
+
+    def _drop_evicted(self, plan_ids: list[str]) -> None:
+        """Stop serving and indexing plans a peer evicted: it no longer indexes them (see RetentionTimer)."""
+        dropped = self.state.retention.drop_evicted_elsewhere(plan_ids, self.state.store.now())
+        if dropped:
+            self.state.store.bump_many({"plans_evicted_by_peers": len(dropped)})
+            log.info("dropped %d plans a peer evicted", len(dropped), extra={"plans": len(dropped),
+                                                                             "reason": "evicted"})
 
     def _skip(self, partition: int, offset: int, why: str, counts: Counter[str] | None = None) -> None:
         """Count and log a `plans` record this worker cannot use; the feed moves on."""

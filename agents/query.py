@@ -24,6 +24,7 @@ class QueryService:
         self.on_compile = None  # seconds per compilation on the read path
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
         self.limits = Limits()  # largest request fields a select accepts
+        self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
 
     def token(self) -> str:
         """Freshness token of the state as it is now."""
@@ -42,6 +43,7 @@ class QueryService:
             degraded = self.guard.degraded()
         entity_id = resolve_entity(request.entity, state.catalog.entity_matches(request.entity))
         key = plan_key(request, entity_id)
+        self.selected.add(key)
         plan = state.plans.fresh_plan(key)
         served_from = "cache"
         if plan is None:
@@ -61,9 +63,14 @@ class QueryService:
             out["degraded"] = degraded  # paused inputs that can make this answer less current
         return out
 
+    def take_selected(self) -> set[str]:
+        """The plan keys selected since the last call (for the retention pass to stamp)."""
+        taken, self.selected = self.selected, set()
+        return taken
+
     def plan_status(self, plan_id: str) -> dict[str, Any] | None:
-        """Public status of a plan id, or None when unknown."""
-        return self.state.plans.status(plan_id)
+        """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown."""
+        return self.state.plans.status(plan_id) or self.state.retention.evicted_status(plan_id)
 
     def health(self) -> dict[str, Any]:
         """Liveness plus what the worker has applied."""
@@ -72,7 +79,7 @@ class QueryService:
         return {"status": "ok", "now": now and now.isoformat().replace("+00:00", "Z"),
                 "applied_offsets": store.next_offsets(), "freshness_token": self.token(),
                 "plans": self.state.plans.counts(), "index_edges": self.state.index.size(),
-                "outbox": self.state.outbox.size(),
+                "outbox": self.state.outbox.size(), "retention": self.state.retention.sizes(),
                 "counters": dict(Counter(store.counters()) + self.selects),
                 "revocations": self.guard.status().as_dict() if self.guard else None,
                 "lag": self.guard.lags() if self.guard else {},

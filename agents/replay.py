@@ -89,11 +89,16 @@ async def replay(settings: Settings, bootstrap: str, progress=None) -> dict:
 
         def keep_plans(records):
             for m in records:
+                if m.value is None:  # a tombstone: the plan was evicted (a later record brings it back)
+                    plans.pop((m.key or b"").decode(errors="replace"), None)
+                    continue
                 plan = orjson.loads(m.value)
                 plans[plan["plan_id"]] = plan
 
         def keep_invalidated(records):
-            gone.update(orjson.loads(m.value)["plan_id"] for m in records)
+            # Evictions are settled by the tombstones on `plans`, which keep their order there.
+            gone.update(r["plan_id"] for r in map(orjson.loads, (m.value for m in records))
+                        if r.get("reason") != "evicted")
 
         await read_all(bootstrap, settings.topic("plans"), keep_plans, progress, kafka)
         await read_all(bootstrap, settings.topic("plan-invalidations"), keep_invalidated, progress, kafka)

@@ -20,11 +20,13 @@ from agents.lag import LagWatcher
 from agents.metrics import Metrics
 from agents.plan_feed import PlanFeed
 from agents.replica import Replica
+from agents.retention import BATCH, RetentionTimer
 from agents.routes import register_routes
 from compiler.request import Limits
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
+from state.retention import RetentionPolicy, Topics as RetentionTopics
 from streams.admin import GroupOffsets
 from streams.app import create_app
 from streams.settings import INPUT_TOPICS, Settings
@@ -224,6 +226,18 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             return
         with state.store.transaction():
             state.outbox.prune(committed)
+
+    retention = RetentionTimer(state, query, RetentionPolicy(settings.plan_retention, settings.receipt_retention,
+                                                             BATCH),
+                               RetentionTopics(settings.topic("plan-invalidations"), settings.topic("plans"),
+                                               settings.topic("clock")))
+
+    @app.timer(interval=settings.retention_interval)
+    async def enforce_retention() -> None:
+        # Evictions are announced by the worker that makes them (see RetentionTimer).
+        result = retention.run_once()
+        if result is not None and result.evicted:
+            await worker.publish_outbox()
 
     @app.timer(interval=1.0)
     async def flush_outbox() -> None:

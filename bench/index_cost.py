@@ -1,12 +1,16 @@
-"""Index memory per plan and restart time with a million indexed plans, on DuckDB files on disk."""
+"""Bytes per plan (index, plan, receipt) and restart time with a million indexed plans, on DuckDB files on disk."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
+from agents.invalidation import Invalidator, RawMessage
+from agents.query import QueryService
+from bench.workload import Workload
 from state.local_state import LocalState
 
 # The dependency set of one bench plan (see bench/workload.py), with {i} the plan's number:
@@ -77,3 +81,36 @@ def measure(plans: int = 100_000, restart_plans: int = 1_000_000) -> dict:
                    "first_lookup_plans": len(hit), "policy_fanout_lookup_seconds": round(all_keys, 3),
                    "policy_fanout_plans": fanout, "cpu_count": os.cpu_count()}
     return {"memory_per_plan": memory, "restart": restart}
+
+
+def stored_plan_bytes(workload: Workload) -> dict:
+    """What each compiled plan keeps on disk besides its index: plan row and receipt (what retention bounds)."""
+    with tempfile.TemporaryDirectory(prefix="fpbench-plans-") as tmp:
+        path = Path(tmp) / "plans.duckdb"
+        state = LocalState.open(path)
+        try:
+            inv = Invalidator(state, lambda name: name)
+            offsets: Counter[str] = Counter()
+
+            def raw(record):
+                topic, key, value = record
+                offsets[topic] += 1
+                return RawMessage(topic, 0, offsets[topic] - 1, key, value)
+
+            inv.apply([raw(r) for r in workload.catalog])
+            db = state.store.db
+            db.execute("CHECKPOINT")
+            before = path.stat().st_size
+            query = QueryService(state, inv)
+            for body in workload.requests:
+                query.select(body)
+            db.execute("CHECKPOINT")
+            grown = path.stat().st_size - before
+            plans, plan_text = db.execute("SELECT count(*), sum(strlen(plan) + strlen(request)) FROM plans").fetchone()
+            receipt_text = db.execute("SELECT sum(strlen(receipt)) FROM receipts").fetchone()[0]
+        finally:
+            state.close()
+    plans = max(plans, 1)
+    return {"plans": plans, "plan_json_bytes_per_plan": round((plan_text or 0) / plans, 1),
+            "receipt_json_bytes_per_plan": round((receipt_text or 0) / plans, 1),
+            "file_bytes_per_plan": round(grown / plans, 1)}

@@ -98,6 +98,7 @@ def run(options: BenchOptions, out_dir: Path, say: Callable[[str], None] | None 
 
     step("index memory per plan and restart time")
     result["index"] = index_cost.measure(options.index_plans, options.restart_plans)
+    result["index"]["stored_plan"] = index_cost.stored_plan_bytes(workload)
 
     step(f"caches: TTL 1/10/60 s, flush-all and freshplan over {options.cache_events} events")
     cache_workload = generate(plans=options.plans, changes=options.cache_events, seed=options.seed)

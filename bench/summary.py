@@ -73,6 +73,13 @@ def markdown(result: dict, images: list[str]) -> str:
                   f"first lookup in {r['first_lookup_seconds']} s; looking up all {r['policy_fanout_plans']:,} plans "
                   f"of one policy takes {r['policy_fanout_lookup_seconds']} s. (Building it took "
                   f"{r['build_seconds']} s.)", ""]
+        stored = index.get("stored_plan")
+        if stored:
+            lines += [f"Each compiled plan also keeps its plan row and receipt until retention removes them "
+                      f"(`FRESHPLAN_PLAN_RETENTION`, `FRESHPLAN_RECEIPT_RETENTION`): over {stored['plans']:,} "
+                      f"compiled bench plans, {stored['plan_json_bytes_per_plan']} bytes of plan and request JSON "
+                      f"and {stored['receipt_json_bytes_per_plan']} bytes of receipt JSON per plan; the file grew "
+                      f"{stored['file_bytes_per_plan']} bytes per plan with its index, heads and receipt.", ""]
     quality = result.get("quality")
     if quality:
         corpus = quality["corpus"]

@@ -10,6 +10,7 @@ from state.dependency_index import DependencyIndex
 from state.outbox import Outbox
 from state.plan_store import PlanStore
 from state.recompile_queue import RecompileQueue
+from state.retention import Retention
 from state.store import Store
 
 
@@ -29,13 +30,16 @@ class LocalState:
     """Records to publish."""
     queue: RecompileQueue
     """Plan keys announced invalidated, successors still to compile."""
+    retention: Retention
+    """Select stamps, eviction of unused plans, expiry of old plan rows and receipts."""
 
     @classmethod
     def open(cls, path: Path | str) -> "LocalState":
         """Open (or create) the state file."""
         store = Store(path)
-        return cls(store, Catalog(store), DependencyIndex(store), PlanStore(store), Outbox(store),
-                   RecompileQueue(store))
+        outbox = Outbox(store)
+        return cls(store, Catalog(store), DependencyIndex(store), PlanStore(store), outbox,
+                   RecompileQueue(store), Retention(store, outbox))
 
     def close(self) -> None:
         """Close the file."""

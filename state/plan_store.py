@@ -40,7 +40,8 @@ class PlanStore:
             "valid_until": pa.array([p.valid_until for p in plans], when)}))
         self.store.insert_rows("receipts", pa.table({
             "receipt_id": [p.receipt_id for p in plans], "plan_id": [p.plan_id for p in plans],
-            "receipt": [orjson.dumps(p.receipt).decode() for p in plans]}))
+            "receipt": [orjson.dumps(p.receipt).decode() for p in plans],
+            "stored_at": pa.array([compiled_at] * n, when)}))  # retention counts from here
 
     def heads(self, plan_keys: list[str], parse: bool = True) -> dict[str, tuple[str, Any, str]]:
         """Current plan id, request document (JSON text unless `parse`) and status of each plan key."""

@@ -72,6 +72,9 @@ class PlanCache:
         records = [m for messages in batch.values() for m in messages]
         with self.db:
             for message in records:
+                if message.value is None:  # a tombstone on `plans`: the plan was evicted
+                    self.db.execute("DELETE FROM plans WHERE plan_id = ?", [(message.key or b"").decode()])
+                    continue
                 self._apply(self.topics[message.topic], orjson.loads(message.value))
         if records:
             await self._consumer.commit()
@@ -91,6 +94,11 @@ class PlanCache:
     def _apply(self, topic: str, record: dict[str, Any]) -> None:
         if topic == "plans":
             self.db.execute("INSERT OR REPLACE INTO plans VALUES (?, ?)", [record["plan_id"], orjson.dumps(record)])
+            return
+        if record.get("reason") == "evicted":
+            # Unused, not wrong: forget it, so that the same plan id published again is served again.
+            self.db.execute("DELETE FROM plans WHERE plan_id = ?", [record["plan_id"]])
+            log.info("plan %s evicted", record["plan_id"])
             return
         cause = record.get("cause") or {}
         key = f"{record['plan_id']}|{cause.get('event_id')}|{cause.get('dependency_key')}"

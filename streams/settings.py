@@ -66,6 +66,12 @@ class Settings:
     """Logging level of the worker."""
     log_format: str = "json"
     """json (one object per line, for log pipelines) or text."""
+    plan_retention: timedelta = timedelta(days=30)
+    """Event time a plan key may go unselected before its plan is evicted (ISO 8601 duration in the env)."""
+    receipt_retention: timedelta = timedelta(days=400)
+    """Event time receipts are kept in DuckDB (the `receipts` topic keeps them for auditors)."""
+    retention_interval: float = 10.0
+    """Seconds between retention passes (each removes a bounded batch)."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
     kafka: KafkaSecurity = field(default_factory=KafkaSecurity)
@@ -166,6 +172,9 @@ class Settings:
             allowed_hosts=get("ALLOWED_HOSTS", (), _words),
             metrics_port=get("METRICS_PORT", None, int),
             metrics_auth=get("METRICS_AUTH", base.metrics_auth),
+            plan_retention=get("PLAN_RETENTION", base.plan_retention, parse_duration),
+            receipt_retention=get("RECEIPT_RETENTION", base.receipt_retention, parse_duration),
+            retention_interval=get("RETENTION_INTERVAL", base.retention_interval, float),
         )
 
 

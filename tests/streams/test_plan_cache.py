@@ -50,3 +50,16 @@ async def test_cache_follows_invalidations_and_survives_restart(worker, tmp_path
     assert example.returncode == 0, example.stderr[-2000:]
     last = orjson.loads(example.stdout.strip().splitlines()[-1])
     assert last["plans_known"] >= 2 and last["invalidated"] >= 1
+
+
+def test_an_evicted_plan_is_forgotten_not_marked_invalid(tmp_path):
+    cache = PlanCache("unused:9092", group_id="g", path=tmp_path / "c.sqlite")
+    plan = {"plan_id": "plan-1", "plan_key": "pk-1"}
+    cache._apply("plans", plan)
+    assert cache.get("plan-1") == plan
+    cache._apply("plan-invalidations", {"plan_id": "plan-1", "reason": "evicted", "successor_plan_id": None,
+                                        "cause": {"event_id": "retention-x", "dependency_key": "retention:plan"}})
+    assert cache.get("plan-1") is None and not cache.is_invalidated("plan-1")
+    cache._apply("plans", plan)                     # compiled again after the eviction: served again
+    assert cache.get("plan-1") == plan
+    cache.db.close()

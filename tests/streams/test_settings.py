@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from streams.settings import Settings
 
 
@@ -45,3 +47,12 @@ def test_caller_and_kafka_security_settings():
     assert "declared-secret-0001" not in repr(settings) and "pw-not-shown" not in repr(settings)
     assert Settings.from_env({"FRESHPLAN_WEB_HOST": "0.0.0.0"}).hosts == {"0.0.0.0", "localhost", "127.0.0.1",
                                                                           "[::1]", "::1"}
+
+
+def test_retention_spans_are_iso_durations():
+    assert Settings.from_env({}).plan_retention == timedelta(days=30)
+    assert Settings.from_env({}).receipt_retention == timedelta(days=400)
+    settings = Settings.from_env({"FRESHPLAN_PLAN_RETENTION": "PT12H", "FRESHPLAN_RECEIPT_RETENTION": "P2W"})
+    assert settings.plan_retention == timedelta(hours=12) and settings.receipt_retention == timedelta(weeks=2)
+    with pytest.raises(ValueError, match="ISO 8601 duration"):
+        Settings.from_env({"FRESHPLAN_PLAN_RETENTION": "30 days"})

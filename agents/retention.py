@@ -1,0 +1,63 @@
+"""The retention timer: one bounded pass of `state.retention` per interval, logged and counted."""
+
+from __future__ import annotations
+
+import logging
+
+from agents.invalidation import wall_now
+from agents.query import QueryService
+from state.local_state import LocalState
+from state.retention import PassResult, RetentionPolicy, Topics
+
+log = logging.getLogger(__name__)
+
+BATCH = 1000
+"""Most plan keys, plan rows and receipts one pass removes, each: a pass stays a few milliseconds."""
+
+
+class RetentionTimer:
+    """Stamps what this worker served, evicts what nobody here selected, expires old rows and receipts.
+
+    Who announces: every worker evicts by its own select stamps (selects reach any worker) and
+    announces its own evictions, outside the input-partition duty that governs what events
+    cause. An eviction has no input event and no owner; announcing it from each worker that
+    makes it is harmless, since `evicted` only tells caches to drop a plan that the next
+    select compiles again (with the same plan id when nothing changed). Together with the
+    announcement the worker writes a tombstone for the plan id on the compacted `plans`
+    topic; every worker's plan feed drops that plan where it is still a key's current plan
+    (`Retention.drop_evicted_elsewhere`). That matters for soundness: a worker that evicted a
+    plan no longer indexes it, so if a peer kept serving it, an event on a partition the
+    evicting worker owns would invalidate it with nobody announcing. After the tombstone no
+    worker serves the plan; the next select anywhere compiles and publishes it on `plans`
+    after the tombstone, and every worker adopts it again. What remains is the time a peer
+    takes to read the tombstone (its plan feed polls every 200 ms), during which it may still
+    serve the evicted plan from its own state.
+    """
+
+    def __init__(self, state: LocalState, query: QueryService, policy: RetentionPolicy, topics: Topics) -> None:
+        self.state = state
+        self.query = query
+        self.policy = policy
+        self.topics = topics
+
+    def run_once(self) -> PassResult | None:
+        """One pass at the current event time; None before the first clock tick or if the pass failed."""
+        store = self.state.store
+        now = store.now()
+        if now is None:
+            return None  # no event time yet: nothing can have aged, and stamps wait for a tick
+        selected = self.query.take_selected()
+        try:
+            with store.transaction():
+                result = self.state.retention.run_pass(now, self.policy, selected, self.topics, wall_now())
+        except Exception:  # noqa: BLE001 - housekeeping must never stop a worker; the next pass retries
+            self.query.selected |= selected
+            log.exception("retention pass failed; nothing was removed")
+            return None
+        removed = len(result.evicted) + result.plan_rows_expired + result.receipts_expired
+        log.log(logging.INFO if removed else logging.DEBUG,
+                "retention pass: %d plans evicted, %d old plan rows and %d receipts expired, %d selects stamped",
+                len(result.evicted), result.plan_rows_expired, result.receipts_expired, len(selected),
+                extra={"plans_evicted": len(result.evicted), "plan_rows_expired": result.plan_rows_expired,
+                       "receipts_expired": result.receipts_expired})
+        return result

@@ -1,0 +1,227 @@
+"""Retention: evict plans nobody selects, expire old plan rows and receipts, in bounded batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Iterable
+
+import orjson
+import pyarrow as pa
+
+from schemas.timefmt import format_instant
+from state.outbox import Outbox
+from state.store import Store
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS plan_selected (plan_key VARCHAR PRIMARY KEY, selected_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS evicted_plans (plan_id VARCHAR PRIMARY KEY, plan_key VARCHAR, evicted_at TIMESTAMPTZ,
+  cause VARCHAR);
+"""
+
+EVICTION_KEY = "retention:plan"
+"""The `dependency_key` of an eviction's cause: no input changed, the plan went unused."""
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long unused plans, old plan rows and receipts are kept, in event time."""
+
+    plan_span: timedelta = timedelta(days=30)
+    """A plan key not selected for this long is evicted; invalidated plan rows are kept this long."""
+    receipt_span: timedelta = timedelta(days=400)
+    """Receipts are deleted from DuckDB this long after they were stored (the `receipts` topic keeps them)."""
+    batch: int = 1000
+    """Most plan keys, plan rows and receipts one pass removes, each."""
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one retention pass removed."""
+
+    evicted: list[tuple[str, str]] = field(default_factory=list)
+    """(plan key, plan id) of each evicted plan, announced on the outbox."""
+    plan_rows_expired: int = 0
+    """Rows of invalidated (superseded or evicted) plans deleted."""
+    receipts_expired: int = 0
+    """Receipts deleted."""
+
+    def counts(self) -> dict[str, int]:
+        """Counters for `Store.bump_many`."""
+        return {"plans_evicted": len(self.evicted), "plan_rows_expired": self.plan_rows_expired,
+                "receipts_expired": self.receipts_expired}
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Broker-side names the eviction records go to."""
+
+    invalidations: str
+    """`plan-invalidations`: the `evicted` announcement."""
+    plans: str
+    """`plans`: a tombstone, so peers and compacted readers drop the plan too."""
+    clock: str
+    """`clock`: named in the cause, since event time is what expired the plan."""
+
+
+class Retention:
+    """Pure state operations of the retention policy; the worker's timer calls `run_pass`.
+
+    Selects stamp plan keys in memory (the read path writes nothing); a pass writes those
+    stamps, then removes what the policy says is due, all in the caller's transaction so that
+    the announcements enter the outbox with the deletions they describe.
+    """
+
+    def __init__(self, store: Store, outbox: Outbox) -> None:
+        self.store = store
+        self.db = store.db
+        self.outbox = outbox
+        self._ensure_schema()
+
+    def _ensure_schema(self) -> None:
+        self.db.execute(_DDL)
+        columns = {r[0] for r in self.db.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'receipts'").fetchall()}
+        if "stored_at" not in columns:
+            # Files before retention: their receipts are stamped by the first pass.
+            self.db.execute("ALTER TABLE receipts ADD COLUMN stored_at TIMESTAMPTZ")
+        self.db.execute("CHECKPOINT")  # see Store.__init__: DDL must not wait in the WAL
+
+    # -- stamps ------------------------------------------------------------------------
+
+    def stamp(self, plan_keys: Iterable[str], at: datetime) -> None:
+        """Record that these plan keys were selected at event time `at` (stamps only move forward).
+
+        Only keys with a current plan are stamped: a select that failed leaves nothing behind.
+        """
+        keys = sorted(set(plan_keys))
+        if not keys:
+            return
+        stamps = pa.array([at] * len(keys), pa.timestamp("us", tz="UTC"))
+        rows = pa.table({"plan_key": keys, "selected_at": stamps})
+        self.db.register("_stamps", rows)
+        try:
+            self.db.execute("INSERT INTO plan_selected SELECT s.plan_key, s.selected_at FROM _stamps s "
+                            "SEMI JOIN plan_heads h USING (plan_key) ON CONFLICT (plan_key) DO UPDATE SET "
+                            "selected_at = greatest(plan_selected.selected_at, excluded.selected_at)")
+        finally:
+            self.db.unregister("_stamps")
+
+    def _stamp_unstamped(self, now: datetime) -> None:
+        """Heads, plan rows and receipts with no time yet count from `now` (adopted, or stored before a tick).
+
+        Stamps of keys whose plan was dropped (it can no longer compile) go with it.
+        """
+        self.db.execute("DELETE FROM plan_selected WHERE plan_key IN (SELECT s.plan_key FROM plan_selected s "
+                        "ANTI JOIN plan_heads h USING (plan_key))")
+        self.db.execute("INSERT INTO plan_selected SELECT h.plan_key, ? FROM plan_heads h "
+                        "ANTI JOIN plan_selected s USING (plan_key)", [now])
+        self.db.execute("UPDATE receipts SET stored_at = ? WHERE stored_at IS NULL", [now])
+        self.db.execute("UPDATE plans SET invalidated_at = ? WHERE status = 'invalidated' AND invalidated_at IS NULL "
+                        "AND compiled_at IS NULL", [now])
+
+    def last_selected(self, plan_key: str) -> datetime | None:
+        """The event time a plan key was last selected (or first seen), if stamped."""
+        row = self.db.execute("SELECT selected_at FROM plan_selected WHERE plan_key = ?", [plan_key]).fetchone()
+        return row[0] if row else None
+
+    # -- the pass ----------------------------------------------------------------------
+
+    def run_pass(self, now: datetime, policy: RetentionPolicy, selected: Iterable[str], topics: Topics,
+                 invalidated_at: str) -> PassResult:
+        """Stamp `selected`, then evict, expire and announce what is due at event time `now`.
+
+        `invalidated_at` is the wall-clock stamp of the announcements (latency is measured
+        against wall time, as for every other invalidation).
+        """
+        self.stamp(selected, now)
+        self._stamp_unstamped(now)
+        evicted = self._evict(now, now - policy.plan_span, policy.batch, topics, invalidated_at)
+        rows = self._expire_plan_rows(now - policy.plan_span, policy.batch)
+        receipts = self._expire_receipts(now - policy.receipt_span, policy.batch)
+        result = PassResult(evicted, rows, receipts)
+        self.store.bump_many(result.counts())
+        return result
+
+    def _evict(self, now: datetime, cutoff: datetime, limit: int, topics: Topics,
+               invalidated_at: str) -> list[tuple[str, str]]:
+        due = self.db.execute("SELECT h.plan_key, h.plan_id FROM plan_heads h JOIN plan_selected s USING (plan_key) "
+                              "WHERE s.selected_at < ? ORDER BY s.selected_at, h.plan_key LIMIT ?",
+                              [cutoff, limit]).fetchall()
+        if not due:
+            return []
+        cause = self._cause(now, topics.clock)
+        as_of = format_instant(now)
+        rows: list[tuple[str, bytes | None, bytes | None]] = []
+        for plan_key, plan_id in due:
+            record = {"schema_version": 1, "plan_id": plan_id, "plan_key": plan_key, "reason": "evicted",
+                      "cause": cause, "invalidated_at": invalidated_at, "as_of": as_of, "successor_plan_id": None}
+            rows.append((topics.invalidations, plan_id.encode(), orjson.dumps(record)))
+            rows.append((topics.plans, plan_id.encode(), None))
+        self._forget(due, now, cause)
+        self.outbox.add_many(rows)
+        return due
+
+    def _cause(self, now: datetime, clock_topic: str) -> dict:
+        """The clock position whose tick made `now`: the event time that expired the plans."""
+        row = self.db.execute("SELECT c.id, o.next_offset FROM clock c LEFT JOIN offsets o ON o.topic = 'clock' "
+                              "AND o.partition = c.id ORDER BY c.now DESC, c.id LIMIT 1").fetchone()
+        partition, offset = (row[0], (row[1] or 0) - 1) if row else (-1, -1)
+        return {"topic": clock_topic, "partition": partition, "offset": offset,
+                "event_id": f"retention-{format_instant(now)}", "dependency_key": EVICTION_KEY}
+
+    def _forget(self, due: list[tuple[str, str]], now: datetime, cause: dict) -> None:
+        """Remove evicted keys' heads, plan rows, edges, queue entries and stamps; remember the ids."""
+        keys = [k for k, _ in due]
+        ids = [p for _, p in due]
+        self.store.insert_rows("evicted_plans", pa.table({
+            "plan_id": ids, "plan_key": keys, "evicted_at": pa.array([now] * len(ids), pa.timestamp("us", tz="UTC")),
+            "cause": [orjson.dumps(cause).decode()] * len(ids)}))
+        for table, column, values in (("plan_heads", "plan_key", keys), ("plans", "plan_id", ids),
+                                      ("dependency_index", "plan_key", keys), ("recompile_queue", "plan_key", keys),
+                                      ("plan_selected", "plan_key", keys)):
+            self.db.execute(f"DELETE FROM {table} WHERE {column} IN (SELECT unnest(?))", [values])
+
+    def _expire_plan_rows(self, cutoff: datetime, limit: int) -> int:
+        """Delete invalidated plan rows (never a key's head) and eviction markers older than `cutoff`."""
+        gone = self.db.execute(
+            "DELETE FROM plans WHERE plan_id IN (SELECT p.plan_id FROM plans p ANTI JOIN plan_heads h USING (plan_id) "
+            "WHERE p.status = 'invalidated' AND coalesce(p.invalidated_at, p.compiled_at) < ? "
+            "ORDER BY coalesce(p.invalidated_at, p.compiled_at) LIMIT ?)", [cutoff, limit]).fetchone()[0]
+        gone += self.db.execute("DELETE FROM evicted_plans WHERE plan_id IN (SELECT plan_id FROM evicted_plans "
+                                "WHERE evicted_at < ? ORDER BY evicted_at LIMIT ?)", [cutoff, limit]).fetchone()[0]
+        return gone
+
+    def _expire_receipts(self, cutoff: datetime, limit: int) -> int:
+        return self.db.execute("DELETE FROM receipts WHERE receipt_id IN (SELECT receipt_id FROM receipts "
+                               "WHERE stored_at < ? ORDER BY stored_at LIMIT ?)", [cutoff, limit]).fetchone()[0]
+
+    # -- peers' evictions and status ---------------------------------------------------
+
+    def drop_evicted_elsewhere(self, plan_ids: list[str], now: datetime | None) -> list[str]:
+        """A peer evicted these plans (tombstones on `plans`): drop them where they are still a key's head.
+
+        Returns the plan keys dropped. Nothing is announced: the evicting worker did that.
+        """
+        if not plan_ids:
+            return []
+        due = self.db.execute("SELECT plan_key, plan_id FROM plan_heads WHERE plan_id IN (SELECT unnest(?))",
+                              [plan_ids]).fetchall()
+        if due:
+            cause = {"topic": "plans", "partition": -1, "offset": -1, "event_id": "evicted-by-peer",
+                     "dependency_key": EVICTION_KEY}
+            self._forget(due, now, cause)
+        return [k for k, _ in due]
+
+    def evicted_status(self, plan_id: str) -> dict | None:
+        """GET /v1/plans/{id} of an evicted plan: invalidated, reason `evicted` (until the marker expires)."""
+        row = self.db.execute("SELECT cause FROM evicted_plans WHERE plan_id = ?", [plan_id]).fetchone()
+        if row is None:
+            return None
+        return {"plan_id": plan_id, "status": "invalidated", "reason": "evicted", "cause": orjson.loads(row[0]),
+                "successor_plan_id": None}
+
+    def sizes(self) -> dict[str, int]:
+        """Stamped plan keys and eviction markers held."""
+        return {"stamped_keys": self.db.execute("SELECT count(*) FROM plan_selected").fetchone()[0],
+                "evicted_markers": self.db.execute("SELECT count(*) FROM evicted_plans").fetchone()[0]}

@@ -1,0 +1,102 @@
+"""Finding 11 through the broker: a plan not selected for the retention span is evicted and announced."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from tests.conftest import ATLAS_REQUEST, start_peer
+from tests.events import tick
+
+pytestmark = pytest.mark.timeout(180)
+
+OTHER = dict(ATLAS_REQUEST, budget={"tokens": 1500})
+
+
+async def _until(worker, check, timeout: float = 30.0) -> dict:
+    async def poll() -> dict:
+        while True:
+            health = await worker.get("/healthz")
+            if check(health):
+                return health
+            await asyncio.sleep(0.1)
+    return await asyncio.wait_for(poll(), timeout)
+
+
+async def test_an_unselected_plan_is_evicted_announced_and_compiled_again(worker):
+    worker.stop()
+    worker.env.update(FRESHPLAN_RETENTION_INTERVAL="0.2", FRESHPLAN_PLAN_RETENTION="P30D")
+    await worker.restart()
+    loaded = await worker.load("atlas.jsonl")                  # event time 2026-08-30T09:00:00Z
+    idle = await worker.select(ATLAS_REQUEST, loaded)
+    used = await worker.select(OTHER, loaded)
+    assert idle["plan_key"] != used["plan_key"]
+    both = await _until(worker, lambda h: h["retention"]["stamped_keys"] == 2)  # stamped at the start
+    assert both["plans"] == {"fresh": 2}
+
+    later = await worker.publish_events(tick("2026-09-19T09:00:00Z"))
+    assert (await worker.select(OTHER, later))["served_from"] == "cache"   # used keeps being selected
+    await worker.publish_events(tick("2026-10-09T09:00:00Z"))          # 40 days after the first select
+
+    [evicted] = await worker.records("plan-invalidations", lambda rs: any(r["reason"] == "evicted" for r in rs))
+    assert evicted["plan_id"] == idle["plan_id"] and evicted["successor_plan_id"] is None
+    assert evicted["cause"]["dependency_key"] == "retention:plan"
+    health = await _until(worker, lambda h: h["counters"].get("plans_evicted") == 1)
+    assert health["plans"] == {"fresh": 1} and health["index_edges"] == both["index_edges"] // 2
+    assert health["retention"] == {"stamped_keys": 1, "evicted_markers": 1}
+    status = await worker.get(f"/v1/plans/{idle['plan_id']}")
+    assert status["status"] == "invalidated" and status["reason"] == "evicted"
+    async with worker.http.get(f"{worker.url}/metrics") as resp:
+        assert "freshplan_plans_evicted_total 1.0" in await resp.text()
+
+    kept = await worker.select(OTHER)
+    assert kept["served_from"] == "cache" and kept["plan_id"] == used["plan_id"]
+    again = await worker.select(ATLAS_REQUEST)
+    assert again["served_from"] == "compiled" and again["plan_id"] == idle["plan_id"]
+    assert (await worker.get(f"/v1/plans/{idle['plan_id']}"))["status"] == "fresh"
+    await asyncio.sleep(1)                                        # several passes: nothing else goes
+    everything = await worker.everything("plan-invalidations")
+    assert [r["plan_id"] for r in everything if r["reason"] == "evicted"] == [idle["plan_id"]]
+    assert worker.proc.poll() is None
+
+
+async def test_unknown_retention_span_refuses_to_start(worker):
+    worker.stop()
+    worker.env["FRESHPLAN_PLAN_RETENTION"] = "30 days"
+    with pytest.raises(AssertionError, match="ISO 8601 duration"):
+        await worker.restart()
+    worker.env["FRESHPLAN_PLAN_RETENTION"] = "P30D"
+    await worker.restart()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{worker.url}/healthz") as resp:
+            assert resp.status == 200
+
+
+async def test_a_peers_eviction_makes_every_worker_drop_the_plan(worker, tmp_path):
+    worker.stop()
+    worker.env.update(FRESHPLAN_RETENTION_INTERVAL="0.2", FRESHPLAN_PLAN_RETENTION="P30D")
+    await worker.restart()
+    peer = await start_peer(worker, tmp_path / "peer")
+    try:
+        peer.env["FRESHPLAN_RETENTION_INTERVAL"] = "3600"    # the peer never evicts by itself here
+        peer.stop()
+        await peer.restart()
+        loaded = await worker.load("atlas.jsonl")
+        plan = await peer.select(ATLAS_REQUEST, loaded)      # compiled on the peer, adopted by the worker
+        await _until(worker, lambda h: h["retention"]["stamped_keys"] == 1)
+        later = await worker.publish_events(tick("2026-10-09T09:00:00Z"))
+        assert (await peer.select(ATLAS_REQUEST, later))["served_from"] == "cache"
+
+        [evicted] = await worker.records("plan-invalidations", lambda rs: any(r["reason"] == "evicted" for r in rs))
+        assert evicted["plan_id"] == plan["plan_id"]
+        health = await _until(peer, lambda h: h["counters"].get("plans_evicted_by_peers") == 1)
+        assert health["plans"] == {} and health["index_edges"] == 0   # nobody indexes it, nobody serves it
+        assert (await peer.get(f"/v1/plans/{plan['plan_id']}"))["reason"] == "evicted"
+        again = await peer.select(ATLAS_REQUEST)
+        assert again["served_from"] == "compiled" and again["plan_id"] == plan["plan_id"]
+        # Published after the tombstone, so the evicting worker indexes it again.
+        await _until(worker, lambda h: h["plans"] == {"fresh": 1} and h["index_edges"] > 0)
+    finally:
+        peer.stop()
