@@ -55,6 +55,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.log_level, settings.log_format)
+    if (refusal := _unusable_state(settings)) is not None:
+        print(refusal, file=sys.stderr, flush=True)
+        return 3
     broker = worker = None
     bootstrap = settings.bootstrap_servers
     if not bootstrap:
@@ -92,6 +95,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         if broker is not None:
             broker.stop()
     return 0
+
+
+def _unusable_state(settings: Settings) -> str | None:
+    """Why the state file must not be used (damaged, truncated, held by another process), or None."""
+    from state.integrity import check
+
+    problem = check(settings.db_path)
+    if problem is None:
+        return None
+    db = settings.db_path
+    if problem.startswith("another process"):
+        return f"freshplan run: cannot use the state file {db}: {problem}. Stop the other worker first."
+    return (f"freshplan run: the state file {db} cannot be used: {problem}. Nothing was started. Move it aside "
+            f"(mv {db} {db}.damaged, and its .wal file if there is one) and rebuild it from the topics with `freshplan replay` "
+            "(KAFKA_BOOTSTRAP_SERVERS set; replay moves the file aside itself), or, with the embedded broker, "
+            "start on an empty --state-dir and load your scenarios again.")
 
 
 def _progress_bar():
