@@ -108,9 +108,9 @@ def _unusable_state(settings: Settings) -> str | None:
     if problem.startswith("another process"):
         return f"freshplan run: cannot use the state file {db}: {problem}. Stop the other worker first."
     return (f"freshplan run: the state file {db} cannot be used: {problem}. Nothing was started. Move it aside "
-            f"(mv {db} {db}.damaged, and its .wal file if there is one) and rebuild it from the topics with `freshplan replay` "
-            "(KAFKA_BOOTSTRAP_SERVERS set; replay moves the file aside itself), or, with the embedded broker, "
-            "start on an empty --state-dir and load your scenarios again.")
+            f"(mv {db} {db}.damaged, and its .wal file if there is one) and rebuild it from the topics with "
+            "`freshplan replay` (KAFKA_BOOTSTRAP_SERVERS set; replay moves the file aside itself), or, with the "
+            "embedded broker, start on an empty --state-dir and load your scenarios again.")
 
 
 def _progress_bar():
