@@ -49,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from agents.loader import load_file
     from agents.logs import configure as configure_logging
+    from agents.shutdown import bounded_stop
     from agents.worker import build_worker
     from streams.admin import ensure_topics
     from streams.broker import EmbeddedBroker
@@ -83,6 +84,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 settings.run_file.write_text(json.dumps(run_info))
                 print(f"freshplan: ready: broker {bootstrap} ({'embedded' if broker else 'external'}), "
                       f"HTTP {http}, state {settings.db_path}", flush=True)
+
+            async def stop(self) -> None:
+                await bounded_stop(super().stop(), lambda: (settings.run_file.unlink(missing_ok=True),
+                                                            broker and broker.stop()))
 
         ServiceWorker(worker.app, loglevel=settings.log_level, loop=loop,
                       override_logging=False).execute_from_commandline()

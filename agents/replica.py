@@ -12,6 +12,7 @@ from aiokafka.errors import OffsetOutOfRangeError
 from agents.incarnation import probe
 from agents.invalidation import Invalidator, RawMessage
 from state.store import Store
+from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class Replica:
                         await self.after_apply(messages)
         finally:
             self._consumer = None
-            await consumer.stop()
+            await stop_within(consumer)
 
     async def _verify_incarnation(self, consumer: AIOKafkaConsumer) -> None:
         """Compare the recorded offsets with the broker's topics; rebase or block what was reset."""
