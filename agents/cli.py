@@ -89,8 +89,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 await bounded_stop(super().stop(), lambda: (settings.run_file.unlink(missing_ok=True),
                                                             broker and broker.stop()))
 
-        ServiceWorker(worker.app, loglevel=settings.log_level, loop=loop,
-                      override_logging=False).execute_from_commandline()
+        service = ServiceWorker(worker.app, loglevel=settings.log_level, loop=loop, override_logging=False,
+                                quiet=True)
+        service.spinner = None  # Faust draws one even when quiet; the ready line says what it would
+        service.execute_from_commandline()
     except SystemExit:
         pass
     finally:

@@ -52,8 +52,8 @@ class Settings:
     """Seconds the broker waits for members to rejoin; also bounds a cold start's first join."""
     log_level: str = "info"
     """Logging level of the worker."""
-    log_format: str = "json"
-    """json (one object per line, for log pipelines) or text."""
+    log_format: str = "auto"
+    """auto (short text lines on a terminal, JSON otherwise), json (one object per line) or text."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
 
