@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 
@@ -65,8 +66,13 @@ def test_debug_keeps_the_libraries_lines(restored_logging):
 
 async def test_a_worker_logs_json_lines_and_little_before_it_is_ready(worker):
     # The fixture starts `freshplan run` with default log settings, its output going to a file.
-    lines = worker.log_path.read_text().splitlines()
-    ready = next(i for i, line in enumerate(lines) if line.startswith("freshplan: ready:"))
+    for _ in range(300):  # HTTP can answer a moment before the ready line is printed
+        lines = worker.log_path.read_text().splitlines()
+        ready = next((i for i, line in enumerate(lines) if line.startswith("freshplan: ready:")), None)
+        if ready is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert ready is not None, lines
     before = lines[:ready]
     assert all(isinstance(orjson.loads(line), dict) for line in before), before
     assert len(before) <= 8, before  # was 53, nearly all Faust and mode narrating their services
