@@ -49,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agents.access import AccessError, load_access, write_run_file
     from agents.loader import load_file
     from agents.logs import configure as configure_logging
+    from agents.shutdown import bounded_stop
     from agents.worker import build_worker
     from streams.admin import ensure_topics
     from streams.broker import EmbeddedBroker
@@ -64,6 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"freshplan run: {exc}", file=sys.stderr, flush=True)
         return 2
     kept = {"token": access.local_token} if access.local_token else {}  # the secret survives restarts
+    if (refusal := _unusable_state(settings)) is not None:
+        print(refusal, file=sys.stderr, flush=True)
+        return 3
     broker = worker = None
     bootstrap = settings.bootstrap_servers
     if not bootstrap:
@@ -92,8 +96,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"freshplan: ready: broker {bootstrap} ({'embedded' if broker else 'external'}), "
                       f"HTTP {http}, state {settings.db_path}; {where}", flush=True)
 
-        ServiceWorker(worker.app, loglevel=settings.log_level, loop=loop,
-                      override_logging=False).execute_from_commandline()
+            async def stop(self) -> None:
+                await bounded_stop(super().stop(), lambda: (settings.run_file.unlink(missing_ok=True),
+                                                            broker and broker.stop()))
+
+        service = ServiceWorker(worker.app, loglevel=settings.log_level, loop=loop, override_logging=False,
+                                quiet=True)
+        service.spinner = None  # Faust draws one even when quiet; the ready line says what it would
+        service.execute_from_commandline()
     except SystemExit:
         pass
     finally:
@@ -106,6 +116,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         if broker is not None:
             broker.stop()
     return 0
+
+
+def _unusable_state(settings: Settings) -> str | None:
+    """Why the state file must not be used (damaged, truncated, held by another process), or None."""
+    from state.integrity import check
+
+    problem = check(settings.db_path)
+    if problem is None:
+        return None
+    db = settings.db_path
+    if problem.startswith("another process"):
+        return f"freshplan run: cannot use the state file {db}: {problem}. Stop the other worker first."
+    return (f"freshplan run: the state file {db} cannot be used: {problem}. Nothing was started. Move it aside "
+            f"(mv {db} {db}.damaged, and its .wal file if there is one) and rebuild it from the topics with "
+            "`freshplan replay` (KAFKA_BOOTSTRAP_SERVERS set; replay moves the file aside itself), or, with the "
+            "embedded broker, start on an empty --state-dir and load your scenarios again.")
 
 
 def _progress_bar():

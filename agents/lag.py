@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agents.incarnation import Recorded, firsts_of, judge
 from compiler.errors import AttestError
 from state.store import Store
+from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,10 @@ class LagWatcher:
                                         request_timeout_ms=5000, fetch_max_wait_ms=50,
                                         max_partition_fetch_bytes=4096, auto_offset_reset="latest", **self.kafka)
             await consumer.start()
-            self._consumer = consumer
+            if self._consumer is not None:  # start-up's refresh and the watcher's raced; keep one consumer
+                await stop_within(consumer)
+            else:
+                self._consumer = consumer
         tps = []
         for name in self.topics.values():
             partitions = self._consumer.partitions_for_topic(name)
@@ -200,4 +204,5 @@ class LagWatcher:
     async def stop(self) -> None:
         """Close the watermark consumer."""
         if self._consumer is not None:
-            await self._consumer.stop()
+            consumer, self._consumer = self._consumer, None
+            await stop_within(consumer)

@@ -1,9 +1,11 @@
-"""Structured logs: one JSON object per line with ids and reason codes, never content."""
+"""Logs: JSON lines with ids and reason codes (never content) for machines, short text lines on a terminal."""
 
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import datetime, timezone
+from typing import TextIO
 
 import orjson
 
@@ -22,9 +24,25 @@ class JsonLines(logging.Formatter):
         return orjson.dumps(doc, default=str).decode()
 
 
-def configure(level: str, fmt: str) -> None:
-    """Root logging for a worker process: JSON lines (default) or plain text."""
-    handler = logging.StreamHandler()
+# Libraries whose INFO lines narrate their own services starting and stopping (about fifty
+# lines before a worker is ready); their warnings and errors still show.
+CHATTY = ("faust", "mode", "aiokafka")
+
+
+def configure(level: str, fmt: str, stream: TextIO | None = None) -> str:
+    """Root logging for a process; returns the format chosen.
+
+    `auto` writes short text lines to a terminal and JSON lines anywhere else (files, pipes, log
+    collectors). Below DEBUG, the libraries' service chatter is left out in either format.
+    """
+    stream = stream or sys.stderr
+    if fmt == "auto":
+        fmt = "text" if stream.isatty() else "json"
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonLines() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+                         logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    quiet = logging.getLogger().level > logging.DEBUG
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level) if quiet else logging.NOTSET)
+    return fmt

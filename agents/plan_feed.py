@@ -19,6 +19,7 @@ from schemas.errors import InvalidEvent
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
+from streams.admin import stop_within
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class PlanFeed:
                     if self.after_apply:
                         self.after_apply()
         finally:
-            await consumer.stop()
+            await stop_within(consumer)
 
     async def _ingest_isolated(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
         """Ingest a batch; if it fails, one record at a time, skipping (and counting) any that fails."""

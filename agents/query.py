@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from typing import Any
 
+import duckdb
+
+from compiler.errors import RequestError
 from compiler.pipeline import compile_request
 from compiler.request import Limits, parse_request, plan_key
 from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
 from agents.invalidation import Invalidator
 from state.local_state import LocalState
+
+log = logging.getLogger(__name__)
+
+# Errors that say the file itself cannot be read: once seen, nothing read from it is trusted.
+STORAGE_ERRORS = (duckdb.IOException, duckdb.FatalException, duckdb.InternalException,
+                  duckdb.SerializationException, duckdb.ConnectionException)
+
+
+class StateError(RequestError):
+    """The worker's own state cannot be read: not the caller's fault, and nothing is served."""
+
+    pass_name = "state"
 
 
 class QueryService:
@@ -25,6 +41,26 @@ class QueryService:
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
         self.limits = Limits()  # largest request fields a select accepts
         self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
+        self.unreadable: str | None = None  # why the state file failed a read; sticky until a restart
+
+    def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
+        """Record a failed read of the state file and return the refusal to send (never a 500)."""
+        if isinstance(exc, STORAGE_ERRORS) and self.unreadable is None:
+            self.unreadable = type(exc).__name__
+            log.error("the state file cannot be read (%s): selects are refused with state_unreadable; stop the "
+                      "worker, move the file aside and run `freshplan replay`", type(exc).__name__,
+                      extra={"error_class": "state_unreadable", "path": str(self.state.store.path)})
+        else:
+            log.warning("a read of the state file failed (%s)", type(exc).__name__,
+                        extra={"error_class": "state_unreadable"})
+        if counted:
+            self.selects["refused.state_unreadable"] += 1
+        return self._unreadable_error()
+
+    def _unreadable_error(self) -> StateError:
+        return StateError("state_unreadable", "This worker cannot read its local state file (it is damaged or "
+                          "unreadable), so it serves no plan; use another worker. Operators: stop it, move the "
+                          "DuckDB file aside and run `freshplan replay`.", status=503)
 
     def token(self) -> str:
         """Freshness token of the state as it is now."""
@@ -33,6 +69,15 @@ class QueryService:
 
     def select(self, doc: Any) -> dict[str, Any]:
         """Return the plan for a select body; raises RequestError for bad requests."""
+        if self.unreadable is not None:
+            self.selects["refused.state_unreadable"] += 1
+            raise self._unreadable_error()
+        try:
+            return self._select(doc)
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
+
+    def _select(self, doc: Any) -> dict[str, Any]:
         state = self.state
         if isinstance(doc, dict):
             doc = {k: v for k, v in doc.items() if k != "at_least_as_fresh"}
@@ -70,10 +115,23 @@ class QueryService:
 
     def plan_status(self, plan_id: str) -> dict[str, Any] | None:
         """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown."""
-        return self.state.plans.status(plan_id) or self.state.retention.evicted_status(plan_id)
+        try:
+            return self.state.plans.status(plan_id) or self.state.retention.evicted_status(plan_id)
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
 
     def health(self) -> dict[str, Any]:
-        """Liveness plus what the worker has applied."""
+        """Liveness plus what the worker has applied; status state_unreadable when the file cannot be read."""
+        try:
+            doc = self._health()
+        except duckdb.Error as exc:
+            self.state_failed(exc, counted=False)
+            doc = {"status": "state_unreadable", "revocations": self.guard.status().as_dict() if self.guard else None}
+        if self.unreadable is not None:
+            doc.update(status="state_unreadable", state_error=self.unreadable)
+        return doc
+
+    def _health(self) -> dict[str, Any]:
         store = self.state.store
         now = store.now()
         return {"status": "ok", "now": now and now.isoformat().replace("+00:00", "Z"),

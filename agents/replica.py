@@ -12,6 +12,7 @@ from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from agents.incarnation import probe
 from agents.invalidation import Invalidator, RawMessage
 from state.store import Store
+from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class Replica:
                         await self.after_apply(messages)
         finally:
             self._consumer = None
-            await consumer.stop()
+            await stop_within(consumer)
 
     def _new_consumer(self) -> AIOKafkaConsumer:
         # No reset policy: a position the broker lost is an error to report, never a silent skip.

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from importlib import resources
 import time
 from typing import TYPE_CHECKING, Any
 
+import duckdb
 from faust import web
 
 from agents.access import Access
@@ -32,8 +34,19 @@ def error(view: web.View, status: int, code: str, message: str, pass_name: str =
 def register_routes(app, worker: "Worker", access: Access) -> None:
     """Attach the HTTP API of one worker to its Faust web server."""
 
+    def state_guarded(handler):
+        """A failed read of the state file is a 503 state_unreadable, never a 500."""
+        @functools.wraps(handler)
+        async def guarded(view: web.View, *args: Any, **kwargs: Any) -> web.Response:
+            try:
+                return await handler(view, *args, **kwargs)
+            except duckdb.Error as exc:
+                return view.json(worker.query.state_failed(exc).as_dict(), status=503)
+        return guarded
+
     @app.page("/v1/select")
     class Select(web.View):
+        @state_guarded
         async def post(self, request: web.Request) -> web.Response:
             try:
                 body: Any = decode_body(await request.read(), worker.query.limits)
@@ -81,8 +94,12 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
 
     @app.page("/v1/plans/{plan_id}")
     class PlanStatus(web.View):
+        @state_guarded
         async def get(self, request: web.Request, plan_id: str) -> web.Response:
-            status = worker.query.plan_status(plan_id)
+            try:
+                status = worker.query.plan_status(plan_id)
+            except RequestError as exc:
+                return self.json(exc.as_dict(), status=exc.status)
             request[AUDIT]["plan_id"] = plan_id
             if status is None:
                 return error(self, 404, "unknown_plan", f"No plan '{plan_id}' is known to this worker; "
@@ -139,9 +156,16 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
         async def get(self, request: web.Request) -> web.Response:
             caller = request.get(CALLER)
             if caller is None or "status" not in caller.scopes:
-                return self.json({"status": "ok"})  # liveness; details need the status scope
-            return self.json(dict(worker.query.health(), duty=worker.duty(),
-                                  standby_outbox=worker.state.outbox.standby_size()))
+                # Liveness for anyone; the details need the status scope.
+                unreadable = worker.query.unreadable is not None
+                return self.json({"status": "state_unreadable" if unreadable else "ok"}, status=503 if unreadable else 200)
+            doc = worker.query.health()
+            try:
+                doc.update(duty=worker.duty(), standby_outbox=worker.state.outbox.standby_size())
+            except duckdb.Error as exc:
+                worker.query.state_failed(exc, counted=False)
+                doc["status"] = "state_unreadable"
+            return self.json(doc, status=200 if doc["status"] == "ok" else 503)
 
     @app.page("/readyz")
     class Ready(web.View):

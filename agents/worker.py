@@ -215,6 +215,14 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
 
+    @app.task
+    async def close_on_stop() -> None:
+        # Timers cannot clean up after themselves: their client is closed when the app's tasks are cancelled.
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await group_offsets.close()
+
     @app.timer(interval=5.0)
     async def prune_standby() -> None:
         # Standby rows of partitions this worker never owns would otherwise pile up.

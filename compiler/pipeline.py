@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, Sequence
 
-from compiler.admission import admit
+from compiler.admission import Admission, admit
 from compiler.attest import content_hash, dependency_keys, digest, next_change
 from compiler.errors import AdmitError, PlanError, RequestError
 from compiler.evsi import decision_model, plan_observations
@@ -71,7 +71,7 @@ def compile_request(doc: Any, view: CatalogView, now: datetime | None) -> Compil
     """Run the six passes over a select body."""
     request = doc if isinstance(doc, DecisionRequest) else parse_request(doc)
     entity_id = resolve_entity(request.entity, view.entity_matches(request.entity))
-    principal = resolve_principal(request.principal, view.principal(request.principal))
+    principal, known = resolve_principal(request.principal, view.principal(request.principal))
     found = view.contract(request.decision_type)
     contract = type_check(request.decision_type, request.purpose, found and found[0],
                           view.decision_types())
@@ -81,12 +81,13 @@ def compile_request(doc: Any, view: CatalogView, now: datetime | None) -> Compil
         raise ClockUnknown("clock_unknown", "The service has not seen a clock tick yet, so a live "
                            "decision has no time; send decision_time or wait for the clock.", status=503)
     candidates = list(view.candidates(entity_id, contract))
-    return compile_plan(request, entity_id, principal, contract, policy, candidates, when)
+    return compile_plan(request, entity_id, principal, contract, policy, candidates, when, known_principal=known)
 
 
 def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal, contract: Contract,
-                 policy: CompiledPolicy, candidates: Sequence[Resource], when: datetime) -> CompiledPlan:
-    """Passes 4 to 6 over already resolved inputs."""
+                 policy: CompiledPolicy, candidates: Sequence[Resource], when: datetime, *,
+                 known_principal: bool = True) -> CompiledPlan:
+    """Passes 4 to 6 over already resolved inputs; an unknown principal may use nothing."""
     if policy.effective_at is not None and when < policy.effective_at:
         raise AdmitError("policy_not_effective", f"Policy bundle {policy.bundle_id} v{policy.version} takes "
                          f"effect at {format_instant(policy.effective_at)}, after the decision time "
@@ -96,7 +97,8 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
         raise PlanError("empty_budget", "A budget of zero tokens or zero calls cannot carry any evidence; "
                         "raise budget.tokens and budget.calls, or omit them for no limit.", status=422)
     admission = admit(candidates, entity_id=entity_id, principal=principal, contract=contract,
-                      policy=policy, purpose=request.purpose, decision_time=when)
+                      policy=policy, purpose=request.purpose, decision_time=when) if known_principal else \
+        Admission((), (), tuple(sorted(r.id for r in candidates)))
     typed_resources = [r for r, _ in admission.typed]
     scores = bm25(request.query, [f"{r.title} {r.content}" for r in typed_resources])
     relevance = {r.id: s for r, s in zip(typed_resources, scores, strict=True)}

@@ -20,12 +20,16 @@ def resolve_entity(name: str, matches: Iterable[str]) -> str:
     return found[0]
 
 
-def resolve_principal(principal_id: str, principal: Principal | None) -> Principal:
-    """The principal record, which must exist in the catalog."""
+def resolve_principal(principal_id: str, principal: Principal | None) -> tuple[Principal, bool]:
+    """The principal record and whether the catalog knows it.
+
+    An unknown principal is not refused: a refusal would tell any caller which principals
+    exist. It is answered as a principal without rights is (every candidate withheld), and the
+    plan depends on the principal's key, so publishing the principal invalidates it.
+    """
     if principal is None:
-        raise ResolveError("unknown_principal", f"Principal '{principal_id}' is not in the catalog; "
-                           "publish it on source-changes (kind principal) first.", status=404)
-    return principal
+        return Principal(id=principal_id, roles=()), False
+    return principal, True
 
 
 def type_check(decision_type: str, purpose: str, contract: Contract | None,

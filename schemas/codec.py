@@ -53,7 +53,35 @@ def validate(topic: str, doc: Any) -> None:
         validator(topic)(doc)
     except fastjsonschema.JsonSchemaException as err:
         where = "/".join(str(p) for p in (err.path or [])[1:]) or "(top level)"
-        raise InvalidEvent("schema_violation", f"{topic} event at {where}: {err.message}") from None
+        raise InvalidEvent("schema_violation", f"{topic} event at {where}: {_broken_rule(err)}") from None
+
+
+def _broken_rule(err: fastjsonschema.JsonSchemaException) -> str:
+    """What the schema asked for, from the schema alone: dead letters never repeat the offending value."""
+    rule, wanted = err.rule, err.rule_definition
+    if rule == "type":
+        return f"must be of type {wanted}"
+    if rule in ("enum", "const"):
+        return f"must be one of {wanted if isinstance(wanted, list) else [wanted]}"
+    if rule == "required":
+        return f"must contain the properties {', '.join(map(str, wanted))}"
+    if rule == "pattern":
+        return f"must match the pattern {wanted}"
+    if rule in ("additionalProperties", "propertyNames"):
+        return "has properties the schema does not define"
+    if rule in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+                "minItems", "maxItems", "minProperties", "maxProperties", "multipleOf"):
+        return f"breaks {rule} {wanted}"
+    return f"breaks the schema's {rule} rule"
+
+
+def _instant(value: Any, field: str):
+    """Parse an instant, naming the field (not the value) when it is not one."""
+    try:
+        return parse_instant(value)
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidEvent("invalid_value", f"{field} is not an RFC 3339 timestamp with an offset that this "
+                           "service can represent, such as 2026-08-30T00:00:00Z") from None
 
 
 def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str = "",
@@ -70,7 +98,8 @@ def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str 
         try:
             doc = orjson.loads(value)
         except orjson.JSONDecodeError as exc:
-            raise InvalidEvent("malformed_json", f"not valid JSON: {exc}") from None
+            raise InvalidEvent("malformed_json", f"not valid JSON ({exc.msg} at line {exc.lineno} column "
+                               f"{exc.colno})") from None
     if topic == "source-changes" and debezium.is_debezium(doc):
         try:
             doc = debezium.from_debezium(doc)
@@ -81,16 +110,18 @@ def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str 
         raise InvalidEvent("schema_violation", f"{topic} event must be a JSON object")
     version = doc.get("schema_version")
     if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
-        raise InvalidEvent("unknown_schema_version", f"schema_version {version} is not supported "
+        raise InvalidEvent("unknown_schema_version", "schema_version is not supported "
                            f"(this service reads version {SCHEMA_VERSION}); upgrade freshplan first")
     validate(topic, doc)
     try:
         payload = _PAYLOAD[topic](doc)
-        occurred = parse_instant(doc["occurred_at"])
-    except InvalidEvent:
-        raise
+        occurred = _instant(doc["occurred_at"], "occurred_at")
+    except InvalidEvent as exc:
+        raise InvalidEvent(exc.error_class, f"{topic} event: {exc.message}") from None
     except (ValueError, TypeError, KeyError, OverflowError) as exc:
-        raise InvalidEvent("invalid_value", f"{topic} event {doc.get('event_id')!r}: {exc}") from None
+        raise InvalidEvent("invalid_value", f"{topic} event: a field holds a value of the right type that this "
+                           f"service cannot use ({type(exc).__name__}); check it against the topic's "
+                           "JSON Schema and the README's field rules") from None
     return InputEvent(event_id=doc["event_id"], occurred_at=occurred, topic=topic, payload=payload,
                       content_hash=content_hash(doc))
 
@@ -104,8 +135,15 @@ def content_hash(doc: dict) -> str:
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
-def _opt_instant(value: str | None):
-    return None if value is None else parse_instant(value)
+def _duration(value: Any, field: str):
+    try:
+        return parse_duration(value)
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidEvent("invalid_value", f"{field} is not an ISO 8601 duration such as P400D or PT12H") from None
+
+
+def _opt_instant(value: str | None, field: str):
+    return None if value is None else _instant(value, field)
 
 
 def _frozen(mapping: dict | None) -> MappingProxyType:
@@ -119,7 +157,8 @@ def resource_from(doc: dict) -> Resource:
         evidence_class=doc["evidence_class"], tokens=int(doc["tokens"]),
         title=doc.get("title") or "", content=doc.get("content") or "",
         supports=tuple(doc.get("supports") or ()), contradicts=tuple(doc.get("contradicts") or ()),
-        valid_from=_opt_instant(doc.get("valid_from")), valid_to=_opt_instant(doc.get("valid_to")),
+        valid_from=_opt_instant(doc.get("valid_from"), "valid_from"),
+        valid_to=_opt_instant(doc.get("valid_to"), "valid_to"),
         superseded_by=doc.get("superseded_by"), provenance_group=doc.get("provenance_group"),
         sensitivity=doc.get("sensitivity") or "internal", attributes=_frozen(doc.get("attributes")),
     )
@@ -143,7 +182,7 @@ def contract_from(name: str, doc: dict) -> Contract:
         Proposition(id=p["id"], accepted_classes=tuple(p["accepted_classes"]),
                     required=bool(p.get("required", True)),
                     min_independent=int(p.get("min_independent") or 1),
-                    max_age=parse_duration(p["max_age"]) if p.get("max_age") else None,
+                    max_age=_duration(p["max_age"], "max_age") if p.get("max_age") else None,
                     threshold=p.get("threshold"), precedence=tuple(p.get("precedence") or ()))
         for p in doc["propositions"]
     )
@@ -166,18 +205,18 @@ def _policy(doc: dict) -> PolicyBundle:
     contracts = tuple(contract_from(name, body) for name, body in sorted(doc["decision_types"].items()))
     sources = {group: tuple(classes) for group, classes in (doc.get("sources") or {}).items()}
     return PolicyBundle(bundle_id=doc["bundle_id"], version=int(doc["version"]),
-                        effective_at=parse_instant(doc["effective_at"]), cedar=doc["cedar"],
+                        effective_at=_instant(doc["effective_at"], "effective_at"), cedar=doc["cedar"],
                         contracts=contracts, sources=MappingProxyType(sources))
 
 
 def _revocation(doc: dict) -> Revocation:
     return Revocation(principal=doc["principal"], revoke=doc["revoke"], value=doc["value"],
-                      effective_at=parse_instant(doc["effective_at"]),
+                      effective_at=_instant(doc["effective_at"], "effective_at"),
                       issued_by=doc.get("issued_by") or "")
 
 
 def _clock(doc: dict) -> ClockTick:
-    return ClockTick(now=parse_instant(doc["now"]))
+    return ClockTick(now=_instant(doc["now"], "now"))
 
 
 _PAYLOAD = {"source-changes": _source_change, "policy-versions": _policy,

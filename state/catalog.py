@@ -96,9 +96,9 @@ class Catalog:
                 continue
             allowed = rules.get(new.provenance_group or "")
             if allowed is not None and new.evidence_class not in allowed:
-                out.append(InvalidEvent("class_not_allowed_for_source", f"resource {new.id}: source "
-                                        f"'{new.provenance_group}' may not assert evidence class "
-                                        f"'{new.evidence_class}' (allowed: {', '.join(sorted(allowed))})"))
+                out.append(InvalidEvent("class_not_allowed_for_source", "the resource's provenance_group may not "
+                                        "assert its evidence_class (see the policy bundle's sources); "
+                                        "the resource is not applied"))
                 continue
             current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts)
             written[new.id] = new
@@ -172,8 +172,13 @@ class Catalog:
             compiled = compile_policy(bundle)
             for contract in bundle.contracts:
                 decision_model(contract)
-        except (PolicyError, ModelError) as exc:
-            raise InvalidEvent("invalid_policy", f"{exc}; the previous version stays active") from None
+        except PolicyError:
+            # Cedar's parse errors quote the policy text; dead letters say what is wrong, not what it says.
+            raise InvalidEvent("invalid_policy", "cedar does not parse as Cedar policies (check it with the Cedar "
+                               "CLI); the previous version stays active") from None
+        except ModelError:
+            raise InvalidEvent("invalid_policy", "a decision type's loss or observations do not form a decision "
+                               "model (see the README); the previous version stays active") from None
         names = [c.decision_type for c in bundle.contracts]
         owned = self.db.execute("SELECT decision_type, bundle_id FROM contracts WHERE decision_type IN "
                                 "(SELECT unnest(?)) AND bundle_id <> ?", [names, bundle.bundle_id]).fetchall()

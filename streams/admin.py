@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -33,6 +34,15 @@ async def ensure_topics(settings: Settings, bootstrap_servers: str) -> list[str]
         return [t.name for t in wanted]
     finally:
         await admin.close()
+
+
+async def stop_within(client, seconds: float = 3.0) -> None:
+    """Stop an aiokafka consumer or producer, giving up after `seconds` (an unreachable broker must not hold a stop)."""
+    task = asyncio.ensure_future(client.stop())
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        log.warning("%s did not stop within %.0fs; abandoned", type(client).__name__, seconds)
 
 
 def producer(bootstrap_servers: str, kafka: dict[str, Any] | None = None) -> AIOKafkaProducer:
@@ -73,5 +83,5 @@ class GroupOffsets:
     async def close(self) -> None:
         """Close the connection."""
         if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+            consumer, self._consumer = self._consumer, None
+            await stop_within(consumer)

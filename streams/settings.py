@@ -64,8 +64,8 @@ class Settings:
     """Seconds the broker waits for members to rejoin; also bounds a cold start's first join."""
     log_level: str = "info"
     """Logging level of the worker."""
-    log_format: str = "json"
-    """json (one object per line, for log pipelines) or text."""
+    log_format: str = "auto"
+    """auto (short text lines on a terminal, JSON otherwise), json (one object per line) or text."""
     plan_retention: timedelta = timedelta(days=30)
     """Event time a plan key may go unselected before its plan is evicted (ISO 8601 duration in the env)."""
     receipt_retention: timedelta = timedelta(days=400)

@@ -77,7 +77,6 @@ async def test_each_pass_refuses_its_own_bad_request(worker):
     cases = [
         (dict(PAYMENT, approved_by="cfo"), 400, "unknown_field", "parse"),
         (dict(PAYMENT, entity="payment change 999"), 404, "unknown_entity", "resolve"),
-        (dict(PAYMENT, principal="mallory"), 404, "unknown_principal", "resolve"),
         (dict(PAYMENT, decision_type="payment.approve"), 422, "unknown_decision_type", "type-check"),
         (dict(PAYMENT, purpose="marketing"), 422, "purpose_not_allowed", "type-check"),
         (dict(PAYMENT, decision_time="2025-06-01T00:00:00Z"), 422, "policy_not_effective", "admit"),

@@ -108,9 +108,16 @@ def test_resolution_and_type_errors_have_their_own_codes(atlas):
     with pytest.raises(ResolveError) as ambiguous:
         compile_request(ATLAS_REQUEST, atlas, NOW)
     assert ambiguous.value.code == "ambiguous_entity" and ambiguous.value.status == 409
-    with pytest.raises(ResolveError) as nobody:
-        compile_request(dict(ATLAS_REQUEST, entity="ATLAS-IN-01", principal="mallory"), atlas, NOW)
-    assert nobody.value.code == "unknown_principal"
+    # An unknown principal is answered as a known principal without rights: nothing tells them apart.
+    atlas.apply("source-changes", orjson.dumps({"event_id": "rightless", "schema_version": 1,
+                "occurred_at": "2026-08-30T00:00:00Z", "kind": "principal", "op": "upsert",
+                "principal": {"id": "rita", "roles": [], "attributes": {}}}))
+    nobody = compile_request(dict(ATLAS_REQUEST, entity="ATLAS-IN-01", principal="mallory"), atlas, NOW)
+    rightless = compile_request(dict(ATLAS_REQUEST, entity="ATLAS-IN-01", principal="rita"), atlas, NOW)
+    shape = ("state", "admitted", "rejected", "withheld", "slots", "stop_reason")
+    assert [nobody.plan[k] for k in shape] == [rightless.plan[k] for k in shape]
+    assert nobody.plan["withheld"] > 0 and nobody.plan["admitted"] == []
+    assert "principal:mallory" in nobody.dependencies  # publishing mallory invalidates the plan
     with pytest.raises(TypeCheckError) as dtype:
         compile_request(dict(ATLAS_REQUEST, entity="ATLAS-IN-01", decision_type="credit.approve"), atlas, NOW)
     assert dtype.value.code == "unknown_decision_type"
