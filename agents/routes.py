@@ -158,7 +158,8 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
             if caller is None or "status" not in caller.scopes:
                 # Liveness for anyone; the details need the status scope.
                 unreadable = worker.query.unreadable is not None
-                return self.json({"status": "state_unreadable" if unreadable else "ok"}, status=503 if unreadable else 200)
+                return self.json({"status": "state_unreadable" if unreadable else "ok"},
+                                 status=503 if unreadable else 200)
             doc = worker.query.health()
             try:
                 doc.update(duty=worker.duty(), standby_outbox=worker.state.outbox.standby_size())

@@ -70,7 +70,8 @@ class PlanStore:
         """Record successors found after the invalidation was announced: (old plan id, new plan id)."""
         pairs = [(old, new) for old, new in pairs if old != new]
         if pairs:
-            self.db.executemany("UPDATE plans SET successor_plan_id = ? WHERE plan_id = ? AND successor_plan_id IS NULL",
+            self.db.executemany("UPDATE plans SET successor_plan_id = ? WHERE plan_id = ? "
+                                "AND successor_plan_id IS NULL",
                                 [(new, old) for old, new in pairs])
 
     def known(self, plan_ids: list[str]) -> set[str]:
@@ -84,7 +85,8 @@ class PlanStore:
         """Store another worker's plan that local state already proves stale, as invalidated."""
         self.db.execute("INSERT OR IGNORE INTO plans VALUES (?, ?, 'invalidated', ?, NULL, ?, ?, ?, "
                         "'stale_on_arrival', ?, ?, NULL, ?)",
-                        [plan["plan_id"], plan.get("plan_key"), (plan.get("request") or {}).get("decision_time") is None,
+                        [plan["plan_id"], plan.get("plan_key"),
+                         (plan.get("request") or {}).get("decision_time") is None,
                          orjson.dumps(plan.get("request")).decode(), orjson.dumps(plan).decode(),
                          plan.get("receipt_id"), orjson.dumps(cause).decode(), successor, at])
 
