@@ -88,7 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         class ServiceWorker(faust.Worker):
             async def on_startup_finished(self) -> None:
                 await super().on_startup_finished()
-                await worker.guard.refresh()  # ready means revocation lag is known
+                await worker.guard.wait_checked()  # ready means revocation lag is known
                 # Written only once the HTTP API answers, so `load`/`select` can rely on it.
                 write_run_file(settings.run_file, run_info)
                 where = (f"the secret is in {settings.run_file}" if access.local_token

@@ -3,7 +3,9 @@ paused or reset."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -70,6 +72,41 @@ class LagWatcher:
         self._cluster_id: str | None = None
         self._cluster_read_at = 0.0
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
+        self._reader: Store | None = None  # the guard thread's own connection to the state file
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def start_thread(self) -> None:
+        """Watch from a thread with its own event loop, so compiles on the HTTP loop cannot starve it.
+
+        A starved watcher would look stale (`unknown`) and refuse healthy selects; in a thread its
+        reads of the brokers' ends and of this worker's offsets go on whatever the loop is doing.
+        """
+        self._reader = self.store.view()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._watch()), name="freshplan-guard",
+                                        daemon=True)
+        self._thread.start()
+
+    async def _watch(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                await self.refresh()
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            await self.stop()
+
+    def stop_thread(self, timeout: float = 5.0) -> None:
+        """Ask the watcher thread to stop and wait for it a bounded time."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    async def wait_checked(self, timeout: float = 10.0) -> bool:
+        """Wait (on the caller's loop) until the watcher has judged the inputs once."""
+        deadline = time.monotonic() + timeout
+        while self._checked_at is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self._checked_at is not None
 
     async def refresh(self) -> None:
         """Learn each input partition's end and incarnation from a separate consumer.
@@ -85,7 +122,7 @@ class LagWatcher:
             if self._cluster_id is None or now - self._cluster_read_at > 10:
                 self._cluster_id = await read_cluster_id(self.bootstrap_servers, **self.kafka)
                 self._cluster_read_at = now
-            recorded = Recorded.read(self.store, self.topics)
+            recorded = Recorded.read(self._reader or self.store, self.topics)
             applied = recorded.applied
             tps = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
             logical = {v: k for k, v in self.topics.items()}

@@ -183,13 +183,13 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
     @app.task
     async def watch_revocations() -> None:
-        # A task, not a timer: the first reading happens at start-up, not one interval later.
+        # In a thread of its own (first reading at start-up): compiles on this loop must not make
+        # the guard look stale and refuse healthy selects.
+        guard.start_thread()
         try:
-            while True:
-                await guard.refresh()
-                await asyncio.sleep(guard.poll_interval)
+            await asyncio.Event().wait()
         finally:
-            await guard.stop()
+            await asyncio.to_thread(guard.stop_thread)
 
     @app.task
     async def apply_replica() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from contextlib import contextmanager
 from datetime import datetime
@@ -100,6 +101,13 @@ class Store:
                         "PRIMARY KEY (topic, event_id)); "
                         "INSERT INTO applied_events SELECT '', event_id, NULL FROM applied_events_global; "
                         "DROP TABLE applied_events_global")
+
+    def view(self) -> "Store":
+        """A second connection to the same file, for reads from another thread (committed state only)."""
+        other = copy.copy(self)
+        other.db = self.db.cursor()
+        other._depth = 0
+        return other
 
     def close(self) -> None:
         """Checkpoint and close the file."""
