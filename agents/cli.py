@@ -339,6 +339,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fault_names() -> list[str]:
+    from bench.chaos import FAULTS
+
+    return [f.__name__ for f in FAULTS]
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    """Start an embedded broker and a worker per fault (broker reset, oversized plan, id collision, poisoned
+    `plans`, paused policies, hostile requests, clock jump, read load, withheld cause), inflict it, and print
+    a table: fault, expected, observed, held. Exits 1 if any promise broke."""
+    from bench.chaos import main as chaos_main
+
+    return chaos_main(Path(args.out) if args.out else None, args.only)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     top = argparse.ArgumentParser(prog="freshplan", description=DESCRIPTION,
@@ -412,6 +427,12 @@ def parser() -> argparse.ArgumentParser:
                        help="plans in the restart measurement (default 1000000)")
     bench.add_argument("--seed", type=int, help="workload seed (default 7)")
     bench.set_defaults(func=cmd_bench)
+    chaos = sub.add_parser("chaos", help="run the fault catalogue against live workers and print what held",
+                           description=cmd_chaos.__doc__)
+    chaos.add_argument("--out", help="also write the outcomes as JSON to this file")
+    chaos.add_argument("--only", action="append", metavar="FAULT",
+                       help="run only this fault (repeatable): " + ", ".join(_fault_names()))
+    chaos.set_defaults(func=cmd_chaos)
     schemas = sub.add_parser("schemas", help="wire contracts: JSON Schemas per topic")
     schemas_sub = schemas.add_subparsers(dest="schemas_command", required=True)
     export = schemas_sub.add_parser("export", help="write every topic's JSON Schema into DIR",

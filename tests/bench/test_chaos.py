@@ -1,0 +1,19 @@
+"""`freshplan chaos`: faults run against live workers and come back as table rows that say whether they held."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.chaos import FAULTS, run_chaos, table
+
+pytestmark = pytest.mark.timeout(240)
+
+
+async def test_chaos_rows_report_what_held(tmp_path):
+    lines: list[str] = []
+    outcomes = await run_chaos(tmp_path, lines.append, only=["hostile_requests", "id_collision"])
+    assert [o.fault for o in outcomes] == ["event id reused across topics", "hostile select bodies (1 MB query, "
+                                           "2^64 budget, NaN, deep nesting, year 0)"]  # catalogue order
+    assert all(o.held for o in outcomes), outcomes
+    assert len(lines) == 2 and "| fault | expected | observed | held |" in table(outcomes)
+    assert len(FAULTS) == 9
