@@ -8,13 +8,12 @@ import json
 import logging
 import os
 import sys
-import urllib.error
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-import orjson
 
+from agents.cli_client import cmd_plan, cmd_select, cmd_status
+from agents.cli_settings import _run_info, _settings
 from streams.settings import Settings
 
 log = logging.getLogger("freshplan")
@@ -25,21 +24,6 @@ them, recompiles them, and serves budgeted selections over HTTP.
 
 Settings come from FRESHPLAN_* environment variables (see README) and the flags below.
 Without KAFKA_BOOTSTRAP_SERVERS, `run` starts an embedded Kafka-protocol broker (Tansu)."""
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    return Settings.from_env().with_overrides(
-        web_host=getattr(args, "host", None), web_port=getattr(args, "port", None),
-        state_dir=Path(args.state_dir) if getattr(args, "state_dir", None) else None,
-        partitions=getattr(args, "partitions", None),
-        wall_clock=False if getattr(args, "no_wall_clock", False) else None,
-        rebase=True if getattr(args, "rebase", False) else None)
-
-
-def _run_info(settings: Settings) -> dict:
-    from agents.access import read_run_file
-
-    return read_run_file(settings.run_file)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -217,92 +201,6 @@ def cmd_load(args: argparse.Namespace) -> int:
                 bar.stop()
         print(json.dumps({"file": path, "events": count, "freshness_token": token}))
     return 0
-
-
-def _http(args: argparse.Namespace) -> str:
-    settings = _settings(args)
-    return (args.url or _run_info(settings).get("http")
-            or f"http://{settings.web_host}:{settings.web_port}").rstrip("/")
-
-
-def _headers(args: argparse.Namespace) -> dict[str, str]:
-    """JSON, and the bearer secret from FRESHPLAN_TOKEN or the local run's run.json."""
-    settings = _settings(args)
-    token = settings.token or _run_info(settings).get("token")
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    return headers
-
-
-def _call(method: str, url: str, body: dict | None, headers: dict[str, str]) -> int:
-    data = orjson.dumps(body) if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            print(json.dumps(json.loads(resp.read()), indent=2))
-            return 0
-    except urllib.error.HTTPError as exc:
-        print(json.dumps(json.loads(exc.read() or b"{}"), indent=2), file=sys.stderr)
-        return 1
-    except urllib.error.URLError as exc:
-        print(f"freshplan: cannot reach {url}: {exc.reason}; is `freshplan run` up?", file=sys.stderr)
-        return 2
-
-
-def cmd_select(args: argparse.Namespace) -> int:
-    """POST a decision request built from a JSON file and/or flags; print the plan."""
-    body: dict = json.loads(Path(args.file).read_text()) if args.file else {}
-    for name in ("decision_type", "principal", "purpose", "entity", "decision_time", "query",
-                 "at_least_as_fresh"):
-        value = getattr(args, name)
-        if value is not None:
-            body[name] = value
-    budget = dict(body.get("budget") or {})
-    for name in ("tokens", "calls"):
-        if getattr(args, name) is not None:
-            budget[name] = getattr(args, name)
-    if budget:
-        body["budget"] = budget
-    return _call("POST", _http(args) + "/v1/select", body, _headers(args))
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    """Print lag, revocation state, plans, index size and the last event per topic of a running worker."""
-    url = _http(args) + "/healthz"
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=_headers(args)), timeout=30) as resp:
-            health = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        print(json.dumps(json.loads(exc.read() or b"{}"), indent=2), file=sys.stderr)
-        return 1
-    except urllib.error.URLError as exc:
-        print(f"freshplan: cannot reach {url}: {exc.reason}; is `freshplan run` up?", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(health, indent=2))
-        return 0
-    if "revocations" not in health:
-        print("freshplan status: the worker is alive, but this caller lacks the `status` scope for details; "
-              "set FRESHPLAN_TOKEN to a secret that has it.", file=sys.stderr)
-        return 1
-    rev = health["revocations"]
-    print(f"now (event time)   {health['now']}")
-    print(f"revocations        {rev['state']} (lag {rev['lag_events']} events, {rev['seconds_behind']}s; "
-          f"bound {rev['bound_seconds']}s)")
-    print(f"plans              {', '.join(f'{k} {v}' for k, v in sorted(health['plans'].items())) or 'none'}")
-    print(f"index edges        {health['index_edges']}    outbox {health['outbox']}")
-    for topic in ("source-changes", "policy-versions", "revocations", "clock"):
-        lag = sum(health.get("lag", {}).get(topic, {}).values())
-        last = health.get("last_events", {}).get(topic)
-        seen = f"last {last['event_id']} at {last['applied_at']}" if last else "no events applied yet"
-        print(f"{topic:<18} lag {lag:<6} {seen}")
-    return 0
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    """Print whether a plan is fresh or invalidated, and why."""
-    return _call("GET", f"{_http(args)}/v1/plans/{args.plan_id}", None, _headers(args))
 
 
 def cmd_schemas_export(args: argparse.Namespace) -> int:
