@@ -208,7 +208,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                 await asyncio.sleep(0.05)
                 continue
             duty = worker.duty()
-            done = recompile_queued(invalidator, 100, lambda topic, partition: partition in duty.get(topic, ()))
+            done = recompile_queued(invalidator, 100,
+                                    lambda topic, partition, duty=duty: partition in duty.get(topic, ()))
             if done:
                 await worker.publish_outbox()
             await asyncio.sleep(0 if done else 0.1)
