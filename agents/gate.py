@@ -159,8 +159,9 @@ class Gate:
                 outcome = orjson.loads(response.body)["error"]["code"]
             except (ValueError, TypeError, KeyError):
                 outcome = str(status)
-        quiet = self.routes.get(route) == OPEN and record["caller"] is None and status < 400
-        # Probes (liveness, readiness, scrapes) would drown the audit trail; they are logged at debug.
+        # Probes (liveness, readiness, scrapes) would drown the audit trail; they are logged at debug,
+        # a not-ready answer included (load balancers poll through start-up).
+        quiet = self.routes.get(route) == OPEN and record["caller"] is None and (status < 400 or status == 503)
         audit_log.log(logging.DEBUG if quiet else logging.INFO, "%s %s -> %s %s", request.method,
                       route or "unknown", status, outcome,
                       extra=dict(record, route=f"{request.method} {route or 'unknown'}", status=status,

@@ -131,19 +131,28 @@ class LagWatcher:
                 consumer.seek(tp, recorded.targets.get(position, applied.get(position[0], {}).get(tp.partition, 0)))
             batch = await consumer.getmany(timeout_ms=150)
             listed = await consumer.end_offsets(tps)
+            # Only ends learnt after the snapshot may judge it: a high watermark the consumer kept
+            # from an earlier poll can be below offsets applied since, which is no reset at all.
+            ends_now: dict[tuple[str, int], int] = {}
+            for tp in tps:
+                position = (logical[tp.topic], tp.partition)
+                if batch.get(tp):
+                    ends_now[position] = consumer.highwater(tp)
+                elif position in recorded.targets:
+                    # An out-of-range fetch moved the consumer to the topic's end ("latest").
+                    now_at = await consumer.position(tp)
+                    if now_at < recorded.targets[position]:
+                        ends_now[position] = now_at
         except Exception as exc:  # noqa: BLE001 - any failure leaves the state unknown, i.e. closed
             log.warning("input lag unknown: %s", exc)
             self._checked_at = None
             self._cluster_id = None
             return
         self.ends = {}
-        highwaters = {}
         for tp in tps:
-            if consumer.highwater(tp) is not None:
-                highwaters[(logical[tp.topic], tp.partition)] = consumer.highwater(tp)
             end = max(listed.get(tp, 0), consumer.highwater(tp) or 0)
             self.ends.setdefault(logical[tp.topic], {})[tp.partition] = end
-        resets = judge(recorded, self._cluster_id, self.topics, firsts_of(batch, logical), highwaters)
+        resets = judge(recorded, self._cluster_id, self.topics, firsts_of(batch, logical), ends_now)
         if resets != self.resets and resets:
             log.error("input topics reset: %s", resets, extra={"reason": "input_reset", "topics": sorted(resets)})
         self.resets = resets

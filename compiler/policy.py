@@ -68,7 +68,9 @@ def compile_policy(bundle: PolicyBundle, strict: bool = True) -> CompiledPolicy:
     if strict:
         problem = static_problem(bundle.cedar)
         if problem:
-            raise PolicyError(f"Cedar bundle {bundle.bundle_id} v{bundle.version} cannot evaluate: {problem}")
+            error = PolicyError(f"Cedar bundle {bundle.bundle_id} v{bundle.version} cannot evaluate: {problem}")
+            error.detail = problem  # names the construct, never quotes the policy text
+            raise error
     digest = hashlib.sha256(bundle.cedar.encode()).hexdigest()
     return CompiledPolicy(bundle.bundle_id, bundle.version, digest, bundle.effective_at, handle)
 

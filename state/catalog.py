@@ -172,9 +172,11 @@ class Catalog:
             compiled = compile_policy(bundle)
             for contract in bundle.contracts:
                 decision_model(contract)
-        except PolicyError:
+        except PolicyError as exc:
             # Cedar's parse errors quote the policy text; dead letters say what is wrong, not what it says.
-            raise InvalidEvent("invalid_policy", "cedar does not parse as Cedar policies (check it with the Cedar "
+            detail = getattr(exc, "detail", None)
+            raise InvalidEvent("invalid_policy", f"cedar cannot evaluate: {detail}; the previous version stays active"
+                               if detail else "cedar does not parse as Cedar policies (check it with the Cedar "
                                "CLI); the previous version stays active") from None
         except ModelError:
             raise InvalidEvent("invalid_policy", "a decision type's loss or observations do not form a decision "
