@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 from agents.cli_client import cmd_plan, cmd_select, cmd_status
-from agents.cli_settings import _run_info, _settings
+from agents.cli_settings import _cdc_mapping, _run_info, _settings
 from streams.settings import Settings
 
 log = logging.getLogger("freshplan")
@@ -37,6 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agents.worker import build_worker
     from streams.admin import ensure_topics
     from streams.broker import EmbeddedBroker
+    from schemas.cdc_mapping import MappingError
     from streams.kafka_security import KafkaSecurityError
 
     settings = _settings(args)
@@ -45,7 +46,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         settings.kafka.validate()
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         access = load_access(settings)
-    except (AccessError, KafkaSecurityError) as exc:
+        cdc = _cdc_mapping(settings)
+    except (AccessError, KafkaSecurityError, MappingError) as exc:
         print(f"freshplan run: {exc}", file=sys.stderr, flush=True)
         return 2
     kept = {"token": access.local_token} if access.local_token else {}  # the secret survives restarts
@@ -67,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         http = f"http://{settings.web_host}:{settings.web_port}"
         run_info = dict(kept, bootstrap_servers=bootstrap, http=http, topic_prefix=settings.topic_prefix,
                         pid=os.getpid())
-        worker = build_worker(settings, bootstrap, access)
+        worker = build_worker(settings, bootstrap, access, cdc)
 
         class ServiceWorker(faust.Worker):
             async def on_startup_finished(self) -> None:
@@ -132,9 +134,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """Rebuild local state from the topics (worker stopped): the old DuckDB file is kept aside."""
     from agents.logs import configure as configure_logging
     from agents.replay import replay
+    from schemas.cdc_mapping import MappingError
 
     settings = _settings(args)
     configure_logging(settings.log_level, settings.log_format)
+    try:
+        cdc = _cdc_mapping(settings)
+    except MappingError as exc:
+        print(f"freshplan replay: {exc}", file=sys.stderr)
+        return 2
     info = _run_info(settings)
     if info.get("pid") and _alive(info["pid"]):
         print(f"freshplan replay: a worker (pid {info['pid']}) is using {settings.state_dir}; stop it first.",
@@ -158,7 +166,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if bar:
         bar.start()
     try:
-        summary = asyncio.run(replay(settings, bootstrap, progress))
+        summary = asyncio.run(replay(settings, bootstrap, progress, cdc))
     finally:
         if bar:
             bar.stop()
