@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 
+from agents.cli_cdc import add_parser as add_cdc_parser
 from agents.cli_client import cmd_plan, cmd_select, cmd_status
 from agents.cli_settings import _cdc_mapping, _run_info, _settings
 from streams.settings import Settings
@@ -212,14 +213,16 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_schemas_export(args: argparse.Namespace) -> int:
-    """Write the JSON Schema of every topic into DIR, for producers and consumers in other languages."""
+    """Write the JSON Schema of every topic, and of the CDC mapping file, into DIR (for other languages)."""
+    from schemas.cdc_mapping import mapping_schema
     from schemas.codec import TOPICS, schema_text
 
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("_common",) + TOPICS:
         (out / f"{name}.schema.json").write_text(schema_text(name), encoding="utf-8")
-    print(json.dumps({"dir": str(out), "schemas": len(TOPICS) + 1}))
+    (out / "cdc-mapping.schema.json").write_text(json.dumps(mapping_schema(), indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({"dir": str(out), "schemas": len(TOPICS) + 2}))
     return 0
 
 
@@ -340,6 +343,7 @@ def parser() -> argparse.ArgumentParser:
                                     description=cmd_schemas_export.__doc__)
     export.add_argument("dir", metavar="DIR")
     export.set_defaults(func=cmd_schemas_export)
+    add_cdc_parser(sub)
     return top
 
 
