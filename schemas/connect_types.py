@@ -63,12 +63,11 @@ def _iso(value: Any) -> str:
     if not isinstance(value, str):
         raise ColumnError("is not an ISO 8601 string")
     try:
+        if len(value) == 10:  # a bare date (io.debezium.time.Date in string mode) is that day's midnight UTC
+            return _rfc3339(datetime.combine(date.fromisoformat(value), datetime.min.time(), timezone.utc))
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        try:
-            return _rfc3339(datetime.combine(date.fromisoformat(value), datetime.min.time(), timezone.utc))
-        except ValueError:
-            raise ColumnError("is not an ISO 8601 timestamp") from None
+        raise ColumnError("is not an ISO 8601 timestamp") from None
     if moment.tzinfo is None:
         raise ColumnError("is an ISO 8601 timestamp without an offset")
     return _rfc3339(moment.astimezone(timezone.utc))
