@@ -11,7 +11,7 @@ import orjson
 from schemas import cdc_mapping, connect_types
 from schemas.cdc_mapping import CdcMapping, TableMapping
 from schemas.connect_types import ColumnError
-from schemas.errors import InvalidEvent, SkippedEvent
+from schemas.errors import InvalidEvent
 
 _OPS = {"c": "upsert", "u": "upsert", "r": "upsert", "d": "delete"}
 # Source fields that together name one change, by the field that identifies the connector's

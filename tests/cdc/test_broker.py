@@ -43,8 +43,9 @@ async def test_debezium_fixtures_invalidate_the_plans_they_touch(broker, tmp_pat
                  (("pg_update_with_schema",), "unknown"),            # valid_to now in the past
                  (("pg_update_schemaless",), "supported"),
                  (("pg_delete_schemaless", "pg_tombstone_key_schema", "pg_heartbeat_with_schema",
-                   "pg_transaction_begin_with_schema", "pg_create_with_schema_nanos", "pg_principal_update_schemaless",
-                   "pg_tombstone_schemaless_ambiguous_key", "pg_bad_json", "pg_bad_tokens", "pg_unmapped_table"), "unknown"),
+                   "pg_transaction_begin_with_schema", "pg_create_with_schema_nanos",
+                   "pg_principal_update_schemaless", "pg_tombstone_schemaless_ambiguous_key", "pg_bad_json",
+                   "pg_bad_tokens", "pg_unmapped_table"), "unknown"),
                  (("mysql_create_with_schema",), "supported"),
                  (("mysql_update_schemaless", "mysql_snapshot_read_schemaless", "mysql_delete_with_schema",
                    "mysql_heartbeat_schemaless", "mysql_transaction_end_schemaless", "mysql_bad_decimal_scale",

@@ -23,11 +23,13 @@ def test_fields_match_the_source_changes_schema():
 
 @pytest.mark.parametrize("doc, words", [
     ("{", "not valid JSON"), ({"tables": []}, "exactly one key"),
-    ({"tables": {"t.a": {"kind": "resource", "fields": {"id": "a", "colour": "c"}}}}, "unknown resource fields ['colour']"),
+    ({"tables": {"t.a": {"kind": "resource", "fields": {"id": "a", "colour": "c"}}}},
+     "unknown resource fields ['colour']"),
     ({"tables": {"t.a": {"kind": "resource", "fields": {"tokens": "n"}}}}, "must map the id field"),
     ({"tables": {"t.a": {"kind": "robot", "fields": {"id": "a"}}}}, "kind resource, principal or entity"),
     ({"tables": {"t.a": {"kind": "principal", "fields": {"id": "a"}, "types": {"a": "money"}}}}, "unknown type"),
-    ({"tables": {"t.a": {"kind": "entity", "fields": {"id": "a"}, "defaults": {"roles": []}}}}, "unknown entity fields"),
+    ({"tables": {"t.a": {"kind": "entity", "fields": {"id": "a"}, "defaults": {"roles": []}}}},
+     "unknown entity fields"),
     ({"tables": {"t.a": {"kind": "entity", "fields": {"id": "a"}, "extra": 1}}}, "unknown keys")])
 def test_unusable_files_are_refused_by_name(doc, words):
     with pytest.raises(MappingError) as bad:

@@ -47,7 +47,8 @@ def test_by_schema_uses_logical_names_parameters_and_array_items():
     assert by_schema({"type": "boolean"}, True) is True
     assert by_schema({"type": "string"}, "plain") == "plain"
     with pytest.raises(ColumnError, match="scale"):
-        by_schema({"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "x"}}, "AQ==")
+        by_schema({"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
+                   "parameters": {"scale": "x"}}, "AQ==")
     with pytest.raises(ColumnError, match="boolean"):
         by_schema({"type": "boolean"}, "yes")
 
