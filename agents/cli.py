@@ -12,8 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 
+from agents.cli_cdc import add_parser as add_cdc_parser
 from agents.cli_client import cmd_plan, cmd_select, cmd_status
-from agents.cli_settings import _run_info, _settings
+from agents.cli_settings import _cdc_mapping, _run_info, _settings
 from streams.settings import Settings
 
 log = logging.getLogger("freshplan")
@@ -37,6 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agents.worker import build_worker
     from streams.admin import ensure_topics
     from streams.broker import EmbeddedBroker
+    from schemas.cdc_mapping import MappingError
     from streams.kafka_security import KafkaSecurityError
 
     settings = _settings(args)
@@ -45,7 +47,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         settings.kafka.validate()
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         access = load_access(settings)
-    except (AccessError, KafkaSecurityError) as exc:
+        cdc = _cdc_mapping(settings)
+    except (AccessError, KafkaSecurityError, MappingError) as exc:
         print(f"freshplan run: {exc}", file=sys.stderr, flush=True)
         return 2
     kept = {"token": access.local_token} if access.local_token else {}  # the secret survives restarts
@@ -67,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         http = f"http://{settings.web_host}:{settings.web_port}"
         run_info = dict(kept, bootstrap_servers=bootstrap, http=http, topic_prefix=settings.topic_prefix,
                         pid=os.getpid())
-        worker = build_worker(settings, bootstrap, access)
+        worker = build_worker(settings, bootstrap, access, cdc)
 
         class ServiceWorker(faust.Worker):
             async def on_startup_finished(self) -> None:
@@ -132,9 +135,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """Rebuild local state from the topics (worker stopped): the old DuckDB file is kept aside."""
     from agents.logs import configure as configure_logging
     from agents.replay import replay
+    from schemas.cdc_mapping import MappingError
 
     settings = _settings(args)
     configure_logging(settings.log_level, settings.log_format)
+    try:
+        cdc = _cdc_mapping(settings)
+    except MappingError as exc:
+        print(f"freshplan replay: {exc}", file=sys.stderr)
+        return 2
     info = _run_info(settings)
     if info.get("pid") and _alive(info["pid"]):
         print(f"freshplan replay: a worker (pid {info['pid']}) is using {settings.state_dir}; stop it first.",
@@ -158,7 +167,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if bar:
         bar.start()
     try:
-        summary = asyncio.run(replay(settings, bootstrap, progress))
+        summary = asyncio.run(replay(settings, bootstrap, progress, cdc))
     finally:
         if bar:
             bar.stop()
@@ -204,14 +213,16 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_schemas_export(args: argparse.Namespace) -> int:
-    """Write the JSON Schema of every topic into DIR, for producers and consumers in other languages."""
+    """Write the JSON Schema of every topic, and of the CDC mapping file, into DIR (for other languages)."""
+    from schemas.cdc_mapping import mapping_schema
     from schemas.codec import TOPICS, schema_text
 
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("_common",) + TOPICS:
         (out / f"{name}.schema.json").write_text(schema_text(name), encoding="utf-8")
-    print(json.dumps({"dir": str(out), "schemas": len(TOPICS) + 1}))
+    (out / "cdc-mapping.schema.json").write_text(json.dumps(mapping_schema(), indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({"dir": str(out), "schemas": len(TOPICS) + 2}))
     return 0
 
 
@@ -332,6 +343,7 @@ def parser() -> argparse.ArgumentParser:
                                     description=cmd_schemas_export.__doc__)
     export.add_argument("dir", metavar="DIR")
     export.set_defaults(func=cmd_schemas_export)
+    add_cdc_parser(sub)
     return top
 
 

@@ -17,6 +17,20 @@ def _settings(args: argparse.Namespace) -> Settings:
         rebase=True if getattr(args, "rebase", False) else None)
 
 
+def _cdc_mapping(settings: Settings):
+    """The CDC mapping file named by FRESHPLAN_CDC_MAPPING, read once; raises MappingError naming its problem."""
+    from schemas.cdc_mapping import MappingError, parse
+
+    if settings.cdc_mapping is None:
+        return None
+    try:
+        text = settings.cdc_mapping.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MappingError(f"FRESHPLAN_CDC_MAPPING {settings.cdc_mapping} cannot be read "
+                           f"({type(exc).__name__})") from None
+    return parse(text, f"FRESHPLAN_CDC_MAPPING {settings.cdc_mapping}")
+
+
 def _run_info(settings: Settings) -> dict:
     from agents.access import read_run_file
 

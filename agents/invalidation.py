@@ -16,7 +16,8 @@ import orjson
 from compiler.errors import RequestError
 from compiler.pipeline import CompiledPlan, compile_request
 from schemas.codec import decode
-from schemas.errors import InvalidEvent
+from schemas.cdc_mapping import CdcMapping
+from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
@@ -65,8 +66,9 @@ class Invalidator:
 
     def __init__(self, state: LocalState, topic_of, max_event_bytes: int = 1_000_000,
                  on_latency=None, on_compile=None, eager_limit: int = 500,
-                 max_clock_jump: timedelta | None = timedelta(days=400)) -> None:
+                 max_clock_jump: timedelta | None = timedelta(days=400), cdc: CdcMapping | None = None) -> None:
         self.state = state
+        self.cdc = cdc  # the CDC mapping file, loaded once at start-up
         self.topic_of = topic_of  # logical name -> broker-side name
         self.max_event_bytes = max_event_bytes
         self.max_clock_jump = max_clock_jump  # a tick further past now is refused; None: unbounded
@@ -119,7 +121,9 @@ class Invalidator:
             marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
             try:
                 decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
-                                          max_bytes=self.max_event_bytes)))
+                                          max_bytes=self.max_event_bytes, cdc=self.cdc)))
+            except SkippedEvent as exc:
+                counts[f"cdc_skipped.{exc.kind}"] += 1
             except InvalidEvent as exc:
                 self._dead_letter(m, exc.error_class, exc.message, counts)
         store.save_offsets(offsets, {pos: (o, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))

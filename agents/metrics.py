@@ -83,7 +83,9 @@ class _StateCollector:
         yield from _labelled(counters, {
             "applied.": CounterMetricFamily("freshplan_events_applied", "Input events applied", labels=["topic"]),
             "dead_letters.": CounterMetricFamily("freshplan_dead_letters", "Input events dead-lettered",
-                                                 labels=["reason"])})
+                                                 labels=["reason"]),
+            "cdc_skipped.": CounterMetricFamily("freshplan_cdc_skipped", "Debezium heartbeats and transaction "
+                                                "boundaries read and skipped", labels=["kind"])})
         yield from _labelled(self.query.selects, {
             "selects.": CounterMetricFamily("freshplan_selects", "Selects answered", labels=["served_from"]),
             "refused.": CounterMetricFamily("freshplan_stale_serve_refusals",

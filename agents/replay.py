@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agents.invalidation import Invalidator, RawMessage, wall_now
 from compiler.errors import RequestError
 from compiler.pipeline import compile_request
+from schemas.cdc_mapping import CdcMapping
 from state.local_state import LocalState
 from streams.incarnation import read_cluster_id
 from streams.settings import INPUT_TOPICS, Settings
@@ -63,7 +64,7 @@ async def read_all(bootstrap: str, topic: str, on_batch, progress=None, kafka: d
         await consumer.stop()
 
 
-async def replay(settings: Settings, bootstrap: str, progress=None) -> dict:
+async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapping | None = None) -> dict:
     """Move the DuckDB file aside, re-apply every input event, and restore the current plans."""
     db = settings.db_path
     backup = None
@@ -76,7 +77,7 @@ async def replay(settings: Settings, bootstrap: str, progress=None) -> dict:
         with state.store.transaction():
             state.store.record_cluster(await read_cluster_id(bootstrap, **kafka))
         invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
-                                  max_clock_jump=settings.max_clock_jump)
+                                  max_clock_jump=settings.max_clock_jump, cdc=cdc)
         started = time.perf_counter()
         applied = {}
         for name in INPUT_TOPICS:

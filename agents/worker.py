@@ -23,6 +23,7 @@ from agents.replica import Replica
 from agents.retention import BATCH, RetentionTimer
 from agents.routes import register_routes
 from compiler.request import Limits
+from schemas.cdc_mapping import CdcMapping
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
@@ -146,7 +147,8 @@ class Worker:
                     return sent
 
 
-def build_worker(settings: Settings, bootstrap_servers: str, access: Access | None = None) -> Worker:
+def build_worker(settings: Settings, bootstrap_servers: str, access: Access | None = None,
+                 cdc: CdcMapping | None = None) -> Worker:
     """Create the app and register everything on it; nothing runs until the app starts."""
     access = access or Access.closed()
     kafka = settings.kafka.client_kwargs()
@@ -157,7 +159,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
                                        frozenset({settings.topic("plans"), settings.topic("receipts")}))
     invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
-                              eager_limit=settings.eager_recompile_limit, max_clock_jump=settings.max_clock_jump)
+                              eager_limit=settings.eager_recompile_limit, max_clock_jump=settings.max_clock_jump,
+                              cdc=cdc)
     guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound, kafka=kafka)
     query = QueryService(state, invalidator, guard)

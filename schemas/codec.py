@@ -13,7 +13,8 @@ import orjson
 import fastjsonschema
 
 from schemas import debezium
-from schemas.errors import InvalidEvent
+from schemas.cdc_mapping import CdcMapping
+from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.records import (ClockTick, Contract, Entity, InputEvent, PolicyBundle, Principal,
                              Proposition, Resource, Revocation, SourceChange)
 from schemas.timefmt import parse_duration, parse_instant
@@ -84,28 +85,56 @@ def _instant(value: Any, field: str):
                            "service can represent, such as 2026-08-30T00:00:00Z") from None
 
 
-def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str = "",
-           max_bytes: int = 1_000_000) -> InputEvent:
-    """Turn one consumed message of an input topic into an InputEvent or raise InvalidEvent."""
+def document(topic: str, key: bytes | None, value: bytes | None, *, position: str = "",
+             max_bytes: int = 1_000_000, cdc: CdcMapping | None = None) -> Any:
+    """The JSON document a message stands for: Debezium envelopes and tombstones become source changes.
+
+    Raises SkippedEvent for Debezium heartbeats and transaction boundaries, InvalidEvent otherwise.
+    """
     if value is None:
-        doc = debezium.tombstone(key, position) if topic == "source-changes" else None
+        doc = debezium.tombstone(key, position, cdc) if topic == "source-changes" else None
         if doc is None:
             raise InvalidEvent("malformed_json", f"empty message on {topic}: a value is required")
-    else:
-        if len(value) > max_bytes:
-            raise InvalidEvent("oversized", f"event of {len(value)} bytes exceeds the "
-                               f"{max_bytes}-byte limit; split the record or raise the limit")
+        return doc
+    if len(value) > max_bytes:
+        raise InvalidEvent("oversized", f"event of {len(value)} bytes exceeds the "
+                           f"{max_bytes}-byte limit; split the record or raise the limit")
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidEvent("malformed_json", f"not valid JSON ({exc.msg} at line {exc.lineno} column "
+                           f"{exc.colno})") from None
+    if topic != "source-changes":
+        return doc
+    if kind := debezium.control_kind(doc):
+        raise SkippedEvent(kind)
+    if debezium.is_debezium(doc):
         try:
-            doc = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidEvent("malformed_json", f"not valid JSON ({exc.msg} at line {exc.lineno} column "
-                               f"{exc.colno})") from None
-    if topic == "source-changes" and debezium.is_debezium(doc):
-        try:
-            doc = debezium.from_debezium(doc)
-        except (ValueError, TypeError, KeyError, OverflowError, OSError):
+            return debezium.from_debezium(doc, cdc)
+        except (ValueError, TypeError, KeyError, OverflowError, OSError) as exc:
+            if isinstance(exc, InvalidEvent):
+                raise
             raise InvalidEvent("invalid_value", "Debezium envelope with an unusable ts_ms or source "
                                "position; check the connector's output") from None
+    return doc
+
+
+def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str = "",
+           max_bytes: int = 1_000_000, cdc: CdcMapping | None = None) -> InputEvent:
+    """Turn one consumed message of an input topic into an InputEvent or raise InvalidEvent.
+
+    `cdc` is the mapping file loaded at start-up (None: Debezium rows carry freshplan's field names).
+    """
+    doc = document(topic, key, value, position=position, max_bytes=max_bytes, cdc=cdc)
+    try:
+        return _checked(topic, doc)
+    except InvalidEvent as exc:
+        if cdc is None or value is None or not isinstance(doc, dict) or not doc.get("event_id", "").startswith("dbz:"):
+            raise
+        raise InvalidEvent(exc.error_class, debezium.blame(orjson.loads(value), cdc, exc.message)) from None
+
+
+def _checked(topic: str, doc: Any) -> InputEvent:
     if not isinstance(doc, dict):
         raise InvalidEvent("schema_violation", f"{topic} event must be a JSON object")
     version = doc.get("schema_version")

@@ -19,3 +19,11 @@ class InvalidEvent(ValueError):
 
     def __str__(self) -> str:
         return f"{self.error_class}: {self.message}"
+
+
+class SkippedEvent(Exception):
+    """A message that carries no change (a Debezium heartbeat or transaction boundary): counted, not applied."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind

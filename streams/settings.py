@@ -96,6 +96,8 @@ class Settings:
     """Serve /metrics on this port instead of the API port."""
     metrics_auth: str = "open"
     """open, or status: /metrics then needs a caller with the `status` scope."""
+    cdc_mapping: Path | None = None
+    """JSON file mapping Debezium tables onto freshplan records; None: rows carry freshplan's field names."""
 
     @property
     def db_path(self) -> Path:
@@ -172,6 +174,7 @@ class Settings:
             allowed_hosts=get("ALLOWED_HOSTS", (), _words),
             metrics_port=get("METRICS_PORT", None, int),
             metrics_auth=get("METRICS_AUTH", base.metrics_auth),
+            cdc_mapping=get("CDC_MAPPING", None, Path),
             plan_retention=get("PLAN_RETENTION", base.plan_retention, parse_duration),
             receipt_retention=get("RECEIPT_RETENTION", base.receipt_retention, parse_duration),
             retention_interval=get("RETENTION_INTERVAL", base.retention_interval, float),

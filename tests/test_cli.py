@@ -22,7 +22,7 @@ FRESHPLAN = [sys.executable, "-m", "agents.cli"]
 
 def test_help_describes_every_command():
     out = subprocess.run(FRESHPLAN + ["--help"], capture_output=True, text=True, check=True).stdout
-    for command in ("run", "load", "select", "plan", "status", "schemas"):
+    for command in ("run", "load", "select", "plan", "status", "schemas", "cdc"):
         assert command in out
     run_help = subprocess.run(FRESHPLAN + ["run", "--help"], capture_output=True, text=True, check=True).stdout
     assert "--load" in run_help and "--state-dir" in run_help
@@ -31,9 +31,10 @@ def test_help_describes_every_command():
 def test_schemas_export_writes_one_schema_per_topic(tmp_path):
     out = subprocess.run(FRESHPLAN + ["schemas", "export", str(tmp_path / "contracts")], capture_output=True,
                          text=True, check=True, cwd=ROOT)
-    assert json.loads(out.stdout)["schemas"] == 9
+    assert json.loads(out.stdout)["schemas"] == 10
     written = sorted(p.name for p in (tmp_path / "contracts").iterdir())
     assert "source-changes.schema.json" in written and "dead-letters.schema.json" in written
+    assert "cdc-mapping.schema.json" in written
     for path in (tmp_path / "contracts").iterdir():
         assert json.loads(path.read_text())["$id"].endswith(path.name)
 

@@ -1,0 +1,83 @@
+"""The hand-written Debezium fixtures, published by librdkafka (as Kafka Connect would), invalidate plans."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from schemas.freshness import encode_token
+from streams.incarnation import read_cluster_id
+from tests.cdc.test_fixtures import FIXTURES, fixture, message
+from tests.conftest import ATLAS_REQUEST, launch
+from tests.events import resource
+
+
+def waiver_slot(plan: dict) -> str:
+    return next(s["state"] for s in plan["slots"] if s["proposition"] == "waiver_valid")
+
+
+async def produce(worker, *names: str) -> str:
+    """Publish fixtures in order on one partition (Debezium keeps a row's changes in order); return the token."""
+    producer = Producer({"bootstrap.servers": worker.bootstrap, "acks": "all"})
+    delivered: list[int] = []
+    for name in names:
+        key, value = message(fixture(name))
+        producer.produce(worker.settings.topic("source-changes"), key=key, value=value, partition=0,
+                         on_delivery=lambda err, msg: delivered.append(-1 if err else msg.offset()))
+    assert await asyncio.get_running_loop().run_in_executor(None, producer.flush, 30) == 0
+    assert len(delivered) == len(names) and min(delivered) >= 0
+    return encode_token({"source-changes": {0: max(delivered) + 1}}, await read_cluster_id(worker.bootstrap))
+
+
+@pytest.mark.timeout(180)
+async def test_debezium_fixtures_invalidate_the_plans_they_touch(broker, tmp_path):
+    async with launch(broker, tmp_path, FRESHPLAN_CDC_MAPPING=str(FIXTURES / "mapping.json")) as worker:
+        fresh = await worker.load("atlas.jsonl")
+        first = await worker.select(ATLAS_REQUEST, fresh)
+        assert waiver_slot(first) == "unknown"
+
+        steps = [(("pg_snapshot_read_with_schema",), "supported"),
+                 (("pg_update_with_schema",), "unknown"),            # valid_to now in the past
+                 (("pg_update_schemaless",), "supported"),
+                 (("pg_delete_schemaless", "pg_tombstone_key_schema", "pg_heartbeat_with_schema",
+                   "pg_transaction_begin_with_schema", "pg_create_with_schema_nanos",
+                   "pg_principal_update_schemaless", "pg_tombstone_schemaless_ambiguous_key", "pg_bad_json",
+                   "pg_bad_tokens", "pg_unmapped_table"), "unknown"),
+                 (("mysql_create_with_schema",), "supported"),
+                 (("mysql_update_schemaless", "mysql_snapshot_read_schemaless", "mysql_delete_with_schema",
+                   "mysql_heartbeat_schemaless", "mysql_transaction_end_schemaless", "mysql_bad_decimal_scale",
+                   "mysql_tombstone_schemaless_key"), "unknown")]
+        plan_id = first["plan_id"]
+        for names, expected in steps:
+            fresh = await produce(worker, *names)
+            plan = await worker.select(ATLAS_REQUEST, fresh)
+            assert waiver_slot(plan) == expected, names
+            assert plan["plan_id"] != plan_id, f"{names} did not invalidate the plan"
+            plan_id = plan["plan_id"]
+
+        counters = (await worker.get("/healthz"))["counters"]
+        assert counters.get("cdc_skipped.heartbeat") == 2 and counters.get("cdc_skipped.transaction") == 2
+        dead = {k: v for k, v in counters.items() if k.startswith("dead_letters.")}
+        assert dead == {"dead_letters.ambiguous_key": 1, "dead_letters.invalid_value": 2,
+                        "dead_letters.schema_violation": 1, "dead_letters.unmapped_table": 1}
+        letters = await worker.records("dead-letters", lambda seen: len(seen) >= 5)
+        assert "table kb.documents: column acl: is not valid JSON" in {d["message"] for d in letters}
+
+        # Ordinary freshplan events on source-changes still apply while a mapping file is set.
+        fresh = await worker.publish_events(resource("approved-waiver-W2", version=9))
+        assert waiver_slot(await worker.select(ATLAS_REQUEST, fresh)) == "supported"
+
+
+@pytest.mark.timeout(60)
+async def test_run_refuses_a_mapping_file_naming_an_unknown_field(broker, tmp_path):
+    bad = tmp_path / "mapping.json"
+    bad.write_text(orjson.dumps({"tables": {"kb.documents": {"kind": "resource",
+                                                             "fields": {"id": "doc_id", "colour": "c"}}}}).decode())
+    async with launch(broker, tmp_path / "w", wait=False, FRESHPLAN_CDC_MAPPING=str(bad)) as worker:
+        code = await asyncio.get_running_loop().run_in_executor(None, worker.proc.wait, 30)
+    assert code == 2
+    log = worker.log_path.read_text()
+    assert "colour" in log and str(bad) in log and "unknown resource fields" in log
