@@ -242,8 +242,11 @@ class Invalidator:
             if compiled is None:
                 dropped.append(plan_key)
             if status != "invalidated":  # an invalidated head was announced already; only its successor is due
+                # A crossed time key is a policy change when another bundle version now governs the plan.
+                took_over = view.policy_took_over(dep_key, request, now)
                 rows, source, entry = self._announcement(old_id, plan_key, dep_key, cause, compiled, now,
-                                                         visible=visible.get(old_id))
+                                                         visible=visible.get(old_id),
+                                                         reason="policy_changed" if took_over else None)
                 announcements.extend(rows)
                 sources.extend([source] * len(rows))
                 invalidated.append(entry)
@@ -280,14 +283,14 @@ class Invalidator:
 
     def _announcement(self, old_id: str, plan_key: str, dep_key: str, cause: dict, compiled: CompiledPlan | None,
                       now: datetime | None, memo: dict | None = None, quiet: bool = False,
-                      visible: set[str] | None = None,
+                      visible: set[str] | None = None, reason: str | None = None,
                       ) -> tuple[tuple[str, bytes, bytes], tuple[str, int, int], tuple]:
         """The plan-invalidations record of one plan, its source position, and its plan-store update.
 
         `memo` shares what plans of one batch have in common (cause, stamps) across a fan-out. A
         resource the plan neither admitted nor rejected by name (withheld, or new) is not named
         to the plan's subscribers: the cause says `resource:withheld`, and the full cause goes
-        to auditors on `receipts`.
+        to auditors on `receipts`. `reason` overrides the one the dependency key's kind implies.
         """
         memo = {} if memo is None else memo
         redact = dep_key.startswith("resource:") and dep_key[len("resource:"):] not in (visible or ())
@@ -298,7 +301,8 @@ class Invalidator:
             public = dict(full_cause, dependency_key="resource:withheld", event_id="withheld") if redact else full_cause
             shared = memo[(id(cause), dep_key, redact)] = (REASONS.get(dep_key.split(":", 1)[0], "source_changed"),
                                                            public, full_cause)
-        reason, public_cause, full_cause = shared
+        public_cause, full_cause = shared[1:]
+        reason = reason or shared[0]
         if "stamps" not in memo:
             memo["stamps"] = (wall_now(), now and format_instant(now))
         stamp = cause.get("_timestamp")
@@ -331,12 +335,15 @@ class Invalidator:
         memo: dict = {}
         events: Counter[str] = Counter()
         visible = self._discoverable(touched, heads)
+        view = CatalogSnapshot(self.state.catalog)
         for plan_key, (dep_key, cause) in touched.items():
             if plan_key not in heads or heads[plan_key][2] == "invalidated":
                 continue  # no plan, or announced already and waiting in the queue
             events[cause["event_id"]] += 1
+            took_over = view.policy_took_over(dep_key, heads[plan_key][1], now)
             plan_rows, source, entry = self._announcement(heads[plan_key][0], plan_key, dep_key, cause, None, now,
-                                                          memo, quiet=True, visible=visible.get(heads[plan_key][0]))
+                                                          memo, quiet=True, visible=visible.get(heads[plan_key][0]),
+                                                          reason="policy_changed" if took_over else None)
             rows.extend(plan_rows)
             sources.extend([source] * len(plan_rows))
             invalidated.append(entry)

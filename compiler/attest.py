@@ -45,9 +45,14 @@ def dependency_keys(*, principal_id: str, entity_id: str, entity_name: str, bund
     return sorted(keys)
 
 
-def next_change(candidates: Sequence[Resource], contract: Contract, after: datetime) -> datetime | None:
-    """The earliest instant after `after` at which any candidate's applicability or age changes."""
-    instants = []
+def next_change(candidates: Sequence[Resource], contract: Contract, after: datetime,
+                policy_change: datetime | None = None) -> datetime | None:
+    """The earliest instant after `after` at which the plan's inputs change validity.
+
+    That is when a candidate's applicability or age changes, or `policy_change`: when a later
+    version of the policy bundle takes over from the one the plan was compiled under.
+    """
+    instants = [policy_change]
     windows = [p.max_age for p in contract.propositions if p.max_age is not None]
     for r in candidates:
         if r.valid_from is not None:

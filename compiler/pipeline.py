@@ -29,8 +29,12 @@ class CatalogView(Protocol):
     def principal(self, principal_id: str) -> Principal | None:
         """The principal record, if known."""
 
-    def contract(self, decision_type: str) -> tuple[Contract, CompiledPolicy] | None:
-        """The current contract of a decision type and the policy bundle that defines it."""
+    def contract(self, decision_type: str, at: datetime | None = None) -> tuple[Contract, CompiledPolicy] | None:
+        """The contract of a decision type and the bundle version that defines it in effect at `at`.
+
+        When no version is in effect yet, the earliest that defines it (the compiler refuses it);
+        `at` None: the latest version.
+        """
 
     def decision_types(self) -> Sequence[str]:
         """Every decision type in the current catalogue."""
@@ -72,11 +76,11 @@ def compile_request(doc: Any, view: CatalogView, now: datetime | None) -> Compil
     request = doc if isinstance(doc, DecisionRequest) else parse_request(doc)
     entity_id = resolve_entity(request.entity, view.entity_matches(request.entity))
     principal, known = resolve_principal(request.principal, view.principal(request.principal))
-    found = view.contract(request.decision_type)
+    when = request.decision_time or now
+    found = view.contract(request.decision_type, when)  # the version in effect at the decision's time
     contract = type_check(request.decision_type, request.purpose, found and found[0],
                           view.decision_types())
     policy = found[1]
-    when = request.decision_time or now
     if when is None:
         raise ClockUnknown("clock_unknown", "The service has not seen a clock tick yet, so a live "
                            "decision has no time; send decision_time or wait for the clock.", status=503)
@@ -89,10 +93,11 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
                  known_principal: bool = True) -> CompiledPlan:
     """Passes 4 to 6 over already resolved inputs; an unknown principal may use nothing."""
     if policy.effective_at is not None and when < policy.effective_at:
-        raise AdmitError("policy_not_effective", f"Policy bundle {policy.bundle_id} v{policy.version} takes "
-                         f"effect at {format_instant(policy.effective_at)}, after the decision time "
-                         f"{format_instant(when)}; freshplan keeps only the current version, so this "
-                         "historical decision cannot be governed here.", status=422)
+        asked = "this live decision at the service's now" if request.live else "the decision_time"
+        raise AdmitError("policy_not_effective", f"No version of policy bundle {policy.bundle_id} that defines "
+                         f"'{request.decision_type}' is in effect at {asked} ({format_instant(when)}); the "
+                         f"earliest, v{policy.version}, takes effect at {format_instant(policy.effective_at)}. "
+                         "Decide at or after that instant, or publish a version effective earlier.", status=422)
     if request.budget.tokens == 0 or request.budget.calls == 0:
         raise PlanError("empty_budget", "A budget of zero tokens or zero calls cannot carry any evidence; "
                         "raise budget.tokens and budget.calls, or omit them for no limit.", status=422)
@@ -121,7 +126,7 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
     key = plan_key(request, entity_id)
     deps = dependency_keys(principal_id=principal.id, entity_id=entity_id, entity_name=request.entity,
                            bundle_id=policy.bundle_id, contract=contract, candidates=candidates)
-    valid_until = next_change(candidates, contract, when) if request.live else None
+    valid_until = next_change(candidates, contract, when, policy.superseded_at) if request.live else None
     if valid_until is not None:
         deps.append(f"time:{format_instant(valid_until)}")
     plan_id = digest({"key": key, "admitted": [(r.id, r.version) for r in chosen.admitted],

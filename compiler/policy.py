@@ -39,6 +39,8 @@ class CompiledPolicy:
     """Decisions before this instant cannot be governed by this version."""
     policy_set: Any
     """The cedarpy PolicySet handle."""
+    superseded_at: datetime | None = None
+    """When a later version of the bundle takes over from this one (None: none is known)."""
 
 
 @dataclass(frozen=True)

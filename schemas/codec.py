@@ -241,7 +241,7 @@ def _policy(doc: dict) -> PolicyBundle:
 def _revocation(doc: dict) -> Revocation:
     return Revocation(principal=doc["principal"], revoke=doc["revoke"], value=doc["value"],
                       effective_at=_instant(doc["effective_at"], "effective_at"),
-                      issued_by=doc.get("issued_by") or "")
+                      issued_by=doc.get("issued_by") or "", delegation_version=doc.get("delegation_version"))
 
 
 def _clock(doc: dict) -> ClockTick:

@@ -142,6 +142,8 @@ class Revocation:
     """When the withdrawal takes effect (applied at once: fail closed)."""
     issued_by: str = ""
     """Who issued it, for audit."""
+    delegation_version: int | None = None
+    """The principal's delegation version it applies as of (None: the version stored when applied)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from datetime import datetime
 from typing import Sequence
 
 import orjson
@@ -16,6 +18,7 @@ from schemas.codec import contract_from
 from schemas.errors import InvalidEvent
 from schemas.records import (Contract, Entity, PolicyBundle, Principal, Resource, Revocation,
                              SourceChange)
+from state.policy_history import governing, keep_version, versions_of
 from state.store import Store
 
 _RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
@@ -39,6 +42,7 @@ class Catalog:
         self.store = store
         self.db = store.db
         self._policies: dict[tuple[str, int], CompiledPolicy] = {}
+        self._contracts: dict[tuple[str, int, str], Contract] = {}  # versions never change once kept
         self._policy_texts: list[str] | None = None  # Cedar texts of the stored bundles, read once per change
 
     def forget_cached(self) -> None:
@@ -124,6 +128,9 @@ class Catalog:
             self.db.execute("INSERT OR REPLACE INTO principals VALUES (?, ?, ?, ?, false)",
                             [new.id, list(new.roles), orjson.dumps(dict(new.attributes)).decode(),
                              new.delegation_version])
+            # A revocation that arrived before its principal applies as of the first version seen.
+            self.db.execute("UPDATE revoked SET delegation_version = ? WHERE principal = ? "
+                            "AND delegation_version IS NULL", [new.delegation_version, new.id])
             if old is not None and not old[1] and not self._principal_change_matters(old, new):
                 return []
         return [f"principal:{change.record_id}"]
@@ -144,7 +151,7 @@ class Catalog:
         if changed & {"grants", "delegations", "sessions"}:
             return True
         if self._policy_texts is None:
-            self._policy_texts = [r[0] for r in self.db.execute("SELECT cedar FROM policy_bundles").fetchall()]
+            self._policy_texts = [r[0] for r in self.db.execute("SELECT cedar FROM policy_versions").fetchall()]
         return any(re.search(rf"\b{re.escape(name)}\b", text) for name in changed for text in self._policy_texts)
 
     def _apply_entity(self, change: SourceChange) -> list[str] | None:
@@ -163,10 +170,13 @@ class Catalog:
         return [f"entity:{change.record_id}"] + [f"alias:{n}" for n in sorted(names)]
 
     def apply_policy(self, bundle: PolicyBundle) -> list[str] | None:
-        """Install a newer bundle whole; a bundle whose Cedar fails to parse is rejected whole."""
-        row = self.db.execute("SELECT version FROM policy_bundles WHERE bundle_id = ?",
+        """Keep a newer bundle version whole; a bundle whose Cedar fails to parse is rejected whole.
+
+        Every version is kept: a decision uses the version in effect at its time (`contract`).
+        """
+        row = self.db.execute("SELECT max(version) FROM policy_versions WHERE bundle_id = ?",
                               [bundle.bundle_id]).fetchone()
-        if row is not None and bundle.version <= row[0]:
+        if row[0] is not None and bundle.version <= row[0]:
             return None
         try:
             compiled = compile_policy(bundle)
@@ -206,14 +216,29 @@ class Catalog:
         self.db.execute("INSERT OR REPLACE INTO policy_bundles VALUES (?, ?, ?, ?, ?)",
                         [bundle.bundle_id, bundle.version, bundle.effective_at, bundle.cedar,
                          orjson.dumps(types).decode()])
+        keep_version(self.db, bundle, types)
         names = sorted(set(before) | set(types))
         return [f"policy:{bundle.bundle_id}"] + [f"contract:{n}" for n in names]
 
     def apply_revocation(self, revocation: Revocation) -> list[str]:
-        """Record a withdrawal; it applies at once, whatever its effective_at (fail closed)."""
-        self.db.execute("INSERT OR REPLACE INTO revoked VALUES (?, ?, ?, ?, ?, NULL)",
+        """Record a withdrawal; it applies at once, whatever its effective_at (fail closed).
+
+        It applies to the principal as of a delegation version: the event's, else the stored
+        principal's (else the next upsert's). Only an upsert with a higher version ends it, and a
+        repeat can only raise that version, never lower it.
+        """
+        version = revocation.delegation_version
+        if version is None:
+            row = self.db.execute("SELECT delegation_version FROM principals WHERE id = ?",
+                                  [revocation.principal]).fetchone()
+            version = row[0] if row else None
+        self.db.execute("INSERT INTO revoked VALUES (?, ?, ?, ?, ?, NULL, ?) ON CONFLICT (principal, kind, value) "
+                        "DO UPDATE SET effective_at = excluded.effective_at, issued_by = excluded.issued_by, "
+                        "delegation_version = CASE WHEN revoked.delegation_version IS NULL "
+                        "OR excluded.delegation_version IS NULL THEN NULL "
+                        "ELSE greatest(revoked.delegation_version, excluded.delegation_version) END",
                         [revocation.principal, revocation.revoke, revocation.value,
-                         revocation.effective_at, revocation.issued_by])
+                         revocation.effective_at, revocation.issued_by, version])
         return [f"principal:{revocation.principal}"]
 
     # -- the compiler's read-only view ---------------------------------------------------
@@ -242,8 +267,10 @@ class Catalog:
                               "WHERE id = ? AND NOT deleted", [principal_id]).fetchone()
         if row is None:
             return None
-        revoked = self.db.execute("SELECT kind, value FROM revoked WHERE principal = ?",
-                                  [principal_id]).fetchall()
+        # An upsert with a higher delegation version than a revocation's re-establishes what it lists.
+        revoked = self.db.execute("SELECT kind, value FROM revoked WHERE principal = ? AND "
+                                  "(delegation_version IS NULL OR delegation_version >= ?)",
+                                  [principal_id, row[2] or 0]).fetchall()
         gone_roles = {v for k, v in revoked if k == "role"}
         attributes = orjson.loads(row[1] or "{}")
         for kind, attr in (("grant", "grants"), ("delegation", "delegations"), ("session", "sessions")):
@@ -255,19 +282,29 @@ class Catalog:
         return Principal(id=principal_id, roles=tuple(r for r in row[0] or () if r not in gone_roles),
                          attributes=attributes, delegation_version=row[2] or 0)
 
-    def contract(self, decision_type: str) -> tuple[Contract, CompiledPolicy] | None:
-        """The contract of a decision type and the parsed bundle that defines it."""
-        row = self.db.execute(
-            "SELECT c.body, b.bundle_id, b.version, b.effective_at, b.cedar FROM contracts c "
-            "JOIN policy_bundles b USING (bundle_id) WHERE c.decision_type = ?", [decision_type]).fetchone()
-        if row is None:
+    def contract(self, decision_type: str, at: datetime | None = None) -> tuple[Contract, CompiledPolicy] | None:
+        """The contract of a decision type and the bundle version governing it at `at` (see `governing`)."""
+        return self.contract_in(decision_type, versions_of(self.db, decision_type), at)
+
+    def contract_in(self, decision_type: str, rows: list[tuple],
+                    at: datetime | None) -> tuple[Contract, CompiledPolicy] | None:
+        """`contract` over the rows `versions_of` read; the policy carries when the next version takes over."""
+        found = governing(rows, at)
+        if found is None:
             return None
-        body, bundle_id, version, effective_at, cedar = row
-        policy = self._policies.get((bundle_id, version))
+        key = (found.bundle_id, found.version)
+        policy = self._policies.get(key)
         if policy is None:  # first use after a restart: parse once, then reuse
-            policy = compile_policy(PolicyBundle(bundle_id, version, effective_at, cedar, ()), strict=False)
-            self._policies[(bundle_id, version)] = policy
-        return contract_from(decision_type, orjson.loads(body)), policy
+            cedar = self.db.execute("SELECT cedar FROM policy_versions WHERE bundle_id = ? AND version = ?",
+                                    list(key)).fetchone()[0]
+            policy = compile_policy(PolicyBundle(*key, found.effective_at, cedar, ()), strict=False)
+            self._policies[key] = policy
+        contract = self._contracts.get(key + (decision_type,))
+        if contract is None:
+            contract = self._contracts[key + (decision_type,)] = contract_from(decision_type, orjson.loads(found.body))
+        if policy.superseded_at != found.superseded_at:
+            policy = replace(policy, superseded_at=found.superseded_at)
+        return contract, policy
 
     def decision_types(self) -> Sequence[str]:
         """Every decision type in the current catalogue."""

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Sequence
+
+import orjson
 
 from compiler.policy import CompiledPolicy
 from schemas.records import Contract, Principal, Resource
+from schemas.timefmt import parse_instant
 from state.catalog import Catalog
+from state.policy_history import versions_of
 
 
 class CatalogSnapshot:
@@ -33,9 +38,26 @@ class CatalogSnapshot:
         """As `Catalog.principal`, memoised."""
         return self._get(("principal", principal_id), lambda: self.catalog.principal(principal_id))
 
-    def contract(self, decision_type: str) -> tuple[Contract, CompiledPolicy] | None:
-        """As `Catalog.contract`, memoised (the same Contract object each time)."""
-        return self._get(("contract", decision_type), lambda: self.catalog.contract(decision_type))
+    def contract(self, decision_type: str, at: datetime | None = None) -> tuple[Contract, CompiledPolicy] | None:
+        """As `Catalog.contract`, memoised per decision type and time."""
+        rows = self._get(("versions", decision_type), lambda: versions_of(self.catalog.db, decision_type))
+        return self._get(("contract", decision_type, at), lambda: self.catalog.contract_in(decision_type, rows, at))
+
+    def policy_took_over(self, dep_key: str, request: dict | str, now: datetime | None) -> bool:
+        """Whether crossing a live plan's `time:` key put another bundle version in charge of its decision.
+
+        A live plan's time key is its earliest change: a record's validity or age, or a later
+        policy version taking over; only the second changes the governing version.
+        """
+        if not dep_key.startswith("time:") or now is None:
+            return False
+        try:
+            decision_type = (orjson.loads(request) if isinstance(request, str) else request)["decision_type"]
+            before = parse_instant(dep_key[len("time:"):]) - timedelta(seconds=1)
+        except (KeyError, TypeError, ValueError, orjson.JSONDecodeError):
+            return False
+        governing = [self.contract(decision_type, at) for at in (before, now)]
+        return len({found and (found[1].bundle_id, found[1].version) for found in governing}) > 1
 
     def decision_types(self) -> Sequence[str]:
         """As `Catalog.decision_types`, memoised."""
@@ -45,20 +67,34 @@ class CatalogSnapshot:
         """As `Catalog.candidates`, memoised per entity and contract."""
         return self._get(("candidates", entity_id, id(contract)), lambda: self.catalog.candidates(entity_id, contract))
 
-    def prefetch(self, requests: Sequence[dict]) -> None:
-        """Resolve many requests' entities in one statement, and load their candidates in one per decision type."""
+    def prefetch(self, requests: Sequence[dict], now: datetime | None = None) -> None:
+        """Resolve many requests' entities in one statement, and load their candidates in one per decision type.
+
+        Each request's contract is the one in effect at its decision_time, or at `now` (default:
+        the store's) when live.
+        """
+        now = now or self.catalog.store.now()
         names = sorted({r["entity"] for r in requests if isinstance(r.get("entity"), str)})
         if len(names) > 1:
             for name, ids in self.catalog.entity_matches_many(names).items():
                 self._memo.setdefault(("entity", name), ids)
-        by_type: dict[str, set[str]] = {}
+        by_contract: dict[int, tuple[Contract, set[str]]] = {}
         for r in requests:
             if isinstance(r.get("decision_type"), str) and isinstance(r.get("entity"), str):
-                by_type.setdefault(r["decision_type"], set()).add(r["entity"])
-        for decision_type, names in by_type.items():
-            found = self.contract(decision_type)
-            if found is None or len(names) < 2:
+                found = self.contract(r["decision_type"], _when(r, now))
+                if found is not None:
+                    by_contract.setdefault(id(found[0]), (found[0], set()))[1].add(r["entity"])
+        for contract, names in by_contract.values():
+            if len(names) < 2:
                 continue
-            for entity_id, resources in self.catalog.candidates_many(sorted(names), found[0]).items():
+            for entity_id, resources in self.catalog.candidates_many(sorted(names), contract).items():
                 # Names that are aliases simply miss this memo and are fetched on their own.
-                self._memo.setdefault(("candidates", entity_id, id(found[0])), resources)
+                self._memo.setdefault(("candidates", entity_id, id(contract)), resources)
+
+
+def _when(request: dict, now: datetime | None) -> datetime | None:
+    """The instant a stored request decides at (a malformed one: now; compiling it will refuse it)."""
+    try:
+        return parse_instant(request["decision_time"]) if request.get("decision_time") else now
+    except (TypeError, ValueError):
+        return now

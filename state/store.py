@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ CREATE TABLE IF NOT EXISTS principals (
   deleted BOOLEAN NOT NULL DEFAULT false);
 CREATE TABLE IF NOT EXISTS revoked (
   principal VARCHAR, kind VARCHAR, value VARCHAR, effective_at TIMESTAMPTZ, issued_by VARCHAR,
-  event_id VARCHAR, PRIMARY KEY (principal, kind, value));
+  event_id VARCHAR, delegation_version BIGINT, PRIMARY KEY (principal, kind, value));
 CREATE TABLE IF NOT EXISTS entities (id VARCHAR PRIMARY KEY, aliases VARCHAR[], deleted BOOLEAN NOT NULL DEFAULT false);
 CREATE TABLE IF NOT EXISTS policy_bundles (
   bundle_id VARCHAR PRIMARY KEY, version BIGINT, effective_at TIMESTAMPTZ, cedar VARCHAR,
@@ -34,6 +35,10 @@ CREATE TABLE IF NOT EXISTS policy_bundles (
 CREATE TABLE IF NOT EXISTS source_rules (bundle_id VARCHAR, provenance_group VARCHAR, classes VARCHAR[],
   PRIMARY KEY (bundle_id, provenance_group));
 CREATE TABLE IF NOT EXISTS contracts (decision_type VARCHAR PRIMARY KEY, bundle_id VARCHAR, body VARCHAR);
+CREATE TABLE IF NOT EXISTS policy_versions (bundle_id VARCHAR, version BIGINT, effective_at TIMESTAMPTZ,
+  cedar VARCHAR, sources VARCHAR, PRIMARY KEY (bundle_id, version));
+CREATE TABLE IF NOT EXISTS contract_versions (bundle_id VARCHAR, version BIGINT, decision_type VARCHAR,
+  body VARCHAR, PRIMARY KEY (bundle_id, version, decision_type));
 CREATE TABLE IF NOT EXISTS plans (
   plan_id VARCHAR PRIMARY KEY, plan_key VARCHAR, status VARCHAR, live BOOLEAN,
   valid_until TIMESTAMPTZ, request VARCHAR, plan VARCHAR, receipt_id VARCHAR, reason VARCHAR,
@@ -89,6 +94,7 @@ class Store:
                             "ALTER TABLE outbox ADD COLUMN src_offset BIGINT; "
                             "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; UPDATE outbox SET standby = false")
         self._migrate_event_ids()
+        self._migrate_policy_versions()
 
     def _migrate_event_ids(self) -> None:
         """Event ids were once global: keep them as ids of every topic (topic '') with no known content."""
@@ -101,6 +107,29 @@ class Store:
                         "PRIMARY KEY (topic, event_id)); "
                         "INSERT INTO applied_events SELECT '', event_id, NULL FROM applied_events_global; "
                         "DROP TABLE applied_events_global")
+
+    def _migrate_policy_versions(self) -> None:
+        """Files that kept only each bundle's latest version: that version becomes its first kept one.
+
+        Revocations recorded before they carried a delegation version apply as of the
+        principal's version at migration (fail closed: at least as long as before).
+        """
+        columns = {r[0] for r in self.db.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'revoked'").fetchall()}
+        if "delegation_version" not in columns:
+            self.db.execute("ALTER TABLE revoked ADD COLUMN delegation_version BIGINT; "
+                            "UPDATE revoked SET delegation_version = p.delegation_version FROM principals p "
+                            "WHERE p.id = revoked.principal")
+        missing = self.db.execute(
+            "SELECT bundle_id, version, effective_at, cedar FROM policy_bundles b WHERE NOT EXISTS ("
+            "SELECT 1 FROM policy_versions v WHERE v.bundle_id = b.bundle_id AND v.version = b.version)").fetchall()
+        for bundle_id, version, effective_at, cedar in missing:
+            rules = dict(self.db.execute("SELECT provenance_group, classes FROM source_rules WHERE bundle_id = ?",
+                                         [bundle_id]).fetchall())
+            self.db.execute("INSERT INTO policy_versions VALUES (?, ?, ?, ?, ?)",
+                            [bundle_id, version, effective_at, cedar, orjson.dumps(rules).decode()])
+            self.db.execute("INSERT INTO contract_versions SELECT bundle_id, ?, decision_type, body FROM contracts "
+                            "WHERE bundle_id = ?", [version, bundle_id])
 
     def view(self) -> "Store":
         """A second connection to the same file, for reads from another thread (committed state only)."""

@@ -53,7 +53,7 @@ class MemoryCatalog:
     def principal(self, principal_id: str):
         return self.principals.get(principal_id)
 
-    def contract(self, decision_type: str):
+    def contract(self, decision_type: str, at=None):
         return self.contracts.get(decision_type)
 
     def decision_types(self):

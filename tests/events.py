@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
+
+import orjson
 
 _ids = itertools.count(1)
 T0 = "2026-08-30T09:00:00Z"
@@ -32,3 +35,19 @@ def revoke_role(principal: str, role: str) -> tuple[str, dict]:
 
 def tick(now: str) -> tuple[str, dict]:
     return "clock", envelope(now=now)
+
+
+def policy_version(version: int, effective_at: str, bundle: str = "atlas.jsonl", **changes) -> tuple[str, dict]:
+    """The scenario's first policy bundle as a later version (its Cedar marked, so its hash differs)."""
+    line = (Path(__file__).resolve().parent.parent / "scenarios" / bundle).read_text().splitlines()[0]
+    event = orjson.loads(line)["event"]
+    body = {k: v for k, v in event.items() if k not in ("event_id", "schema_version", "occurred_at")}
+    body.update(version=version, effective_at=effective_at, cedar=body["cedar"] + f"\n// version {version}\n")
+    body.update(changes)
+    return "policy-versions", envelope(**body)
+
+
+def principal(pid: str, roles=("credit_analyst",), delegation_version: int = 3, **attributes) -> tuple[str, dict]:
+    return "source-changes", envelope(kind="principal", op="upsert", principal={
+        "id": pid, "roles": list(roles), "attributes": {"unit": "corporate-credit", **attributes},
+        "delegation_version": delegation_version})

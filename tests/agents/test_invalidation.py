@@ -8,8 +8,10 @@ from datetime import timedelta
 import orjson
 import pytest
 
+from agents.backlog import recompile_queued
 from agents.invalidation import Invalidator, RawMessage
 from agents.query import QueryService
+from compiler.errors import RequestError
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
@@ -269,3 +271,78 @@ def test_a_clock_jump_is_dead_lettered_and_the_first_tick_is_unbounded(setup, tm
     Invalidator(empty, lambda name: name, max_clock_jump=timedelta(hours=1)).apply([raw(*tick("2206-08-30"))])
     assert format_instant(empty.store.now()) == "2206-08-30T00:00:00Z"
     empty.close()
+
+
+def _future_version(version: int = 2, effective_at: str = "2026-12-01T00:00:00Z") -> dict:
+    bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    return dict(bundle, event_id=f"credit-v{version}", version=version, effective_at=effective_at,
+                cedar=bundle["cedar"] + f"\n// version {version}\n")
+
+
+@pytest.mark.parametrize("eager_limit", [500, 0])
+def test_a_future_policy_version_takes_over_when_the_clock_crosses_its_effective_at(setup, eager_limit):
+    state, inv, query = setup
+    live_request = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
+    live, past = query.select(live_request), query.select(ATLAS_REQUEST)
+    assert live["policy"]["version"] == 1
+
+    inv.apply([raw("policy-versions", _future_version())])
+    assert outbox(state, "plan-invalidations") == []           # nothing changes until December
+    same = query.select(live_request)
+    assert same["plan_id"] == live["plan_id"] and same["served_from"] == "cache"
+    assert same["valid_until"] == "2026-12-01T00:00:00Z" and same["policy"]["version"] == 1
+
+    inv.eager_limit = eager_limit  # the crossing, recompiled at once or announced first
+    inv.apply([raw(*tick("2026-11-30T23:59:59Z"))])
+    assert outbox(state, "plan-invalidations") == []
+    inv.apply([raw(*tick("2026-12-01T00:00:00Z"))])
+    [announced] = outbox(state, "plan-invalidations")
+    assert announced["plan_id"] == live["plan_id"] and announced["reason"] == "policy_changed"
+    assert announced["cause"]["dependency_key"] == "time:2026-12-01T00:00:00Z"
+    if eager_limit:
+        assert announced["successor_plan_id"] is not None
+    else:
+        recompile_queued(inv, 10, lambda topic, partition: True)
+    successor = query.select(live_request)
+    assert successor["policy"]["version"] == 2 and successor["plan_id"] != live["plan_id"]
+    assert query.plan_status(live["plan_id"])["successor_plan_id"] == successor["plan_id"]
+    # The historical decision keeps the version in effect at its decision_time.
+    assert query.plan_status(past["plan_id"])["status"] == "fresh"
+    assert query.select(ATLAS_REQUEST)["policy"]["version"] == 1
+
+
+def test_a_crossed_record_boundary_stays_time_passed_under_a_kept_future_version(setup):
+    state, inv, query = setup
+    inv.apply([raw("policy-versions", _future_version()), raw(*resource("approved-waiver-W2"))])
+    live_request = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
+    live = query.select(live_request)
+    assert live["valid_until"] == "2026-10-01T00:00:00Z"
+    inv.apply([raw(*tick("2026-10-01T00:00:00Z"))])
+    [announced] = outbox(state, "plan-invalidations")
+    assert announced["reason"] == "time_passed"
+    assert query.select(live_request)["valid_until"] == "2026-12-01T00:00:00Z"
+
+
+def test_no_version_in_effect_refuses_only_decisions_before_the_first(setup):
+    state, inv, query = setup
+    inv.apply([raw("policy-versions", dict(_future_version(1, "2027-01-01T00:00:00Z"), bundle_id="later",
+                                           decision_types={"later.review": {"purposes": ["annual_credit_review"],
+                                                                            "propositions": []}}))])
+    request = dict(ATLAS_REQUEST, decision_type="later.review")
+    with pytest.raises(RequestError) as early:
+        query.select(request)
+    assert early.value.code == "policy_not_effective" and "decision_time" in early.value.message
+    assert query.select(dict(request, decision_time="2027-01-02T00:00:00Z"))["policy"]["bundle_id"] == "later"
+
+
+def test_a_future_version_announced_to_a_large_fan_out_keeps_every_plan_id(setup):
+    state, inv, query = setup
+    inv.eager_limit = 0  # announced before recompiling: the successors must come out identical
+    live_request = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
+    live, past = query.select(live_request), query.select(ATLAS_REQUEST)
+    inv.apply([raw("policy-versions", _future_version())])
+    assert {r["plan_id"] for r in outbox(state, "plan-invalidations")} == {live["plan_id"], past["plan_id"]}
+    recompile_queued(inv, 10, lambda topic, partition: True)
+    assert state.store.counters()["announced_unchanged"] == 2
+    assert query.select(live_request)["plan_id"] == live["plan_id"]
+    assert query.select(ATLAS_REQUEST)["plan_id"] == past["plan_id"]

@@ -174,7 +174,8 @@ def stale_plans(state: LocalState) -> list[str]:
 
 def catalog_rows(state: LocalState) -> dict[str, list[tuple]]:
     """Every row of the tables events write to, for comparing state before and after an event."""
-    tables = ("resources", "principals", "revoked", "entities", "policy_bundles", "contracts", "clock")
+    tables = ("resources", "principals", "revoked", "entities", "policy_bundles", "policy_versions", "contracts",
+              "contract_versions", "clock")
     return {t: state.store.db.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in tables}
 
 

@@ -7,7 +7,7 @@ import asyncio
 import orjson
 
 from tests.conftest import ATLAS_REQUEST, freshest
-from tests.events import resource, revoke_role, tick
+from tests.events import policy_version, principal, resource, revoke_role, tick
 
 LIVE_REQUEST = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
 
@@ -203,3 +203,48 @@ async def metrics(worker) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             series[name] = float(value)
     return series
+
+
+async def test_a_future_policy_version_takes_over_when_now_crosses_its_effective_at(worker):
+    fresh = await worker.load("atlas.jsonl")
+    live = await worker.select(LIVE_REQUEST, fresh)
+    past = await worker.select(ATLAS_REQUEST, fresh)
+    assert live["policy"]["version"] == 1
+
+    fresh = await worker.publish_events(policy_version(3, "2026-12-01T00:00:00Z"))
+    still = await worker.select(LIVE_REQUEST, fresh)           # was 422 policy_not_effective
+    assert still["plan_id"] == live["plan_id"] and still["policy"]["version"] == 1
+    assert still["valid_until"] == "2026-12-01T00:00:00Z"
+    assert (await worker.get(f"/v1/plans/{live['plan_id']}"))["status"] == "fresh"
+    scheduled = await worker.select(dict(ATLAS_REQUEST, decision_time="2026-12-15T00:00:00Z"), fresh)
+    assert scheduled["policy"]["version"] == 3
+
+    fresh = await worker.publish_events(tick("2026-12-01T00:00:00Z"))
+    after = await worker.select(LIVE_REQUEST, fresh)
+    assert after["policy"]["version"] == 3 and after["plan_id"] != live["plan_id"]
+    status = await worker.get(f"/v1/plans/{live['plan_id']}")
+    assert status["status"] == "invalidated" and status["reason"] == "policy_changed"
+    assert status["cause"]["dependency_key"] == "time:2026-12-01T00:00:00Z"
+    assert status["successor_plan_id"] == after["plan_id"]
+    # A historical decision keeps the version in effect at its decision_time.
+    assert (await worker.get(f"/v1/plans/{past['plan_id']}"))["status"] == "fresh"
+    assert (await worker.select(ATLAS_REQUEST, fresh))["plan_id"] == past["plan_id"]
+
+
+async def test_a_revoked_role_comes_back_only_with_a_higher_delegation_version(worker):
+    fresh = await worker.load("atlas.jsonl")
+    granted = await worker.select(ATLAS_REQUEST, fresh)
+    fresh = await worker.publish_events(revoke_role("maya", "credit_analyst"))
+    revoked = await worker.select(ATLAS_REQUEST, fresh)
+    assert revoked["admitted"] == [] and granted["admitted"]
+
+    fresh = await worker.publish_events(principal("maya", delegation_version=3))   # a replay cannot undo it
+    replayed = await worker.select(ATLAS_REQUEST, fresh)
+    assert replayed["plan_id"] == revoked["plan_id"] and replayed["admitted"] == []
+
+    fresh = await worker.publish_events(principal("maya", delegation_version=4))   # a later grant
+    regranted = await worker.select(ATLAS_REQUEST, fresh)
+    assert [a["resource_id"] for a in regranted["admitted"]] == [a["resource_id"] for a in granted["admitted"]]
+    status = await worker.get(f"/v1/plans/{revoked['plan_id']}")
+    assert status["status"] == "invalidated" and status["reason"] == "principal_changed"
+    assert status["successor_plan_id"] == regranted["plan_id"]

@@ -99,3 +99,11 @@ def test_a_live_plan_compiles_over_a_resource_valid_until_the_end_of_time():
     catalog.apply("source-changes", orjson.dumps(resource("approved-waiver-W2", valid_to="9999-12-31T23:59:59Z")[1]))
     plan = compile_request(dict(ATLAS_REQUEST, decision_time="now"), catalog, NOW)
     assert any(a["resource_id"] == "approved-waiver-W2" for a in plan.plan["admitted"])
+
+
+def test_a_later_policy_version_taking_over_is_a_change_of_the_plan():
+    december = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    assert next_change([far()], CONTRACT, NOW, december) == december
+    soon = far(valid_to="2026-09-30T23:59:59Z")
+    assert next_change([soon], CONTRACT, NOW, december) == datetime(2026, 10, 1, tzinfo=timezone.utc)
+    assert next_change([far()], CONTRACT, december, december) is None  # not after `after`: no change

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import orjson
 import pytest
 
-from compiler.errors import ResolveError, TypeCheckError
+from compiler.errors import AdmitError, ResolveError, TypeCheckError
 from compiler.pipeline import ClockUnknown, compile_request
 from tests.catalog_double import SCENARIOS, MemoryCatalog
 from tests.conftest import ATLAS_REQUEST
@@ -146,3 +147,27 @@ def _bundle_with_min_independent(n: int) -> bytes:
         if prop["id"] == "waiver_valid":
             prop["min_independent"] = n
     return orjson.dumps(event)
+
+
+def test_a_live_plan_lasts_until_a_later_policy_version_takes_over(atlas):
+    december = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    contract, policy = atlas.contracts["credit.review.continuation"]
+    atlas.contracts["credit.review.continuation"] = (contract, replace(policy, superseded_at=december))
+    live = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
+    plan = compile_request(live, atlas, NOW)
+    assert plan.plan["valid_until"] == "2026-12-01T00:00:00Z" and "time:2026-12-01T00:00:00Z" in plan.dependencies
+    assert compile_request(ATLAS_REQUEST, atlas, NOW).valid_until is None  # historical: the clock changes nothing
+
+
+def test_policy_not_effective_says_whether_the_decision_is_live_or_historical(atlas):
+    contract, policy = atlas.contracts["credit.review.continuation"]
+    atlas.contracts["credit.review.continuation"] = (contract, replace(policy, effective_at=NOW.replace(year=2027)))
+    live = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
+    with pytest.raises(AdmitError) as now:
+        compile_request(live, atlas, NOW)
+    assert now.value.code == "policy_not_effective" and now.value.status == 422
+    assert "live decision" in now.value.message and "historical" not in now.value.message
+    with pytest.raises(AdmitError) as then:
+        compile_request(ATLAS_REQUEST, atlas, NOW)
+    assert "the decision_time (2026-08-30T00:00:00Z)" in then.value.message
+    assert "2027-08-30T09:00:00Z" in then.value.message and "v1" in then.value.message

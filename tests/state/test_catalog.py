@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import orjson
 import pytest
 
@@ -9,7 +11,7 @@ from schemas.codec import decode
 from schemas.errors import InvalidEvent
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
-from tests.events import resource, revoke_role
+from tests.events import envelope, resource, revoke_role
 
 
 @pytest.fixture
@@ -85,3 +87,65 @@ def test_clock_never_moves_backwards(state):
     assert apply(state, "clock", {"event_id": "c2", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z",
                                   "now": "2026-08-30T09:00:00Z"}) is False
     assert state.store.now().isoformat() == "2026-08-30T09:00:00+00:00"
+
+
+def _bundle(**changes) -> dict:
+    event = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    return dict(event, **changes)
+
+
+def test_a_future_policy_version_is_kept_and_governs_only_from_its_effective_at(state):
+    keys = apply(state, "policy-versions", _bundle(event_id="p3", version=3, effective_at="2026-12-01T00:00:00Z"))
+    assert "policy:credit" in keys
+    now = datetime(2026, 8, 30, 9, tzinfo=timezone.utc)
+    december = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    _, policy = state.catalog.contract("credit.review.continuation", now)
+    assert (policy.version, policy.superseded_at) == (1, december)
+    _, policy = state.catalog.contract("credit.review.continuation", december)
+    assert (policy.version, policy.superseded_at) == (3, None)
+    assert state.catalog.contract("credit.review.continuation")[1].version == 3
+    # Versions still only move forward, whatever their effective_at.
+    assert apply(state, "policy-versions", _bundle(event_id="p2", version=2)) is None
+    assert apply(state, "policy-versions", _bundle(event_id="p3b", version=3)) is None
+
+
+def _maya(version: int, roles=("credit_analyst",)) -> tuple[str, dict]:
+    return "source-changes", envelope(kind="principal", op="upsert", principal={
+        "id": "maya", "roles": list(roles), "attributes": {"unit": "corporate-credit"}, "delegation_version": version})
+
+
+def test_a_revoked_role_comes_back_only_with_a_higher_delegation_version(state):
+    assert state.catalog.principal("maya").delegation_version == 3
+    apply(state, *revoke_role("maya", "credit_analyst"))
+    apply(state, *_maya(3))                                   # a replay of what was revoked
+    assert state.catalog.principal("maya").roles == ()
+    assert apply(state, *_maya(2)) is None                    # older: ignored
+    assert state.catalog.principal("maya").roles == ()
+    assert apply(state, *_maya(4)) == ["principal:maya"]      # a later grant re-establishes it
+    assert state.catalog.principal("maya").roles == ("credit_analyst",)
+    apply(state, *revoke_role("maya", "credit_analyst"))      # revoked again, now as of version 4
+    assert state.catalog.principal("maya").roles == ()
+    assert apply(state, *_maya(4)) is not None and state.catalog.principal("maya").roles == ()
+
+
+def test_a_revocation_carries_the_delegation_version_it_applies_as_of(state):
+    topic, event = revoke_role("maya", "credit_analyst")
+    apply(state, topic, dict(event, delegation_version=5))    # issued against a version not seen yet
+    apply(state, *_maya(5))
+    assert state.catalog.principal("maya").roles == ()
+    apply(state, *_maya(6))
+    assert state.catalog.principal("maya").roles == ("credit_analyst",)
+    # A late copy carrying an older version cannot lower what the revocation applies as of.
+    apply(state, topic, dict(event, event_id="late", delegation_version=6))
+    apply(state, topic, dict(event, event_id="later", delegation_version=1))
+    assert state.catalog.principal("maya").roles == ()
+
+
+def test_a_revocation_before_its_principal_applies_as_of_the_first_version_seen(state):
+    apply(state, "revocations", envelope(principal="nia", revoke="role", value="credit_analyst",
+                                         effective_at="2026-08-30T09:00:00Z"))
+    nia = {"id": "nia", "roles": ["credit_analyst"], "attributes": {}, "delegation_version": 2}
+    apply(state, "source-changes", envelope(kind="principal", op="upsert", principal=nia))
+    assert state.catalog.principal("nia").roles == ()
+    apply(state, "source-changes", envelope(kind="principal", op="upsert", principal=dict(nia, delegation_version=3)))
+    assert state.catalog.principal("nia").roles == ("credit_analyst",)

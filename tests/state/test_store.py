@@ -88,3 +88,32 @@ def test_a_file_with_global_event_ids_is_migrated(tmp_path):
     reopened = Store(path)
     assert reopened.claim_events([("revocations", "y", "b")]) == ["conflict"]
     reopened.close()
+
+
+def test_a_file_with_only_the_latest_policy_version_and_unversioned_revocations_is_migrated(tmp_path):
+    path = tmp_path / "old.duckdb"
+    db = duckdb.connect(str(path))
+    db.execute("CREATE TABLE policy_bundles (bundle_id VARCHAR PRIMARY KEY, version BIGINT, effective_at TIMESTAMPTZ, "
+               "cedar VARCHAR, decision_types VARCHAR); "
+               "CREATE TABLE contracts (decision_type VARCHAR PRIMARY KEY, bundle_id VARCHAR, body VARCHAR); "
+               "CREATE TABLE source_rules (bundle_id VARCHAR, provenance_group VARCHAR, classes VARCHAR[], "
+               "PRIMARY KEY (bundle_id, provenance_group)); "
+               "CREATE TABLE principals (id VARCHAR PRIMARY KEY, roles VARCHAR[], attributes VARCHAR, "
+               "delegation_version BIGINT, deleted BOOLEAN NOT NULL DEFAULT false); "
+               "CREATE TABLE revoked (principal VARCHAR, kind VARCHAR, value VARCHAR, effective_at TIMESTAMPTZ, "
+               "issued_by VARCHAR, event_id VARCHAR, PRIMARY KEY (principal, kind, value)); "
+               "INSERT INTO policy_bundles VALUES ('credit', 2, '2026-01-01T00:00:00Z', 'permit(principal, action, "
+               "resource);', '{}'); INSERT INTO contracts VALUES ('credit.review', 'credit', '{\"purposes\": []}'); "
+               "INSERT INTO source_rules VALUES ('credit', 'committee', ['approved_waiver']); "
+               "INSERT INTO principals VALUES ('maya', ['credit_analyst'], '{}', 3, false); "
+               "INSERT INTO revoked VALUES ('maya', 'role', 'credit_analyst', '2026-08-30T00:00:00Z', 'iam', NULL)")
+    db.close()
+    for _ in range(2):  # migrating twice changes nothing
+        store = Store(path)
+        assert store.db.execute("SELECT bundle_id, version, cedar, sources FROM policy_versions").fetchall() == [
+            ("credit", 2, "permit(principal, action, resource);", '{"committee":["approved_waiver"]}')]
+        assert store.db.execute("SELECT * FROM contract_versions").fetchall() == [
+            ("credit", 2, "credit.review", '{"purposes": []}')]
+        # Revoked before revocations carried a version: as of the principal's version then.
+        assert store.db.execute("SELECT delegation_version FROM revoked").fetchall() == [(3,)]
+        store.close()
