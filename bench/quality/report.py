@@ -52,4 +52,8 @@ def markdown(quality: dict) -> list[str]:
             by_kind.setdefault(kind, []).append(loss["query"])
     for kind, ids in sorted(by_kind.items()):
         lines.append(f"- {kind} ({len(ids)}: {', '.join(ids)}): {WHY.get(kind, kind)}.")
+    if any(loss["query"].endswith("cross-tenant") for loss in quality["losses"]):
+        lines.append("- the cross-tenant question was answered from the caller's own tenant (no leak): the "
+                     "compiler does not stop when the query names another tenant's entity (issue 12 item 5, "
+                     "stop reason `out_of_scope`), so this row changes when that lands.")
     return lines + [""]

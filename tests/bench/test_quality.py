@@ -87,3 +87,17 @@ def test_freshplan_never_sees_another_tenants_document():
     for trace in result["traces"]:
         assert all(i.startswith(trace["tenant"] + "-") for i in trace["freshplan"]["retrieved"])
         assert all(i.startswith(trace["tenant"] + "-") for i in trace["fixed_one_shot"]["retrieved"])
+
+
+def test_the_summary_puts_the_seed_figures_beside_this_run_and_names_freshplans_losses():
+    from bench.quality.report import markdown
+
+    doc = quality.document("2026-01-01T00:00:00Z", {})
+    lines = markdown(dict({k: doc[k] for k in ("protocol", "metrics", "seed_figures", "losses",
+                                                "payload_sha256")}, file="x-quality.json"))
+    text = "\n".join(lines)
+    assert "| seed fixed one-shot | seed adaptive stateful |" in text
+    assert "| Answer decision accuracy |" in text and "| 0.625 | 0.875 |" in text
+    assert doc["payload_sha256"] in text and "plain_top_k failed it" in text
+    for loss in doc["losses"]:
+        assert loss["query"] in text
