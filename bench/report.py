@@ -96,14 +96,14 @@ def plots(result: dict, directory: Path, stem: str) -> list[str]:
     quality = result.get("quality")
     if quality:
         fig, axis = plt.subplots(figsize=(11, 4))
-        keys = ("decision_accuracy", "proposition_coverage", "abstention_recall", "budget_compliance")
+        keys = ("answer_decision_accuracy", "relevant_micro_recall", "abstention_recall", "answer_abstain_type_accuracy")
         contenders = list(quality["metrics"])
         for i, name in enumerate(contenders):
             axis.bar([x + i * 0.2 for x in range(len(keys))],
                      [quality["metrics"][name][k] or 0 for k in keys], width=0.2, label=name)
         axis.set_xticks([x + 0.3 for x in range(len(keys))], keys)
         axis.set_ylim(0, 1.05)
-        axis.set_title("Selection quality (24 frozen queries, 3 tenants)")
+        axis.set_title("003 evaluation (24 frozen queries, 3 tenants)")
         axis.legend()
         names.append(_save(fig, directory, f"{stem}-quality.png"))
     return names

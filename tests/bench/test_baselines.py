@@ -8,15 +8,15 @@ from bench.baselines import admissible_ids, plain_top_k, post_filtered_top_k, sc
 from compiler.pipeline import compile_request
 from tests.catalog_double import MemoryCatalog
 
-REQUEST = {"decision_type": "credit.review.continuation", "principal": "maya",
-           "purpose": "annual_credit_review", "entity": "ATLAS-IN-01",
+REQUEST = {"decision_type": "credit.review.topk", "principal": "topk-analyst",
+           "purpose": "annual_credit_review", "entity": "TOPK-ATLAS-01",
            "decision_time": "2026-08-30T00:00:00Z", "budget": {"tokens": 1000}}
 
 
 def test_synthetic_benchmark_matches_the_seed():
     catalog = MemoryCatalog.from_scenario("synthetic-topk.jsonl")
     plan = compile_request(REQUEST, catalog, datetime(2026, 8, 30, tzinfo=timezone.utc))
-    contract, _ = catalog.contract("credit.review.continuation")
+    contract, _ = catalog.contract("credit.review.topk")
     corpus = list(catalog.resources.values())
     relevance = {r.id: r.attributes["relevance"] for r in corpus}
     safe = admissible_ids(plan.plan)
