@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
 import time
@@ -19,6 +18,7 @@ from schemas.codec import decode
 from schemas.cdc_mapping import CdcMapping
 from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
+from schemas.outbound import input_dead_letter
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
@@ -26,7 +26,6 @@ from streams.incarnation import record_mark
 
 log = logging.getLogger(__name__)
 
-DEAD_LETTER_ORIGINAL_BYTES = 64 * 1024
 
 REASONS = {"resource": "source_changed", "scope": "scope_changed", "principal": "principal_changed",
            "policy": "policy_changed", "contract": "contract_changed", "time": "time_passed",
@@ -385,15 +384,8 @@ class Invalidator:
         counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
 
     def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
-        original = m.value or b""
-        # The original is kept for replay up to a bound: an oversized event must not become an
-        # oversized dead letter that the broker refuses in turn.
-        record = {"schema_version": 1, "topic": self.topic_of(m.topic), "partition": m.partition,
-                  "offset": m.offset, "error_class": error_class, "message": message,
-                  "original": base64.b64encode(original[:DEAD_LETTER_ORIGINAL_BYTES]).decode(),
-                  "original_size": len(original),
-                  "original_truncated": len(original) > DEAD_LETTER_ORIGINAL_BYTES}
-        self.state.outbox.add_many([(self.topic_of("dead-letters"), m.key, orjson.dumps(record))],
+        record = input_dead_letter(self.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value)
+        self.state.outbox.add_many([(self.topic_of("dead-letters"), m.key, record)],
                                    [(m.topic, m.partition, m.offset)], standby=self._standby)
         counts[f"dead_letters.{error_class}"] += 1
         log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class,

@@ -98,7 +98,8 @@ async def oversized_plan(worker: BenchWorker, directory: Path) -> Outcome:
     await _loaded(worker)
     lines = [orjson.loads(line)["event"] for line in (SCENARIOS / "atlas.jsonl").read_text().splitlines()]
     bloated = [("source-changes", e["resource"]["id"].encode(), orjson.dumps(dict(
-        e, event_id=f"chaos-big-{e['resource']['id']}", resource=dict(e["resource"], version=9, content="x" * 400_000))))
+        e, event_id=f"chaos-big-{e['resource']['id']}",
+        resource=dict(e["resource"], version=9, content="x" * 400_000))))
         for e in lines if e.get("resource", {}).get("id") in ("facility-F102", "workflow-E88", "policy-P3")]
     token = await worker.publish(bloated)
     plan = await worker.select(ATLAS, token)

@@ -96,7 +96,8 @@ def plots(result: dict, directory: Path, stem: str) -> list[str]:
     quality = result.get("quality")
     if quality:
         fig, axis = plt.subplots(figsize=(11, 4))
-        keys = ("answer_decision_accuracy", "relevant_micro_recall", "abstention_recall", "answer_abstain_type_accuracy")
+        keys = ("answer_decision_accuracy", "relevant_micro_recall", "abstention_recall",
+                "answer_abstain_type_accuracy")
         contenders = list(quality["metrics"])
         for i, name in enumerate(contenders):
             axis.bar([x + i * 0.2 for x in range(len(keys))],

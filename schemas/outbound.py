@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import Any
 
@@ -9,6 +10,7 @@ import orjson
 
 # Kafka adds a record batch header and per-record framing on top of key and value.
 RECORD_OVERHEAD_BYTES = 512
+DEAD_LETTER_ORIGINAL_BYTES = 64 * 1024
 
 
 def compact_plan(doc: dict[str, Any]) -> dict[str, Any]:
@@ -46,3 +48,18 @@ def too_large_letter(topic: str, key: bytes | None, value: bytes, limit: int, re
                    "it was not published",
         "original": "", "original_size": len(value), "original_truncated": True,
         "outbound_key": (key or b"").decode("utf-8", "replace")})
+
+
+def input_dead_letter(topic: str, partition: int, offset: int, error_class: str, message: str,
+                      original: bytes | None) -> bytes:
+    """The dead letter of a rejected input event, with its original bytes up to a bound.
+
+    The bound keeps an oversized event from becoming an oversized dead letter that the broker
+    refuses in turn.
+    """
+    original = original or b""
+    return orjson.dumps({"schema_version": 1, "topic": topic, "partition": partition, "offset": offset,
+                         "error_class": error_class, "message": message,
+                         "original": base64.b64encode(original[:DEAD_LETTER_ORIGINAL_BYTES]).decode(),
+                         "original_size": len(original),
+                         "original_truncated": len(original) > DEAD_LETTER_ORIGINAL_BYTES})

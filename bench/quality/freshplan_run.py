@@ -56,7 +56,7 @@ class CorpusCatalog:
     def principal(self, principal_id: str) -> Principal | None:
         return self.principals.get(principal_id)
 
-    def contract(self, decision_type: str):
+    def contract(self, decision_type: str, at=None):
         return self._contract if decision_type == DECISION else None
 
     def decision_types(self) -> list[str]:
