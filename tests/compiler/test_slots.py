@@ -11,6 +11,7 @@ from tests.catalog_double import SCENARIOS, MemoryCatalog
 from tests.events import envelope
 
 REQUEST = orjson.loads((SCENARIOS / "screening-request.json").read_bytes())
+SCREENED = "2026-10-05T09:00:00Z"  # the screening scenario's event time: its facts are confirmed then
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def screening() -> MemoryCatalog:
 def upsert(catalog: MemoryCatalog, rid: str, **changes) -> None:
     body = dict(orjson.loads((SCENARIOS / "screening.jsonl").read_text().splitlines()[-2])["event"]["resource"])
     body.update(id=rid, **changes)
-    catalog.apply("source-changes", orjson.dumps(envelope(kind="resource", op="upsert", resource=body)))
+    catalog.apply("source-changes", orjson.dumps(envelope(kind="resource", op="upsert", resource=body, occurred_at=SCREENED)))
 
 
 def state(catalog: MemoryCatalog) -> str:
