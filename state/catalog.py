@@ -251,7 +251,7 @@ class Catalog:
         return out
 
     def entities_named(self, names: Sequence[str]) -> dict[str, list[str]]:
-        """For each lower-cased name, the ids whose id or alias equals it in any case (an equi-join, not a scan per name)."""
+        """For each lower-cased name, the ids whose id or alias equals it in any case (one equi-join)."""
         rows = self.db.execute(
             "WITH n AS (SELECT DISTINCT unnest(?) AS name), k AS ("
             "SELECT id, lower(id) AS name FROM entities WHERE NOT deleted UNION "

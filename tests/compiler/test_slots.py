@@ -22,7 +22,8 @@ def screening() -> MemoryCatalog:
 def upsert(catalog: MemoryCatalog, rid: str, **changes) -> None:
     body = dict(orjson.loads((SCENARIOS / "screening.jsonl").read_text().splitlines()[-2])["event"]["resource"])
     body.update(id=rid, **changes)
-    catalog.apply("source-changes", orjson.dumps(envelope(kind="resource", op="upsert", resource=body, occurred_at=SCREENED)))
+    event = envelope(kind="resource", op="upsert", resource=body, occurred_at=SCREENED)
+    catalog.apply("source-changes", orjson.dumps(event))
 
 
 def state(catalog: MemoryCatalog) -> str:
