@@ -3,6 +3,7 @@ and stay representable at the far ends of time."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import orjson
@@ -99,3 +100,14 @@ def test_a_live_plan_compiles_over_a_resource_valid_until_the_end_of_time():
     catalog.apply("source-changes", orjson.dumps(resource("approved-waiver-W2", valid_to="9999-12-31T23:59:59Z")[1]))
     plan = compile_request(dict(ATLAS_REQUEST, decision_time="now"), catalog, NOW)
     assert any(a["resource_id"] == "approved-waiver-W2" for a in plan.plan["admitted"])
+
+
+def test_a_max_age_dates_only_resources_of_its_own_proposition(atlas):
+    contract, _ = atlas.contract("credit.review.continuation")
+    when = datetime(2026, 8, 30, 9, tzinfo=timezone.utc)
+    # policy-P3 speaks to continuation_rule, which has no max_age: waiver_valid's P400D never ages it.
+    clause = replace(atlas.resources["policy-P3"], valid_to=None)
+    assert next_change([clause], contract, when) is None
+    waiver = replace(clause, evidence_class="approved_waiver", supports=("waiver_valid",),
+                     observed_at=datetime(2026, 8, 29, tzinfo=timezone.utc))
+    assert next_change([waiver], contract, when) == datetime(2027, 10, 3, 0, 0, 1, tzinfo=timezone.utc)
