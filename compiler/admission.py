@@ -1,35 +1,41 @@
-"""Pass 4, admit: Cedar first, then applicability and evidence typing, with reason classes."""
+"""Pass 4, admit: Cedar first, then source trust, applicability, freshness and typing, with reason classes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from compiler.policy import CompiledPolicy, authorise
+from compiler.slots import group_of
 from schemas.records import Contract, Principal, Resource
 
 # Precedence is the order of checks: an item the principal may not use is never
 # described by any other reason, so the caller cannot learn it exists.
 NOT_AUTHORISED = "not_authorised"
+UNTRUSTED_SOURCE = "untrusted_source"
 WRONG_SUBJECT = "wrong_subject"
 NOT_APPLICABLE = "not_applicable"
 STALE = "stale"
 WRONG_EVIDENCE_CLASS = "wrong_evidence_class"
+
+Typed = tuple[tuple[Resource, frozenset[str]], ...]
 
 
 @dataclass(frozen=True)
 class Admission:
     """The admitted universe of one request and what was kept out, with why."""
 
-    typed: tuple[tuple[Resource, frozenset[str]], ...]
-    """Admissible resources with the propositions each may establish or refute."""
+    typed: Typed
+    """Admissible resources with the propositions each may (freshly) establish or refute."""
     rejected: tuple[tuple[str, str], ...]
     """(resource id, reason class) for permitted but unusable resources."""
     withheld: tuple[str, ...]
     """Ids Cedar denied; counted to the caller, named only in the receipt."""
     policy_errors: int = 0
     """Candidates withheld because some policy failed to evaluate for them (errors deny)."""
+    withheld_typed: Typed = ()
+    """Withheld resources that every other gate would have admitted, with their propositions."""
 
 
 def applicable_at(resource: Resource, when: datetime) -> bool:
@@ -41,6 +47,14 @@ def applicable_at(resource: Resource, when: datetime) -> bool:
     return resource.valid_to is None or when <= resource.valid_to
 
 
+def aged_from(resource: Resource) -> datetime | None:
+    """The instant a resource's age counts from: when its fact was last confirmed.
+
+    Rows stored before `observed_at` existed fall back to `valid_from`, as they always did.
+    """
+    return resource.observed_at or resource.valid_from
+
+
 def typed_propositions(resource: Resource, contract: Contract) -> frozenset[str]:
     """Propositions of the contract this resource's evidence class may speak to."""
     claims = set(resource.supports) | set(resource.contradicts)
@@ -48,39 +62,76 @@ def typed_propositions(resource: Resource, contract: Contract) -> frozenset[str]
                      if p.id in claims and resource.evidence_class in p.accepted_classes)
 
 
+def fresh_propositions(resource: Resource, contract: Contract, when: datetime) -> frozenset[str]:
+    """The typed propositions whose own `max_age` the resource's age does not exceed."""
+    typed = typed_propositions(resource, contract)
+    since = aged_from(resource)
+    if since is None:
+        return typed
+    return frozenset(p.id for p in contract.propositions
+                     if p.id in typed and (p.max_age is None or when - since <= p.max_age))
+
+
 def is_stale(resource: Resource, contract: Contract, when: datetime) -> bool:
-    """True when every proposition it could serve has a max_age the evidence exceeds."""
-    claims = set(resource.supports) | set(resource.contradicts)
-    windows = [p.max_age for p in contract.propositions if p.id in claims]
-    if not windows or any(w is None for w in windows) or resource.valid_from is None:
-        return False
-    return all(when - resource.valid_from > w for w in windows)
+    """True when the resource could speak to some proposition but is too old for every one of them."""
+    return bool(typed_propositions(resource, contract)) and not fresh_propositions(resource, contract, when)
+
+
+def untrusted(resource: Resource, trusted: Mapping[str, frozenset[str]]) -> bool:
+    """A class some source rule reserves to named provenance groups, asserted by another group.
+
+    A source cannot promote itself into a trusted class by labelling its own items (004 seed).
+    """
+    groups = trusted.get(resource.evidence_class)
+    return groups is not None and group_of(resource) not in groups
+
+
+def _gate(resource: Resource, entity_id: str, contract: Contract, when: datetime,
+          trusted: Mapping[str, frozenset[str]]) -> str | frozenset[str]:
+    """The reason class that keeps a permitted resource out, or the propositions it may serve."""
+    if untrusted(resource, trusted):
+        return UNTRUSTED_SOURCE
+    if resource.entity != entity_id:
+        return WRONG_SUBJECT
+    if not applicable_at(resource, when):
+        return NOT_APPLICABLE
+    if is_stale(resource, contract, when):
+        return STALE
+    props = fresh_propositions(resource, contract, when)
+    # Under an EVSI contract an observation model also makes a source usable (it may
+    # inform belief without being accepted to establish a proposition).
+    if props or resource.evidence_class in (contract.observations or {}):
+        return props
+    return WRONG_EVIDENCE_CLASS
 
 
 def admit(candidates: Sequence[Resource], *, entity_id: str, principal: Principal,
           contract: Contract, policy: CompiledPolicy, purpose: str,
-          decision_time: datetime) -> Admission:
-    """Validate every candidate: Cedar in one batch, then subject, time, freshness, class."""
-    verdict = authorise(policy, principal, candidates, purpose=purpose,
-                        decision_type=contract.decision_type, decision_time=decision_time)
+          decision_time: datetime, trusted: Mapping[str, frozenset[str]] | None = None,
+          known_principal: bool = True) -> Admission:
+    """Validate every candidate: Cedar in one batch, then trust, subject, time, freshness, class.
+
+    An unknown principal may use nothing: every candidate is withheld without asking Cedar.
+    """
+    if known_principal:
+        verdict = authorise(policy, principal, candidates, purpose=purpose,
+                            decision_type=contract.decision_type, decision_time=decision_time)
+        allowed, errors = verdict.allowed, sum(verdict.errors)
+    else:
+        allowed, errors = (False,) * len(candidates), 0
     typed: list[tuple[Resource, frozenset[str]]] = []
+    withheld_typed: list[tuple[Resource, frozenset[str]]] = []
     rejected: list[tuple[str, str]] = []
     withheld: list[str] = []
-    for resource, ok in zip(candidates, verdict.allowed, strict=True):
+    for resource, ok in zip(candidates, allowed, strict=True):
+        outcome = _gate(resource, entity_id, contract, decision_time, trusted or {})
         if not ok:
             withheld.append(resource.id)
-        elif resource.entity != entity_id:
-            rejected.append((resource.id, WRONG_SUBJECT))
-        elif not applicable_at(resource, decision_time):
-            rejected.append((resource.id, NOT_APPLICABLE))
-        elif is_stale(resource, contract, decision_time):
-            rejected.append((resource.id, STALE))
+            if not isinstance(outcome, str):
+                withheld_typed.append((resource, outcome))
+        elif isinstance(outcome, str):
+            rejected.append((resource.id, outcome))
         else:
-            props = typed_propositions(resource, contract)
-            # Under an EVSI contract an observation model also makes a source usable (it may
-            # inform belief without being accepted to establish a proposition).
-            if props or resource.evidence_class in (contract.observations or {}):
-                typed.append((resource, props))
-            else:
-                rejected.append((resource.id, WRONG_EVIDENCE_CLASS))
-    return Admission(tuple(typed), tuple(sorted(rejected)), tuple(sorted(withheld)), sum(verdict.errors))
+            typed.append((resource, outcome))
+    return Admission(tuple(typed), tuple(sorted(rejected)), tuple(sorted(withheld)), errors,
+                     tuple(withheld_typed))

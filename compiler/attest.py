@@ -53,11 +53,15 @@ def next_change(candidates: Sequence[Resource], contract: Contract, after: datet
     version of the policy bundle takes over from the one the plan was compiled under.
     """
     instants = [policy_change]
-    windows = [p.max_age for p in contract.propositions if p.max_age is not None]
     for r in candidates:
         if r.valid_from is not None:
             instants.append(r.valid_from)
-            instants.extend(_second_after(r.valid_from, w) for w in windows)
+        # A max_age ages a resource only in its own proposition's slot, from when it was observed.
+        since = r.observed_at or r.valid_from
+        if since is not None:
+            claims = set(r.supports) | set(r.contradicts)
+            instants.extend(_second_after(since, p.max_age) for p in contract.propositions
+                            if p.max_age is not None and p.id in claims and r.evidence_class in p.accepted_classes)
         if r.valid_to is not None:
             # A valid_to in the last second of 9999 ends after every representable instant: no change.
             instants.append(_second_after(r.valid_to))

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from compiler.admission import Admission, admit
 from compiler.attest import content_hash, dependency_keys, digest, next_change
+from compiler.edge import tidy_all
 from compiler.errors import AdmitError, PlanError, RequestError
 from compiler.evsi import decision_model, plan_observations
 from compiler.policy import CompiledPolicy
 from compiler.relevance import bm25
 from compiler.request import DecisionRequest, parse_request, plan_key
-from compiler.resolve import resolve_entity, resolve_principal, type_check
+from compiler.resolve import out_of_scope, query_names, query_words, resolve_entity, resolve_principal, type_check
 from compiler.selection import Selection, select
-from compiler.slots import fill_slots, overall_state, stop_reason
+from compiler.slots import fill_slots, overall_state, settled_stop, stop_reason
 from schemas.records import Contract, Principal, Resource
 from schemas.timefmt import format_instant
 
@@ -41,6 +42,12 @@ class CatalogView(Protocol):
 
     def candidates(self, entity_id: str, contract: Contract) -> Sequence[Resource]:
         """Resources of the entity whose class or claims the contract can use."""
+
+    def entities_named(self, names: Sequence[str]) -> Mapping[str, Sequence[str]]:
+        """For each lower-cased name, the canonical ids whose id or alias equals it in any case."""
+
+    def trusted_sources(self) -> Mapping[str, frozenset[str]]:
+        """Evidence class -> the provenance groups some source rule names as allowed to assert it."""
 
 
 @dataclass(frozen=True)
@@ -84,14 +91,23 @@ def compile_request(doc: Any, view: CatalogView, now: datetime | None) -> Compil
     if when is None:
         raise ClockUnknown("clock_unknown", "The service has not seen a clock tick yet, so a live "
                            "decision has no time; send decision_time or wait for the clock.", status=503)
-    candidates = list(view.candidates(entity_id, contract))
-    return compile_plan(request, entity_id, principal, contract, policy, candidates, when, known_principal=known)
+    names = query_names(request.query)
+    # The 003 seed's scope guard: a question about another tenant stops before retrieval.
+    scoped_out = bool(names) and out_of_scope(entity_id, view.entities_named(names))
+    candidates = [] if scoped_out else list(view.candidates(entity_id, contract))
+    return compile_plan(request, entity_id, principal, contract, policy, candidates, when, known_principal=known,
+                        trusted=view.trusted_sources(), scoped_out=scoped_out)
 
 
 def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal, contract: Contract,
                  policy: CompiledPolicy, candidates: Sequence[Resource], when: datetime, *,
-                 known_principal: bool = True) -> CompiledPlan:
-    """Passes 4 to 6 over already resolved inputs; an unknown principal may use nothing."""
+                 known_principal: bool = True, trusted: Mapping[str, frozenset[str]] | None = None,
+                 scoped_out: bool = False) -> CompiledPlan:
+    """Passes 4 to 6 over already resolved inputs; an unknown principal may use nothing.
+
+    `trusted` is the source rules (evidence class -> groups that may assert it); `scoped_out`
+    means the query names another entity, and the plan abstains with nothing admitted.
+    """
     if policy.effective_at is not None and when < policy.effective_at:
         asked = "this live decision at the service's now" if request.live else "the decision_time"
         raise AdmitError("policy_not_effective", f"No version of policy bundle {policy.bundle_id} that defines "
@@ -102,8 +118,8 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
         raise PlanError("empty_budget", "A budget of zero tokens or zero calls cannot carry any evidence; "
                         "raise budget.tokens and budget.calls, or omit them for no limit.", status=422)
     admission = admit(candidates, entity_id=entity_id, principal=principal, contract=contract,
-                      policy=policy, purpose=request.purpose, decision_time=when) if known_principal else \
-        Admission((), (), tuple(sorted(r.id for r in candidates)))
+                      policy=policy, purpose=request.purpose, decision_time=when, trusted=trusted,
+                      known_principal=known_principal) if not scoped_out else Admission((), (), ())
     typed_resources = [r for r, _ in admission.typed]
     scores = bm25(request.query, [f"{r.title} {r.content}" for r in typed_resources])
     relevance = {r.id: s for r, s in zip(typed_resources, scores, strict=True)}
@@ -117,15 +133,18 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
         report = evsi_plan.report
     by_id = {r.id: r for r in candidates}
     withheld = [by_id[i] for i in admission.withheld]
-    slots = fill_slots(chosen.admitted, contract)
-    state = overall_state(slots, withheld, contract)
-    stop = stop_reason(slots, chosen.budget_hit) if model is None else evsi_plan.stop_reason
+    slots = fill_slots(chosen.admitted, contract, {r.id: props for r, props in admission.typed})
+    state = overall_state(slots, admission.withheld_typed)
+    stop = settled_stop(state, stop_reason(slots, chosen.budget_hit) if model is None else evsi_plan.stop_reason)
+    if scoped_out:
+        state, stop = "INSUFFICIENT", "out_of_scope"
     rejected = sorted(admission.rejected + chosen.skipped)
     spent = {"tokens": int(chosen.spent.tokens), "calls": int(chosen.spent.calls)}
     spent.update({k: v for k, v in chosen.spent.as_dict().items() if k not in spent})
     key = plan_key(request, entity_id)
     deps = dependency_keys(principal_id=principal.id, entity_id=entity_id, entity_name=request.entity,
                            bundle_id=policy.bundle_id, contract=contract, candidates=candidates)
+    deps = sorted(set(deps) | _edge_keys(request.query, contract, candidates))
     valid_until = next_change(candidates, contract, when, policy.superseded_at) if request.live else None
     if valid_until is not None:
         deps.append(f"time:{format_instant(valid_until)}")
@@ -133,7 +152,7 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
                       "policy": [policy.bundle_id, policy.version, policy.digest],
                       "slots": [(s.proposition, s.state) for s in slots], "rejected": rejected,
                       "withheld": len(withheld), "state": state, "stop": stop}, prefix="plan-")
-    receipt = {
+    receipt = tidy_all({
         "schema_version": 1, "plan_id": plan_id, "request": request.as_dict(),
         "entity_id": entity_id, "decision_time": format_instant(when),
         "policy": {"bundle_id": policy.bundle_id, "version": policy.version, "hash": policy.digest},
@@ -144,11 +163,11 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
         "slots": [s.as_dict() for s in slots], "state": state, "stop_reason": stop,
         "budget_spent": spent, "dependencies": deps, "decision": report,
         "policy_errors": admission.policy_errors,
-    }
+    })
     receipt_id = digest(receipt, prefix="rcpt-")
     receipt["receipt_id"] = receipt_id
     # Dependency keys name withheld resources, so they live in the receipt, not the plan.
-    plan = {
+    plan = tidy_all({
         "schema_version": 1, "plan_id": plan_id, "plan_key": key, "state": state,
         "request": request.as_dict(), "entity_id": entity_id, "decision_time": format_instant(when),
         "policy": {"bundle_id": policy.bundle_id, "version": policy.version},
@@ -158,5 +177,20 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
         "withheld": len(withheld), "slots": [s.as_dict() for s in slots], "stop_reason": stop,
         "budget_spent": spent, "valid_until": valid_until and format_instant(valid_until),
         "receipt_id": receipt_id, "decision": report,
-    }
+    })
     return CompiledPlan(key, plan_id, receipt_id, plan, receipt, tuple(deps), valid_until, request)
+
+
+def _edge_keys(query: str, contract: Contract, candidates: Sequence[Resource]) -> set[str]:
+    """Keys of what else the outcome reads: names in the query, and who may assert each class.
+
+    `name-word:<w>` per word of the query is coarse on purpose: an entity change announces
+    every word of the names it adds or drops, and any name found whole in the query shares
+    its words with it, so a new tenant named in a stored query always reaches the plan (an
+    unrelated name sharing one word only recompiles it). `trust:<class>` follows the source
+    rules of the classes the plan can meet.
+    """
+    keys = {f"name-word:{w}" for w in query_words(query)}
+    classes = {c for p in contract.propositions for c in p.accepted_classes} | {r.evidence_class for r in candidates}
+    keys.update(f"trust:{c}" for c in classes)
+    return keys

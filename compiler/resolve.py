@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+import re
+from typing import Iterable, Mapping, Sequence
 
 from compiler.errors import ResolveError, TypeCheckError
 from schemas.records import Contract, Principal
@@ -43,3 +44,35 @@ def type_check(decision_type: str, purpose: str, contract: Contract | None,
         raise TypeCheckError("purpose_not_allowed", f"Purpose '{purpose}' is not allowed for "
                              f"'{decision_type}'; allowed: {', '.join(contract.purposes)}.", status=422)
     return contract
+
+
+# Aliases longer than this many words are not looked for in query text.
+MAX_NAME_WORDS = 8
+_WORD = re.compile(r"\w+")
+
+
+def query_words(query: str) -> list[str]:
+    """The distinct lower-cased words of a query, sorted."""
+    return sorted({w.lower() for w in _WORD.findall(query)})
+
+
+def query_names(query: str) -> list[str]:
+    """Every run of up to MAX_NAME_WORDS whole words of the query, lower-cased, as typed between them.
+
+    A run starts at a word's first character and ends at a word's last, so an alias such as
+    `Atlas-India` or `Orion Ltd` is found whole, and `Bore` is never found inside `Boreal`.
+    """
+    spans = [m.span() for m in _WORD.finditer(query)]
+    names = set()
+    for i, (start, _) in enumerate(spans):
+        for _, end in spans[i:i + MAX_NAME_WORDS]:
+            names.add(query[start:end].lower())
+    return sorted(names)
+
+
+def out_of_scope(entity_id: str, named: Mapping[str, Sequence[str]]) -> bool:
+    """Whether the query names some entity other than the request's, by id or alias.
+
+    A name shared with the request's own entity is read as meaning it, not as a second tenant.
+    """
+    return any(ids and entity_id not in ids for ids in named.values())

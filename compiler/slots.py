@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from schemas.records import Contract, Proposition, Resource
 
@@ -102,12 +102,18 @@ def _by_precedence(speaking: Sequence[Resource], prop: Proposition) -> str | Non
     return "support" if best_for < best_against else "refute"
 
 
-def fill_slots(admitted: Sequence[Resource], contract: Contract) -> tuple[Slot, ...]:
-    """One slot per proposition from admitted, correctly typed evidence."""
+def fill_slots(admitted: Sequence[Resource], contract: Contract,
+               usable: Mapping[str, frozenset[str]] | None = None) -> tuple[Slot, ...]:
+    """One slot per proposition from admitted, correctly typed evidence.
+
+    `usable` (resource id -> propositions) keeps a resource out of the slots it is too old
+    for: a `max_age` applies within its own proposition's slot only.
+    """
     slots = []
     for prop in contract.propositions:
         speaking = [r for r in admitted if r.evidence_class in prop.accepted_classes
-                    and contribution(r, prop.id) != 0]
+                    and contribution(r, prop.id) != 0
+                    and (usable is None or prop.id in usable.get(r.id, frozenset()))]
         ids = tuple(r.id for r in speaking)
         support, refute, groups = aggregate(speaking, prop)
         need = threshold_of(prop, contract)
@@ -135,18 +141,24 @@ def fill_slots(admitted: Sequence[Resource], contract: Contract) -> tuple[Slot, 
     return tuple(slots)
 
 
-def overall_state(slots: Sequence[Slot], withheld: Sequence[Resource], contract: Contract) -> str:
-    """CONFLICT, SUFFICIENT, ENTITLEMENT_BLOCK (the evidence exists but may not be used) or INSUFFICIENT."""
-    required = [s for s in slots if s.required]
-    if any(s.conflict for s in required):
+def overall_state(slots: Sequence[Slot], withheld: Sequence[tuple[Resource, frozenset[str]]]) -> str:
+    """ENTITLEMENT_BLOCK, then CONFLICT, then INSUFFICIENT, then SUFFICIENT (the 004 seed's order).
+
+    `withheld` holds the items Cedar denied that every other gate would admit, with the
+    propositions each may speak to. One the decision needs blocks it, whatever else holds:
+    a refutation of a required proposition always (it could overturn the slot), support only
+    of a required proposition not yet supported (a redundant copy changes nothing).
+    """
+    required = {s.proposition: s for s in slots if s.required}
+    for resource, props in withheld:
+        for p in props & set(required):
+            weight = contribution(resource, p)
+            if weight < 0 or (weight > 0 and required[p].state != SUPPORTED):
+                return "ENTITLEMENT_BLOCK"
+    if any(s.conflict for s in required.values()):
         return "CONFLICT"
-    if all(s.state == SUPPORTED for s in required):
+    if all(s.state == SUPPORTED for s in required.values()):
         return "SUFFICIENT"
-    gaps = {s.proposition for s in required if s.state != SUPPORTED}
-    for prop in contract.propositions:
-        if prop.id in gaps and any(r.evidence_class in prop.accepted_classes and contribution(r, prop.id) > 0
-                                   for r in withheld):
-            return "ENTITLEMENT_BLOCK"
     return "INSUFFICIENT"
 
 
@@ -155,3 +167,16 @@ def stop_reason(slots: Sequence[Slot], budget_hit: bool) -> str:
     if all(s.state != UNKNOWN and not s.conflict for s in slots if s.required):
         return "contract_satisfied"
     return "budget_exhausted" if budget_hit else "escalate"
+
+
+def settled_stop(state: str, planner_stop: str) -> str:
+    """The stop reason a state implies, whichever planner ran: the same words for coverage and EVSI plans.
+
+    SUFFICIENT is a satisfied contract; CONFLICT and ENTITLEMENT_BLOCK need a person; only an
+    INSUFFICIENT plan keeps the planner's own reason (budget, no positive value, a gap).
+    """
+    if state == "SUFFICIENT":
+        return "contract_satisfied"
+    if state in ("CONFLICT", "ENTITLEMENT_BLOCK"):
+        return "escalate"
+    return planner_stop

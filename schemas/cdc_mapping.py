@@ -12,7 +12,7 @@ from schemas.connect_types import ColumnError
 
 FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "resource": ("id", "version", "entity", "title", "content", "tokens", "evidence_class", "supports",
-                 "contradicts", "valid_from", "valid_to", "superseded_by", "provenance_group",
+                 "contradicts", "valid_from", "valid_to", "observed_at", "superseded_by", "provenance_group",
                  "sensitivity", "attributes"),
     "principal": ("id", "roles", "attributes", "delegation_version"),
     "entity": ("id", "aliases"),

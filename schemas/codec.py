@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from functools import lru_cache
 from importlib import resources
 from types import MappingProxyType
@@ -179,8 +180,9 @@ def _frozen(mapping: dict | None) -> MappingProxyType:
     return MappingProxyType(dict(mapping or {}))
 
 
-def resource_from(doc: dict) -> Resource:
-    """Build a Resource from its wire shape."""
+def resource_from(doc: dict, observed_default: datetime | None = None) -> Resource:
+    """Build a Resource from its wire shape; `observed_at` defaults to `observed_default` (the event's time)."""
+    observed = _opt_instant(doc.get("observed_at"), "observed_at")
     return Resource(
         id=doc["id"], version=int(doc["version"]), entity=doc["entity"],
         evidence_class=doc["evidence_class"], tokens=int(doc["tokens"]),
@@ -190,6 +192,7 @@ def resource_from(doc: dict) -> Resource:
         valid_to=_opt_instant(doc.get("valid_to"), "valid_to"),
         superseded_by=doc.get("superseded_by"), provenance_group=doc.get("provenance_group"),
         sensitivity=doc.get("sensitivity") or "internal", attributes=_frozen(doc.get("attributes")),
+        observed_at=observed or observed_default,
     )
 
 
@@ -226,7 +229,11 @@ def _source_change(doc: dict) -> SourceChange:
     body = doc[kind]
     if op == "delete":
         return SourceChange(kind=kind, op=op, record_id=body["id"], record=None)
-    build = {"resource": resource_from, "principal": principal_from, "entity": entity_from}[kind]
+    if kind == "resource":
+        # A fact is as fresh as the event that last confirmed it, unless the source says when.
+        record = resource_from(body, _opt_instant(doc.get("occurred_at"), "occurred_at"))
+        return SourceChange(kind=kind, op=op, record_id=body["id"], record=record)
+    build = {"principal": principal_from, "entity": entity_from}[kind]
     return SourceChange(kind=kind, op=op, record_id=body["id"], record=build(body))
 
 

@@ -44,6 +44,8 @@ class Resource:
     """Sensitivity label, visible to Cedar."""
     attributes: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
     """Free attributes visible to Cedar (e.g. `allowed_roles`)."""
+    observed_at: datetime | None = None
+    """When the fact was last confirmed: what a proposition's `max_age` counts from (None: `valid_from`)."""
 
 
 @dataclass(frozen=True, slots=True)

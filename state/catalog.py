@@ -22,17 +22,18 @@ from state.policy_history import governing, keep_version, versions_of
 from state.store import Store
 
 _RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
-                  "valid_from, valid_to, superseded_by, provenance_group, sensitivity, attributes")
+                  "valid_from, valid_to, superseded_by, provenance_group, sensitivity, attributes, observed_at")
+_WORD = re.compile(r"\w+")
 
 
 def _resource_row(row: tuple) -> Resource:
     (rid, version, entity, cls, tokens, title, content, supports, contradicts, vf, vt, sup_by, group,
-     sensitivity, attributes) = row
+     sensitivity, attributes, observed_at) = row
     return Resource(id=rid, version=version, entity=entity, evidence_class=cls, tokens=tokens,
                     title=title or "", content=content or "", supports=tuple(supports or ()),
                     contradicts=tuple(contradicts or ()), valid_from=vf, valid_to=vt,
                     superseded_by=sup_by, provenance_group=group, sensitivity=sensitivity or "internal",
-                    attributes=orjson.loads(attributes or "{}"))
+                    attributes=orjson.loads(attributes or "{}"), observed_at=observed_at)
 
 
 class Catalog:
@@ -44,6 +45,15 @@ class Catalog:
         self._policies: dict[tuple[str, int], CompiledPolicy] = {}
         self._contracts: dict[tuple[str, int, str], Contract] = {}  # versions never change once kept
         self._policy_texts: list[str] | None = None  # Cedar texts of the stored bundles, read once per change
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Files written before `observed_at` get the column, NULL: those rows age from `valid_from` as before."""
+        columns = {r[0] for r in self.db.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'resources'").fetchall()}
+        if "observed_at" not in columns:
+            self.db.execute("ALTER TABLE resources ADD COLUMN observed_at TIMESTAMPTZ")
+            self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
 
     def forget_cached(self) -> None:
         """Drop what was read inside a transaction that rolled back."""
@@ -167,7 +177,9 @@ class Catalog:
             names |= {a.lower() for a in new.aliases}
             self.db.execute("INSERT OR REPLACE INTO entities VALUES (?, ?, false)",
                             [new.id, list(new.aliases)])
-        return [f"entity:{change.record_id}"] + [f"alias:{n}" for n in sorted(names)]
+        words = sorted({w for n in names for w in _WORD.findall(n)})
+        return ([f"entity:{change.record_id}"] + [f"alias:{n}" for n in sorted(names)]
+                + [f"name-word:{w}" for w in words])
 
     def apply_policy(self, bundle: PolicyBundle) -> list[str] | None:
         """Keep a newer bundle version whole; a bundle whose Cedar fails to parse is rejected whole.
@@ -210,15 +222,19 @@ class Catalog:
             types[contract.decision_type] = body
             self.db.execute("INSERT OR REPLACE INTO contracts VALUES (?, ?, ?)",
                             [contract.decision_type, bundle.bundle_id, orjson.dumps(body).decode()])
+        trust_before = self.trusted_sources()
         self.db.execute("DELETE FROM source_rules WHERE bundle_id = ?", [bundle.bundle_id])
         for group, classes in bundle.sources.items():
             self.db.execute("INSERT INTO source_rules VALUES (?, ?, ?)", [bundle.bundle_id, group, list(classes)])
+        trust_after = self.trusted_sources()
+        trust_keys = [f"trust:{c}" for c in sorted(set(trust_before) | set(trust_after))
+                      if trust_before.get(c) != trust_after.get(c)]
         self.db.execute("INSERT OR REPLACE INTO policy_bundles VALUES (?, ?, ?, ?, ?)",
                         [bundle.bundle_id, bundle.version, bundle.effective_at, bundle.cedar,
                          orjson.dumps(types).decode()])
         keep_version(self.db, bundle, types)
         names = sorted(set(before) | set(types))
-        return [f"policy:{bundle.bundle_id}"] + [f"contract:{n}" for n in names]
+        return [f"policy:{bundle.bundle_id}"] + [f"contract:{n}" for n in names] + trust_keys
 
     def apply_revocation(self, revocation: Revocation) -> list[str]:
         """Record a withdrawal; it applies at once, whatever its effective_at (fail closed).
@@ -260,6 +276,26 @@ class Catalog:
         for name, entity_id in rows:
             out[name].append(entity_id)
         return out
+
+    def entities_named(self, names: Sequence[str]) -> dict[str, list[str]]:
+        """For each lower-cased name, the ids whose id or alias equals it in any case (one equi-join)."""
+        rows = self.db.execute(
+            "WITH n AS (SELECT DISTINCT unnest(?) AS name), k AS ("
+            "SELECT id, lower(id) AS name FROM entities WHERE NOT deleted UNION "
+            "SELECT id, lower(a) FROM (SELECT id, unnest(aliases) AS a FROM entities WHERE NOT deleted)) "
+            "SELECT n.name, k.id FROM n JOIN k USING (name) ORDER BY 1, 2", [list(names)]).fetchall()
+        out: dict[str, list[str]] = {}
+        for name, entity_id in rows:
+            out.setdefault(name, []).append(entity_id)
+        return out
+
+    def trusted_sources(self) -> dict[str, frozenset[str]]:
+        """Evidence class -> the provenance groups some bundle's source rules allow to assert it."""
+        out: dict[str, set[str]] = {}
+        for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
+            for cls in classes or ():
+                out.setdefault(cls, set()).add(group)
+        return {cls: frozenset(groups) for cls, groups in out.items()}
 
     def principal(self, principal_id: str) -> Principal | None:
         """The principal with revoked roles, grants, delegations and sessions taken away."""
@@ -352,6 +388,7 @@ def _resource_table(resources: Sequence[Resource]) -> pa.Table:
         "sensitivity": [r.sensitivity for r in resources],
         "attributes": [orjson.dumps(dict(r.attributes)).decode() for r in resources],
         "deleted": pa.array([False] * len(resources), pa.bool_()),
+        "observed_at": pa.array([r.observed_at for r in resources], when),
     })
 
 

@@ -67,6 +67,14 @@ class CatalogSnapshot:
         """As `Catalog.candidates`, memoised per entity and contract."""
         return self._get(("candidates", entity_id, id(contract)), lambda: self.catalog.candidates(entity_id, contract))
 
+    def entities_named(self, names: Sequence[str]) -> dict[str, list[str]]:
+        """As `Catalog.entities_named` (query text varies too much to memoise)."""
+        return self.catalog.entities_named(names)
+
+    def trusted_sources(self) -> dict[str, frozenset[str]]:
+        """As `Catalog.trusted_sources`, memoised."""
+        return self._get(("trusted",), self.catalog.trusted_sources)
+
     def prefetch(self, requests: Sequence[dict], now: datetime | None = None) -> None:
         """Resolve many requests' entities in one statement, and load their candidates in one per decision type.
 

@@ -9,7 +9,17 @@ import orjson
 import pyarrow as pa
 
 from compiler.pipeline import CompiledPlan
+from schemas.timefmt import format_instant
 from state.store import Store
+
+# Every invalidation of a plan id, in order: after A -> B -> A the id returns, and the plans
+# row alone would keep only the latest cause.
+_DDL = """
+CREATE SEQUENCE IF NOT EXISTS plan_history_seq;
+CREATE TABLE IF NOT EXISTS plan_history (seq BIGINT DEFAULT nextval('plan_history_seq'), plan_id VARCHAR,
+  reason VARCHAR, cause VARCHAR, successor_plan_id VARCHAR, invalidated_at TIMESTAMPTZ);
+CREATE INDEX IF NOT EXISTS plan_history_plan ON plan_history (plan_id);
+"""
 
 
 class PlanStore:
@@ -18,6 +28,9 @@ class PlanStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.db = store.db
+        if not self.db.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'plan_history'").fetchone():
+            self.db.execute(_DDL)
+            self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
 
     def save_many(self, plans: Sequence[CompiledPlan], compiled_at: datetime | None) -> None:
         """Store compilations as their keys' current plans, with receipts, in three statements."""
@@ -73,6 +86,9 @@ class PlanStore:
             self.db.executemany("UPDATE plans SET successor_plan_id = ? WHERE plan_id = ? "
                                 "AND successor_plan_id IS NULL",
                                 [(new, old) for old, new in pairs])
+            self.db.executemany("UPDATE plan_history SET successor_plan_id = ? WHERE seq = (SELECT max(seq) FROM "
+                                "plan_history WHERE plan_id = ?) AND successor_plan_id IS NULL",
+                                [(new, old) for old, new in pairs])
 
     def known(self, plan_ids: list[str]) -> set[str]:
         """Which of these plan ids this worker has stored, whatever their status."""
@@ -83,6 +99,11 @@ class PlanStore:
 
     def record_stale(self, plan: dict[str, Any], cause: dict, successor: str | None, at: datetime | None) -> None:
         """Store another worker's plan that local state already proves stale, as invalidated."""
+        if self.known([plan["plan_id"]]):
+            return
+        self.db.execute("INSERT INTO plan_history (plan_id, reason, cause, successor_plan_id, invalidated_at) "
+                        "VALUES (?, 'stale_on_arrival', ?, ?, ?)",
+                        [plan["plan_id"], orjson.dumps(cause).decode(), successor, at])
         self.db.execute("INSERT OR IGNORE INTO plans VALUES (?, ?, 'invalidated', ?, NULL, ?, ?, ?, "
                         "'stale_on_arrival', ?, ?, NULL, ?)",
                         [plan["plan_id"], plan.get("plan_key"),
@@ -105,6 +126,8 @@ class PlanStore:
                          "successor": pa.array([i[3] for i in invalidated], pa.string())})
         self.db.register("_invalidated", rows)
         try:
+            self.db.execute("INSERT INTO plan_history (plan_id, reason, cause, successor_plan_id, invalidated_at) "
+                            "SELECT plan_id, reason, cause, successor, ? FROM _invalidated", [at])
             self.db.execute("UPDATE plans SET status = 'invalidated', reason = i.reason, cause = i.cause, "
                             "successor_plan_id = i.successor, invalidated_at = ? FROM _invalidated i "
                             "WHERE plans.plan_id = i.plan_id", [at])
@@ -117,13 +140,18 @@ class PlanStore:
             self.db.execute("DELETE FROM plan_heads WHERE plan_key IN (SELECT unnest(?))", [plan_keys])
 
     def status(self, plan_id: str) -> dict[str, Any] | None:
-        """Public status of a plan id."""
+        """Public status of a plan id: the latest invalidation, and every one in `history`, oldest first."""
         row = self.db.execute("SELECT status, reason, cause, successor_plan_id FROM plans WHERE plan_id = ?",
                               [plan_id]).fetchone()
         if row is None:
             return None
+        history = self.db.execute("SELECT reason, cause, successor_plan_id, invalidated_at FROM plan_history "
+                                  "WHERE plan_id = ? ORDER BY seq", [plan_id]).fetchall()
         return {"plan_id": plan_id, "status": row[0], "reason": row[1],
-                "cause": orjson.loads(row[2]) if row[2] else None, "successor_plan_id": row[3]}
+                "cause": orjson.loads(row[2]) if row[2] else None, "successor_plan_id": row[3],
+                "history": [{"reason": reason, "cause": orjson.loads(cause) if cause else None,
+                             "successor_plan_id": successor,
+                             "invalidated_at": at and format_instant(at)} for reason, cause, successor, at in history]}
 
     def receipt(self, receipt_id: str) -> dict[str, Any] | None:
         """A stored receipt (withheld items by id and reason class, never content)."""

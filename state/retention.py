@@ -178,6 +178,7 @@ class Retention:
             "plan_id": ids, "plan_key": keys, "evicted_at": pa.array([now] * len(ids), pa.timestamp("us", tz="UTC")),
             "cause": [orjson.dumps(cause).decode()] * len(ids)}))
         for table, column, values in (("plan_heads", "plan_key", keys), ("plans", "plan_id", ids),
+                                      ("plan_history", "plan_id", ids),
                                       ("dependency_index", "plan_key", keys), ("recompile_queue", "plan_key", keys),
                                       ("plan_selected", "plan_key", keys)):
             self.db.execute(f"DELETE FROM {table} WHERE {column} IN (SELECT unnest(?))", [values])
@@ -188,6 +189,9 @@ class Retention:
             "DELETE FROM plans WHERE plan_id IN (SELECT p.plan_id FROM plans p ANTI JOIN plan_heads h USING (plan_id) "
             "WHERE p.status = 'invalidated' AND coalesce(p.invalidated_at, p.compiled_at) < ? "
             "ORDER BY coalesce(p.invalidated_at, p.compiled_at) LIMIT ?)", [cutoff, limit]).fetchone()[0]
+        if gone:
+            self.db.execute("DELETE FROM plan_history WHERE plan_id IN (SELECT h.plan_id FROM plan_history h "
+                            "ANTI JOIN plans p USING (plan_id))")
         gone += self.db.execute("DELETE FROM evicted_plans WHERE plan_id IN (SELECT plan_id FROM evicted_plans "
                                 "WHERE evicted_at < ? ORDER BY evicted_at LIMIT ?)", [cutoff, limit]).fetchone()[0]
         return gone

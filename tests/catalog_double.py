@@ -21,6 +21,7 @@ class MemoryCatalog:
         self.principals: dict[str, Principal] = {}
         self.entities: dict[str, Entity] = {}
         self.contracts: dict[str, tuple] = {}
+        self.sources: dict[str, dict[str, tuple[str, ...]]] = {}
 
     @classmethod
     def from_scenario(cls, name: str) -> "MemoryCatalog":
@@ -42,6 +43,7 @@ class MemoryCatalog:
                 table[payload.record_id] = payload.record
         elif isinstance(payload, PolicyBundle):
             policy = compile_policy(payload)
+            self.sources[payload.bundle_id] = dict(payload.sources)
             for contract in payload.contracts:
                 self.contracts[contract.decision_type] = (contract, policy)
 
@@ -65,3 +67,20 @@ class MemoryCatalog:
         return sorted((r for r in self.resources.values() if r.entity == entity_id and (
             r.evidence_class in classes or props & (set(r.supports) | set(r.contradicts)))),
             key=lambda r: r.id)
+
+    def entities_named(self, names):
+        out = {}
+        for name in names:
+            ids = sorted(e.id for e in self.entities.values()
+                         if name.lower() in {e.id.lower(), *(a.lower() for a in e.aliases)})
+            if ids:
+                out[name] = ids
+        return out
+
+    def trusted_sources(self):
+        out = {}
+        for rules in self.sources.values():
+            for group, classes in rules.items():
+                for cls in classes:
+                    out.setdefault(cls, set()).add(group)
+        return {cls: frozenset(groups) for cls, groups in out.items()}

@@ -62,6 +62,18 @@ class CorpusCatalog:
     def decision_types(self) -> list[str]:
         return [DECISION]
 
+    def entities_named(self, names: Sequence[str]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for name in names:
+            low = name.lower()
+            ids = sorted(e.id for e in self.entities.values() if low in {e.id.lower(), *(a.lower() for a in e.aliases)})
+            if ids:
+                out[name] = ids
+        return out
+
+    def trusted_sources(self) -> dict[str, frozenset[str]]:
+        return {}  # the corpus names no source rules
+
     def candidates(self, entity_id: str, contract: Contract) -> list[Resource]:
         return sorted((r for r in self.resources.values() if r.entity == entity_id), key=lambda r: r.id)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import ROUND_HALF_UP, Decimal
+
 import orjson
 import pytest
 
@@ -14,12 +16,18 @@ from tests.events import envelope
 
 PAYMENT = orjson.loads((SCENARIOS / "payment-request.json").read_bytes())
 SCREENING = orjson.loads((SCENARIOS / "screening-request.json").read_bytes())
+SCREENED = "2026-10-05T09:00:00Z"  # the screening scenario's event time: its facts are confirmed then
+
+
+def seed3(value: float) -> str:
+    """Three decimals rounded half up, as the seed prints them (3.9105 -> 3.911)."""
+    return str(Decimal(repr(value)).quantize(Decimal("0.001"), ROUND_HALF_UP))
 
 
 def screening_resource(rid: str, **changes) -> tuple[str, dict]:
     body = dict(orjson.loads((SCENARIOS / "screening.jsonl").read_text().splitlines()[-2])["event"]["resource"])
     body.update(id=rid, **changes)
-    return "source-changes", envelope(kind="resource", op="upsert", resource=body)
+    return "source-changes", envelope(kind="resource", op="upsert", resource=body, occurred_at=SCREENED)
 
 
 def delete(rid: str) -> tuple[str, dict]:
@@ -31,7 +39,9 @@ async def assert_payment_seed(worker, fresh: str) -> None:
     pay = await worker.select(PAYMENT, fresh)
     first = {row["resource_id"]: row for row in pay["decision"]["rounds"][0]}
     assert f"{pay['decision']['initial']['expected_loss']:.3f}" == "4.850"
-    assert f"{first['approval-registry-481']['evsi']:.3f}" == "3.911"
+    assert seed3(first['approval-registry-481']['evsi']) == "3.911"
+    # Six significant digits at the edge: the exact 3.9105 and 4.85, not 3.9105000000000003.
+    assert first['approval-registry-481']['evsi'] == 3.9105 and pay['decision']['initial']['expected_loss'] == 4.85
     assert f"{first['approval-registry-481']['net']:.3f}" == "3.658"
     assert f"{first['manager-message-481']['net']:.3f}" == "-0.167"
     assert f"{pay['decision']['final']['expected_loss']:.3f}" == "1.085"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from compiler.admission import admit
+from compiler.admission import admit, fresh_propositions, is_stale
 from compiler.pipeline import compile_request
+from compiler.slots import fill_slots
+from schemas.records import Proposition
 from tests.catalog_double import MemoryCatalog
 from tests.conftest import ATLAS_REQUEST
 
@@ -48,3 +50,56 @@ def test_the_plan_lists_no_reason_for_a_denied_resource(atlas, flaw):
     assert "investigation-X9" not in {r["resource_id"] for r in plan.plan["rejected"]}
     assert plan.plan["withheld"] == 1
     assert {"resource_id": "investigation-X9", "reason": "not_authorised"} in plan.receipt["rejected"]
+
+
+def _forged(atlas: MemoryCatalog, group: str):
+    waiver = replace(atlas.resources["policy-P3"], id=f"waiver-{group}", evidence_class="approved_waiver",
+                     supports=("waiver_valid",), provenance_group=group, tokens=100)
+    atlas.resources[waiver.id] = waiver
+    return waiver
+
+
+def test_a_class_a_source_rule_reserves_is_untrusted_from_any_other_group(atlas):
+    forged = _forged(atlas, "public-web")
+    contract, policy = atlas.contract("credit.review.continuation")
+    rules = {"approved_waiver": frozenset({"credit-committee"})}
+    kwargs = dict(entity_id="ATLAS-IN-01", principal=atlas.principal("maya"), contract=contract, policy=policy,
+                  purpose="annual_credit_review", decision_time=NOW)
+    assert admit([forged], trusted=rules, **kwargs).rejected == ((forged.id, "untrusted_source"),)
+    assert admit([forged], **kwargs).typed[0][0] == forged  # no rule names the class: any group may assert it
+    genuine = _forged(atlas, "credit-committee")
+    assert admit([genuine], trusted=rules, **kwargs).typed[0][0] == genuine
+    # Cedar's denial still comes first: a denied forgery is only withheld.
+    denied = replace(forged, id="waiver-denied", sensitivity="restricted")
+    assert admit([denied], trusted=rules, **kwargs).withheld == ("waiver-denied",)
+
+
+def test_a_forged_waiver_does_not_make_atlas_sufficient(atlas):
+    _forged(atlas, "public-web")
+    assert compile_request(ATLAS_REQUEST, atlas, NOW).plan["state"] == "SUFFICIENT"  # before any rule
+    atlas.sources["credit"] = {"credit-committee": ("approved_waiver",)}
+    plan = compile_request(ATLAS_REQUEST, atlas, NOW)
+    assert plan.plan["state"] == "INSUFFICIENT"
+    assert {"resource_id": "waiver-public-web", "reason": "untrusted_source"} in plan.plan["rejected"]
+    assert "trust:approved_waiver" in plan.dependencies
+
+
+def test_a_max_age_counts_from_observed_at_and_only_in_its_own_slot(atlas):
+    contract, policy = atlas.contract("credit.review.continuation")
+    hour = timedelta(hours=1)
+    props = tuple(replace(p, max_age=hour) if p.id == "facility_limit" else p for p in contract.propositions)
+    props += (Proposition("limit_known", ("facility_record",), required=False),)
+    contract = replace(contract, propositions=props)
+    old_row = replace(atlas.resources["facility-F102"], supports=("facility_limit", "limit_known"),
+                      valid_from=NOW - 10 * hour, observed_at=NOW - 10 * hour)
+    assert fresh_propositions(old_row, contract, NOW) == {"limit_known"}
+    assert not is_stale(old_row, contract, NOW)  # still usable where no max_age applies
+    confirmed = replace(old_row, observed_at=NOW - hour / 2)  # an old row confirmed half an hour ago
+    assert fresh_propositions(confirmed, contract, NOW) == {"facility_limit", "limit_known"}
+    only_limit = replace(old_row, supports=("facility_limit",))
+    assert is_stale(only_limit, contract, NOW)
+    admission = admit([old_row], entity_id="ATLAS-IN-01", principal=atlas.principal("maya"), contract=contract,
+                      policy=policy, purpose="annual_credit_review", decision_time=NOW)
+    usable = {r.id: p for r, p in admission.typed}
+    slots = {s.proposition: s for s in fill_slots([old_row], contract, usable)}
+    assert slots["facility_limit"].state == "unknown" and slots["limit_known"].state == "supported"

@@ -3,6 +3,7 @@ and stay representable at the far ends of time."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import orjson
@@ -107,3 +108,14 @@ def test_a_later_policy_version_taking_over_is_a_change_of_the_plan():
     soon = far(valid_to="2026-09-30T23:59:59Z")
     assert next_change([soon], CONTRACT, NOW, december) == datetime(2026, 10, 1, tzinfo=timezone.utc)
     assert next_change([far()], CONTRACT, december, december) is None  # not after `after`: no change
+
+
+def test_a_max_age_dates_only_resources_of_its_own_proposition(atlas):
+    contract, _ = atlas.contract("credit.review.continuation")
+    when = datetime(2026, 8, 30, 9, tzinfo=timezone.utc)
+    # policy-P3 speaks to continuation_rule, which has no max_age: waiver_valid's P400D never ages it.
+    clause = replace(atlas.resources["policy-P3"], valid_to=None)
+    assert next_change([clause], contract, when) is None
+    waiver = replace(clause, evidence_class="approved_waiver", supports=("waiver_valid",),
+                     observed_at=datetime(2026, 8, 29, tzinfo=timezone.utc))
+    assert next_change([waiver], contract, when) == datetime(2027, 10, 3, 0, 0, 1, tzinfo=timezone.utc)

@@ -171,3 +171,43 @@ def test_policy_not_effective_says_whether_the_decision_is_live_or_historical(at
         compile_request(ATLAS_REQUEST, atlas, NOW)
     assert "the decision_time (2026-08-30T00:00:00Z)" in then.value.message
     assert "2027-08-30T09:00:00Z" in then.value.message and "v1" in then.value.message
+
+
+def test_a_question_about_another_tenant_abstains_before_retrieval(atlas):
+    plan = compile_request(dict(ATLAS_REQUEST, query="What is BOREAL's travel class rule?"), atlas, NOW)
+    assert plan.plan["state"] == "INSUFFICIENT" and plan.plan["stop_reason"] == "out_of_scope"
+    assert plan.plan["admitted"] == [] and plan.plan["rejected"] == [] and plan.plan["withheld"] == 0
+    assert "BOREAL-UK-02" not in orjson.dumps(plan.plan).decode() + orjson.dumps(plan.receipt).decode()
+    assert "name-word:boreal" in plan.dependencies
+    for query in ("Is the Atlas India facility fine?", "Borealis weather", "unboreal"):
+        assert compile_request(dict(ATLAS_REQUEST, query=query), atlas, NOW).plan["stop_reason"] != "out_of_scope"
+    by_id = compile_request(dict(ATLAS_REQUEST, query="compare with boreal-uk-02"), atlas, NOW)
+    assert by_id.plan["stop_reason"] == "out_of_scope"
+
+
+def test_numbers_leave_with_six_significant_digits():
+    payments = MemoryCatalog.from_scenario("payment.jsonl")
+    request = orjson.loads((SCENARIOS / "payment-request.json").read_bytes())
+    plan = compile_request(request, payments, None)
+    decision = plan.plan["decision"]
+    assert decision["initial"]["expected_loss"] == 4.85 and decision["final"]["expected_loss"] == 1.08537
+    assert decision["rounds"][1][0]["evsi"] == 0.0  # 2.22e-16 of float residue inside
+
+    def floats(doc):
+        if isinstance(doc, float):
+            yield doc
+        elif isinstance(doc, dict):
+            for v in doc.values():
+                yield from floats(v)
+        elif isinstance(doc, list):
+            for v in doc:
+                yield from floats(v)
+    for doc in (plan.plan, plan.receipt):
+        assert all(float(f"{x:.6g}") == x for x in floats(doc))
+
+
+def test_an_evsi_plan_that_is_sufficient_says_its_contract_is_satisfied():
+    payments = MemoryCatalog.from_scenario("payment.jsonl")
+    request = dict(orjson.loads((SCENARIOS / "payment-request.json").read_bytes()), entity="PAYCHG-482")
+    plan = compile_request(request, payments, None).plan
+    assert plan["state"] == "SUFFICIENT" and plan["stop_reason"] == "contract_satisfied"

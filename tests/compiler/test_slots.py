@@ -6,11 +6,12 @@ import orjson
 import pytest
 
 from compiler.pipeline import compile_request
-from compiler.slots import aggregate, noisy_or
+from compiler.slots import aggregate, noisy_or, settled_stop
 from tests.catalog_double import SCENARIOS, MemoryCatalog
 from tests.events import envelope
 
 REQUEST = orjson.loads((SCENARIOS / "screening-request.json").read_bytes())
+SCREENED = "2026-10-05T09:00:00Z"  # the screening scenario's event time: its facts are confirmed then
 
 
 @pytest.fixture
@@ -21,7 +22,8 @@ def screening() -> MemoryCatalog:
 def upsert(catalog: MemoryCatalog, rid: str, **changes) -> None:
     body = dict(orjson.loads((SCENARIOS / "screening.jsonl").read_text().splitlines()[-2])["event"]["resource"])
     body.update(id=rid, **changes)
-    catalog.apply("source-changes", orjson.dumps(envelope(kind="resource", op="upsert", resource=body)))
+    event = envelope(kind="resource", op="upsert", resource=body, occurred_at=SCREENED)
+    catalog.apply("source-changes", orjson.dumps(event))
 
 
 def state(catalog: MemoryCatalog) -> str:
@@ -87,3 +89,39 @@ def test_precedence_resolves_disagreement_instead_of_conflict(screening):
     slot = next(s for s in plan["slots"] if s["proposition"] == "screening_clear")
     assert slot["state"] == "contradicted" and not slot["conflict"] and "precedence" in slot["reason"]
     assert plan["state"] == "INSUFFICIENT"
+
+
+HIT = {"allowed_roles": ["ap_manager"], "allowed_purposes": ["invoice-hold-review"], "authority": 0.9}
+
+
+def test_a_refutation_the_principal_may_not_see_blocks_the_decision(screening):
+    assert state(screening) == "SUFFICIENT"
+    upsert(screening, "sanctions-hit-9", supports=[], contradicts=["screening_clear"], sensitivity="restricted",
+           provenance_group="sanctions-vendor", content="Possible sanctions match.", attributes=HIT)
+    plan = compile_request(REQUEST, screening, None).plan
+    assert plan["state"] == "ENTITLEMENT_BLOCK" and plan["withheld"] == 1 and plan["stop_reason"] == "escalate"
+    assert "sanctions-hit-9" not in orjson.dumps(plan).decode()
+
+
+def test_entitlement_block_comes_before_conflict(screening):
+    upsert(screening, "sanctions-alert-22", supports=[], contradicts=["screening_clear"],
+           provenance_group="sanctions-vendor", attributes={"allowed_roles": ["ap_manager"],
+                                                            "allowed_purposes": ["invoice-hold-review"],
+                                                            "authority": 0.9})
+    assert state(screening) == "CONFLICT"
+    upsert(screening, "sanctions-hit-9", supports=[], contradicts=["screening_clear"], sensitivity="restricted",
+           provenance_group="sanctions-vendor-2", attributes=HIT)
+    assert state(screening) == "ENTITLEMENT_BLOCK"
+
+
+def test_a_redundant_withheld_copy_of_support_blocks_nothing(screening):
+    upsert(screening, "screening-copy", sensitivity="restricted")  # supports an already supported slot
+    plan = compile_request(REQUEST, screening, None).plan
+    assert plan["state"] == "SUFFICIENT" and plan["withheld"] == 1
+
+
+def test_every_planner_reports_the_stop_its_state_implies():
+    assert settled_stop("SUFFICIENT", "no_positive_value") == "contract_satisfied"
+    assert settled_stop("CONFLICT", "no_positive_value") == "escalate"
+    assert settled_stop("ENTITLEMENT_BLOCK", "contract_satisfied") == "escalate"
+    assert settled_stop("INSUFFICIENT", "budget_exhausted") == "budget_exhausted"

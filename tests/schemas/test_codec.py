@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 
 import orjson
 import pytest
@@ -80,3 +81,12 @@ def test_out_of_range_clock_ticks_are_invalid_values():
         decode("clock", None, orjson.dumps(tick("0001-01-01T00:00:00+14:00")[1]))
     assert err.value.error_class == "invalid_value" and "0001-01-01T00:00:00+14:00" not in err.value.message
     assert decode("clock", None, orjson.dumps(tick("9999-12-31T23:59:59Z")[1])).payload.now.year == 9999
+
+
+def test_observed_at_defaults_to_the_event_time():
+    _, stated = resource("r-stated", observed_at="2026-08-01T00:00:00Z")
+    _, unstated = resource("r-unstated")
+    assert decode("source-changes", None, orjson.dumps(stated)).payload.record.observed_at == datetime(
+        2026, 8, 1, tzinfo=timezone.utc)
+    assert decode("source-changes", None, orjson.dumps(unstated)).payload.record.observed_at == datetime(
+        2026, 8, 30, 9, tzinfo=timezone.utc)

@@ -149,3 +149,39 @@ def test_a_revocation_before_its_principal_applies_as_of_the_first_version_seen(
     assert state.catalog.principal("nia").roles == ()
     apply(state, "source-changes", envelope(kind="principal", op="upsert", principal=dict(nia, delegation_version=3)))
     assert state.catalog.principal("nia").roles == ("credit_analyst",)
+
+
+def test_observed_at_is_stored_and_an_older_file_gains_the_column(state, tmp_path):
+    apply(state, *resource("w-seen", observed_at="2026-08-01T00:00:00Z"))
+    contract, _ = state.catalog.contract("credit.review.continuation")
+    seen = {r.id: r for r in state.catalog.candidates("ATLAS-IN-01", contract)}
+    assert seen["w-seen"].observed_at.isoformat() == "2026-08-01T00:00:00+00:00"
+    assert seen["facility-F102"].observed_at.isoformat() == "2026-08-29T09:00:00+00:00"  # the event's time
+    # As a file from before the field (its index is recreated on open, so it may go too).
+    state.store.db.execute("DROP INDEX resources_entity; ALTER TABLE resources DROP COLUMN observed_at")
+    state.close()
+    again = LocalState.open(tmp_path / "f.duckdb")
+    try:
+        rows = {r.id: r for r in again.catalog.candidates("ATLAS-IN-01", contract)}
+        assert rows["w-seen"].observed_at is None  # ages from valid_from, as it always did
+        apply(again, *resource("w-new"))
+        assert {r.id for r in again.catalog.candidates("ATLAS-IN-01", contract)} >= {"w-new", "w-seen"}
+    finally:
+        again.close()
+
+
+def test_entity_names_and_source_trust_announce_what_plans_depend_on(state):
+    keys = apply(state, "source-changes", {"event_id": "e-cinder", "schema_version": 1,
+                                           "occurred_at": "2026-08-30T00:00:00Z", "kind": "entity", "op": "upsert",
+                                           "entity": {"id": "CINDER-CA-03", "aliases": ["Cinder Foods"]}})
+    assert {"name-word:cinder", "name-word:foods", "name-word:ca"} <= set(keys)
+    assert state.catalog.entities_named(["cinder foods", "boreal", "nobody"]) == {
+        "cinder foods": ["CINDER-CA-03"], "boreal": ["BOREAL-UK-02"]}
+    first = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    keys = apply(state, "policy-versions", dict(first, event_id="v2", version=2,
+                                                sources={"credit-committee": ["approved_waiver"]}))
+    assert "trust:approved_waiver" in keys
+    assert state.catalog.trusted_sources() == {"approved_waiver": frozenset({"credit-committee"})}
+    keys = apply(state, "policy-versions", dict(first, event_id="v3", version=3,
+                                                sources={"credit-committee": ["approved_waiver"]}))
+    assert not any(k.startswith("trust:") for k in keys)  # the same rules: nobody's trust changed

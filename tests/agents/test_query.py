@@ -1,0 +1,116 @@
+"""Issue 12's edges through the broker and HTTP API: publish, select, change one input, select again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from tests.catalog_double import SCENARIOS
+from tests.conftest import ATLAS_REQUEST
+from tests.events import envelope, resource, tick
+
+SCREENING = orjson.loads((SCENARIOS / "screening-request.json").read_bytes())
+PAYMENT = orjson.loads((SCENARIOS / "payment-request.json").read_bytes())
+SCREENED = "2026-10-05T09:00:00Z"
+
+
+def bundle(version: int, sources: dict) -> tuple[str, dict]:
+    """Atlas's `credit` bundle again, at a new version with these source rules."""
+    first = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    return "policy-versions", dict(first, event_id=f"credit-v{version}", version=version, sources=sources)
+
+
+def screening_item(rid: str, **changes) -> tuple[str, dict]:
+    body = dict(orjson.loads((SCENARIOS / "screening.jsonl").read_text().splitlines()[-2])["event"]["resource"])
+    body.update(id=rid, **changes)
+    return "source-changes", envelope(kind="resource", op="upsert", resource=body, occurred_at=SCREENED)
+
+
+async def test_a_forged_trusted_class_is_untrusted_until_the_rule_goes(worker):
+    fresh = await worker.load("atlas.jsonl")
+    fresh = await worker.publish_events(bundle(2, {"credit-committee": ["approved_waiver"]}),
+                                        resource("forged-waiver", provenance_group="public-web"))
+    forged = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    assert forged["state"] == "INSUFFICIENT"
+    assert {"resource_id": "forged-waiver", "reason": "untrusted_source"} in forged["rejected"]
+    fresh = await worker.publish_events(bundle(3, {}))  # the rule is withdrawn: public-web may assert it again
+    after = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    assert (await worker.get(f"/v1/plans/{forged['plan_id']}"))["status"] == "invalidated"
+    assert after["state"] == "SUFFICIENT" and "forged-waiver" in {a["resource_id"] for a in after["admitted"]}
+
+
+async def test_a_hidden_refutation_blocks_and_its_removal_unblocks(worker):
+    fresh = await worker.load("screening.jsonl")
+    clear = await asyncio.wait_for(worker.select(SCREENING, fresh), 30)
+    assert clear["state"] == "SUFFICIENT"
+    hit = {"allowed_roles": ["ap_manager"], "allowed_purposes": ["invoice-hold-review"], "authority": 0.9}
+    fresh = await worker.publish_events(screening_item(
+        "sanctions-hit-9", supports=[], contradicts=["screening_clear"], sensitivity="restricted",
+        provenance_group="sanctions-vendor", content="Possible sanctions match.", attributes=hit))
+    blocked = await asyncio.wait_for(worker.select(SCREENING, fresh), 30)
+    assert (await worker.get(f"/v1/plans/{clear['plan_id']}"))["status"] == "invalidated"
+    assert blocked["state"] == "ENTITLEMENT_BLOCK" and blocked["withheld"] == 1
+    assert blocked["stop_reason"] == "escalate" and "sanctions-hit-9" not in orjson.dumps(blocked).decode()
+    fresh = await worker.publish_events(("source-changes", envelope(kind="resource", op="delete",
+                                                                    resource={"id": "sanctions-hit-9"})))
+    assert (await asyncio.wait_for(worker.select(SCREENING, fresh), 30))["state"] == "SUFFICIENT"
+
+
+async def test_a_question_naming_another_tenant_abstains_even_once_the_tenant_is_new(worker):
+    fresh = await worker.load("atlas.jsonl")
+    boreal = await asyncio.wait_for(worker.select(dict(ATLAS_REQUEST, query="What is Boreal's travel class "
+                                                       "rule?"), fresh), 30)
+    assert boreal["state"] == "INSUFFICIENT" and boreal["stop_reason"] == "out_of_scope"
+    assert boreal["admitted"] == [] and "BOREAL-UK-02" not in orjson.dumps(boreal).decode()
+    ask = dict(ATLAS_REQUEST, query="Does the Cinder travel rule apply here?")
+    before = await asyncio.wait_for(worker.select(ask, fresh), 30)
+    assert before["stop_reason"] != "out_of_scope"  # no entity is called Cinder yet
+    fresh = await worker.publish_events(("source-changes", envelope(kind="entity", op="upsert", entity={
+        "id": "CINDER-CA-03", "aliases": ["Cinder"]})))
+    after = await asyncio.wait_for(worker.select(ask, fresh), 30)
+    assert (await worker.get(f"/v1/plans/{before['plan_id']}"))["status"] == "invalidated"
+    assert after["stop_reason"] == "out_of_scope" and "CINDER-CA-03" not in orjson.dumps(after).decode()
+
+
+async def test_a_reconfirmed_record_ages_from_its_confirmation(worker):
+    fresh = await worker.load("payment.jsonl")
+    live = {k: v for k, v in PAYMENT.items() if k != "decision_time"}
+    live["entity"] = "PAYCHG-482"
+    row = orjson.loads((SCENARIOS / "payment.jsonl").read_text().splitlines()[8])["event"]["resource"]
+    assert row["id"] == "approval-registry-482"
+    confirm = ("source-changes", dict(envelope(kind="resource", op="upsert", resource=dict(row, version=2)),
+                                      occurred_at="2026-09-01T13:30:00Z"))
+    fresh = await worker.publish_events(confirm, tick("2026-09-01T13:30:00Z"))
+    confirmed = await asyncio.wait_for(worker.select(live, fresh), 30)
+    # Written at 12:00 with valid_from 12:00, confirmed at 13:30: PT60M counts from 13:30.
+    assert confirmed["state"] == "SUFFICIENT" and confirmed["stop_reason"] == "contract_satisfied"
+    assert confirmed["valid_until"] == "2026-09-01T14:30:01Z"
+    assert confirmed["decision"]["final"]["expected_loss"] == round(confirmed["decision"]["final"]["expected_loss"], 6)
+    fresh = await worker.publish_events(tick("2026-09-01T14:31:00Z"))
+    stale = await asyncio.wait_for(worker.select(live, fresh), 30)
+    status = await worker.get(f"/v1/plans/{confirmed['plan_id']}")
+    assert status["status"] == "invalidated" and status["reason"] == "time_passed"
+    assert stale["state"] == "INSUFFICIENT"
+    assert {"resource_id": "approval-registry-482", "reason": "stale"} in stale["rejected"]
+
+
+async def test_a_plan_id_that_comes_back_keeps_each_invalidation(worker):
+    fresh = await worker.load("atlas.jsonl")
+    a = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    first = resource("approved-waiver-W2")
+    fresh = await worker.publish_events(first)
+    b = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    fresh = await worker.publish_events(("source-changes", envelope(kind="resource", op="delete",
+                                                                    resource={"id": "approved-waiver-W2"})))
+    again = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    assert b["plan_id"] != a["plan_id"] and again["plan_id"] == a["plan_id"]
+    back = await worker.get(f"/v1/plans/{a['plan_id']}")
+    assert back["status"] == "fresh" and [h["cause"]["event_id"] for h in back["history"]] == [first[1]["event_id"]]
+    second = resource("approved-waiver-W2", version=2)
+    fresh = await worker.publish_events(second)
+    await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    latest = await worker.get(f"/v1/plans/{a['plan_id']}")
+    assert latest["status"] == "invalidated" and latest["cause"]["event_id"] == second[1]["event_id"]
+    assert [h["cause"]["event_id"] for h in latest["history"]] == [first[1]["event_id"], second[1]["event_id"]]
+    assert latest["history"][0]["successor_plan_id"] == b["plan_id"]
