@@ -46,4 +46,4 @@ def test_kafka_is_reached_over_sasl_ssl_and_acls_keep_writers_to_their_topics():
 def test_the_image_contains_every_package():
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     copied = set(re.findall(r"^COPY (\w+) \1$", (ROOT / "Dockerfile").read_text(), re.M))
-    assert set(packages) <= copied
+    assert {name.split(".")[0] for name in packages} <= copied  # subpackages come with their top level
