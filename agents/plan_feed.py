@@ -52,13 +52,13 @@ class PlanFeed:
 
     async def run(self) -> None:
         """Consume and adopt until cancelled."""
-        # Judging needs the replica's view: its offsets verified against this broker incarnation
-        # (else every plan would look like another incarnation's and be judged against nothing).
-        await self.replica.ready.wait()
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
                                     auto_offset_reset="earliest", max_partition_fetch_bytes=4_000_000, **self.kafka)
-        await consumer.start()
+        # Judging needs the replica's view: its offsets verified against this broker incarnation
+        # (else every plan would look like another incarnation's and be judged against nothing).
         try:
+            await self.replica.ready.wait()
+            await consumer.start()
             partitions: set[int] = set()
             while not partitions:
                 partitions = consumer.partitions_for_topic(self.topic) or set()
