@@ -30,19 +30,27 @@ def _headers(args: argparse.Namespace) -> dict[str, str]:
     return headers
 
 
-def _call(method: str, url: str, body: dict | None, headers: dict[str, str]) -> int:
+def _request(method: str, url: str, body: dict | None, headers: dict[str, str],
+             timeout: float = 60) -> tuple[int, dict | None]:
+    """(exit code, response document): 0 with the body, 1 after printing an HTTP error, 2 unreachable."""
     data = orjson.dumps(body) if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            print(json.dumps(json.loads(resp.read()), indent=2))
-            return 0
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return 0, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         print(json.dumps(json.loads(exc.read() or b"{}"), indent=2), file=sys.stderr)
-        return 1
+        return 1, None
     except urllib.error.URLError as exc:
         print(f"freshplan: cannot reach {url}: {exc.reason}; is `freshplan run` up?", file=sys.stderr)
-        return 2
+        return 2, None
+
+
+def _call(method: str, url: str, body: dict | None, headers: dict[str, str]) -> int:
+    code, doc = _request(method, url, body, headers)
+    if code == 0:
+        print(json.dumps(doc, indent=2))
+    return code
 
 
 def cmd_select(args: argparse.Namespace) -> int:
@@ -64,16 +72,9 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print lag, revocation state, plans, index size and the last event per topic of a running worker."""
-    url = _http(args) + "/healthz"
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=_headers(args)), timeout=30) as resp:
-            health = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        print(json.dumps(json.loads(exc.read() or b"{}"), indent=2), file=sys.stderr)
-        return 1
-    except urllib.error.URLError as exc:
-        print(f"freshplan: cannot reach {url}: {exc.reason}; is `freshplan run` up?", file=sys.stderr)
-        return 2
+    code, health = _request("GET", _http(args) + "/healthz", None, _headers(args), timeout=30)
+    if code:
+        return code
     if args.json:
         print(json.dumps(health, indent=2))
         return 0

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
-from agents.invalidation import Invalidator, RawMessage
+from agents.invalidation import Invalidator
 from agents.query import QueryService
-from bench.workload import Workload
+from bench.workload import Workload, apply_catalog
 from state.local_state import LocalState
 
 # The dependency set of one bench plan (see bench/workload.py), with {i} the plan's number:
@@ -90,14 +89,7 @@ def stored_plan_bytes(workload: Workload) -> dict:
         state = LocalState.open(path)
         try:
             inv = Invalidator(state, lambda name: name)
-            offsets: Counter[str] = Counter()
-
-            def raw(record):
-                topic, key, value = record
-                offsets[topic] += 1
-                return RawMessage(topic, 0, offsets[topic] - 1, key, value)
-
-            inv.apply([raw(r) for r in workload.catalog])
+            apply_catalog(inv, workload.catalog)
             db = state.store.db
             db.execute("CHECKPOINT")
             before = path.stat().st_size

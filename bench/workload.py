@@ -119,3 +119,15 @@ def generate(*, entities: int = 100, principals: int = 10, plans: int = 200, cha
                 {"event_id": f"{prefix}t{tick}", "schema_version": 1, "occurred_at": T0,
                  "now": f"2026-09-01T{1 + version_base // 1_000_000:02d}:{tick // 60 % 60:02d}:{tick % 60:02d}Z"})))
     return Workload(catalog, requests, stream)
+
+
+def apply_catalog(invalidator, records: list[tuple[str, bytes | None, bytes]]) -> None:
+    """Apply (topic, key, value) records through an Invalidator, numbered per topic as a broker would."""
+    from agents.invalidation import RawMessage
+
+    offsets: dict[str, int] = {}
+    messages = []
+    for topic, key, value in records:
+        offsets[topic] = offsets.get(topic, -1) + 1
+        messages.append(RawMessage(topic, 0, offsets[topic], key, value))
+    invalidator.apply(messages)
