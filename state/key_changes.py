@@ -1,0 +1,174 @@
+"""Where each dependency key last changed, and which plans that makes stale, judged without recompiling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+import orjson
+import pyarrow as pa
+
+from state.store import Store
+
+# A key can change on several partitions (a scope key gets resources keyed by their own ids),
+# and compiled_as_of is per partition, so the last change is kept per (key, topic, partition).
+# key_changes_from says from which offset on a partition's changes are all recorded: a file
+# written before this table existed knows nothing of earlier changes.
+_DDL = """
+CREATE TABLE IF NOT EXISTS key_changes (dep_key VARCHAR, topic VARCHAR, partition INTEGER, change_offset BIGINT,
+  PRIMARY KEY (dep_key, topic, partition));
+CREATE TABLE IF NOT EXISTS key_changes_from (topic VARCHAR, partition INTEGER, from_offset BIGINT,
+  PRIMARY KEY (topic, partition));
+"""
+
+TIME_PREFIX = "time:"
+
+Position = tuple[str, int, int]
+"""(topic, partition, offset) of an input event, topic named as in `Store.save_offsets`."""
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """Why a plan is stale: the first reason found, usable as an invalidation's cause."""
+
+    dependency_key: str
+    """The key that changed (`time:<instant>` for a passed horizon, `incarnation:` or `offsets:` otherwise)."""
+    topic: str | None
+    """Topic of the event that last changed the key; None when no event is to blame."""
+    partition: int | None
+    """Its partition."""
+    offset: int | None
+    """Its offset (at or after the plan's compiled_as_of for that partition)."""
+
+
+@dataclass(frozen=True)
+class PlanPosition:
+    """What staleness is judged from: a `plans` record's id, dependency keys and compiled_as_of."""
+
+    plan_id: str
+    """The plan id."""
+    dependencies: Sequence[str]
+    """Its dependency keys."""
+    compiled_as_of: Mapping[str, Mapping[Any, int]]
+    """Topic -> partition (int, or str as on the wire) -> next offset the compiling state had applied."""
+    compiled_in: str | None = None
+    """Cluster id those offsets belong to."""
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> "PlanPosition":
+        """From a `plans` record (a dict as published)."""
+        return cls(record["plan_id"], tuple(record.get("dependencies") or ()), record.get("compiled_as_of") or {},
+                   record.get("compiled_in"))
+
+
+class KeyChanges:
+    """The last change position of every dependency key, written by the apply path in its transaction."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.db = store.db
+        if not self.db.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'key_changes'").fetchone():
+            self.db.execute(_DDL)
+            # A file that already applied events did so without recording what they changed.
+            self.db.execute("INSERT INTO key_changes_from SELECT topic, partition, next_offset FROM offsets "
+                            "WHERE next_offset > 0")
+            self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
+
+    def record(self, keys_by_position: Mapping[Position, Iterable[str]]) -> None:
+        """Record that the event at each position changed these keys, in one statement."""
+        latest: dict[tuple[str, str, int], int] = {}
+        for (topic, partition, offset), keys in keys_by_position.items():
+            for key in keys:
+                at = (key, topic, partition)
+                if latest.get(at, -1) < offset:
+                    latest[at] = offset
+        if not latest:
+            return
+        rows = pa.table({"dep_key": [k for k, _, _ in latest], "topic": [t for _, t, _ in latest],
+                         "partition": pa.array([p for _, _, p in latest], pa.int32()),
+                         "change_offset": pa.array(list(latest.values()), pa.int64())})
+        self.store.insert_rows("key_changes", rows, verb="INSERT INTO", on_conflict=(
+            "ON CONFLICT (dep_key, topic, partition) DO UPDATE SET "
+            "change_offset = greatest(key_changes.change_offset, excluded.change_offset)"))
+
+    def forget(self, topics: list[str]) -> None:
+        """Drop the changes recorded on these topics (their offsets belonged to another incarnation)."""
+        for table in ("key_changes", "key_changes_from"):
+            self.db.execute(f"DELETE FROM {table} WHERE topic IN (SELECT unnest(?))", [topics])
+
+    def last_change(self, dep_key: str) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> offset of the key's last recorded change there."""
+        return {(t, p): o for t, p, o in self.db.execute(
+            "SELECT topic, partition, change_offset FROM key_changes WHERE dep_key = ?", [dep_key]).fetchall()}
+
+    def stale_plans(self, plans: Sequence[PlanPosition], now: datetime | None,
+                    cluster_id: str | None) -> dict[str, Staleness]:
+        """The stale ones among these plans, in one query, each with one reason.
+
+        Stale: a dependency key changed at an offset at or after the plan's compiled_as_of for
+        that partition (a partition missing there counts as offset 0); a `time:` key at or
+        before `now` (or unreadable, or `now` unknown); offsets of another broker incarnation
+        than `cluster_id`; or offsets older than the first change this file recorded there.
+        """
+        if not plans:
+            return {}
+        plan_ids, as_of_ids, foreign, deps = [], [], [], []
+        as_of_rows: dict[bytes, int] = {}
+        topics, parts, nexts, ids = [], [], [], []
+        for p in plans:
+            text = orjson.dumps(p.compiled_as_of, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SORT_KEYS)
+            as_of_id = as_of_rows.get(text)
+            if as_of_id is None:
+                as_of_id = as_of_rows[text] = len(as_of_rows)
+                for topic, by_partition in p.compiled_as_of.items():
+                    for partition, nxt in by_partition.items():
+                        topics.append(topic)
+                        parts.append(int(partition))
+                        nexts.append(int(nxt))
+                        ids.append(as_of_id)
+            plan_ids.append(p.plan_id)
+            as_of_ids.append(as_of_id)
+            foreign.append(cluster_id is None or p.compiled_in != cluster_id)
+            deps.append(list(p.dependencies))
+        tables = {
+            "_kc_plans": pa.table({"plan_id": plan_ids, "as_of_id": pa.array(as_of_ids, pa.int32()),
+                                   "foreign_offsets": pa.array(foreign, pa.bool_()),
+                                   "deps": pa.array(deps, pa.list_(pa.string()))}),
+            "_kc_as_of": pa.table({"as_of_id": pa.array(ids, pa.int32()), "topic": pa.array(topics, pa.string()),
+                                   "partition": pa.array(parts, pa.int32()), "next_offset": pa.array(nexts, pa.int64())}),
+        }
+        for name, table in tables.items():
+            self.db.register(name, table)
+        try:
+            rows = self.db.execute(_STALE_SQL, [now]).fetchall()
+        finally:
+            for name in tables:
+                self.db.unregister(name)
+        return {plan_id: Staleness(key, topic, partition, offset) for plan_id, key, topic, partition, offset in rows}
+
+
+# One row per stale plan. Reasons in order of preference: the event that changed a key (a real
+# cause to name), a passed time horizon, then the two "cannot tell" cases, which deny.
+_STALE_SQL = """
+WITH d AS (SELECT plan_id, as_of_id, unnest(deps) AS dep_key FROM _kc_plans WHERE NOT foreign_offsets),
+changed AS (
+  SELECT d.plan_id, d.dep_key, k.topic, k.partition, k.change_offset AS "offset", 0 AS rank
+  FROM d JOIN key_changes k ON k.dep_key = d.dep_key
+  LEFT JOIN _kc_as_of a ON a.as_of_id = d.as_of_id AND a.topic = k.topic AND a.partition = k.partition
+  WHERE k.change_offset >= coalesce(a.next_offset, 0)),
+timed AS (
+  SELECT plan_id, dep_key, NULL, NULL, NULL, 1 FROM d
+  WHERE starts_with(dep_key, 'time:')
+    AND coalesce(try_cast(substr(dep_key, 6) AS TIMESTAMPTZ) <= $1::TIMESTAMPTZ, true)),
+foreign_plans AS (SELECT plan_id, 'incarnation:', NULL, NULL, NULL, 2 FROM _kc_plans WHERE foreign_offsets),
+unrecorded AS (
+  SELECT p.plan_id, 'offsets:' || c.topic || '/' || c.partition, c.topic, c.partition, c.from_offset, 3
+  FROM _kc_plans p CROSS JOIN key_changes_from c
+  LEFT JOIN _kc_as_of a ON a.as_of_id = p.as_of_id AND a.topic = c.topic AND a.partition = c.partition
+  WHERE NOT p.foreign_offsets AND coalesce(a.next_offset, 0) < c.from_offset),
+every AS (SELECT * FROM changed UNION ALL SELECT * FROM timed UNION ALL SELECT * FROM foreign_plans
+          UNION ALL SELECT * FROM unrecorded)
+SELECT plan_id, dep_key, topic, partition, "offset" FROM every
+QUALIFY row_number() OVER (PARTITION BY plan_id ORDER BY rank, dep_key, "offset" DESC) = 1
+"""
