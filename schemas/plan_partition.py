@@ -13,6 +13,7 @@ producer in another language can compute it.
 from __future__ import annotations
 
 import struct
+from functools import lru_cache
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
@@ -43,6 +44,7 @@ def murmur2(data: bytes) -> int:
     return h
 
 
+@lru_cache(maxsize=1 << 16)  # a take-over meets each entity once per plan about it
 def plan_partition(entity_id: str, partitions: int) -> int:
     """The partition (0 .. partitions-1) owning plans about this canonical entity id."""
     if partitions < 1:

@@ -1,0 +1,144 @@
+"""Take over plans from their published `plans` records: heads and index edges in bulk, no compiling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import repeat
+from datetime import datetime
+from typing import Any, Collection, Iterable, Mapping
+
+import orjson
+import pyarrow as pa
+
+from compiler.request import parse_request, plan_key
+from schemas.plan_partition import plan_partition
+from schemas.timefmt import parse_instant
+from state.store import Store
+
+WIRE_ONLY = ("compiled_as_of", "compiled_in", "dependencies")
+"""Fields the `plans` record adds to the compiled plan; the stored plan is what compile produced."""
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What a restore did with each record."""
+
+    restored: list[str] = field(default_factory=list)
+    """Plan ids now current for their plan keys, indexed under their dependency keys."""
+    not_owned: int = 0
+    """Records whose entity belongs to a partition not in `owned_partitions`."""
+    unrestorable: list[tuple[str | None, str]] = field(default_factory=list)
+    """(plan id, why) of records that cannot stand in for a compilation; their plan keys need one."""
+    known_invalidated: list[str] = field(default_factory=list)
+    """Plan ids this file already holds as invalidated: never made current again."""
+
+
+@dataclass(frozen=True)
+class _Row:
+    plan_id: str
+    plan_key: str
+    live: bool
+    valid_until: datetime | None
+    request: str
+    plan: str
+    receipt_id: str | None
+    dependencies: tuple[str, ...]
+    rank: tuple[int, int]
+
+
+def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions: Collection[int], *,
+            partitions: int, compiled_at: datetime | None) -> RestoreResult:
+    """Make these `plans` records the current plans of their keys, in a constant number of statements.
+
+    Only records of entities owned here (by `plan_partition`) count. Of several records of one
+    plan key the one compiled from the most advanced offsets wins (later in `records` on a tie);
+    judge staleness (`KeyChanges.stale_plans`) before or after: this writes what was published,
+    it decides nothing. The caller holds the transaction. Receipts are not on `plans`, so none
+    are written; `receipts` (the topic) keeps them.
+    """
+    owned = set(owned_partitions)
+    chosen: dict[str, _Row] = {}
+    unrestorable: list[tuple[str | None, str]] = []
+    not_owned = 0
+    for position, record in enumerate(records):
+        try:
+            entity_id = record.get("entity_id")
+            if not isinstance(entity_id, str):
+                raise ValueError("it names no canonical entity id")
+            if plan_partition(entity_id, partitions) not in owned:
+                not_owned += 1
+                continue
+            row = _row(record, entity_id, position)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            plan_id = record.get("plan_id") if isinstance(record, Mapping) else None
+            unrestorable.append((plan_id if isinstance(plan_id, str) else None, str(exc) or type(exc).__name__))
+            continue
+        held = chosen.get(row.plan_key)
+        if held is None or row.rank >= held.rank:
+            chosen[row.plan_key] = row
+    restored, invalidated = _write(store, list(chosen.values()), compiled_at)
+    return RestoreResult(restored, not_owned, unrestorable, invalidated)
+
+
+def _row(record: Mapping[str, Any], entity_id: str, position: int) -> _Row:
+    """The stored shape of one record, or ValueError when it is not a whole compilation."""
+    plan_id, key, request = record["plan_id"], record["plan_key"], record["request"]
+    if not isinstance(plan_id, str) or not isinstance(key, str) or not isinstance(request, dict):
+        raise ValueError("it lacks a plan id, plan key or request object")
+    deps = record.get("dependencies")
+    if not isinstance(deps, list) or not all(map(isinstance, deps, repeat(str))):
+        raise ValueError("it carries no dependency keys")
+    if request.get("query_truncated") or any(isinstance(i, dict) and i.get("content_omitted")
+                                             for i in record.get("admitted") or ()):
+        raise ValueError("it was published compacted (content or query left out)")
+    budget = request.get("budget") or {}
+    if any(isinstance(v, float) for v in budget.values()) and plan_key(parse_request(request), entity_id) != key:
+        # The plan's request rounds floats for display; a rounded budget is another plan key.
+        raise ValueError("its request's budget was rounded in publication")
+    plan = {k: v for k, v in record.items() if k not in WIRE_ONLY}
+    valid_until = record.get("valid_until")
+    as_of = record.get("compiled_as_of") or {}
+    progress = sum(int(o) for by_partition in as_of.values() for o in by_partition.values())
+    return _Row(plan_id, key, request.get("decision_time") in (None, "now"),
+                parse_instant(valid_until) if valid_until else None, orjson.dumps(request).decode(),
+                orjson.dumps(plan).decode(), record.get("receipt_id"), tuple(sorted(set(deps))), (progress, position))
+
+
+def _write(store: Store, rows: list[_Row], compiled_at: datetime | None) -> tuple[list[str], list[str]]:
+    if not rows:
+        return [], []
+    when = pa.timestamp("us", tz="UTC")
+    n = len(rows)
+    tables = {
+        "_restore_plans": pa.table({
+            "plan_id": [r.plan_id for r in rows], "plan_key": [r.plan_key for r in rows],
+            "live": pa.array([r.live for r in rows], pa.bool_()),
+            "valid_until": pa.array([r.valid_until for r in rows], when),
+            "request": [r.request for r in rows], "plan": [r.plan for r in rows],
+            "receipt_id": pa.array([r.receipt_id for r in rows], pa.string()),
+            "compiled_at": pa.array([compiled_at] * n, when)}),
+        "_restore_edges": pa.table({
+            "dep_key": pa.array([d for r in rows for d in r.dependencies], pa.string()),
+            "plan_key": pa.array([r.plan_key for r in rows for _ in r.dependencies], pa.string())}),
+    }
+    db = store.db
+    for name, table in tables.items():
+        db.register(name, table)
+    try:
+        # An id this file already holds keeps its row: if it was invalidated here, it stays so.
+        held = dict(db.execute("SELECT plan_id, status FROM plans SEMI JOIN _restore_plans USING (plan_id)").fetchall())
+        db.execute("INSERT INTO plans SELECT plan_id, plan_key, 'fresh', live, valid_until, request, plan, receipt_id, "
+                   "NULL, NULL, NULL, compiled_at, NULL FROM _restore_plans ANTI JOIN plans USING (plan_id)")
+        stale = [plan_id for plan_id, status in held.items() if status != "fresh"]
+        db.execute("INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM _restore_plans "
+                   "WHERE plan_id NOT IN (SELECT unnest(?::VARCHAR[]))", [stale])
+        keys = [r.plan_key for r in rows if r.plan_id not in held or held[r.plan_id] == "fresh"]
+        db.execute("DELETE FROM dependency_index WHERE plan_key IN (SELECT unnest(?::VARCHAR[]))", [keys])
+        db.execute("INSERT INTO dependency_index SELECT dep_key, plan_key FROM _restore_edges "
+                   "WHERE plan_key NOT IN (SELECT plan_key FROM _restore_plans WHERE plan_id IN "
+                   "(SELECT unnest(?::VARCHAR[])))", [stale])
+    finally:
+        for name in tables:
+            db.unregister(name)
+    stale_ids = set(stale)
+    return [r.plan_id for r in rows if r.plan_id not in stale_ids], [r.plan_id for r in rows if r.plan_id in stale_ids]
