@@ -33,7 +33,8 @@ class Staleness:
     """Why a plan is stale: the first reason found, usable as an invalidation's cause."""
 
     dependency_key: str
-    """The key that changed (`time:<instant>` for a passed horizon, `incarnation:` or `offsets:` otherwise)."""
+    """The key that changed: `time:<instant>` for a passed horizon, else `incarnation:`, `dependencies:` or
+    `offsets:<topic>/<partition>` when the record cannot be judged."""
     topic: str | None
     """Topic of the event that last changed the key; None when no event is to blame."""
     partition: int | None
@@ -109,11 +110,12 @@ class KeyChanges:
         Stale: a dependency key changed at an offset at or after the plan's compiled_as_of for
         that partition (a partition missing there counts as offset 0); a `time:` key at or
         before `now` (or unreadable, or `now` unknown); offsets of another broker incarnation
-        than `cluster_id`; or offsets older than the first change this file recorded there.
+        than `cluster_id`; no dependency keys at all (every compilation has some, so the record
+        does not carry them); or offsets older than the first change this file recorded there.
         """
         if not plans:
             return {}
-        plan_ids, as_of_ids, foreign, deps = [], [], [], []
+        plan_ids, as_of_ids, foreign, unknown, deps = [], [], [], [], []
         as_of_rows: dict[bytes, int] = {}
         topics, parts, nexts, ids = [], [], [], []
         for p in plans:
@@ -130,13 +132,16 @@ class KeyChanges:
             plan_ids.append(p.plan_id)
             as_of_ids.append(as_of_id)
             foreign.append(cluster_id is None or p.compiled_in != cluster_id)
+            unknown.append(not p.dependencies)
             deps.append(list(p.dependencies))
         tables = {
             "_kc_plans": pa.table({"plan_id": plan_ids, "as_of_id": pa.array(as_of_ids, pa.int32()),
                                    "foreign_offsets": pa.array(foreign, pa.bool_()),
+                                   "no_keys": pa.array(unknown, pa.bool_()),
                                    "deps": pa.array(deps, pa.list_(pa.string()))}),
             "_kc_as_of": pa.table({"as_of_id": pa.array(ids, pa.int32()), "topic": pa.array(topics, pa.string()),
-                                   "partition": pa.array(parts, pa.int32()), "next_offset": pa.array(nexts, pa.int64())}),
+                                   "partition": pa.array(parts, pa.int32()),
+                                   "next_offset": pa.array(nexts, pa.int64())}),
         }
         for name, table in tables.items():
             self.db.register(name, table)
@@ -161,7 +166,8 @@ timed AS (
   SELECT plan_id, dep_key, NULL, NULL, NULL, 1 FROM d
   WHERE starts_with(dep_key, 'time:')
     AND coalesce(try_cast(substr(dep_key, 6) AS TIMESTAMPTZ) <= $1::TIMESTAMPTZ, true)),
-foreign_plans AS (SELECT plan_id, 'incarnation:', NULL, NULL, NULL, 2 FROM _kc_plans WHERE foreign_offsets),
+foreign_plans AS (SELECT plan_id, 'incarnation:', NULL, NULL, NULL, 2 FROM _kc_plans WHERE foreign_offsets
+                  UNION ALL SELECT plan_id, 'dependencies:', NULL, NULL, NULL, 2 FROM _kc_plans WHERE no_keys),
 unrecorded AS (
   SELECT p.plan_id, 'offsets:' || c.topic || '/' || c.partition, c.topic, c.partition, c.from_offset, 3
   FROM _kc_plans p CROSS JOIN key_changes_from c

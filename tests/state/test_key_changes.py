@@ -60,9 +60,23 @@ def test_time_keys_at_or_before_now_are_stale_and_unreadable_ones_deny(store):
     assert set(changes.stale_plans(plans, None, "c1")) == {"passed", "now", "future", "garbled"}  # no clock: deny
 
 
+def test_positions_come_from_a_published_plans_record(store):
+    changes = KeyChanges(store)
+    changes.record({("source-changes", 1, 7): ["resource:a"]})
+    record = {"plan_id": "p", "dependencies": ["resource:a"], "compiled_as_of": {"source-changes": {"1": 7}},
+              "compiled_in": "c1", "state": "SUFFICIENT"}
+    assert PlanPosition.of(record) == PlanPosition("p", ("resource:a",), {"source-changes": {"1": 7}}, "c1")
+    assert set(changes.stale_plans([PlanPosition.of(record)], NOW, "c1")) == {"p"}
+    # No dependency keys on the record (published before they were carried): nothing can vouch for it.
+    bare = PlanPosition.of({"plan_id": "q", "compiled_as_of": {}, "compiled_in": "c1"})
+    assert bare.dependencies == ()
+    assert changes.stale_plans([bare], NOW, "c1") == {"q": Staleness("dependencies:", None, None, None)}
+
+
 def test_offsets_of_another_incarnation_say_nothing(store):
     changes = KeyChanges(store)
-    stale = changes.stale_plans([plan("p", [], {}, "old-cluster"), plan("q", [], {}, None)], NOW, "c1")
+    plans = [plan("p", ["policy:x"], {}, "old-cluster"), plan("q", ["policy:x"], {}, None)]
+    stale = changes.stale_plans(plans, NOW, "c1")
     assert set(stale) == {"p", "q"} and stale["p"].dependency_key == "incarnation:"
     changes.record({("revocations", 0, 3): ["principal:m"]})
     changes.forget(["revocations"])
