@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 
 import orjson
@@ -12,19 +11,22 @@ from agents.invalidation import Invalidator, RawMessage
 from agents.query import QueryService
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
+from state.key_changes import KeyChanges, PlanPosition
 from state.plan_restore import restore
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
 
-_offsets = itertools.count()
 TABLES = {"plans": "plan_id", "plan_heads": "plan_key", "dependency_index": "plan_key, dep_key"}
 
 
-def _loaded(path) -> tuple[LocalState, Invalidator]:
+def _loaded(path, before=None) -> tuple[LocalState, Invalidator]:
+    """A worker's state after applying the Atlas scenario at the same offsets as every other replica."""
     state = LocalState.open(path)
+    if before is not None:
+        before(state)
     inv = Invalidator(state, lambda name: f"x-{name}")
-    inv.apply([RawMessage(item["topic"], 0, next(_offsets), b"k", orjson.dumps(item["event"]))
-               for item in map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines())])
+    inv.apply([RawMessage(item["topic"], 0, offset, b"k", orjson.dumps(item["event"])) for offset, item in
+               enumerate(map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines()))])
     return state, inv
 
 
@@ -100,6 +102,30 @@ def test_the_most_advanced_record_of_a_key_wins_and_invalidated_ids_stay_invalid
         result = restore(taker.store, [newer], range(2), partitions=2, compiled_at=None)
         assert result.restored == [] and result.known_invalidated == ["plan-newer"]
         assert taker.plans.heads([record["plan_key"]]) == {}
+    finally:
+        taker.close()
+
+
+def test_a_take_over_judges_then_restores_what_no_later_change_touched(compiled, tmp_path):
+    _, _, _, record = compiled
+    taker, _ = _loaded(tmp_path / "taker.duckdb", before=lambda s: KeyChanges(s.store))  # recording from the start
+    try:
+        changes = KeyChanges(taker.store)
+        [(topic, by_partition)] = [(t, ps) for t, ps in record["compiled_as_of"].items() if t == "source-changes"]
+        partition, next_offset = next(iter(by_partition.items()))
+        touched = dict(record, compiled_in="c1")
+        untouched = dict(record, compiled_in="c1", plan_id="plan-other", plan_key="pk-other",
+                         dependencies=[k for k in record["dependencies"] if k != "principal:maya"])
+        assert len(untouched["dependencies"]) == len(record["dependencies"]) - 1
+        with taker.store.transaction():
+            changes.record({(topic, int(partition), next_offset): ["principal:maya"]})
+        with taker.store.transaction():
+            stale = changes.stale_plans([PlanPosition.of(touched), PlanPosition.of(untouched)], taker.store.now(), "c1")
+            result = restore(taker.store, [r for r in (touched, untouched) if r["plan_id"] not in stale], range(2),
+                             partitions=2, compiled_at=taker.store.now())
+        assert set(stale) == {record["plan_id"]} and stale[record["plan_id"]].offset == next_offset
+        assert result.restored == ["plan-other"]
+        assert taker.index.affected_pairs(["principal:maya"]) == []
     finally:
         taker.close()
 
