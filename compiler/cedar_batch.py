@@ -10,8 +10,8 @@ from typing import Any, Sequence, cast
 import cedarpy
 import orjson
 
-from compiler.policy import (Authorisation, CompiledPolicy, authorise, denied, entity_documents, request_context,
-                             use_request, verdicts)
+from compiler.policy import (Authorisation, CompiledPolicy, Unrepresentable, authorise, denied, principal_entity,
+                             request_context, resource_entity, use_request, verdicts)
 from schemas.records import Principal, Resource
 
 
@@ -54,6 +54,7 @@ def authorise_many(asks: Sequence[Ask]) -> list[Authorisation]:
     so an error still denies only what it would have denied alone.
     """
     out: list[Authorisation | None] = [None] * len(asks)
+    built: dict[int, dict | None] = {}
     store: dict[tuple[str, str], dict] = {}
     groups: dict[int, _Group] = {}
     alone: list[int] = []
@@ -64,7 +65,7 @@ def authorise_many(asks: Sequence[Ask]) -> list[Authorisation]:
         if not ask.policy.self_contained:
             alone.append(n)
             continue
-        user, docs, usable = entity_documents(ask.principal, ask.resources)
+        user, docs, usable = _documents(ask, built)
         if user is None:
             out[n] = denied(len(ask.resources))
             continue
@@ -102,6 +103,31 @@ def authorise_many(asks: Sequence[Ask]) -> list[Authorisation]:
         out[n] = authorise(ask.policy, ask.principal, ask.resources, purpose=ask.purpose,
                            decision_type=ask.decision_type, decision_time=ask.decision_time)
     return cast(list[Authorisation], out)  # every ask was answered above
+
+
+def _documents(ask: Ask, built: dict[int, dict | None]) -> tuple[dict | None, list[dict], list[int]]:
+    """As `entity_documents`, each principal and resource object converted once per batch."""
+    user = _built(built, ask.principal, principal_entity)
+    if user is None:
+        return None, [], []
+    docs, usable = [], []
+    for i, resource in enumerate(ask.resources):
+        doc = _built(built, resource, resource_entity)
+        if doc is not None:
+            docs.append(doc)
+            usable.append(i)
+    return user, docs, usable
+
+
+def _built(built: dict[int, dict | None], record: Any, convert: Any) -> dict | None:
+    # Keyed by identity: the asks hold every record for the whole call, so ids are not reused.
+    key = id(record)
+    if key not in built:
+        try:
+            built[key] = convert(record)
+        except Unrepresentable:
+            built[key] = None
+    return built[key]
 
 
 def _uid(doc: dict) -> tuple[str, str]:
