@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any, Mapping, Protocol, Sequence
 
 from compiler.admission import Admission, admit
+from compiler import dependency_keys as dk
 from compiler.attest import content_hash, dependency_keys, digest, next_change
 from compiler.edge import tidy_all
 from compiler.errors import AdmitError, PlanError, RequestError
@@ -192,7 +193,7 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
     deps = sorted(set(deps) | _edge_keys(request.query, contract, candidates))
     valid_until = next_change(candidates, contract, when, policy.superseded_at) if request.live else None
     if valid_until is not None:
-        deps.append(f"time:{format_instant(valid_until)}")
+        deps.append(dk.time(valid_until))
     plan_id = digest({"key": key, "admitted": [(r.id, r.version) for r in chosen.admitted],
                       "policy": [policy.bundle_id, policy.version, policy.digest],
                       "slots": [(s.proposition, s.state) for s in slots], "rejected": rejected,
@@ -235,7 +236,7 @@ def _edge_keys(query: str, contract: Contract, candidates: Sequence[Resource]) -
     unrelated name sharing one word only recompiles it). `trust:<class>` follows the source
     rules of the classes the plan can meet.
     """
-    keys = {f"name-word:{w}" for w in query_words(query)}
+    keys = {dk.name_word(w) for w in query_words(query)}
     classes = {c for p in contract.propositions for c in p.accepted_classes} | {r.evidence_class for r in candidates}
-    keys.update(f"trust:{c}" for c in classes)
+    keys.update(dk.trust(c) for c in classes)
     return keys
