@@ -41,7 +41,7 @@ def _live(doc: dict) -> dict:
 def requests() -> list:
     """Each scenario's request and variations reaching every pass's refusals and outcomes."""
     out: list = []
-    for name, doc in BASE.items():
+    for doc in BASE.values():
         out += [doc, _live(doc), dict(doc, budget={"tokens": 120}), dict(doc, budget={"tokens": 0}),
                 dict(doc, decision_time="2020-01-01T00:00:00Z"), dict(doc, entity="Nobody Ltd"),
                 dict(doc, purpose="marketing"), dict(doc, decision_type="nothing.here"),
