@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Mapping, Sequence
 
-from compiler.policy import CompiledPolicy, authorise
+from compiler.policy import Authorisation, CompiledPolicy, authorise
 from compiler.slots import group_of
 from schemas.records import Contract, Principal, Resource
 
@@ -108,14 +108,16 @@ def _gate(resource: Resource, entity_id: str, contract: Contract, when: datetime
 def admit(candidates: Sequence[Resource], *, entity_id: str, principal: Principal,
           contract: Contract, policy: CompiledPolicy, purpose: str,
           decision_time: datetime, trusted: Mapping[str, frozenset[str]] | None = None,
-          known_principal: bool = True) -> Admission:
+          known_principal: bool = True, verdict: Authorisation | None = None) -> Admission:
     """Validate every candidate: Cedar in one batch, then trust, subject, time, freshness, class.
 
     An unknown principal may use nothing: every candidate is withheld without asking Cedar.
+    `verdict` is Cedar's answer already asked for these candidates (by a batch of requests).
     """
     if known_principal:
-        verdict = authorise(policy, principal, candidates, purpose=purpose,
-                            decision_type=contract.decision_type, decision_time=decision_time)
+        if verdict is None:
+            verdict = authorise(policy, principal, candidates, purpose=purpose,
+                                decision_type=contract.decision_type, decision_time=decision_time)
         allowed, errors = verdict.allowed, sum(verdict.errors)
     else:
         allowed, errors = (False,) * len(candidates), 0

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import orjson
 
+from compiler import dependency_keys as dk
 from schemas.records import Contract, Resource
 from schemas.timefmt import add_or_none
 
@@ -26,22 +27,15 @@ def content_hash(resource: Resource) -> str:
     return hashlib.sha256(resource.content.encode()).hexdigest()
 
 
-def scope_keys(entity_id: str, evidence_class: str, claims: Iterable[str]) -> list[str]:
-    """Keys under which a resource's existence matters: its class and the propositions it claims."""
-    keys = [f"scope:{entity_id}/{evidence_class}"]
-    keys.extend(f"scope:{entity_id}/claims:{p}" for p in claims)
-    return keys
-
-
 def dependency_keys(*, principal_id: str, entity_id: str, entity_name: str, bundle_id: str,
                     contract: Contract, candidates: Sequence[Resource]) -> list[str]:
     """Everything that could change the plan: inputs used or rejected, and absent evidence."""
-    keys = {f"principal:{principal_id}", f"policy:{bundle_id}", f"contract:{contract.decision_type}",
-            f"entity:{entity_id}", f"alias:{entity_name.lower()}"}
-    keys.update(f"resource:{r.id}" for r in candidates)
+    keys = {dk.principal(principal_id), dk.policy(bundle_id), dk.contract(contract.decision_type),
+            dk.entity(entity_id), dk.alias(entity_name)}
+    keys.update(dk.resource(r.id) for r in candidates)
     for prop in contract.propositions:
-        keys.add(f"scope:{entity_id}/claims:{prop.id}")
-        keys.update(f"scope:{entity_id}/{cls}" for cls in prop.accepted_classes)
+        keys.add(dk.scope_claim(entity_id, prop.id))
+        keys.update(dk.scope_class(entity_id, cls) for cls in prop.accepted_classes)
     return sorted(keys)
 
 

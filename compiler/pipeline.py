@@ -7,11 +7,12 @@ from datetime import datetime
 from typing import Any, Mapping, Protocol, Sequence
 
 from compiler.admission import Admission, admit
+from compiler import dependency_keys as dk
 from compiler.attest import content_hash, dependency_keys, digest, next_change
 from compiler.edge import tidy_all
 from compiler.errors import AdmitError, PlanError, RequestError
 from compiler.evsi import decision_model, plan_observations
-from compiler.policy import CompiledPolicy
+from compiler.policy import Authorisation, CompiledPolicy
 from compiler.relevance import bm25
 from compiler.request import DecisionRequest, parse_request, plan_key
 from compiler.resolve import out_of_scope, query_names, query_words, resolve_entity, resolve_principal, type_check
@@ -78,8 +79,39 @@ class ClockUnknown(RequestError):
     pass_name = "parse"
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """A request after passes 1 to 3 and retrieval: what passes 4 to 6 compile."""
+
+    request: DecisionRequest
+    """The parsed request."""
+    entity_id: str
+    """Its canonical entity id."""
+    principal: Principal
+    """The principal (a bare one when unknown)."""
+    known_principal: bool
+    """Whether the principal is in the catalog."""
+    contract: Contract
+    """The decision type's contract."""
+    policy: CompiledPolicy
+    """The bundle version in effect at the decision's time."""
+    candidates: tuple[Resource, ...]
+    """Resources retrieved for the entity (none when the query is out of scope)."""
+    when: datetime
+    """The instant decided at."""
+    trusted: Mapping[str, frozenset[str]]
+    """Evidence class -> provenance groups some source rule allows to assert it."""
+    scoped_out: bool
+    """The query names another entity: the plan abstains."""
+
+
 def compile_request(doc: Any, view: CatalogView, now: datetime | None) -> CompiledPlan:
     """Run the six passes over a select body."""
+    return compile_resolved(resolve_request(doc, view, now))
+
+
+def resolve_request(doc: Any, view: CatalogView, now: datetime | None) -> Resolved:
+    """Passes 1 to 3 and retrieval; raises the RequestError of the first pass that refuses."""
     request = doc if isinstance(doc, DecisionRequest) else parse_request(doc)
     entity_id = resolve_entity(request.entity, view.entity_matches(request.entity))
     principal, known = resolve_principal(request.principal, view.principal(request.principal))
@@ -94,20 +126,21 @@ def compile_request(doc: Any, view: CatalogView, now: datetime | None) -> Compil
     names = query_names(request.query)
     # The 003 seed's scope guard: a question about another tenant stops before retrieval.
     scoped_out = bool(names) and out_of_scope(entity_id, view.entities_named(names))
-    candidates = [] if scoped_out else list(view.candidates(entity_id, contract))
-    return compile_plan(request, entity_id, principal, contract, policy, candidates, when, known_principal=known,
-                        trusted=view.trusted_sources(), scoped_out=scoped_out)
+    candidates = () if scoped_out else tuple(view.candidates(entity_id, contract))
+    return Resolved(request, entity_id, principal, known, contract, policy, candidates, when,
+                    view.trusted_sources(), scoped_out)
 
 
-def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal, contract: Contract,
-                 policy: CompiledPolicy, candidates: Sequence[Resource], when: datetime, *,
-                 known_principal: bool = True, trusted: Mapping[str, frozenset[str]] | None = None,
-                 scoped_out: bool = False) -> CompiledPlan:
-    """Passes 4 to 6 over already resolved inputs; an unknown principal may use nothing.
+def compile_resolved(resolved: Resolved, verdict: Authorisation | None = None) -> CompiledPlan:
+    """Passes 4 to 6 of a resolved request; `verdict` is Cedar's answer if already asked."""
+    r = resolved
+    return compile_plan(r.request, r.entity_id, r.principal, r.contract, r.policy, r.candidates, r.when,
+                        known_principal=r.known_principal, trusted=r.trusted, scoped_out=r.scoped_out,
+                        verdict=verdict)
 
-    `trusted` is the source rules (evidence class -> groups that may assert it); `scoped_out`
-    means the query names another entity, and the plan abstains with nothing admitted.
-    """
+
+def check_plan(request: DecisionRequest, policy: CompiledPolicy, when: datetime) -> None:
+    """The refusals of passes 4 and 5 that come before any candidate is looked at."""
     if policy.effective_at is not None and when < policy.effective_at:
         asked = "this live decision at the service's now" if request.live else "the decision_time"
         raise AdmitError("policy_not_effective", f"No version of policy bundle {policy.bundle_id} that defines "
@@ -117,9 +150,22 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
     if request.budget.tokens == 0 or request.budget.calls == 0:
         raise PlanError("empty_budget", "A budget of zero tokens or zero calls cannot carry any evidence; "
                         "raise budget.tokens and budget.calls, or omit them for no limit.", status=422)
+
+
+def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal, contract: Contract,
+                 policy: CompiledPolicy, candidates: Sequence[Resource], when: datetime, *,
+                 known_principal: bool = True, trusted: Mapping[str, frozenset[str]] | None = None,
+                 scoped_out: bool = False, verdict: Authorisation | None = None) -> CompiledPlan:
+    """Passes 4 to 6 over already resolved inputs; an unknown principal may use nothing.
+
+    `trusted` is the source rules (evidence class -> groups that may assert it); `scoped_out`
+    means the query names another entity, and the plan abstains with nothing admitted;
+    `verdict` is Cedar's answer for `candidates` when a batch already asked it.
+    """
+    check_plan(request, policy, when)
     admission = admit(candidates, entity_id=entity_id, principal=principal, contract=contract,
                       policy=policy, purpose=request.purpose, decision_time=when, trusted=trusted,
-                      known_principal=known_principal) if not scoped_out else Admission((), (), ())
+                      known_principal=known_principal, verdict=verdict) if not scoped_out else Admission((), (), ())
     typed_resources = [r for r, _ in admission.typed]
     scores = bm25(request.query, [f"{r.title} {r.content}" for r in typed_resources])
     relevance = {r.id: s for r, s in zip(typed_resources, scores, strict=True)}
@@ -147,7 +193,7 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
     deps = sorted(set(deps) | _edge_keys(request.query, contract, candidates))
     valid_until = next_change(candidates, contract, when, policy.superseded_at) if request.live else None
     if valid_until is not None:
-        deps.append(f"time:{format_instant(valid_until)}")
+        deps.append(dk.time(valid_until))
     plan_id = digest({"key": key, "admitted": [(r.id, r.version) for r in chosen.admitted],
                       "policy": [policy.bundle_id, policy.version, policy.digest],
                       "slots": [(s.proposition, s.state) for s in slots], "rejected": rejected,
@@ -190,7 +236,7 @@ def _edge_keys(query: str, contract: Contract, candidates: Sequence[Resource]) -
     unrelated name sharing one word only recompiles it). `trust:<class>` follows the source
     rules of the classes the plan can meet.
     """
-    keys = {f"name-word:{w}" for w in query_words(query)}
+    keys = {dk.name_word(w) for w in query_words(query)}
     classes = {c for p in contract.propositions for c in p.accepted_classes} | {r.evidence_class for r in candidates}
-    keys.update(f"trust:{c}" for c in classes)
+    keys.update(dk.trust(c) for c in classes)
     return keys

@@ -41,6 +41,8 @@ class CompiledPolicy:
     """The cedarpy PolicySet handle."""
     superseded_at: datetime | None = None
     """When a later version of the bundle takes over from this one (None: none is known)."""
+    self_contained: bool = False
+    """No condition names a User or Resource entity, so other entities in a store cannot change a decision."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,36 @@ def compile_policy(bundle: PolicyBundle, strict: bool = True) -> CompiledPolicy:
             error.detail = problem  # names the construct, never quotes the policy text
             raise error
     digest = hashlib.sha256(bundle.cedar.encode()).hexdigest()
-    return CompiledPolicy(bundle.bundle_id, bundle.version, digest, bundle.effective_at, handle)
+    return CompiledPolicy(bundle.bundle_id, bundle.version, digest, bundle.effective_at, handle,
+                          self_contained=self_contained(bundle.cedar))
+
+
+def self_contained(text: str) -> bool:
+    """Whether the bundle's decisions read only the request's own principal and resource.
+
+    A condition naming an entity literal (`User::"boss".roles`) errors when that entity is
+    absent from the store and reads it when present, so only bundles without one may share a
+    store of many requests' entities. Templates, and syntax newer than cedarpy's tree, count
+    as not self-contained.
+    """
+    try:
+        tree = cedarpy.policies_to_pst(text)
+    except ValueError:
+        return False
+    if tree.templates or tree.template_links:
+        return False
+    stack: list[Any] = [c for p in tree.static_policies.values() for c in p.clauses]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, pst.EntityLit) and (node.value.type.basename != "Action" or node.value.type.namespace):
+            return False
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, tuple):
+            stack.extend(node)
+        elif is_dataclass(node) and not isinstance(node, type):
+            stack.extend(getattr(node, f.name) for f in fields(node))
+    return True
 
 
 def static_problem(text: str) -> str | None:
@@ -177,28 +208,53 @@ def authorise(policy: CompiledPolicy, principal: Principal, resources: Sequence[
     """
     if not resources:
         return Authorisation((), ())
-    denied = (False,) * len(resources)
+    user, docs, usable = entity_documents(principal, resources)
+    if user is None:
+        return denied(len(resources))
+    context = request_context(purpose, decision_type, decision_time)
+    requests = [use_request(user, resources[i].id, context) for i in usable]
+    try:
+        results = cedarpy.is_authorized_batch(requests, policy.policy_set, [user, *docs]) if requests else []
+    except Exception:  # noqa: BLE001 - whatever the engine raises, nothing is admitted
+        return denied(len(resources))
+    return verdicts(len(resources), usable, results)
+
+
+def entity_documents(principal: Principal, resources: Sequence[Resource]) -> tuple[dict | None, list[dict], list[int]]:
+    """The principal's Cedar entity (None if unrepresentable), the resources' that are, and their indexes."""
     try:
         user = principal_entity(principal)
     except Unrepresentable:
-        return Authorisation(denied, (True,) * len(resources))
-    entities, usable = [user], []
+        return None, [], []
+    docs, usable = [], []
     for i, r in enumerate(resources):
         try:
-            entities.append(resource_entity(r))
+            docs.append(resource_entity(r))
             usable.append(i)
         except Unrepresentable:
             pass
-    context = {"purpose": purpose, "decision_type": decision_type,
-               "decision_time": epoch_seconds(decision_time)}
-    action = {"type": "Action", "id": "use"}
-    requests = [{"principal": user["uid"], "action": action,
-                 "resource": {"type": "Resource", "id": resources[i].id}, "context": context} for i in usable]
-    allowed, errors = list(denied), [True] * len(resources)
-    try:
-        results = cedarpy.is_authorized_batch(requests, policy.policy_set, entities) if requests else []
-    except Exception:  # noqa: BLE001 - whatever the engine raises, nothing is admitted
-        return Authorisation(denied, tuple(errors))
+    return user, docs, usable
+
+
+def request_context(purpose: str, decision_type: str, decision_time: datetime) -> dict:
+    """The Cedar context every candidate of one request shares."""
+    return {"purpose": purpose, "decision_type": decision_type, "decision_time": epoch_seconds(decision_time)}
+
+
+def use_request(user: dict, resource_id: str, context: Any) -> dict:
+    """The Cedar request for `use` of one resource."""
+    return {"principal": user["uid"], "action": {"type": "Action", "id": "use"},
+            "resource": {"type": "Resource", "id": resource_id}, "context": context}
+
+
+def denied(count: int) -> Authorisation:
+    """Every candidate denied as an error: the engine or the principal could not be asked."""
+    return Authorisation((False,) * count, (True,) * count)
+
+
+def verdicts(count: int, usable: Sequence[int], results: Sequence[Any]) -> Authorisation:
+    """Cedar's results for the usable candidates; the others are denied as errors."""
+    allowed, errors = [False] * count, [True] * count
     for i, result in zip(usable, results, strict=True):
         errors[i] = bool(result.diagnostics.errors) or result.decision == cedarpy.Decision.NoDecision
         allowed[i] = result.decision == cedarpy.Decision.Allow and not errors[i]

@@ -1,4 +1,4 @@
-"""Outbound records within the broker's size limit: a compact plan, else a dead letter in its place."""
+"""Outbound records: their builders, and each within the broker's size limit (compact, else dead-lettered)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,35 @@ def input_dead_letter(topic: str, partition: int, offset: int, error_class: str,
                          "original": base64.b64encode(original[:DEAD_LETTER_ORIGINAL_BYTES]).decode(),
                          "original_size": len(original),
                          "original_truncated": len(original) > DEAD_LETTER_ORIGINAL_BYTES})
+
+
+def invalidation_cause(*, topic: str, partition: int, offset: int, event_id: str,
+                       dependency_key: str) -> dict[str, Any]:
+    """What made a plan stale: the input record's position and id, and the dependency key it touched."""
+    return {"topic": topic, "partition": partition, "offset": offset, "event_id": event_id,
+            "dependency_key": dependency_key}
+
+
+def invalidation_record(*, plan_id: str, plan_key: str, reason: str, cause: dict[str, Any], invalidated_at: str,
+                        as_of: str | None, successor_plan_id: str | None) -> dict[str, Any]:
+    """A `plan-invalidations` value (key: the plan id)."""
+    return {"schema_version": 1, "plan_id": plan_id, "plan_key": plan_key, "reason": reason, "cause": cause,
+            "invalidated_at": invalidated_at, "as_of": as_of, "successor_plan_id": successor_plan_id}
+
+
+def invalidation_receipt(*, plan_id: str, reason: str, cause: dict[str, Any], invalidated_at: str,
+                         successor_plan_id: str | None) -> dict[str, Any]:
+    """The `receipts` value (key: its receipt id) carrying an invalidation's full cause for auditors.
+
+    Published when the public cause was redacted; the id hashes the record in this key order,
+    so one invalidation always gets the same receipt id.
+    """
+    audit = {"schema_version": 1, "kind": "invalidation", "plan_id": plan_id, "reason": reason, "cause": cause,
+             "invalidated_at": invalidated_at, "successor_plan_id": successor_plan_id}
+    audit["receipt_id"] = "rcpt-inv-" + hashlib.sha256(orjson.dumps(audit)).hexdigest()[:20]
+    return audit
+
+
+def clock_tick(now: str) -> dict[str, Any]:
+    """A wall-clock `clock` value for the formatted instant `now` (its event id names the instant)."""
+    return {"event_id": f"wall-{now}", "schema_version": 1, "occurred_at": now, "now": now}

@@ -10,7 +10,7 @@ from typing import Sequence
 import orjson
 import pyarrow as pa
 
-from compiler.attest import scope_keys
+from compiler import dependency_keys as dk
 from compiler.errors import PolicyError
 from compiler.evsi import ModelError, decision_model
 from compiler.policy import CompiledPolicy, compile_policy
@@ -93,9 +93,9 @@ class Catalog:
         out: list[list[str] | InvalidEvent | None] = []
         for change in changes:
             old = current.get(change.record_id)
-            keys = [f"resource:{change.record_id}"]
+            keys = [dk.resource(change.record_id)]
             if old is not None:
-                keys += scope_keys(old[2], old[3], list(old[4] or ()) + list(old[5] or ()))
+                keys += dk.scope_keys(old[2], old[3], list(old[4] or ()) + list(old[5] or ()))
             new: Resource | None = change.record  # type: ignore[assignment]
             if new is None:
                 if old is None or old[1]:
@@ -116,7 +116,7 @@ class Catalog:
                 continue
             current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts)
             written[new.id] = new
-            out.append(keys + scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts))
+            out.append(keys + dk.scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts))
         upserts = [r for r in written.values() if r is not None]
         self.store.insert_rows("resources", _resource_table(upserts))
         deletes = [rid for rid, r in written.items() if r is None]
@@ -143,7 +143,7 @@ class Catalog:
                             "AND delegation_version IS NULL", [new.delegation_version, new.id])
             if old is not None and not old[1] and not self._principal_change_matters(old, new):
                 return []
-        return [f"principal:{change.record_id}"]
+        return [dk.principal(change.record_id)]
 
     def _principal_change_matters(self, old: tuple, new: Principal) -> bool:
         """Whether an upsert can change any plan: roles, delegation, or an attribute some policy reads.
@@ -178,8 +178,8 @@ class Catalog:
             self.db.execute("INSERT OR REPLACE INTO entities VALUES (?, ?, false)",
                             [new.id, list(new.aliases)])
         words = sorted({w for n in names for w in _WORD.findall(n)})
-        return ([f"entity:{change.record_id}"] + [f"alias:{n}" for n in sorted(names)]
-                + [f"name-word:{w}" for w in words])
+        return ([dk.entity(change.record_id)] + [dk.alias(n) for n in sorted(names)]
+                + [dk.name_word(w) for w in words])
 
     def apply_policy(self, bundle: PolicyBundle) -> list[str] | None:
         """Keep a newer bundle version whole; a bundle whose Cedar fails to parse is rejected whole.
@@ -227,14 +227,14 @@ class Catalog:
         for group, classes in bundle.sources.items():
             self.db.execute("INSERT INTO source_rules VALUES (?, ?, ?)", [bundle.bundle_id, group, list(classes)])
         trust_after = self.trusted_sources()
-        trust_keys = [f"trust:{c}" for c in sorted(set(trust_before) | set(trust_after))
+        trust_keys = [dk.trust(c) for c in sorted(set(trust_before) | set(trust_after))
                       if trust_before.get(c) != trust_after.get(c)]
         self.db.execute("INSERT OR REPLACE INTO policy_bundles VALUES (?, ?, ?, ?, ?)",
                         [bundle.bundle_id, bundle.version, bundle.effective_at, bundle.cedar,
                          orjson.dumps(types).decode()])
         keep_version(self.db, bundle, types)
         names = sorted(set(before) | set(types))
-        return [f"policy:{bundle.bundle_id}"] + [f"contract:{n}" for n in names] + trust_keys
+        return [dk.policy(bundle.bundle_id)] + [dk.contract(n) for n in names] + trust_keys
 
     def apply_revocation(self, revocation: Revocation) -> list[str]:
         """Record a withdrawal; it applies at once, whatever its effective_at (fail closed).
@@ -255,7 +255,7 @@ class Catalog:
                         "ELSE greatest(revoked.delegation_version, excluded.delegation_version) END",
                         [revocation.principal, revocation.revoke, revocation.value,
                          revocation.effective_at, revocation.issued_by, version])
-        return [f"principal:{revocation.principal}"]
+        return [dk.principal(revocation.principal)]
 
     # -- the compiler's read-only view ---------------------------------------------------
 

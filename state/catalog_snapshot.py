@@ -7,6 +7,7 @@ from typing import Sequence
 
 import orjson
 
+from compiler import dependency_keys as dk
 from compiler.policy import CompiledPolicy
 from schemas.records import Contract, Principal, Resource
 from schemas.timefmt import parse_instant
@@ -49,11 +50,12 @@ class CatalogSnapshot:
         A live plan's time key is its earliest change: a record's validity or age, or a later
         policy version taking over; only the second changes the governing version.
         """
-        if not dep_key.startswith("time:") or now is None:
+        key = dk.parse(dep_key)
+        if key.kind != dk.TIME or now is None:
             return False
         try:
             decision_type = (orjson.loads(request) if isinstance(request, str) else request)["decision_type"]
-            before = parse_instant(dep_key[len("time:"):]) - timedelta(seconds=1)
+            before = parse_instant(key.value) - timedelta(seconds=1)
         except (KeyError, TypeError, ValueError, orjson.JSONDecodeError):
             return False
         governing = [self.contract(decision_type, at) for at in (before, now)]

@@ -7,6 +7,7 @@ from typing import Iterable
 
 import pyarrow as pa
 
+from compiler import dependency_keys as dk
 from state.store import Store
 
 
@@ -47,7 +48,7 @@ class DependencyIndex:
         rows = self.db.execute(
             "SELECT plan_key, strftime(valid_until AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%SZ') "
             "FROM plan_heads WHERE live AND valid_until IS NOT NULL AND valid_until <= ?", [now]).fetchall()
-        return {plan_key: f"time:{instant}" for plan_key, instant in rows}
+        return {plan_key: dk.time(instant) for plan_key, instant in rows}
 
     def size(self) -> int:
         """Number of edges."""

@@ -9,6 +9,7 @@ from typing import Iterable
 import orjson
 import pyarrow as pa
 
+from compiler import dependency_keys as dk
 from schemas.timefmt import format_instant
 from state.outbox import Outbox
 from state.store import Store
@@ -19,7 +20,7 @@ CREATE TABLE IF NOT EXISTS evicted_plans (plan_id VARCHAR PRIMARY KEY, plan_key 
   cause VARCHAR);
 """
 
-EVICTION_KEY = "retention:plan"
+EVICTION_KEY = dk.EVICTION
 """The `dependency_key` of an eviction's cause: no input changed, the plan went unused."""
 
 

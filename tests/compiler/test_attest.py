@@ -9,7 +9,8 @@ from datetime import datetime, timedelta, timezone
 import orjson
 import pytest
 
-from compiler.attest import next_change, scope_keys
+from compiler.attest import next_change
+from compiler.dependency_keys import scope_keys
 from compiler.pipeline import compile_request
 from schemas.codec import resource_from
 from schemas.records import Contract, Proposition
