@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from bench import cache_contenders, index_cost, invalidation_path, quality
+from bench import cache_contenders, index_cost, invalidation_path, quality, scale_out
 from bench.profile import profile_apply
 from bench.report import plots, targets, write_json
 from bench.summary import markdown
@@ -31,6 +31,14 @@ class BenchOptions:
     """Fixed input rates for the latency comparison (events/s)."""
     rate_seconds: float = 5.0
     """How long each fixed rate is held."""
+    hot_rate: float = 200.0
+    """Input rate of the one hot plan on the Atlas scenario (events/s)."""
+    select_rates: tuple[int, ...] = (0, 200, 1_000)
+    """Input rates under which cached selects are timed (events/s; 0 is no stream)."""
+    select_rate: float = 50.0
+    """Cached selects issued per second during each of those streams."""
+    takeover_timeout: float = 120.0
+    """How long the survivor of a kill -9 gets before unannounced plans count as lost."""
     fanout_plans: int = 100_000
     """Plans indexed for the policy-version fan-out (copies of one compiled plan)."""
     cache_events: int = 3_000
@@ -48,7 +56,8 @@ class BenchOptions:
     def quick(cls) -> "BenchOptions":
         """Small enough for a test run; same code paths."""
         return cls(events=300, plans=30, rates=(100,), rate_seconds=1.0, fanout_plans=600, cache_events=150,
-                   index_plans=2_000, restart_plans=20_000)
+                   index_plans=2_000, restart_plans=20_000, select_rate=20.0,
+                   takeover_timeout=60.0)
 
 
 def environment() -> dict:
@@ -129,15 +138,21 @@ async def _broker_part(options: BenchOptions, workload, out_dir: Path, step, boo
 
     from streams.broker import EmbeddedBroker
 
+    async def both(servers: str, tmp: Path) -> dict:
+        result = await invalidation_path.measure(
+            servers, workload, tmp / "path", rates=options.rates, rate_seconds=options.rate_seconds,
+            fanout_plans=options.fanout_plans, hot_rate=options.hot_rate, select_rates=options.select_rates,
+            select_rate=options.select_rate, say=step)
+        result["scale_out"] = await scale_out.measure(servers, workload, tmp / "cluster",
+                                                      result["throughput"]["freshplan"],
+                                                      takeover_timeout=options.takeover_timeout, say=step)
+        return result
+
     with tempfile.TemporaryDirectory(prefix="fpbench-") as tmp:
         if bootstrap:
-            return await invalidation_path.measure(bootstrap, workload, Path(tmp), rates=options.rates,
-                                                   rate_seconds=options.rate_seconds,
-                                                   fanout_plans=options.fanout_plans, say=step)
+            return await both(bootstrap, Path(tmp))
         with EmbeddedBroker() as broker:
-            return await invalidation_path.measure(broker.bootstrap_servers, workload, Path(tmp),
-                                                   rates=options.rates, rate_seconds=options.rate_seconds,
-                                                   fanout_plans=options.fanout_plans, say=step)
+            return await both(broker.bootstrap_servers, Path(tmp))
 
 
 def next_steps(result: dict) -> list[str]:
