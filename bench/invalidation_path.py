@@ -24,13 +24,15 @@ Progress = Callable[[str], None]
 
 async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates: tuple[int, ...],
                   rate_seconds: float, fanout_plans: int, hot_rate: float, select_rates: tuple[int, ...],
-                  select_rate: float, say: Progress) -> dict:
+                  select_rate: float, session_timeout: float, say: Progress) -> dict:
     """Run every broker-side comparison on one worker; returns the report section.
 
-    Order matters: the fan-out restarts the worker with many cloned plans, so it comes last.
+    Order matters: the fan-out restarts the worker with many cloned plans, so it comes last. The
+    restarted worker waits out the group's session timeout before it is assigned partitions.
     """
     async with aiohttp.ClientSession() as http:
-        worker = await start_worker(bootstrap, directory / "freshplan", http)
+        worker = await start_worker(bootstrap, directory / "freshplan", http,
+                                    FRESHPLAN_SESSION_TIMEOUT=f"{session_timeout:g}")
         try:
             say(f"warming {len(workload.requests)} plans")
             token = await worker.publish(workload.catalog)

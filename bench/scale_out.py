@@ -32,11 +32,12 @@ def cores() -> list[int]:
         return []
 
 
-async def cluster(bootstrap: str, directory: Path, http: aiohttp.ClientSession, n: int) -> list[BenchWorker]:
+async def cluster(bootstrap: str, directory: Path, http: aiohttp.ClientSession, n: int,
+                  **extra: str) -> list[BenchWorker]:
     """`n` workers on one set of topics and one consumer group, each with its own state and port."""
     tag, token = uuid.uuid4().hex[:8], secrets.token_urlsafe(32)
     return list(await asyncio.gather(*(start_worker(bootstrap, directory / f"worker-{i}", http, tag=tag,
-                                                    FRESHPLAN_TOKEN=token) for i in range(n))))
+                                                    FRESHPLAN_TOKEN=token, **extra) for i in range(n))))
 
 
 async def applied(workers: list[BenchWorker], token: str, timeout: float = 900.0) -> list[dict]:
@@ -162,17 +163,18 @@ def ratios(one: dict, two: dict) -> dict:
 
 
 async def measure(bootstrap: str, workload: Workload, directory: Path, one: dict, *, takeover_timeout: float,
-                  say: Progress) -> dict:
+                  session_timeout: float, say: Progress) -> dict:
     """2 workers on `workload` against `one` (the single pinned worker's run of it), then a kill -9."""
     async with aiohttp.ClientSession() as http:
-        workers = await cluster(bootstrap, directory, http, 2)
+        workers = await cluster(bootstrap, directory, http, 2, FRESHPLAN_SESSION_TIMEOUT=f"{session_timeout:g}")
         try:
             say(f"2 workers: warming {len(workload.requests)} plans, then the same {len(workload.changes)} events, "
                 "one core each")
             keys = await warm(workers, workload)
             double = await throughput(workers, workload.changes, pin=True)
             say("2 workers: kill -9 of one right after edits that change every plan")
-            taken = await takeover(workers[0], workers[1], workload, keys, takeover_timeout)
+            taken = dict(await takeover(workers[0], workers[1], workload, keys, takeover_timeout),
+                         session_timeout=session_timeout)
         finally:
             for w in workers:
                 if w.proc.poll() is None:
