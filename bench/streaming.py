@@ -132,13 +132,13 @@ async def send_at_rate(worker: BenchWorker, records: list[Record], rate: float) 
         achieved = len(records) / max(1e-9, loop.time() - start)
         last_sent = time.perf_counter()
         metas = await asyncio.gather(*futures)
+        produced: dict[str, dict[int, int]] = {}
+        for (topic, _, _), meta in zip(records, metas, strict=True):
+            parts = produced.setdefault(topic, {})
+            parts[meta.partition] = max(parts.get(meta.partition, 0), meta.offset + 1)
+        lag = unapplied(produced, (await worker.health())["applied_offsets"])
     finally:
         await send.stop()
-    produced: dict[str, dict[int, int]] = {}
-    for (topic, _, _), meta in zip(records, metas, strict=True):
-        parts = produced.setdefault(topic, {})
-        parts[meta.partition] = max(parts.get(meta.partition, 0), meta.offset + 1)
-    lag = unapplied(produced, (await worker.health())["applied_offsets"])
     await worker.caught_up(encode_token(produced))
     drain = time.perf_counter() - last_sent
     sent = [Sent(topic, meta.partition, meta.offset, orjson.loads(value)["event_id"], at)
