@@ -59,7 +59,7 @@ def scale_lines(scale: dict | None) -> list[str]:
               "worker's recompilations (recompilations: the worker's `compilations` counter during the run).", "",
               f"Take-over: edits that change all {t['plans']} plans were published and one worker was killed with "
               f"SIGKILL at once (group session timeout {t.get('session_timeout', 10):g} s: the group cannot "
-              "notice sooner). The survivor owned every input partition after {t['owned_all_seconds']} s and every "
+              f"notice sooner). The survivor owned every input partition after {t['owned_all_seconds']} s and every "
               f"affected plan had been announced after {t['announced_all_seconds']} s; {t['lost']} plans were never "
               f"announced within {t['timeout_seconds']:g} s (lost).", ""]
     return lines
