@@ -86,6 +86,15 @@ class BenchWorker:
                                          stdout=log, stderr=subprocess.STDOUT)
         await _ready(self)
 
+    def pin(self, cpus: set[int] | None) -> bool:
+        """Pin every thread of the worker to `cpus` (None: every core this process may use); False if refused."""
+        return pin(self.proc.pid, cpus)
+
+    def kill9(self) -> None:
+        """SIGKILL: no shutdown, no commit, no goodbye to the group."""
+        self.proc.kill()
+        self.proc.wait()
+
     def stop(self) -> None:
         """SIGTERM and wait."""
         self.proc.terminate()
@@ -96,16 +105,36 @@ class BenchWorker:
             self.proc.wait()
 
 
-async def start_worker(bootstrap: str, directory: Path, http: aiohttp.ClientSession, **extra: str) -> BenchWorker:
-    """A worker with the wall clock off, on fresh topics; returns once its HTTP API is ready."""
-    tag = uuid.uuid4().hex[:8]
+def pin(pid: int, cpus: set[int] | None) -> bool:
+    """Set the CPU affinity of every thread of `pid`; threads started later inherit the main thread's."""
+    cpus = cpus if cpus is not None else os.sched_getaffinity(0)
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except ProcessLookupError:
+                pass  # a thread that ended meanwhile
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+async def start_worker(bootstrap: str, directory: Path, http: aiohttp.ClientSession, tag: str | None = None,
+                       **extra: str) -> BenchWorker:
+    """A worker with the wall clock off; returns once its HTTP API is ready.
+
+    Workers started with the same `tag` share topics and consumer group (a cluster); without one
+    the worker gets fresh topics of its own.
+    """
+    tag = tag or uuid.uuid4().hex[:8]
     port = free_port()
     directory.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, FRESHPLAN_TOPIC_PREFIX=f"bench{tag}-",
                FRESHPLAN_APP_ID=f"bench-{tag}", FRESHPLAN_STATE_DIR=str(directory / "state"),
                FRESHPLAN_WEB_PORT=str(port), FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_FRESHNESS_WAIT="600",
                FRESHPLAN_LOG_LEVEL="warning", FRESHPLAN_PARTITIONS="4", FRESHPLAN_REVOCATION_LAG_BOUND="3600",
-               FRESHPLAN_TOKEN=secrets.token_urlsafe(32), **extra)
+               FRESHPLAN_TOKEN=secrets.token_urlsafe(32))
+    env.update(extra)  # a cluster passes one shared FRESHPLAN_TOKEN
     log_path = directory / "worker.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=env, cwd=ROOT,

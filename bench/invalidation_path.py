@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -14,44 +12,51 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bench.harness import BenchWorker, run_ceiling, start_worker
+from bench.stats import named_latencies, percentiles
+from bench.scale_out import throughput
+from bench.streaming import Listener, hot_plan, selects_under_stream, send_at_rate, stream_summary
 from bench.workload import Workload, bundle, generate, request
-from schemas.freshness import encode_token
 from streams.admin import producer
 from streams.settings import INPUT_TOPICS
 
 Progress = Callable[[str], None]
 
 
-def percentiles(values: list[float]) -> dict:
-    """p50/p95/p99 and max in milliseconds (None when there is nothing to measure)."""
-    if not values:
-        return {"count": 0, "p50_ms": None, "p95_ms": None, "p99_ms": None, "max_ms": None}
-    ordered = sorted(values)
-    q = statistics.quantiles(ordered, n=100, method="inclusive") if len(ordered) > 1 else ordered * 99
-    return {"count": len(ordered), "p50_ms": round(q[49] * 1000, 2), "p95_ms": round(q[94] * 1000, 2),
-            "p99_ms": round(q[98] * 1000, 2), "max_ms": round(ordered[-1] * 1000, 2)}
-
-
 async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates: tuple[int, ...],
-                  rate_seconds: float, fanout_plans: int, say: Progress) -> dict:
-    """Run every broker-side comparison on one worker; returns the report section."""
+                  rate_seconds: float, fanout_plans: int, hot_rate: float, select_rates: tuple[int, ...],
+                  select_rate: float, session_timeout: float, say: Progress) -> dict:
+    """Run every broker-side comparison on one worker; returns the report section.
+
+    Order matters: the fan-out restarts the worker with many cloned plans, so it comes last. The
+    restarted worker waits out the group's session timeout before it is assigned partitions.
+    """
     async with aiohttp.ClientSession() as http:
-        worker = await start_worker(bootstrap, directory / "freshplan", http)
+        worker = await start_worker(bootstrap, directory / "freshplan", http,
+                                    FRESHPLAN_SESSION_TIMEOUT=f"{session_timeout:g}")
         try:
             say(f"warming {len(workload.requests)} plans")
             token = await worker.publish(workload.catalog)
             for body in workload.requests:
                 await worker.select(body, token)
             await worker.caught_up(token)
-            say(f"freshplan: applying {len(workload.changes)} events")
+            say(f"freshplan: applying {len(workload.changes)} events (worker pinned to one core)")
             throughput = await _throughput(worker, workload)
             say("ceiling: a bare Faust agent over the same topics")
             ceiling = await run_ceiling(bootstrap, [worker.settings.topic(t) for t in INPUT_TOPICS],
                                         len(workload.catalog) + len(workload.changes), directory)
             latency = {}
             for k, rate in enumerate(rates):
-                say(f"latency at {rate} events/s for {rate_seconds:g}s")
+                say(f"subscriber-visible latency at {rate} events/s for {rate_seconds:g}s")
                 latency[str(rate)] = await _latency(worker, rate, rate_seconds, version_base=1_000_000 * (k + 1))
+            selects = {}
+            for k, rate in enumerate(select_rates):
+                say(f"cached selects at {select_rate:g}/s while {rate} events/s apply, for {rate_seconds:g}s")
+                records = generate(changes=max(1, int(rate * rate_seconds)), seed=100 + rate, prefix=f"sel{rate}-",
+                                   version_base=1_000_000 * (len(rates) + 1 + k)).changes
+                selects[str(rate)] = await selects_under_stream(worker, workload.requests, records, rate,
+                                                                rate_seconds, select_rate)
+            say(f"hot plan on the Atlas scenario at {hot_rate:g} events/s for {rate_seconds:g}s")
+            hot = await hot_plan(worker, hot_rate, rate_seconds)
             say(f"fan-out: one policy version over {fanout_plans} plans")
             fanout = await _fanout(worker, fanout_plans)
             health = await worker.health()
@@ -60,78 +65,36 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
     ratio = throughput["events_per_second"] / ceiling["events_per_second"] if ceiling["events_per_second"] else None
     return {"throughput": {"freshplan": throughput, "ceiling_bare_faust": ceiling,
                            "ratio_to_ceiling": ratio and round(ratio, 4)},
-            "latency_by_rate": latency, "fanout": fanout,
+            "latency_by_rate": latency, "selects_under_stream": selects, "hot_plan": hot, "fanout": fanout,
             "worker_counters": {k: v for k, v in health["counters"].items() if not k.startswith("selects")}}
 
 
 async def _throughput(worker: BenchWorker, workload: Workload) -> dict:
     # Events are published while the worker is paused, so the clock measures applying, not producing.
-    for topic in INPUT_TOPICS:
-        await worker.consumers(topic, "pause")
-    before = Counter((await worker.health())["counters"])
-    token = await worker.publish(workload.changes)
-    started = time.perf_counter()
-    for topic in INPUT_TOPICS:
-        await worker.consumers(topic, "resume")
-    health = await worker.caught_up(token)
-    seconds = time.perf_counter() - started
-    delta = Counter(health["counters"]) - before
-    recompiles = delta["invalidations"] + delta["unchanged_recompilations"]
-    return {"events": len(workload.changes), "seconds": round(seconds, 3),
-            "events_per_second": round(len(workload.changes) / seconds),
-            "invalidations": delta["invalidations"], "identical_recompilations": delta["unchanged_recompilations"],
-            "recompilations_per_second": round(recompiles / seconds, 1)}
+    run = await throughput([worker], workload.changes, pin=True)
+    [counts] = run["per_worker"]
+    recompiles = counts["invalidations"] + counts["unchanged_recompilations"]
+    return {"events": run["events"], "seconds": run["seconds"], "events_per_second": round(run["events_per_second"]),
+            "invalidations": counts["invalidations"], "identical_recompilations": counts["unchanged_recompilations"],
+            "compilations": counts["compilations"], "pinned": run["pinned"],
+            "recompilations_per_second": round(recompiles / run["seconds"], 1)}
 
 
 async def _latency(worker: BenchWorker, rate: int, seconds: float, version_base: int) -> dict:
-    """Publish at a fixed rate; time from each send to the first invalidation that names it as cause."""
+    """Subscriber-visible latency on the bench workload at a fixed rate.
+
+    From the producer's send (stamped just before the call) to a consumer of `plan-invalidations`,
+    started before the first send, having read the first announcement that names the event as its
+    cause. Events that invalidated nothing are not in the percentiles; `lag_at_end` says whether
+    the worker kept up (a backlog built when more than 100 ms of input was unapplied at the end).
+    """
     stream = generate(changes=max(1, int(rate * seconds)), seed=rate, prefix=f"lat{rate}-",
                       version_base=version_base).changes
-    ids = [orjson.loads(v)["event_id"] for _, _, v in stream]
-    sent: dict[str, float] = {}
-    got: dict[str, float] = {}
-    consumer = await _announcements_from_now(worker)
-
-    async def listen() -> None:
-        while True:
-            batch = await consumer.getmany(timeout_ms=50)
-            now = time.time()
-            for records in batch.values():
-                for m in records:
-                    eid = orjson.loads(m.value)["cause"]["event_id"]
-                    got.setdefault(eid, now)
-
-    listener = asyncio.create_task(listen())
-    send = producer(worker.bootstrap, worker.settings.kafka.client_kwargs())
-    await send.start()
-    futures = []
-    try:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        i = 0
-        while i < len(stream):
-            due = min(len(stream), int((loop.time() - start) * rate) + 1)
-            while i < due:
-                topic, key, value = stream[i]
-                futures.append((topic, await send.send(worker.settings.topic(topic), value, key=key)))
-                sent[ids[i]] = time.time()
-                i += 1
-            await asyncio.sleep(0.005)
-        achieved = len(stream) / (loop.time() - start)
-        metas = [(topic, await f) for topic, f in futures]
-        offsets: dict[str, dict[int, int]] = {}
-        for topic, meta in metas:
-            parts = offsets.setdefault(topic, {})
-            parts[meta.partition] = max(parts.get(meta.partition, 0), meta.offset + 1)
-        await worker.caught_up(encode_token(offsets))
-        await asyncio.sleep(0.5)  # let the listener read the last announcements
-    finally:
-        listener.cancel()
-        await send.stop()
-        await consumer.stop()
-    waits = [got[e] - sent[e] for e in ids if e in got]
-    return dict(percentiles(waits), events=len(stream), achieved_rate=round(achieved, 1),
-                events_that_invalidated=len(waits))
+    async with Listener(worker) as listener:
+        sent = await send_at_rate(worker, stream, rate)
+        await listener.settle()
+    waits = named_latencies({s.event_id: s.sent_at for s in sent.sent}, listener.seen)
+    return dict(percentiles(waits), **stream_summary(sent, rate), events_that_invalidated=len(waits))
 
 
 async def _fanout(worker: BenchWorker, plans: int) -> dict:
@@ -144,10 +107,11 @@ async def _fanout(worker: BenchWorker, plans: int) -> dict:
     template = await worker.select(dict(request("u0", "E0"), query="fan-out template"))
     await worker.caught_up(worker_token(await worker.health()))
     worker.stop()
-    _clone_plans(worker.settings.db_path, template["plan_id"], plans)
+    others = _clone_plans(worker.settings.db_path, template["plan_id"], plans)
     await worker.restart()
     health = await worker.health()
-    expected = health["plans"].get("fresh", 0)  # a new policy version changes every fresh plan
+    # A new bench policy version changes every fresh plan of the bench bundle (not the Atlas one).
+    expected = health["plans"].get("fresh", 0) - others
     consumer = await _announcements_from_now(worker)
     seen: set[str] = set()
     try:
@@ -171,6 +135,7 @@ async def _fanout(worker: BenchWorker, plans: int) -> dict:
             "bare_producer_seconds": ceiling,
             "first_invalidation_seconds": first and round(first - started, 3),
             "all_published_seconds": round(last - started, 3),
+            "ratio_to_bare_producer": round((last - started) / ceiling, 2) if ceiling else None,
             "seconds_per_plan_ms": round((last - started) / max(1, len(seen)) * 1000, 4)}
 
 
@@ -218,7 +183,8 @@ def worker_token(health: dict) -> str:
     return health["freshness_token"]
 
 
-def _clone_plans(db_path: Path, template_id: str, copies: int) -> None:
+def _clone_plans(db_path: Path, template_id: str, copies: int) -> int:
+    """Write `copies` of a compiled plan into a stopped worker's state; returns its fresh plans of other bundles."""
     import pyarrow as pa
 
     from compiler.request import parse_request, plan_key
@@ -232,6 +198,8 @@ def _clone_plans(db_path: Path, template_id: str, copies: int) -> None:
         entity = orjson.loads(plan_doc)["entity_id"]
         deps = [r[0] for r in db.execute("SELECT dep_key FROM dependency_index WHERE plan_key = ?", [key]).fetchall()]
         base = orjson.loads(request_doc)
+        others = sum(orjson.loads(r)["decision_type"] != base["decision_type"] for (r,) in db.execute(
+            "SELECT request FROM plans WHERE status = 'fresh'").fetchall())
         keys, ids, requests, docs = [], [], [], []
         for i in range(copies):
             doc = dict(base, query=f"fan-out copy {i}")
@@ -256,3 +224,4 @@ def _clone_plans(db_path: Path, template_id: str, copies: int) -> None:
                 verb="INSERT INTO")
     finally:
         state.close()
+    return others

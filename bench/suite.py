@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from bench import cache_contenders, index_cost, invalidation_path, quality
+from bench import cache_contenders, index_cost, invalidation_path, quality, scale_out
 from bench.profile import profile_apply
 from bench.report import plots, targets, write_json
 from bench.summary import markdown
@@ -31,6 +31,16 @@ class BenchOptions:
     """Fixed input rates for the latency comparison (events/s)."""
     rate_seconds: float = 5.0
     """How long each fixed rate is held."""
+    hot_rate: float = 200.0
+    """Input rate of the one hot plan on the Atlas scenario (events/s)."""
+    select_rates: tuple[int, ...] = (0, 200, 1_000)
+    """Input rates under which cached selects are timed (events/s; 0 is no stream)."""
+    select_rate: float = 50.0
+    """Cached selects issued per second during each of those streams."""
+    takeover_timeout: float = 120.0
+    """How long the survivor of a kill -9 gets before unannounced plans count as lost."""
+    session_timeout: float = 10.0
+    """Workers' FRESHPLAN_SESSION_TIMEOUT: how soon the group notices a killed (or restarted) worker."""
     fanout_plans: int = 100_000
     """Plans indexed for the policy-version fan-out (copies of one compiled plan)."""
     cache_events: int = 3_000
@@ -48,7 +58,8 @@ class BenchOptions:
     def quick(cls) -> "BenchOptions":
         """Small enough for a test run; same code paths."""
         return cls(events=300, plans=30, rates=(100,), rate_seconds=1.0, fanout_plans=600, cache_events=150,
-                   index_plans=2_000, restart_plans=20_000)
+                   index_plans=2_000, restart_plans=20_000, select_rates=(0, 200), select_rate=20.0,
+                   takeover_timeout=60.0, session_timeout=4.0)
 
 
 def environment() -> dict:
@@ -129,29 +140,45 @@ async def _broker_part(options: BenchOptions, workload, out_dir: Path, step, boo
 
     from streams.broker import EmbeddedBroker
 
+    async def both(servers: str, tmp: Path) -> dict:
+        result = await invalidation_path.measure(
+            servers, workload, tmp / "path", rates=options.rates, rate_seconds=options.rate_seconds,
+            fanout_plans=options.fanout_plans, hot_rate=options.hot_rate, select_rates=options.select_rates,
+            select_rate=options.select_rate, session_timeout=options.session_timeout, say=step)
+        result["scale_out"] = await scale_out.measure(servers, workload, tmp / "cluster",
+                                                      result["throughput"]["freshplan"],
+                                                      takeover_timeout=options.takeover_timeout,
+                                                      session_timeout=options.session_timeout, say=step)
+        return result
+
     with tempfile.TemporaryDirectory(prefix="fpbench-") as tmp:
         if bootstrap:
-            return await invalidation_path.measure(bootstrap, workload, Path(tmp), rates=options.rates,
-                                                   rate_seconds=options.rate_seconds,
-                                                   fanout_plans=options.fanout_plans, say=step)
+            return await both(bootstrap, Path(tmp))
         with EmbeddedBroker() as broker:
-            return await invalidation_path.measure(broker.bootstrap_servers, workload, Path(tmp),
-                                                   rates=options.rates, rate_seconds=options.rate_seconds,
-                                                   fanout_plans=options.fanout_plans, say=step)
+            return await both(broker.bootstrap_servers, Path(tmp))
 
 
 def next_steps(result: dict) -> list[str]:
-    """What the run suggests doing next, from the targets it missed."""
-    missed = {t["measure"].split(" (")[0] for t in result["targets"] if not t["met"]}
+    """What the run suggests doing next, from the targets it missed (issue 13's build steps)."""
+    missed = {t["measure"] for t in result["targets"] if not t["met"]}
     shares = result.get("profile", {}).get("shares", {})
     compile_share = shares.get("compiling (passes 1-6, incl. catalog reads)", 0)
     steps = []
-    if any(m.startswith("events/s") or m.startswith("p99") for m in missed):
-        steps.append(f"Recompiling dominates the apply path ({compile_share:.0%} of it here): announce "
-                     "invalidations first and recompile successors off the hot path, and cache Cedar "
-                     "entity documents per batch instead of rebuilding them per plan.")
+    if any(m.startswith(("events/s per worker", "subscriber p99")) for m in missed):
+        steps.append(f"Recompiling dominates the apply path ({compile_share:.0%} of it here): one Cedar batch per "
+                     "apply batch, entity documents built once, repeated changes to one plan coalesced (step 4).")
+    if any(m.startswith("select p99") for m in missed):
+        steps.append("Cached selects wait behind applying and compiling on the HTTP event loop: run those in a "
+                     "worker thread or process with their own DuckDB cursor, or slice them (step 4).")
     if any(m.startswith("100,000-plan") for m in missed):
-        steps.append("Fan-out time grows with the plans recompiled before the announcements go out; "
-                     "announcing from the index alone (successor id filled in later) makes a policy version "
-                     "cost one index lookup plus one produce per plan.")
+        steps.append("Fan-out time grows with the plans handled one by one before the announcements go out; build "
+                     "large fan-outs column-wise and publish them in pre-built batches (step 4).")
+    if any(m.startswith(("total recompilations", "recompilations of the busiest", "events/s, 2 workers"))
+           for m in missed):
+        steps.append("Every worker recompiles every plan, so a second worker adds no capacity: own plans by the "
+                     "partition of their entity and recompile only owned plans (step 2).")
+    if any(m.startswith("take-over") for m in missed):
+        steps.append("Take-over waits for the group's session timeout and then for the survivor to publish what "
+                     "its standby held; restore heads and keys from a compacted topic instead of recompiling "
+                     "(step 3).")
     return steps

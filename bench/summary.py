@@ -11,6 +11,64 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
     return out + [""]
 
 
+def subscriber_lines(path: dict) -> list[str]:
+    """Latency a subscriber of `plan-invalidations` sees, and cached selects while events stream."""
+    lines = ["Subscriber-visible latency: from the producer's send (stamped just before the call) to an aiokafka "
+             "consumer of `plan-invalidations`, assigned every partition at its end before the first send, "
+             "having read the announcement. Bench workload: events named as an announcement's cause. Hot plan: "
+             "every event changes the one Atlas plan, and an event counts as seen when an announcement whose "
+             "successor was compiled after it arrives. A backlog built when more than 100 ms of input was "
+             "unapplied as the last event was acknowledged.", ""]
+    rows = []
+    hot = path.get("hot_plan")
+    if hot:
+        rows.append([f"hot Atlas plan, {hot['rate']:,.0f}/s", hot["achieved_rate"], hot["count"], hot["p50_ms"],
+                     hot["p95_ms"], hot["p99_ms"], hot["max_ms"], hot["lag_at_end"], _yes(hot["backlog"])])
+    for r, v in path["latency_by_rate"].items():
+        rows.append([f"bench workload, {int(r):,}/s", v["achieved_rate"], v["count"], v["p50_ms"], v["p95_ms"],
+                     v["p99_ms"], v["max_ms"], v.get("lag_at_end"), _yes(v.get("backlog"))])
+    lines += _table(["stream", "achieved/s", "measured events", "p50 ms", "p95 ms", "p99 ms", "max ms",
+                     "unapplied at end", "backlog"], rows)
+    selects = path.get("selects_under_stream")
+    if selects:
+        rate = next(iter(selects.values()))["select_rate"]
+        lines += [f"Cached selects over HTTP at {rate:g}/s (open loop: each at its scheduled time) while the bench "
+                  "workload streams at a fixed rate:", ""]
+        lines += _table(["input rate", "cached selects", "compiled", "failed", "p50 ms", "p95 ms", "p99 ms",
+                         "max ms", "stream backlog"],
+                        [[f"{int(r):,}/s", v["count"], v["compiled"], v["failures"], v["p50_ms"], v["p95_ms"],
+                          v["p99_ms"], v["max_ms"], _yes(v["stream"]["backlog"]) if "stream" in v else "-"]
+                         for r, v in selects.items()])
+    return lines
+
+
+def scale_lines(scale: dict | None) -> list[str]:
+    """1 worker against 2 on the same workload, and the take-over after kill -9."""
+    if not scale:
+        return []
+    lines = ["## 1 worker against 2 (same workload, same consumer group, one core each)", ""]
+    rows = []
+    for run in (scale["one"], scale["two"]):
+        rows.append([run["workers"], _yes(run["pinned"]), run["events"], run["seconds"], run["events_per_second"],
+                     " / ".join(str(p["compilations"]) for p in run["per_worker"]), run["total_compilations"]])
+    lines += _table(["workers", "pinned", "events", "seconds", "events/s", "recompilations per worker",
+                     "total recompilations"], rows)
+    r, t = scale["ratios"], scale["takeover"]
+    lines += [f"2 vs 1: events/s {r['events_per_second_2_vs_1']}x, total recompilations "
+              f"{r['total_compilations_2_vs_1']}x, busiest worker {r['busiest_worker_share_of_1']} of the single "
+              "worker's recompilations (recompilations: the worker's `compilations` counter during the run).", "",
+              f"Take-over: edits that change all {t['plans']} plans were published and one worker was killed with "
+              f"SIGKILL at once (group session timeout {t.get('session_timeout', 10):g} s: the group cannot "
+              f"notice sooner). The survivor owned every input partition after {t['owned_all_seconds']} s and every "
+              f"affected plan had been announced after {t['announced_all_seconds']} s; {t['lost']} plans were never "
+              f"announced within {t['timeout_seconds']:g} s (lost).", ""]
+    return lines
+
+
+def _yes(flag) -> str:
+    return "n/a" if flag is None else ("yes" if flag else "no")
+
+
 def markdown(result: dict, images: list[str]) -> str:
     """Render the run as Markdown."""
     env = result["environment"]
@@ -35,10 +93,7 @@ def markdown(result: dict, images: list[str]) -> str:
                   f"({tp['freshplan']['invalidations']} invalidations announced, "
                   f"{tp['freshplan']['identical_recompilations']} recompilations came out identical and were "
                   "not announced).", ""]
-        lines += ["Event-to-invalidation latency at fixed input rates (events that caused an invalidation):", ""]
-        lines += _table(["input rate", "achieved", "measured events", "p50 ms", "p95 ms", "p99 ms", "max ms"],
-                        [[f"{int(r):,}/s", v["achieved_rate"], v["count"], v["p50_ms"], v["p95_ms"], v["p99_ms"],
-                          v["max_ms"]] for r, v in path["latency_by_rate"].items()])
+        lines += subscriber_lines(path)
         fan = path["fanout"]
         lines += [f"Fan-out: one policy version invalidated {fan['invalidations_seen']:,} of {fan['fanout_plans']:,} "
                   f"indexed plans ({fan['cloned_plans']:,} of them copies of one compiled plan with its dependency "
@@ -47,7 +102,9 @@ def markdown(result: dict, images: list[str]) -> str:
                   f"{fan['all_published_seconds']} s ({fan['seconds_per_plan_ms']} ms per plan). Fan-outs larger "
                   "than `FRESHPLAN_EAGER_RECOMPILE_LIMIT` are announced before their successors are compiled. "
                   f"For scale, a bare aiokafka producer needed {fan['bare_producer_seconds']} s in the same run to "
-                  f"publish {fan['invalidations_seen']:,} keyed records of about the same size.", ""]
+                  f"publish {fan['invalidations_seen']:,} keyed records of about the same size "
+                  f"(ratio {fan.get('ratio_to_bare_producer')}x).", ""]
+        lines += scale_lines(path.get("scale_out"))
     caches = result.get("caches")
     if caches:
         lines += [f"## Caches on the same change stream ({caches['events']:,} events at {caches['event_rate']:g}/s "

@@ -1,0 +1,187 @@
+"""One worker against two on the same workload: events/s, recompilations per worker, take-over after kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import aiohttp
+import orjson
+
+from bench.harness import BenchWorker, start_worker
+from bench.stats import lost_invalidations, owns_all
+from bench.streaming import Listener
+from bench.workload import Record, Workload, resource
+from schemas.freshness import decode_token
+from streams.settings import INPUT_TOPICS
+
+Progress = Callable[[str], None]
+
+
+def cores() -> list[int]:
+    """The cores this process may use, in order (workers are pinned one per core when there are enough)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return []
+
+
+async def cluster(bootstrap: str, directory: Path, http: aiohttp.ClientSession, n: int,
+                  **extra: str) -> list[BenchWorker]:
+    """`n` workers on one set of topics and one consumer group, each with its own state and port."""
+    tag, token = uuid.uuid4().hex[:8], secrets.token_urlsafe(32)
+    return list(await asyncio.gather(*(start_worker(bootstrap, directory / f"worker-{i}", http, tag=tag,
+                                                    FRESHPLAN_TOKEN=token, **extra) for i in range(n))))
+
+
+async def applied(workers: list[BenchWorker], token: str, timeout: float = 900.0) -> list[dict]:
+    """Wait until every worker has applied everything up to `token` and published its own outbox.
+
+    Unlike `BenchWorker.caught_up`, standby records (kept in case a peer dies) do not count:
+    they are pruned on a timer, and waiting for it would charge the timer to the cluster.
+    """
+    target = decode_token(token)
+    deadline = asyncio.get_running_loop().time() + timeout
+    pending = list(workers)
+    healths: dict[int, dict] = {}
+    while pending:
+        for w in list(pending):
+            health = await w.health()
+            offsets = health["applied_offsets"]
+            if health["outbox"] == 0 and all(
+                    offsets.get(t, {}).get(str(p), offsets.get(t, {}).get(p, 0)) >= o
+                    for t, parts in target.items() for p, o in parts.items()):
+                healths[id(w)] = health
+                pending.remove(w)
+        if pending:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{len(pending)} worker(s) not caught up within {timeout}s")
+            await asyncio.sleep(0.02)
+    return [healths[id(w)] for w in workers]
+
+
+async def warm(workers: list[BenchWorker], workload: Workload) -> dict[str, str]:
+    """Load the catalog and select every plan on every worker; returns plan key by entity-and-principal."""
+    token = await workers[0].publish(workload.catalog)
+    await applied(workers, token)
+    keys = {}
+    for body in workload.requests:
+        for w in workers:
+            plan = await w.select(body, token)
+        keys[f"{body['principal']}@{body['entity']}"] = plan["plan_key"]
+    return keys
+
+
+async def throughput(workers: list[BenchWorker], changes: list[Record], pin: bool) -> dict:
+    """Events/s of the cluster over `changes` published while paused, and each worker's recompilations."""
+    available = cores()
+    pinned = pin and len(available) >= len(workers)
+    if pinned:
+        pinned = all(w.pin({available[i]}) for i, w in enumerate(workers))
+    try:
+        for w in workers:
+            for topic in INPUT_TOPICS:
+                await w.consumers(topic, "pause")
+        before = [Counter((await w.health())["counters"]) for w in workers]
+        token = await workers[0].publish(changes)
+        started = time.perf_counter()
+        for w in workers:
+            for topic in INPUT_TOPICS:
+                await w.consumers(topic, "resume")
+        after = await applied(workers, token)
+        seconds = time.perf_counter() - started
+    finally:
+        for w in workers:
+            w.pin(None)
+    per_worker = []
+    for b, h in zip(before, after, strict=True):
+        delta = Counter(h["counters"]) - b
+        per_worker.append({"compilations": delta["compilations"], "invalidations": delta["invalidations"],
+                           "unchanged_recompilations": delta["unchanged_recompilations"]})
+    return {"workers": len(workers), "pinned": pinned, "events": len(changes), "seconds": round(seconds, 3),
+            "events_per_second": round(len(changes) / seconds, 1), "per_worker": per_worker,
+            "total_compilations": sum(p["compilations"] for p in per_worker)}
+
+
+def touch_every_entity(workload: Workload, keys: dict[str, str], version: int) -> tuple[list[Record], set[str]]:
+    """One edit of an admitted resource per planned entity; the plan keys those edits must invalidate."""
+    entities = sorted({body["entity"] for body in workload.requests})
+    edits = [resource(f"{e}-r0", e, version, f"takeover-{e}-{version}") for e in entities]
+    return edits, set(keys.values())
+
+
+async def takeover(survivor: BenchWorker, victim: BenchWorker, workload: Workload, keys: dict[str, str],
+                   timeout: float) -> dict:
+    """Publish edits that change every plan, kill -9 one worker at once, and time the survivor's take-over.
+
+    Done when the survivor's duty covers every input partition and every affected plan has been
+    announced on `plan-invalidations` (by either worker, before or after the kill). Plans never
+    announced within `timeout` are counted as lost.
+    """
+    edits, expected = touch_every_entity(workload, keys, version=9_000_000)
+    ids = {orjson.loads(v)["event_id"] for _, _, v in edits}
+    owned_at = announced_at = None
+    async with Listener(survivor) as listener:
+        await survivor.publish(edits)
+        victim.kill9()
+        killed = time.perf_counter()
+        deadline = killed + timeout
+        while time.perf_counter() < deadline and (owned_at is None or announced_at is None):
+            if owned_at is None:
+                try:
+                    duty = (await survivor.health()).get("duty", {})
+                except aiohttp.ClientError:
+                    duty = {}
+                if owns_all(duty, INPUT_TOPICS, survivor.settings.partitions):
+                    owned_at = time.perf_counter()
+            if announced_at is None and not lost_invalidations(
+                    expected, {a.plan_key for a in listener.seen if a.event_id in ids}):
+                announced_at = time.perf_counter()
+            await asyncio.sleep(0.05)
+        lost = lost_invalidations(expected, {a.plan_key for a in listener.seen if a.event_id in ids})
+    done = None if owned_at is None or announced_at is None else max(owned_at, announced_at) - killed
+    return {"plans": len(expected), "events": len(edits), "lost": len(lost), "lost_plan_keys": lost[:20],
+            "owned_all_seconds": owned_at and round(owned_at - killed, 3),
+            "announced_all_seconds": announced_at and round(announced_at - killed, 3),
+            "takeover_seconds": done and round(done, 3), "timeout_seconds": timeout}
+
+
+def ratios(one: dict, two: dict) -> dict:
+    """2-worker figures relative to 1 worker: events/s, total recompilations, the busiest worker's share."""
+    single = one["total_compilations"]
+    return {"events_per_second_2_vs_1": round(two["events_per_second"] / one["events_per_second"], 3)
+            if one["events_per_second"] else None,
+            "total_compilations_2_vs_1": round(two["total_compilations"] / single, 3) if single else None,
+            "busiest_worker_share_of_1": round(max(p["compilations"] for p in two["per_worker"]) / single, 3)
+            if single else None}
+
+
+async def measure(bootstrap: str, workload: Workload, directory: Path, one: dict, *, takeover_timeout: float,
+                  session_timeout: float, say: Progress) -> dict:
+    """2 workers on `workload` against `one` (the single pinned worker's run of it), then a kill -9."""
+    async with aiohttp.ClientSession() as http:
+        workers = await cluster(bootstrap, directory, http, 2, FRESHPLAN_SESSION_TIMEOUT=f"{session_timeout:g}")
+        try:
+            say(f"2 workers: warming {len(workload.requests)} plans, then the same {len(workload.changes)} events, "
+                "one core each")
+            keys = await warm(workers, workload)
+            double = await throughput(workers, workload.changes, pin=True)
+            say("2 workers: kill -9 of one right after edits that change every plan")
+            taken = dict(await takeover(workers[0], workers[1], workload, keys, takeover_timeout),
+                         session_timeout=session_timeout)
+        finally:
+            for w in workers:
+                if w.proc.poll() is None:
+                    w.stop()
+    single = {"workers": 1, "pinned": one["pinned"], "events": one["events"], "seconds": one["seconds"],
+              "events_per_second": one["events_per_second"],
+              "per_worker": [{"compilations": one["compilations"], "invalidations": one["invalidations"],
+                              "unchanged_recompilations": one["identical_recompilations"]}],
+              "total_compilations": one["compilations"]}
+    return {"one": single, "two": double, "ratios": ratios(single, double), "takeover": taken}

@@ -1,0 +1,110 @@
+"""Pure arithmetic of the subscriber-side benchmarks: percentiles, coverage latency, backlog and lost invalidations."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """One record read from `plan-invalidations`, as a subscriber saw it."""
+
+    seen_at: float
+    """Wall-clock second the consumer had it in hand."""
+    plan_key: str
+    """The plan's key (request and entity), stable across successors."""
+    topic: str
+    """Logical or broker topic of the causing event."""
+    partition: int
+    """Partition of the causing event."""
+    offset: int
+    """Offset of the causing event."""
+    event_id: str
+    """Event id of the causing event."""
+    successor: str | None = None
+    """The plan that replaces it, if compiled before the announcement."""
+
+
+def percentiles(values: list[float]) -> dict:
+    """p50/p95/p99 and max in milliseconds of values in seconds (None when there is nothing to measure)."""
+    if not values:
+        return {"count": 0, "p50_ms": None, "p95_ms": None, "p99_ms": None, "max_ms": None}
+    ordered = sorted(values)
+    q = statistics.quantiles(ordered, n=100, method="inclusive") if len(ordered) > 1 else ordered * 99
+    return {"count": len(ordered), "p50_ms": round(q[49] * 1000, 2), "p95_ms": round(q[94] * 1000, 2),
+            "p99_ms": round(q[98] * 1000, 2), "max_ms": round(ordered[-1] * 1000, 2)}
+
+
+def named_latencies(sent: Mapping[str, float], seen: Iterable[Announcement]) -> list[float]:
+    """Send-to-visible seconds of each sent event that some announcement names as its cause (first one counts)."""
+    first: dict[str, float] = {}
+    for a in seen:
+        if a.event_id in sent and (a.event_id not in first or a.seen_at < first[a.event_id]):
+            first[a.event_id] = a.seen_at
+    return [first[e] - sent[e] for e in sent if e in first]
+
+
+def covered_latencies(sends: list[tuple[int, float]], seen: Iterable[Announcement], plan_key: str,
+                      partition: int, reflects: Mapping[str, int] | None = None) -> tuple[list[float], int]:
+    """Latency of each send to one plan's input partition until an announcement of that plan covers it.
+
+    `sends` are (offset, sent_at) of events that all change the plan, on one partition. An
+    announcement covers every event its successor was compiled after: offsets below the
+    successor's `compiled_as_of` on that partition (`reflects`, by successor plan id), whichever
+    event of a folded batch it names as cause. Without a known successor it covers its cause and
+    what came before. Returns the latencies and how many sends no announcement covered.
+    """
+    reflects = reflects or {}
+    marks = []
+    for a in seen:
+        if a.plan_key != plan_key:
+            continue
+        if a.successor in reflects:
+            marks.append((reflects[a.successor], a.seen_at))
+        elif a.partition == partition:
+            marks.append((a.offset + 1, a.seen_at))
+    marks.sort()
+    # Earliest sighting among announcements that cover at least up to each bound: a suffix minimum.
+    suffix: list[tuple[int, float]] = []
+    best = float("inf")
+    for upto, at in reversed(marks):
+        best = min(best, at)
+        suffix.append((upto, best))
+    suffix.reverse()
+    waits, uncovered = [], 0
+    j = 0
+    for offset, sent_at in sorted(sends):
+        while j < len(suffix) and suffix[j][0] <= offset:
+            j += 1
+        if j == len(suffix):
+            uncovered += 1
+        else:
+            waits.append(suffix[j][1] - sent_at)
+    return waits, uncovered
+
+
+def unapplied(produced: Mapping[str, Mapping[int, int]], applied: Mapping[str, Mapping]) -> int:
+    """Events produced (next offsets per topic and partition) that the worker has not applied yet."""
+    total = 0
+    for topic, parts in produced.items():
+        done = applied.get(topic, {})
+        for partition, end in parts.items():
+            total += max(0, end - done.get(str(partition), done.get(partition, 0)))
+    return total
+
+
+def backlog_built(lag_at_end: int, rate: float) -> bool:
+    """A backlog built when more than 100 ms of the stream was still unapplied as the last event went out."""
+    return lag_at_end > max(1.0, rate * 0.1)
+
+
+def lost_invalidations(expected: Iterable[str], announced: Iterable[str]) -> list[str]:
+    """Plan keys an event affected that no announcement on `plan-invalidations` ever named, sorted."""
+    return sorted(set(expected) - set(announced))
+
+
+def owns_all(duty: Mapping[str, Iterable[int]], topics: Iterable[str], partitions: int) -> bool:
+    """Whether a worker's duty (input topic -> partitions) covers every partition of every input topic."""
+    return all(set(duty.get(t, ())) >= set(range(partitions)) for t in topics)

@@ -1,0 +1,91 @@
+"""The targets table: issue 13's rows, each with its measured value and verdict."""
+
+from __future__ import annotations
+
+from bench.report import invalidation_rows, takeover_row, targets
+
+
+def _path(**over) -> dict:
+    path = {
+        "throughput": {"ratio_to_ceiling": 0.087},
+        "hot_plan": {"rate": 200.0, "p99_ms": 40.0, "uncovered": 0, "events": 1000},
+        "latency_by_rate": {"1000": {"p99_ms": 90.0, "backlog": False, "lag_at_end": 12}},
+        "selects_under_stream": {"200": {"p99_ms": 114.0}},
+        "fanout": {"fanout_plans": 100_201, "ratio_to_bare_producer": 2.41},
+        "scale_out": {"ratios": {"total_compilations_2_vs_1": 2.0, "busiest_worker_share_of_1": 1.0,
+                                 "events_per_second_2_vs_1": 0.97},
+                      "takeover": {"plans": 200, "takeover_seconds": 16.2, "timeout_seconds": 120.0, "lost": 0}},
+    }
+    path.update(over)
+    return path
+
+
+def _by_measure(rows: list[dict]) -> dict[str, dict]:
+    return {r["measure"]: r for r in rows}
+
+
+def test_every_issue_13_target_has_a_row_with_value_and_verdict():
+    rows = _by_measure(invalidation_rows(_path()))
+    assert list(rows) == [
+        "events/s per worker vs bare Faust agent",
+        "subscriber p99, one hot plan (Atlas), 200 events/s",
+        "subscriber p99, bench workload, 1,000 events/s",
+        "select p99 (cached) while 200 events/s apply",
+        "100,000-plan fan-out, last announcement vs bare aiokafka producer",
+        "total recompilations, 2 workers vs 1",
+        "recompilations of the busiest of 2 workers vs 1 worker",
+        "events/s, 2 workers vs 1 (each pinned to its own core)",
+        "take-over after kill -9 (200 plans)"]
+    verdicts = {m: r["met"] for m, r in rows.items()}
+    assert verdicts == {
+        "events/s per worker vs bare Faust agent": False,
+        "subscriber p99, one hot plan (Atlas), 200 events/s": True,
+        "subscriber p99, bench workload, 1,000 events/s": True,
+        "select p99 (cached) while 200 events/s apply": False,
+        "100,000-plan fan-out, last announcement vs bare aiokafka producer": False,
+        "total recompilations, 2 workers vs 1": False,
+        "recompilations of the busiest of 2 workers vs 1 worker": False,
+        "events/s, 2 workers vs 1 (each pinned to its own core)": False,
+        "take-over after kill -9 (200 plans)": False}
+    assert rows["events/s per worker vs bare Faust agent"]["shown"] == "8.7%"
+    assert rows["events/s per worker vs bare Faust agent"]["gap"] == "4.0x short"
+    assert rows["select p99 (cached) while 200 events/s apply"]["gap"] == "5.7x over"
+    assert rows["total recompilations, 2 workers vs 1"]["shown"] == "2.00x"
+    assert rows["take-over after kill -9 (200 plans)"]["shown"] == "16.2 s, 0 lost"
+
+
+def test_a_backlog_misses_the_1000_per_second_target_even_with_a_low_p99():
+    rows = _by_measure(invalidation_rows(_path(latency_by_rate={
+        "1000": {"p99_ms": 80.0, "backlog": True, "lag_at_end": 700}})))
+    row = rows["subscriber p99, bench workload, 1,000 events/s"]
+    assert not row["met"] and row["gap"] == "a backlog built"
+    assert row["shown"] == "80 ms, backlog yes (700 unapplied at the end)"
+
+
+def test_uncovered_hot_plan_sends_miss_the_target():
+    rows = _by_measure(invalidation_rows(_path(hot_plan={"rate": 200.0, "p99_ms": 10.0, "uncovered": 3,
+                                                         "events": 1000})))
+    row = rows["subscriber p99, one hot plan (Atlas), 200 events/s"]
+    assert not row["met"] and "3 of 1000 sends never announced" in row["gap"]
+
+
+def test_a_lost_invalidation_fails_the_take_over_however_fast():
+    row = takeover_row({"plans": 30, "takeover_seconds": 2.0, "timeout_seconds": 60.0, "lost": 1})
+    assert not row["met"] and row["gap"] == "1 invalidations lost" and row["shown"] == "2.0 s, 1 lost"
+    row = takeover_row({"plans": 30, "takeover_seconds": None, "timeout_seconds": 60.0, "lost": 4})
+    assert not row["met"] and row["shown"] == "not done within 60 s, 4 lost"
+    assert takeover_row({"plans": 30, "takeover_seconds": 9.5, "timeout_seconds": 60.0, "lost": 0})["met"]
+
+
+def test_what_a_run_did_not_measure_is_missed_and_says_so():
+    rows = _by_measure(invalidation_rows(_path(latency_by_rate={"100": {}}, selects_under_stream={},
+                                               scale_out=None)))
+    for measure in ("subscriber p99, bench workload, 1,000 events/s", "select p99 (cached) while 200 events/s apply",
+                    "total recompilations, 2 workers vs 1", "take-over after kill -9"):
+        assert not rows[measure]["met"] and rows[measure]["gap"] == "not measured in this run"
+        assert rows[measure]["shown"] == "n/a"
+
+
+def test_small_fanouts_name_their_size_and_other_sections_keep_their_rows():
+    rows = targets({"invalidation_path": _path(fanout={"fanout_plans": 631, "ratio_to_bare_producer": 1.1})})
+    assert _by_measure(rows)["100,000-plan fan-out, last announcement vs bare aiokafka producer (631 plans)"]["met"]

@@ -1,0 +1,33 @@
+"""1 vs 2 workers: the ratios and the edits that must invalidate every plan."""
+
+from __future__ import annotations
+
+import orjson
+
+from bench.scale_out import ratios, touch_every_entity
+from bench.workload import generate
+
+
+def _run(eps: float, *compilations: int) -> dict:
+    return {"events_per_second": eps, "per_worker": [{"compilations": c} for c in compilations],
+            "total_compilations": sum(compilations)}
+
+
+def test_ratios_of_two_workers_to_one():
+    # Replicated today: each worker recompiles everything, so twice the work and no speed-up.
+    assert ratios(_run(500, 100), _run(480, 100, 100)) == {
+        "events_per_second_2_vs_1": 0.96, "total_compilations_2_vs_1": 2.0, "busiest_worker_share_of_1": 1.0}
+    # Partitioned: the split the issue asks for.
+    assert ratios(_run(500, 100), _run(900, 52, 50)) == {
+        "events_per_second_2_vs_1": 1.8, "total_compilations_2_vs_1": 1.02, "busiest_worker_share_of_1": 0.52}
+    assert ratios(_run(0, 0), _run(1, 1, 1))["total_compilations_2_vs_1"] is None
+
+
+def test_take_over_edits_touch_every_planned_entity_once_with_a_new_version():
+    workload = generate(plans=12, changes=10, seed=3)
+    keys = {f"{b['principal']}@{b['entity']}": f"key-{i}" for i, b in enumerate(workload.requests)}
+    edits, expected = touch_every_entity(workload, keys, version=9_000_000)
+    bodies = [orjson.loads(v)["resource"] for _, _, v in edits]
+    assert sorted(b["entity"] for b in bodies) == sorted({r["entity"] for r in workload.requests})
+    assert {b["version"] for b in bodies} == {9_000_000} and all(b["id"].endswith("-r0") for b in bodies)
+    assert expected == set(keys.values())

@@ -1,0 +1,22 @@
+"""The summary's scale-out section renders every figure of the run."""
+
+from __future__ import annotations
+
+from bench.summary import scale_lines
+
+
+def test_scale_out_section_names_the_figures():
+    run = {"workers": 1, "pinned": True, "events": 10, "seconds": 2.0, "events_per_second": 5.0,
+           "per_worker": [{"compilations": 7}], "total_compilations": 7}
+    two = dict(run, workers=2, per_worker=[{"compilations": 7}, {"compilations": 8}], total_compilations=15)
+    text = "\n".join(scale_lines({
+        "one": run, "two": two, "ratios": {"events_per_second_2_vs_1": 1.0, "total_compilations_2_vs_1": 2.14,
+                                           "busiest_worker_share_of_1": 1.14},
+        "takeover": {"plans": 30, "owned_all_seconds": 4.5, "announced_all_seconds": 6.25, "lost": 0,
+                     "timeout_seconds": 60.0, "session_timeout": 4.0}}))
+    assert "| 2 | yes | 10 | 2.0 | 5.0 | 7 / 8 | 15 |" in text
+    assert "total recompilations 2.14x" in text
+    assert "session timeout 4 s" in text and "every input partition after 4.5 s" in text
+    assert "announced after 6.25 s; 0 plans were never announced within 60 s" in text
+    assert "{" not in text
+    assert scale_lines(None) == []
