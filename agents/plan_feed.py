@@ -10,14 +10,10 @@ from typing import Any, Callable
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents.invalidation import Invalidator, wall_now
+from agents.plan_writer import PlanWriter
 from agents.replica import Replica
-from compiler.errors import ParseError, RequestError
-from compiler.pipeline import compile_request
 from schemas.codec import validate
 from schemas.errors import InvalidEvent
-from schemas.timefmt import format_instant
-from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
 from streams.admin import stop_within
 
@@ -39,10 +35,10 @@ class PlanFeed:
     compilation as its successor.
     """
 
-    def __init__(self, state: LocalState, invalidator: Invalidator, replica: Replica, bootstrap_servers: str,
+    def __init__(self, state: LocalState, writer: PlanWriter, replica: Replica, bootstrap_servers: str,
                  topic: str, after_apply: Callable[[], object] | None = None, kafka: dict | None = None) -> None:
         self.state = state
-        self.invalidator = invalidator
+        self.writer = writer
         self.replica = replica
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic  # broker-side name of `plans`
@@ -166,39 +162,4 @@ class PlanFeed:
                            "error_class": "bad_internal_record"})
 
     def _judge(self, foreign: list[tuple[int, int, dict[str, Any]]]) -> None:
-        state = self.state
-        now = state.store.now()
-        counts: Counter[str] = Counter()
-        view = CatalogSnapshot(state.catalog)
-        view.prefetch([plan["request"] for _, _, plan in foreign])
-        for partition, offset, plan in foreign:
-            try:
-                compiled = compile_request(plan["request"], view, now)
-            except ParseError as exc:  # no worker could have compiled this request: not a plan at all
-                self._skip(partition, offset, f"its request does not parse ({exc.code})", counts)
-                continue
-            except RequestError:
-                compiled = None
-            except Exception as exc:  # noqa: BLE001 - a poisoned internal record must not stop any worker
-                self._skip(partition, offset, f"{type(exc).__name__} while compiling its request", counts)
-                continue
-            if compiled is not None and compiled.plan_id == plan["plan_id"]:
-                self.invalidator.store_compiled([compiled], now, counts, publish=False)
-                counts["plans_adopted"] += 1
-                continue
-            successor = compiled.plan_id if compiled else None
-            cause = {"topic": self.topic, "partition": partition, "offset": offset, "event_id": plan["plan_id"],
-                     "dependency_key": f"plan:{plan['plan_id']}"}
-            record = {"schema_version": 1, "plan_id": plan["plan_id"], "plan_key": plan.get("plan_key", ""),
-                      "reason": "stale_on_arrival", "cause": cause, "invalidated_at": wall_now(),
-                      "as_of": now and format_instant(now), "successor_plan_id": successor}
-            state.plans.record_stale(plan, cause, successor, now)
-            state.outbox.add_many([(self.invalidator.topic_of("plan-invalidations"), plan["plan_id"].encode(),
-                                    orjson.dumps(record))])
-            if compiled is not None:
-                self.invalidator.store_compiled([compiled], now, counts, publish=True)
-            counts["plans_stale_on_arrival"] += 1
-            counts["invalidations"] += 1
-            log.info("plan %s from another worker was stale on arrival", plan["plan_id"],
-                     extra={"plan_id": plan["plan_id"], "reason": "stale_on_arrival", "successor_plan_id": successor})
-        state.store.bump_many(counts)
+        self.writer.judge_foreign(foreign, self.topic, self._skip)

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from typing import Any
 
 import duckdb
 
 from compiler.errors import RequestError
-from compiler.pipeline import compile_request
 from compiler.request import Limits, parse_request, plan_key
 from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
-from agents.invalidation import Invalidator
+from agents.plan_writer import PlanWriter
 from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
@@ -33,15 +31,16 @@ class StateError(RequestError):
 class QueryService:
     """The read path: plan key lookup, then cache or compile."""
 
-    def __init__(self, state: LocalState, invalidator: Invalidator, guard=None) -> None:
+    def __init__(self, state: LocalState, writer: PlanWriter, guard=None) -> None:
         self.state = state
-        self.invalidator = invalidator
+        self.writer = writer
         self.guard = guard  # a LagWatcher; None only where no broker exists (unit tests)
         self.on_compile = None  # seconds per compilation on the read path
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
         self.limits = Limits()  # largest request fields a select accepts
         self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
         self.unreadable: str | None = None  # why the state file failed a read; sticky until a restart
+        self.last_events: dict[str, dict] = {}  # the event applier's latest event per topic, for operators
 
     def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
         """Record a failed read of the state file and return the refusal to send (never a 500)."""
@@ -92,15 +91,7 @@ class QueryService:
         plan = state.plans.fresh_plan(key)
         served_from = "cache"
         if plan is None:
-            now = state.store.now()
-            started = time.perf_counter()
-            compiled = compile_request(request, state.catalog, now)
-            if self.on_compile:
-                self.on_compile(time.perf_counter() - started)
-            with state.store.transaction():
-                # Read-path counters stay in memory: a counter write would cost as much as the plan.
-                self.invalidator.store_compiled([compiled], now, self.selects)
-            plan = compiled.plan
+            plan = self.writer.compile_select(request, self.selects, self.on_compile).plan
             served_from = "compiled"
         self.selects[f"selects.{served_from}"] += 1
         out = dict(plan, freshness_token=self.token(), served_from=served_from)
@@ -141,4 +132,4 @@ class QueryService:
                 "counters": dict(Counter(store.counters()) + self.selects),
                 "revocations": self.guard.status().as_dict() if self.guard else None,
                 "lag": self.guard.lags() if self.guard else {},
-                "last_events": self.invalidator.last_event}
+                "last_events": dict(self.last_events)}

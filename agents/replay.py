@@ -5,15 +5,13 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections import Counter
 from datetime import datetime, timezone
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents.invalidation import Invalidator, RawMessage, wall_now
-from compiler.errors import RequestError
-from compiler.pipeline import compile_request
+from agents.event_apply import EventApplier, RawMessage
+from agents.plan_writer import PlanWriter
 from schemas.cdc_mapping import CdcMapping
 from state.local_state import LocalState
 from streams.incarnation import read_cluster_id
@@ -76,13 +74,14 @@ async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapp
     try:
         with state.store.transaction():
             state.store.record_cluster(await read_cluster_id(bootstrap, **kafka))
-        invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
-                                  max_clock_jump=settings.max_clock_jump, cdc=cdc)
+        writer = PlanWriter(state, settings.topic)
+        applier = EventApplier(state, writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
+                               cdc=cdc)
         started = time.perf_counter()
         applied = {}
         for name in INPUT_TOPICS:
             def apply(records, name=name):
-                invalidator.apply([RawMessage(name, m.partition, m.offset, m.key, m.value, m.timestamp / 1000)
+                applier.apply([RawMessage(name, m.partition, m.offset, m.key, m.value, m.timestamp / 1000)
                                    for m in records])
             applied[name] = await read_all(bootstrap, settings.topic(name), apply, progress, kafka)
         plans: dict[str, dict] = {}
@@ -103,37 +102,8 @@ async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapp
 
         await read_all(bootstrap, settings.topic("plans"), keep_plans, progress, kafka)
         await read_all(bootstrap, settings.topic("plan-invalidations"), keep_invalidated, progress, kafka)
-        restored, changed = _restore(state, invalidator, [p for pid, p in plans.items() if pid not in gone])
+        restored, changed = writer.restore([p for pid, p in plans.items() if pid not in gone])
         return {"backup": str(backup) if backup else None, "events": applied, "plans_restored": restored,
                 "plans_changed": changed, "seconds": round(time.perf_counter() - started, 2)}
     finally:
         state.close()
-
-
-def _restore(state: LocalState, invalidator: Invalidator, current: list[dict]) -> tuple[int, int]:
-    """Recompile each current plan; announce the ones whose outcome changed while the store was gone."""
-    now = state.store.now()
-    counts: Counter[str] = Counter()
-    restored, changed, rows = [], 0, []
-    for plan in current:
-        try:
-            compiled = compile_request(plan["request"], state.catalog, now)
-        except RequestError:
-            compiled = None
-        if compiled is not None and compiled.plan_id == plan["plan_id"]:
-            restored.append(compiled)
-            continue
-        changed += 1
-        successor = compiled.plan_id if compiled else None
-        if compiled:
-            restored.append(compiled)
-        cause = {"topic": "replay", "partition": -1, "offset": -1, "event_id": f"replay-{wall_now()}",
-                 "dependency_key": "replay"}
-        record = {"schema_version": 1, "plan_id": plan["plan_id"], "plan_key": plan["plan_key"],
-                  "reason": "state_rebuilt", "cause": cause, "invalidated_at": wall_now(), "as_of": None,
-                  "successor_plan_id": successor}
-        rows.append((invalidator.topic_of("plan-invalidations"), plan["plan_id"].encode(), orjson.dumps(record)))
-    with state.store.transaction():
-        invalidator.store_compiled(restored, now, counts, publish=False)
-        state.outbox.add_many(rows)  # published by the worker's outbox flush when it starts
-    return len(restored), changed

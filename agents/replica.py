@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from agents.incarnation import probe
-from agents.invalidation import Invalidator, RawMessage
+from agents.event_apply import EventApplier, RawMessage
 from state.store import Store
 from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
@@ -27,11 +27,11 @@ class Replica:
     lets that duty path wait for this replica to reach the event).
     """
 
-    def __init__(self, invalidator: Invalidator, store: Store, bootstrap_servers: str, topics: dict[str, str],
+    def __init__(self, applier: EventApplier, store: Store, bootstrap_servers: str, topics: dict[str, str],
                  batch_size: int = 500, batch_window: float = 0.05, fetch_bytes: int = 2_000_000,
                  after_apply: Callable[[list[RawMessage]], Awaitable[object]] | None = None,
                  auto_rebase: bool = False, kafka: dict | None = None) -> None:
-        self.invalidator = invalidator
+        self.applier = applier
         self.store = store
         self.bootstrap_servers = bootstrap_servers
         self.topics = topics  # logical name -> broker-side name
@@ -138,7 +138,7 @@ class Replica:
                                        m.timestamp / 1000 if m.timestamp else None)
                             for tp, records in batch.items() for m in records]
                 if messages:
-                    self.invalidator.apply(messages, standby=True)
+                    self.applier.apply(messages, standby=True)
                     self.positions = self.store.next_offsets()
                     async with self._progress:
                         self._progress.notify_all()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from agents.invalidation import wall_now
+from agents.plan_writer import wall_now
 from agents.query import QueryService
 from state.local_state import LocalState
 from state.retention import PassResult, RetentionPolicy, Topics

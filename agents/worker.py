@@ -14,7 +14,8 @@ from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 from agents.access import Access
 from agents.backlog import recompile_queued
 from agents.gate import Gate, api_routes
-from agents.invalidation import Invalidator
+from agents.event_apply import EventApplier
+from agents.plan_writer import PlanWriter
 from agents.query import QueryService
 from agents.lag import LagWatcher
 from agents.metrics import Metrics
@@ -56,7 +57,7 @@ class Worker:
     app: faust.App
     topics: Topics
     state: LocalState
-    invalidator: Invalidator
+    applier: EventApplier
     query: QueryService
     publish_lock: asyncio.Lock
     guard: LagWatcher
@@ -158,26 +159,26 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     state = LocalState.open(settings.db_path)
     state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
                                        frozenset({settings.topic("plans"), settings.topic("receipts")}))
-    invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
-                              eager_limit=settings.eager_recompile_limit, max_clock_jump=settings.max_clock_jump,
-                              cdc=cdc)
+    writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
+    applier = EventApplier(state, writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump, cdc=cdc)
     guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound, kafka=kafka)
-    query = QueryService(state, invalidator, guard)
+    query = QueryService(state, writer, guard)
+    query.last_events = applier.last_event
     query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
                           calls=settings.max_budget_calls)
     metrics = Metrics(state, query, guard)
-    invalidator.on_latency = metrics.event_to_invalidation.observe
-    invalidator.on_compile = metrics.compile_seconds.labels("recompile").observe
+    writer.on_latency = metrics.event_to_invalidation.observe
+    writer.on_compile = metrics.compile_seconds.labels("recompile").observe
     query.on_compile = metrics.compile_seconds.labels("select").observe
     # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
-    replica = Replica(invalidator, state.store, bootstrap_servers, inputs,
+    replica = Replica(applier, state.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka)
     guard.paused, guard.blocked = replica.paused, replica.blocked
-    plan_feed = PlanFeed(state, invalidator, replica, bootstrap_servers, settings.topic("plans"), kafka=kafka)
-    worker = Worker(settings, app, topics, state, invalidator, query, asyncio.Lock(), guard, metrics,
+    plan_feed = PlanFeed(state, writer, replica, bootstrap_servers, settings.topic("plans"), kafka=kafka)
+    worker = Worker(settings, app, topics, state, applier, query, asyncio.Lock(), guard, metrics,
                     replica, plan_feed)
     replica.after_apply = worker.publish_owned
 
@@ -211,7 +212,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                 await asyncio.sleep(0.05)
                 continue
             duty = worker.duty()
-            done = recompile_queued(invalidator, 100,
+            done = recompile_queued(writer, 100,
                                     lambda topic, partition, duty=duty: partition in duty.get(topic, ()))
             if done:
                 await worker.publish_outbox()

@@ -10,6 +10,7 @@ import orjson
 import pyarrow as pa
 
 from schemas.timefmt import format_instant
+from state.invalidations import Invalidation
 from state.outbox import Outbox
 from state.store import Store
 
@@ -154,9 +155,8 @@ class Retention:
         as_of = format_instant(now)
         rows: list[tuple[str, bytes | None, bytes | None]] = []
         for plan_key, plan_id in due:
-            record = {"schema_version": 1, "plan_id": plan_id, "plan_key": plan_key, "reason": "evicted",
-                      "cause": cause, "invalidated_at": invalidated_at, "as_of": as_of, "successor_plan_id": None}
-            rows.append((topics.invalidations, plan_id.encode(), orjson.dumps(record)))
+            rows.extend(Invalidation(plan_id, plan_key, "evicted", cause, invalidated_at, as_of).rows(
+                topics.invalidations))
             rows.append((topics.plans, plan_id.encode(), None))
         self._forget(due, now, cause)
         self.outbox.add_many(rows)
