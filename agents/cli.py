@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             settings.run_file.unlink(missing_ok=True)
         if worker is not None:
-            worker.state.close()
+            worker.close()
         if broker is not None:
             broker.stop()
     return 0

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.plan_writer import PlanWriter
 from agents.replica import Replica
+from agents.writer import inline
 from schemas.codec import validate
 from schemas.errors import InvalidEvent
 from state.local_state import LocalState
@@ -36,8 +37,9 @@ class PlanFeed:
     """
 
     def __init__(self, state: LocalState, writer: PlanWriter, replica: Replica, bootstrap_servers: str,
-                 topic: str, after_apply: Callable[[], object] | None = None, kafka: dict | None = None) -> None:
-        self.state = state
+                 topic: str, after_apply: Callable[[], object] | None = None, kafka: dict | None = None,
+                 run: Callable[..., Awaitable[Any]] = inline) -> None:
+        self.state = state  # the read-write state: touched only through `run`
         self.writer = writer
         self.replica = replica
         self.bootstrap_servers = bootstrap_servers
@@ -45,6 +47,7 @@ class PlanFeed:
         self.after_apply = after_apply
         self.counts: Counter[str] = Counter()
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
+        self.run_writes = run  # runs reads and writes of the state on the writer thread
 
     async def run(self) -> None:
         """Consume and adopt until cancelled."""
@@ -63,7 +66,7 @@ class PlanFeed:
                     await asyncio.sleep(0.1)
             tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
             consumer.assign(tps)
-            positions = dict(self.state.store.db.execute("SELECT partition, next_offset FROM plan_feed").fetchall())
+            positions = await self.run_writes(self._positions)
             for tp in tps:
                 if tp.partition in positions:
                     consumer.seek(tp, positions[tp.partition])
@@ -86,15 +89,21 @@ class PlanFeed:
             return
         except Exception:  # noqa: BLE001 - one policy for poison: isolate it, never stop the feed
             log.exception("plans batch of %d failed; ingesting one by one", len(records))
-            self.state.catalog.forget_cached()
+            await self.run_writes(self.state.catalog.forget_cached)
         for record in records:
             try:
                 await self._ingest([record])
             except Exception as exc:  # noqa: BLE001
                 partition, offset, *_ = record
-                with self.state.store.transaction():
-                    self._save_positions({partition: offset + 1})
-                self._skip(partition, offset, f"{type(exc).__name__} while ingesting")
+                await self.run_writes(self._pass_over, partition, offset, f"{type(exc).__name__} while ingesting")
+
+    def _positions(self) -> dict[int, int]:
+        return dict(self.state.store.db.execute("SELECT partition, next_offset FROM plan_feed").fetchall())
+
+    def _pass_over(self, partition: int, offset: int, why: str) -> None:
+        with self.state.store.transaction():
+            self._save_positions({partition: offset + 1})
+        self._skip(partition, offset, why)
 
     def _save_positions(self, ends: dict[int, int]) -> None:
         self.state.store.db.executemany(
@@ -102,6 +111,30 @@ class PlanFeed:
             "greatest(plan_feed.next_offset, excluded.next_offset)", list(ends.items()))
 
     async def _ingest(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
+        foreign, cluster_id = await self.run_writes(self._foreign, records)
+        for _, _, plan in foreign:
+            # Judge a plan only against state at least as fresh as the state it was compiled from;
+            # offsets of another broker incarnation say nothing about this one.
+            if plan.get("compiled_in") == cluster_id:
+                try:
+                    await asyncio.wait_for(self.replica.wait_covers(plan.get("compiled_as_of") or {}),
+                                           FRESHNESS_WAIT_SECONDS)
+                except asyncio.TimeoutError:
+                    log.warning("plan %s names offsets not reached in %.0fs; judged against current state",
+                                plan["plan_id"], FRESHNESS_WAIT_SECONDS, extra={"plan_id": plan["plan_id"]})
+        ends: dict[int, int] = {}
+        for partition, offset, *_ in records:
+            ends[partition] = max(ends.get(partition, 0), offset + 1)
+        await self.run_writes(self._settle, foreign, ends)
+
+    def _settle(self, foreign: list[tuple[int, int, dict[str, Any]]], ends: dict[int, int]) -> None:
+        with self.state.store.transaction():
+            self._judge(foreign)
+            self._save_positions(ends)
+
+    def _foreign(self, records: list[tuple[int, int, bytes | None, bytes | None]],
+                 ) -> tuple[list[tuple[int, int, dict[str, Any]]], str | None]:
+        """Valid plans of a batch this worker has not stored, after a peer's evictions; and the cluster id."""
         plans: list[tuple[int, int, dict[str, Any]]] = []
         # A tombstone is a peer's eviction of that plan id; a later record of the id brings it back.
         tombstones = {key.decode(errors="replace"): offset for _, offset, value, key in records
@@ -125,23 +158,7 @@ class PlanFeed:
                 self._drop_evicted(list(tombstones))
         known = self.state.plans.known([p["plan_id"] for _, _, p in plans])
         foreign = [(partition, offset, p) for partition, offset, p in plans if p["plan_id"] not in known]
-        cluster_id = self.state.store.incarnation()[0]
-        for _, _, plan in foreign:
-            # Judge a plan only against state at least as fresh as the state it was compiled from;
-            # offsets of another broker incarnation say nothing about this one.
-            if plan.get("compiled_in") == cluster_id:
-                try:
-                    await asyncio.wait_for(self.replica.wait_covers(plan.get("compiled_as_of") or {}),
-                                           FRESHNESS_WAIT_SECONDS)
-                except asyncio.TimeoutError:
-                    log.warning("plan %s names offsets not reached in %.0fs; judged against current state",
-                                plan["plan_id"], FRESHNESS_WAIT_SECONDS, extra={"plan_id": plan["plan_id"]})
-        ends: dict[int, int] = {}
-        for partition, offset, *_ in records:
-            ends[partition] = max(ends.get(partition, 0), offset + 1)
-        with self.state.store.transaction():
-            self._judge(foreign)
-            self._save_positions(ends)
+        return foreign, self.state.store.incarnation()[0]
 
     def _drop_evicted(self, plan_ids: list[str]) -> None:
         """Stop serving and indexing plans a peer evicted: it no longer indexes them (see RetentionTimer)."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable
 
 import duckdb
 
@@ -32,8 +33,8 @@ class QueryService:
     """The read path: plan key lookup, then cache or compile."""
 
     def __init__(self, state: LocalState, writer: PlanWriter, guard=None) -> None:
-        self.state = state
-        self.writer = writer
+        self.state = state  # what selects, status and health read: in a worker, a cursor of their own
+        self.writer = writer  # compiles and stores on the read-write connection (its state)
         self.guard = guard  # a LagWatcher; None only where no broker exists (unit tests)
         self.on_compile = None  # seconds per compilation on the read path
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
@@ -63,21 +64,40 @@ class QueryService:
 
     def token(self) -> str:
         """Freshness token of the state as it is now."""
-        store = self.state.store
-        return encode_token(store.next_offsets(), *store.incarnation())
+        return _token_of(self.state.store)
 
     def select(self, doc: Any) -> dict[str, Any]:
-        """Return the plan for a select body; raises RequestError for bad requests."""
+        """Return the plan for a select body, compiling on this thread; raises RequestError for bad requests."""
+        self._refuse_if_unreadable()
+        try:
+            found = self._lookup(doc)
+            if found.plan is None:
+                found = self._merge(self._compile(found))
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
+        return self._answer(found)
+
+    async def select_async(self, doc: Any, run: Callable[..., Awaitable[Any]]) -> dict[str, Any]:
+        """As `select`, but a plan that must be compiled is compiled by `run` (the writer thread).
+
+        The cache lookup reads this service's own cursor, so a hit never waits for a write.
+        """
+        self._refuse_if_unreadable()
+        try:
+            found = self._lookup(doc)
+            if found.plan is None:
+                found = self._merge(await run(self._compile, found))
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
+        return self._answer(found)
+
+    def _refuse_if_unreadable(self) -> None:
         if self.unreadable is not None:
             self.selects["refused.state_unreadable"] += 1
             raise self._unreadable_error()
-        try:
-            return self._select(doc)
-        except duckdb.Error as exc:
-            raise self.state_failed(exc) from None
 
-    def _select(self, doc: Any) -> dict[str, Any]:
-        state = self.state
+    def _lookup(self, doc: Any) -> "Found":
+        """Parse, check the guard, resolve the entity and look for a fresh plan (on the reading cursor)."""
         if isinstance(doc, dict):
             doc = {k: v for k, v in doc.items() if k != "at_least_as_fresh"}
         request = parse_request(doc, self.limits)
@@ -85,18 +105,36 @@ class QueryService:
         if self.guard is not None:
             self.guard.check()
             degraded = self.guard.degraded()
-        entity_id = resolve_entity(request.entity, state.catalog.entity_matches(request.entity))
-        key = plan_key(request, entity_id)
+        store = self.state.store
+        # One snapshot: the token must name the state the plan was read from, not a later one.
+        with store.transaction():
+            entity_id = resolve_entity(request.entity, self.state.catalog.entity_matches(request.entity))
+            key = plan_key(request, entity_id)
+            plan = self.state.plans.fresh_plan(key)
+            token = _token_of(store) if plan is not None else None
         self.selected.add(key)
-        plan = state.plans.fresh_plan(key)
+        return Found(request, key, plan, token, "cache", degraded)
+
+    def _compile(self, found: "Found") -> "Found":
+        """Compile and store a missing plan on the writer's connection (run on the writer thread)."""
+        state = self.writer.state
+        counts: Counter[str] = Counter()
+        plan = state.plans.fresh_plan(found.key)  # another select may have compiled it meanwhile
         served_from = "cache"
         if plan is None:
-            plan = self.writer.compile_select(request, self.selects, self.on_compile).plan
+            plan = self.writer.compile_select(found.request, counts, self.on_compile).plan
             served_from = "compiled"
-        self.selects[f"selects.{served_from}"] += 1
-        out = dict(plan, freshness_token=self.token(), served_from=served_from)
-        if degraded:
-            out["degraded"] = degraded  # paused inputs that can make this answer less current
+        return replace(found, plan=plan, token=_token_of(state.store), served_from=served_from, counts=counts)
+
+    def _merge(self, found: "Found") -> "Found":
+        self.selects.update(found.counts)  # counted here: the selects counter belongs to the caller's thread
+        return found
+
+    def _answer(self, found: "Found") -> dict[str, Any]:
+        self.selects[f"selects.{found.served_from}"] += 1
+        out = dict(found.plan, freshness_token=found.token, served_from=found.served_from)
+        if found.degraded:
+            out["degraded"] = found.degraded  # paused inputs that can make this answer less current
         return out
 
     def take_selected(self) -> set[str]:
@@ -133,3 +171,27 @@ class QueryService:
                 "revocations": self.guard.status().as_dict() if self.guard else None,
                 "lag": self.guard.lags() if self.guard else {},
                 "last_events": dict(self.last_events)}
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a select found: its parsed request, plan key, and the plan with the token of the state it came from."""
+
+    request: Any
+    """The parsed decision request."""
+    key: str
+    """Its plan key."""
+    plan: dict[str, Any] | None
+    """The fresh plan, None when it must be compiled."""
+    token: str | None
+    """Freshness token of the state the plan was read or compiled from."""
+    served_from: str
+    """cache or compiled."""
+    degraded: list[str]
+    """Paused inputs that can make the answer less current."""
+    counts: Counter = field(default_factory=Counter)
+    """Counters the compiling thread gathered, merged into `selects` by the caller."""
+
+
+def _token_of(store) -> str:
+    return encode_token(store.next_offsets(), *store.incarnation())

@@ -18,11 +18,13 @@ from agents.event_apply import EventApplier
 from agents.plan_writer import PlanWriter
 from agents.query import QueryService
 from agents.lag import LagWatcher
+from agents.loop_probe import LoopProbe
 from agents.metrics import Metrics
 from agents.plan_feed import PlanFeed
 from agents.replica import Replica
 from agents.retention import BATCH, RetentionTimer
-from agents.routes import register_routes
+from agents.routes import Api, register_routes
+from agents.writer import Writer
 from compiler.request import Limits
 from schemas.cdc_mapping import CdcMapping
 from schemas.timefmt import format_instant
@@ -64,6 +66,12 @@ class Worker:
     metrics: Metrics
     replica: Replica
     plan_feed: PlanFeed
+    writer: Writer
+    """The thread that owns the read-write connection: every state write runs there."""
+    reader: LocalState
+    """Views over a cursor of their own, for what the event loop reads (committed state)."""
+    probe: LoopProbe
+    """Measures how long the event loop is kept from running."""
 
     async def publish_owned(self, messages) -> None:
         """Publish at once what the replica's batch caused on partitions this worker owns.
@@ -80,10 +88,14 @@ class Worker:
                 spans[(m.topic, m.partition)] = (min(first, m.offset), max(last, m.offset))
         if not spans:
             return
+        await self.writer.run(self.promote, spans, drop_earlier=False)
+        await self.publish_outbox()
+
+    def promote(self, spans: dict[tuple[str, int], tuple[int, int]], drop_earlier: bool = True) -> None:
+        """Release what events first..last of these input partitions caused (on the writer thread)."""
         with self.state.store.transaction():
             for (topic, partition), (first, last) in spans.items():
-                self.state.outbox.promote(topic, partition, first, last, drop_earlier=False)
-        await self.publish_outbox()
+                self.state.outbox.promote(topic, partition, first, last, drop_earlier=drop_earlier)
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -116,7 +128,7 @@ class Worker:
         sent = 0
         async with self.publish_lock:
             while True:
-                rows = self.state.outbox.pending(20_000)
+                rows = await self.writer.run(self.state.outbox.pending, 20_000)
                 if not rows:
                     return sent
                 results: list = []
@@ -139,13 +151,46 @@ class Worker:
                         refused.append(row)
                     else:
                         retry += 1
-                with self.state.store.transaction():
-                    self.state.outbox.remove(done)
-                    self.state.outbox.replace_with_dead_letters(refused, "refused by the producer or broker")
+                await self.writer.run(self._forget_sent, done, refused)
                 sent += len(done)
                 if retry:
                     log.warning("%d records not acknowledged; they stay queued", retry)
                     return sent
+
+
+    def _forget_sent(self, done: list[int], refused: list) -> None:
+        with self.state.store.transaction():
+            self.state.outbox.remove(done)
+            self.state.outbox.replace_with_dead_letters(refused, "refused by the producer or broker")
+
+    def api(self) -> Api:
+        """The narrow view of this worker that its HTTP routes get."""
+        reader = self.reader
+        return Api(settings=self.settings, query=self.query,
+                   select=lambda body: self.query.select_async(body, self.writer.run),
+                   applied=reader.store.next_offsets, incarnation=reader.store.incarnation,
+                   incarnation_checked=self._incarnation_checked,
+                   receipt=reader.plans.receipt, publish=self.publish_outbox, pause=self.replica.pause,
+                   resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.metrics.render,
+                   details=self.details)
+
+    async def _incarnation_checked(self) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.shield(self.replica.ready.wait()), self.settings.freshness_wait)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def details(self) -> dict:
+        """Health details of the worker itself: duty, standby outbox, who writes, how long the loop stalled."""
+        return {"duty": self.duty(), "standby_outbox": self.reader.outbox.standby_size(),
+                "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict()}
+
+    def close(self) -> None:
+        """Let the writer finish its job, then close the file (after the app has stopped)."""
+        self.writer.close()
+        self.reader.store.close()
+        self.state.close()
 
 
 def build_worker(settings: Settings, bootstrap_servers: str, access: Access | None = None,
@@ -159,27 +204,31 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     state = LocalState.open(settings.db_path)
     state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
                                        frozenset({settings.topic("plans"), settings.topic("receipts")}))
-    writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
-    applier = EventApplier(state, writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump, cdc=cdc)
-    guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
+    reader = state.reader()
+    writer, probe = Writer(), LoopProbe()
+    plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
+    applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
+                           cdc=cdc)
+    guard = LagWatcher(reader.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound, kafka=kafka)
-    query = QueryService(state, writer, guard)
+    query = QueryService(reader, plan_writer, guard)
     query.last_events = applier.last_event
     query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
                           calls=settings.max_budget_calls)
-    metrics = Metrics(state, query, guard)
-    writer.on_latency = metrics.event_to_invalidation.observe
-    writer.on_compile = metrics.compile_seconds.labels("recompile").observe
+    metrics = Metrics(reader, query, guard, probe)
+    plan_writer.on_latency = metrics.event_to_invalidation.observe
+    plan_writer.on_compile = metrics.compile_seconds.labels("recompile").observe
     query.on_compile = metrics.compile_seconds.labels("select").observe
     # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
-    replica = Replica(applier, state.store, bootstrap_servers, inputs,
+    replica = Replica(applier, reader.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
-                      auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka)
+                      auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run)
     guard.paused, guard.blocked = replica.paused, replica.blocked
-    plan_feed = PlanFeed(state, writer, replica, bootstrap_servers, settings.topic("plans"), kafka=kafka)
+    plan_feed = PlanFeed(state, plan_writer, replica, bootstrap_servers, settings.topic("plans"), kafka=kafka,
+                         run=writer.run)
     worker = Worker(settings, app, topics, state, applier, query, asyncio.Lock(), guard, metrics,
-                    replica, plan_feed)
+                    replica, plan_feed, writer, reader, probe)
     replica.after_apply = worker.publish_owned
 
     for name in INPUT_TOPICS:
@@ -187,13 +236,17 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
     @app.task
     async def watch_revocations() -> None:
-        # In a thread of its own (first reading at start-up): compiles on this loop must not make
-        # the guard look stale and refuse healthy selects.
+        # In a thread of its own (first reading at start-up): a busy loop must not make the guard
+        # look stale and refuse healthy selects.
         guard.start_thread()
         try:
             await asyncio.Event().wait()
         finally:
             await asyncio.to_thread(guard.stop_thread)
+
+    @app.task
+    async def probe_loop() -> None:
+        await probe.run()
 
     @app.task
     async def apply_replica() -> None:
@@ -208,11 +261,11 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
         # announcements still waiting in the outbox go out before any successor is compiled.
         while True:
-            if state.outbox.size():
+            if reader.outbox.size():
                 await asyncio.sleep(0.05)
                 continue
             duty = worker.duty()
-            done = recompile_queued(writer, 100,
+            done = await writer.run(recompile_queued, plan_writer, 100,
                                     lambda topic, partition, duty=duty: partition in duty.get(topic, ()))
             if done:
                 await worker.publish_outbox()
@@ -237,8 +290,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             log.warning("could not read the group's committed offsets: %r", exc)
             await group_offsets.close()
             return
-        with state.store.transaction():
-            state.outbox.prune(committed)
+        await writer.run(_prune, state, committed)
 
     retention = RetentionTimer(state, query, RetentionPolicy(settings.plan_retention, settings.receipt_retention,
                                                              BATCH),
@@ -248,7 +300,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     @app.timer(interval=settings.retention_interval)
     async def enforce_retention() -> None:
         # Evictions are announced by the worker that makes them (see RetentionTimer).
-        result = retention.run_once()
+        result = await retention.run(writer.run)
         if result is not None and result.evicted:
             await worker.publish_outbox()
 
@@ -269,7 +321,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                                                            timestamp=None, headers=None)
                                    for p in worker.duty().get("clock", [])])
 
-    register_routes(app, worker, access)
+    register_routes(app, worker.api(), access)
     return worker
 
 
@@ -287,11 +339,14 @@ def _register_input_agent(worker: Worker, name: str) -> None:
                 spans[p] = (min(first, o), max(last, o))
             for p, (_, last) in spans.items():
                 await worker.replica.wait_applied(name, p, last)
-            with worker.state.store.transaction():
-                for p, (first, last) in spans.items():
-                    worker.state.outbox.promote(name, p, first, last)
+            await worker.writer.run(worker.promote, {(name, p): span for p, span in spans.items()})
             await worker.publish_outbox()
 
     consume.__name__ = f"apply_{name.replace('-', '_')}"
     consume.__qualname__ = consume.__name__
     worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)
+
+
+def _prune(state: LocalState, committed: dict[tuple[str, int], int]) -> None:
+    with state.store.transaction():
+        state.outbox.prune(committed)

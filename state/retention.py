@@ -73,11 +73,12 @@ class Retention:
     the announcements enter the outbox with the deletions they describe.
     """
 
-    def __init__(self, store: Store, outbox: Outbox) -> None:
+    def __init__(self, store: Store, outbox: Outbox, ensure_schema: bool = True) -> None:
         self.store = store
         self.db = store.db
         self.outbox = outbox
-        self._ensure_schema()
+        if ensure_schema:  # readers beside the writer must not checkpoint: the writer's connection did it
+            self._ensure_schema()
 
     def _ensure_schema(self) -> None:
         self.db.execute(_DDL)

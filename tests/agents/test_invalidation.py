@@ -269,7 +269,8 @@ def test_a_clock_jump_is_dead_lettered_and_the_first_tick_is_unbounded(setup, tm
     assert format_instant(state.store.now()) == "2027-09-30T00:00:00Z"
 
     empty = LocalState.open(tmp_path / "empty.duckdb")
-    EventApplier(empty, PlanWriter(empty, lambda name: name), max_clock_jump=timedelta(hours=1)).apply([raw(*tick("2206-08-30"))])
+    applier = EventApplier(empty, PlanWriter(empty, lambda name: name), max_clock_jump=timedelta(hours=1))
+    applier.apply([raw(*tick("2206-08-30"))])
     assert format_instant(empty.store.now()) == "2206-08-30T00:00:00Z"
     empty.close()
 
