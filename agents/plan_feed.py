@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any, Awaitable, Callable
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from agents.plan_writer import PlanWriter
 from agents.replica import Replica
@@ -17,6 +17,7 @@ from schemas.codec import validate
 from schemas.errors import InvalidEvent
 from state.local_state import LocalState
 from streams.admin import stop_within
+from streams.partitions import discover
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,7 @@ class PlanFeed:
         try:
             await self.replica.ready.wait()
             await consumer.start()
-            partitions: set[int] = set()
-            while not partitions:
-                partitions = consumer.partitions_for_topic(self.topic) or set()
-                if not partitions:
-                    await consumer.topics()
-                    await asyncio.sleep(0.1)
-            tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+            tps = await discover(consumer, [self.topic], attempts=None)
             consumer.assign(tps)
             positions = await self.run_writes(self._positions)
             for tp in tps:

@@ -8,58 +8,16 @@ import time
 from datetime import datetime, timezone
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.event_apply import EventApplier, RawMessage
 from agents.plan_writer import PlanWriter
 from schemas.cdc_mapping import CdcMapping
 from state.local_state import LocalState
 from streams.incarnation import read_cluster_id
+from streams.partitions import read_all
 from streams.settings import INPUT_TOPICS, Settings
 
 log = logging.getLogger(__name__)
-
-
-async def read_all(bootstrap: str, topic: str, on_batch, progress=None, kafka: dict | None = None) -> int:
-    """Feed every record of a topic, from the beginning to its current end, to `on_batch`."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **(kafka or {}))
-    await consumer.start()
-    try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        if not partitions:
-            await consumer.topics()
-            partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        if not tps:
-            return 0
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        starts = await consumer.beginning_offsets(tps)
-        reached = dict(starts)  # next offset to see, per partition (positions can run ahead of delivery)
-        total, seen = sum(ends[tp] - starts[tp] for tp in tps), 0
-        # ListOffsets may under-report the end (Tansu counts batches), so read until the fetch
-        # high watermark is reached as well.
-        while True:
-            batch = await consumer.getmany(timeout_ms=500, max_records=2000)
-            records = []
-            for tp, messages in batch.items():
-                for m in messages:
-                    reached[tp] = max(reached[tp], m.offset + 1)
-                    records.append(m)
-            for tp in tps:
-                ends[tp] = max(ends[tp], consumer.highwater(tp) or 0)
-            known = all(consumer.highwater(tp) is not None for tp in tps)
-            if not records and known and all(reached[tp] >= ends[tp] for tp in tps):
-                break
-            if records:
-                on_batch(records)
-                seen += len(records)
-                if progress:
-                    progress(topic, seen, total)
-        return seen
-    finally:
-        await consumer.stop()
 
 
 async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapping | None = None) -> dict:

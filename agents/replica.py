@@ -15,6 +15,7 @@ from agents.event_apply import EventApplier, RawMessage
 from state.store import Store
 from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
+from streams.partitions import discover
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class Replica:
         self._consumer = consumer
         logical = {v: k for k, v in self.topics.items()}
         try:
-            tps = await self._partitions(consumer)
+            tps = await discover(consumer, self.topics.values())
             consumer.assign(tps)
             await self._verify_incarnation(consumer)
             tps = [tp for tp in tps if logical[tp.topic] not in self.blocked]
@@ -186,18 +187,6 @@ class Replica:
                   "incarnation; selects are refused with input_reset until an operator runs `freshplan replay` "
                   "or `freshplan run --rebase`", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())),
                   extra={"reason": "input_reset", "topics": sorted(resets)})
-
-    async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
-        tps: list[TopicPartition] = []
-        for name in self.topics.values():
-            for _ in range(100):
-                partitions = consumer.partitions_for_topic(name)
-                if partitions:
-                    break
-                await consumer.topics()  # refresh metadata
-                await asyncio.sleep(0.1)
-            tps.extend(TopicPartition(name, p) for p in sorted(partitions or ()))
-        return tps
 
 
 def _in_transaction(store: Store, fn: Callable[..., Any], *args: Any) -> Any:
