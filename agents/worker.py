@@ -1,4 +1,4 @@
-"""Wire a worker: Faust agents for the input topics, the outbox publisher, timers and routes."""
+"""Wire a worker: Faust agents for the input topics, the replica, the writer thread, timers and routes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from datetime import datetime, timezone
 
 import faust
 import orjson
-from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
 from agents.access import Access
 from agents.backlog import recompile_queued
@@ -21,6 +20,7 @@ from agents.lag import LagWatcher
 from agents.loop_probe import LoopProbe
 from agents.metrics import Metrics
 from agents.plan_feed import PlanFeed
+from agents.publisher import Publisher
 from agents.replica import Replica
 from agents.retention import BATCH, RetentionTimer
 from agents.routes import Api, register_routes
@@ -38,19 +38,6 @@ from streams.topics import Topics, declare_topics
 
 log = logging.getLogger(__name__)
 
-PERMANENT_SEND_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError)
-
-
-def _refused_at_send(exc: BaseException) -> bool:
-    """Whether a send failed for a reason no retry can fix (Faust wraps the producer's error)."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, PERMANENT_SEND_ERRORS + (TypeError, ValueError)):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
-
-
 @dataclass
 class Worker:
     """One freshplan worker: its app, topics, local state and services."""
@@ -61,7 +48,8 @@ class Worker:
     state: LocalState
     applier: EventApplier
     query: QueryService
-    publish_lock: asyncio.Lock
+    publisher: Publisher
+    """Sends the outbox (its bookkeeping runs on the writer thread)."""
     guard: LagWatcher
     metrics: Metrics
     replica: Replica
@@ -72,30 +60,6 @@ class Worker:
     """Views over a cursor of their own, for what the event loop reads (committed state)."""
     probe: LoopProbe
     """Measures how long the event loop is kept from running."""
-
-    async def publish_owned(self, messages) -> None:
-        """Publish at once what the replica's batch caused on partitions this worker owns.
-
-        Faust's group consumer long-polls for up to 1.5 s per fetch, so waiting for it to deliver
-        the same events would add that much latency; it still promotes (and commits) later, which
-        keeps a hand-over lossless. Duplicates after a hand-over carry the same cause.
-        """
-        duty = self.duty()
-        spans: dict[tuple[str, int], tuple[int, int]] = {}
-        for m in messages:
-            if m.partition in duty.get(m.topic, ()):
-                first, last = spans.get((m.topic, m.partition), (m.offset, m.offset))
-                spans[(m.topic, m.partition)] = (min(first, m.offset), max(last, m.offset))
-        if not spans:
-            return
-        await self.writer.run(self.promote, spans, drop_earlier=False)
-        await self.publish_outbox()
-
-    def promote(self, spans: dict[tuple[str, int], tuple[int, int]], drop_earlier: bool = True) -> None:
-        """Release what events first..last of these input partitions caused (on the writer thread)."""
-        with self.state.store.transaction():
-            for (topic, partition), (first, last) in spans.items():
-                self.state.outbox.promote(topic, partition, first, last, drop_earlier=drop_earlier)
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -111,57 +75,8 @@ class Worker:
         return out
 
     async def publish_outbox(self) -> int:
-        """Publish the outbox; never raises (what failed stays queued and is retried by the timer)."""
-        try:
-            return await self._publish_outbox()
-        except Exception:  # noqa: BLE001 - callers are the apply path, timers and routes: none may die of it
-            log.exception("publishing the outbox failed; the records stay queued")
-            return 0
-
-    async def _publish_outbox(self) -> int:
-        """Send queued records, wait for the broker's acknowledgements, then forget them.
-
-        A record the broker can never accept (too large, refused at send or acknowledgement) is
-        replaced by its dead letter so that it cannot block the queue or stop the worker; records
-        that failed for a transient reason stay queued for the next flush.
-        """
-        sent = 0
-        async with self.publish_lock:
-            while True:
-                rows = await self.writer.run(self.state.outbox.pending, 20_000)
-                if not rows:
-                    return sent
-                results: list = []
-                for _, topic, key, value in rows:
-                    try:
-                        results.append(await self.app.producer.send(topic, key, value, partition=None,
-                                                                    timestamp=None, headers=None))
-                    except Exception as exc:  # noqa: BLE001 - refused before it left: never retry it as it is
-                        results.append(exc)
-                pending = [r for r in results if not isinstance(r, BaseException)]
-                acked = iter(await asyncio.gather(*pending, return_exceptions=True))
-                results = [r if isinstance(r, BaseException) else next(acked) for r in results]
-                done, refused, retry = [], [], 0
-                for row, result in zip(rows, results, strict=True):
-                    if not isinstance(result, BaseException):
-                        done.append(row[0])
-                    elif isinstance(result, PERMANENT_SEND_ERRORS) or _refused_at_send(result):
-                        log.error("outbound %s record %r refused for good: %s", row[1], row[2],
-                                  type(result).__name__, extra={"topic": row[1], "error_class": "record_too_large"})
-                        refused.append(row)
-                    else:
-                        retry += 1
-                await self.writer.run(self._forget_sent, done, refused)
-                sent += len(done)
-                if retry:
-                    log.warning("%d records not acknowledged; they stay queued", retry)
-                    return sent
-
-
-    def _forget_sent(self, done: list[int], refused: list) -> None:
-        with self.state.store.transaction():
-            self.state.outbox.remove(done)
-            self.state.outbox.replace_with_dead_letters(refused, "refused by the producer or broker")
+        """Publish the outbox now; never raises (see `Publisher.publish`)."""
+        return await self.publisher.publish()
 
     def api(self) -> Api:
         """The narrow view of this worker that its HTTP routes get."""
@@ -227,9 +142,10 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     guard.paused, guard.blocked = replica.paused, replica.blocked
     plan_feed = PlanFeed(state, plan_writer, replica, bootstrap_servers, settings.topic("plans"), kafka=kafka,
                          run=writer.run)
-    worker = Worker(settings, app, topics, state, applier, query, asyncio.Lock(), guard, metrics,
+    publisher = Publisher(state, app, writer.run, lambda: worker.duty())
+    worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe)
-    replica.after_apply = worker.publish_owned
+    replica.after_apply = publisher.publish_owned
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
@@ -339,7 +255,7 @@ def _register_input_agent(worker: Worker, name: str) -> None:
                 spans[p] = (min(first, o), max(last, o))
             for p, (_, last) in spans.items():
                 await worker.replica.wait_applied(name, p, last)
-            await worker.writer.run(worker.promote, {(name, p): span for p, span in spans.items()})
+            await worker.writer.run(worker.publisher.promote, {(name, p): span for p, span in spans.items()})
             await worker.publish_outbox()
 
     consume.__name__ = f"apply_{name.replace('-', '_')}"
