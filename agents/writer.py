@@ -11,6 +11,11 @@ from typing import Any, Callable, TypeVar
 T = TypeVar("T")
 
 THREAD_NAME = "freshplan-writer"
+SWITCH_INTERVAL_SECONDS = 0.001
+"""How long the writer may hold the GIL while the loop waits for it (Python's default is 5 ms).
+
+The loop releases the GIL on every socket and DuckDB call and waits up to this long to get
+it back while the writer compiles in Python, so a select pays it once per such call."""
 
 
 class Writer:
