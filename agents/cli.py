@@ -36,6 +36,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agents.logs import configure as configure_logging
     from agents.shutdown import bounded_stop
     from agents.worker import build_worker
+    from agents.writer import SWITCH_INTERVAL_SECONDS
     from streams.admin import ensure_topics
     from streams.broker import EmbeddedBroker
     from schemas.cdc_mapping import MappingError
@@ -70,6 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         http = f"http://{settings.web_host}:{settings.web_port}"
         run_info = dict(kept, bootstrap_servers=bootstrap, http=http, topic_prefix=settings.topic_prefix,
                         pid=os.getpid())
+        sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)  # see agents.writer: the loop and the writer share the GIL
         worker = build_worker(settings, bootstrap, access, cdc)
 
         class ServiceWorker(faust.Worker):
@@ -99,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             settings.run_file.unlink(missing_ok=True)
         if worker is not None:
-            worker.state.close()
+            worker.close()
         if broker is not None:
             broker.stop()
     return 0

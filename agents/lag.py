@@ -9,13 +9,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from agents.incarnation import Recorded, firsts_of, judge
 from compiler.errors import AttestError
 from state.store import Store
 from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
+from streams.partitions import discover
 
 log = logging.getLogger(__name__)
 
@@ -169,13 +170,7 @@ class LagWatcher:
                 await stop_within(consumer)
             else:
                 self._consumer = consumer
-        tps = []
-        for name in self.topics.values():
-            partitions = self._consumer.partitions_for_topic(name)
-            if not partitions:
-                await self._consumer.topics()  # refresh metadata
-                partitions = self._consumer.partitions_for_topic(name) or set()
-            tps.extend(TopicPartition(name, p) for p in partitions)
+        tps = await discover(self._consumer, self.topics.values(), attempts=1)
         if set(tps) != self._consumer.assignment():
             self._consumer.assign(tps)
         return self._consumer

@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
     from agents.lag import LagWatcher
+    from agents.loop_probe import LoopProbe
     from agents.query import QueryService
     from state.local_state import LocalState
 
@@ -18,7 +19,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 class Metrics:
     """A registry per worker (injected, not the process-global one) plus a collector over local state."""
 
-    def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher") -> None:
+    def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher",
+                 probe: "LoopProbe | None" = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.event_to_invalidation = Histogram(
             "freshplan_event_to_invalidation_seconds", "Broker timestamp of an input event to its invalidation",
@@ -26,7 +28,7 @@ class Metrics:
         self.compile_seconds = Histogram(
             "freshplan_compile_seconds", "Time to compile one plan", ["path"], buckets=LATENCY_BUCKETS,
             registry=self.registry)
-        self.registry.register(_StateCollector(state, query, lag))
+        self.registry.register(_StateCollector(state, query, lag, probe))
 
     def render(self) -> bytes:
         """The exposition text."""
@@ -36,8 +38,9 @@ class Metrics:
 class _StateCollector:
     """Reads counters and sizes from DuckDB and the lag watcher at scrape time."""
 
-    def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher") -> None:
-        self.state, self.query, self.lag = state, query, lag
+    def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher",
+                 probe: "LoopProbe | None") -> None:
+        self.state, self.query, self.lag, self.probe = state, query, lag, probe
 
     def describe(self) -> list:
         return []
@@ -64,6 +67,9 @@ class _StateCollector:
         yield GaugeMetricFamily("freshplan_outbox_standby_records",
                                 "Records held until the owner of their input partition publishes them",
                                 value=self.state.outbox.standby_size())
+        if self.probe is not None:
+            yield GaugeMetricFamily("freshplan_loop_stall_max_seconds", "Longest time the HTTP event loop was kept "
+                                    "from running since start", value=self.probe.max_stall)
         yield GaugeMetricFamily("freshplan_recompile_queue", "Announced plans whose successors are not compiled yet",
                                 value=self.state.queue.size())
         for name, help_text in (("invalidations", "Invalidations announced"),

@@ -5,21 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
-from agents.invalidation import Invalidator, wall_now
+from agents.plan_writer import PlanWriter
 from agents.replica import Replica
-from compiler.errors import ParseError, RequestError
-from compiler.pipeline import compile_request
+from agents.writer import inline
 from schemas.codec import validate
 from schemas.errors import InvalidEvent
-from schemas.timefmt import format_instant
-from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
 from streams.admin import stop_within
+from streams.partitions import discover
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +37,18 @@ class PlanFeed:
     compilation as its successor.
     """
 
-    def __init__(self, state: LocalState, invalidator: Invalidator, replica: Replica, bootstrap_servers: str,
-                 topic: str, after_apply: Callable[[], object] | None = None, kafka: dict | None = None) -> None:
-        self.state = state
-        self.invalidator = invalidator
+    def __init__(self, state: LocalState, writer: PlanWriter, replica: Replica, bootstrap_servers: str,
+                 topic: str, after_apply: Callable[[], object] | None = None, kafka: dict | None = None,
+                 run: Callable[..., Awaitable[Any]] = inline) -> None:
+        self.state = state  # the read-write state: touched only through `run`
+        self.writer = writer
         self.replica = replica
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic  # broker-side name of `plans`
         self.after_apply = after_apply
         self.counts: Counter[str] = Counter()
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
+        self.run_writes = run  # runs reads and writes of the state on the writer thread
 
     async def run(self) -> None:
         """Consume and adopt until cancelled."""
@@ -59,15 +59,9 @@ class PlanFeed:
         try:
             await self.replica.ready.wait()
             await consumer.start()
-            partitions: set[int] = set()
-            while not partitions:
-                partitions = consumer.partitions_for_topic(self.topic) or set()
-                if not partitions:
-                    await consumer.topics()
-                    await asyncio.sleep(0.1)
-            tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+            tps = await discover(consumer, [self.topic], attempts=None)
             consumer.assign(tps)
-            positions = dict(self.state.store.db.execute("SELECT partition, next_offset FROM plan_feed").fetchall())
+            positions = await self.run_writes(self._positions)
             for tp in tps:
                 if tp.partition in positions:
                     consumer.seek(tp, positions[tp.partition])
@@ -90,15 +84,21 @@ class PlanFeed:
             return
         except Exception:  # noqa: BLE001 - one policy for poison: isolate it, never stop the feed
             log.exception("plans batch of %d failed; ingesting one by one", len(records))
-            self.state.catalog.forget_cached()
+            await self.run_writes(self.state.catalog.forget_cached)
         for record in records:
             try:
                 await self._ingest([record])
             except Exception as exc:  # noqa: BLE001
                 partition, offset, *_ = record
-                with self.state.store.transaction():
-                    self._save_positions({partition: offset + 1})
-                self._skip(partition, offset, f"{type(exc).__name__} while ingesting")
+                await self.run_writes(self._pass_over, partition, offset, f"{type(exc).__name__} while ingesting")
+
+    def _positions(self) -> dict[int, int]:
+        return dict(self.state.store.db.execute("SELECT partition, next_offset FROM plan_feed").fetchall())
+
+    def _pass_over(self, partition: int, offset: int, why: str) -> None:
+        with self.state.store.transaction():
+            self._save_positions({partition: offset + 1})
+        self._skip(partition, offset, why)
 
     def _save_positions(self, ends: dict[int, int]) -> None:
         self.state.store.db.executemany(
@@ -106,6 +106,30 @@ class PlanFeed:
             "greatest(plan_feed.next_offset, excluded.next_offset)", list(ends.items()))
 
     async def _ingest(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
+        foreign, cluster_id = await self.run_writes(self._foreign, records)
+        for _, _, plan in foreign:
+            # Judge a plan only against state at least as fresh as the state it was compiled from;
+            # offsets of another broker incarnation say nothing about this one.
+            if plan.get("compiled_in") == cluster_id:
+                try:
+                    await asyncio.wait_for(self.replica.wait_covers(plan.get("compiled_as_of") or {}),
+                                           FRESHNESS_WAIT_SECONDS)
+                except asyncio.TimeoutError:
+                    log.warning("plan %s names offsets not reached in %.0fs; judged against current state",
+                                plan["plan_id"], FRESHNESS_WAIT_SECONDS, extra={"plan_id": plan["plan_id"]})
+        ends: dict[int, int] = {}
+        for partition, offset, *_ in records:
+            ends[partition] = max(ends.get(partition, 0), offset + 1)
+        await self.run_writes(self._settle, foreign, ends)
+
+    def _settle(self, foreign: list[tuple[int, int, dict[str, Any]]], ends: dict[int, int]) -> None:
+        with self.state.store.transaction():
+            self._judge(foreign)
+            self._save_positions(ends)
+
+    def _foreign(self, records: list[tuple[int, int, bytes | None, bytes | None]],
+                 ) -> tuple[list[tuple[int, int, dict[str, Any]]], str | None]:
+        """Valid plans of a batch this worker has not stored, after a peer's evictions; and the cluster id."""
         plans: list[tuple[int, int, dict[str, Any]]] = []
         # A tombstone is a peer's eviction of that plan id; a later record of the id brings it back.
         tombstones = {key.decode(errors="replace"): offset for _, offset, value, key in records
@@ -129,23 +153,7 @@ class PlanFeed:
                 self._drop_evicted(list(tombstones))
         known = self.state.plans.known([p["plan_id"] for _, _, p in plans])
         foreign = [(partition, offset, p) for partition, offset, p in plans if p["plan_id"] not in known]
-        cluster_id = self.state.store.incarnation()[0]
-        for _, _, plan in foreign:
-            # Judge a plan only against state at least as fresh as the state it was compiled from;
-            # offsets of another broker incarnation say nothing about this one.
-            if plan.get("compiled_in") == cluster_id:
-                try:
-                    await asyncio.wait_for(self.replica.wait_covers(plan.get("compiled_as_of") or {}),
-                                           FRESHNESS_WAIT_SECONDS)
-                except asyncio.TimeoutError:
-                    log.warning("plan %s names offsets not reached in %.0fs; judged against current state",
-                                plan["plan_id"], FRESHNESS_WAIT_SECONDS, extra={"plan_id": plan["plan_id"]})
-        ends: dict[int, int] = {}
-        for partition, offset, *_ in records:
-            ends[partition] = max(ends.get(partition, 0), offset + 1)
-        with self.state.store.transaction():
-            self._judge(foreign)
-            self._save_positions(ends)
+        return foreign, self.state.store.incarnation()[0]
 
     def _drop_evicted(self, plan_ids: list[str]) -> None:
         """Stop serving and indexing plans a peer evicted: it no longer indexes them (see RetentionTimer)."""
@@ -166,39 +174,4 @@ class PlanFeed:
                            "error_class": "bad_internal_record"})
 
     def _judge(self, foreign: list[tuple[int, int, dict[str, Any]]]) -> None:
-        state = self.state
-        now = state.store.now()
-        counts: Counter[str] = Counter()
-        view = CatalogSnapshot(state.catalog)
-        view.prefetch([plan["request"] for _, _, plan in foreign])
-        for partition, offset, plan in foreign:
-            try:
-                compiled = compile_request(plan["request"], view, now)
-            except ParseError as exc:  # no worker could have compiled this request: not a plan at all
-                self._skip(partition, offset, f"its request does not parse ({exc.code})", counts)
-                continue
-            except RequestError:
-                compiled = None
-            except Exception as exc:  # noqa: BLE001 - a poisoned internal record must not stop any worker
-                self._skip(partition, offset, f"{type(exc).__name__} while compiling its request", counts)
-                continue
-            if compiled is not None and compiled.plan_id == plan["plan_id"]:
-                self.invalidator.store_compiled([compiled], now, counts, publish=False)
-                counts["plans_adopted"] += 1
-                continue
-            successor = compiled.plan_id if compiled else None
-            cause = {"topic": self.topic, "partition": partition, "offset": offset, "event_id": plan["plan_id"],
-                     "dependency_key": f"plan:{plan['plan_id']}"}
-            record = {"schema_version": 1, "plan_id": plan["plan_id"], "plan_key": plan.get("plan_key", ""),
-                      "reason": "stale_on_arrival", "cause": cause, "invalidated_at": wall_now(),
-                      "as_of": now and format_instant(now), "successor_plan_id": successor}
-            state.plans.record_stale(plan, cause, successor, now)
-            state.outbox.add_many([(self.invalidator.topic_of("plan-invalidations"), plan["plan_id"].encode(),
-                                    orjson.dumps(record))])
-            if compiled is not None:
-                self.invalidator.store_compiled([compiled], now, counts, publish=True)
-            counts["plans_stale_on_arrival"] += 1
-            counts["invalidations"] += 1
-            log.info("plan %s from another worker was stale on arrival", plan["plan_id"],
-                     extra={"plan_id": plan["plan_id"], "reason": "stale_on_arrival", "successor_plan_id": successor})
-        state.store.bump_many(counts)
+        self.writer.judge_foreign(foreign, self.topic, self._skip)

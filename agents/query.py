@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable
 
 import duckdb
 
 from compiler.errors import RequestError
-from compiler.pipeline import compile_request
 from compiler.request import Limits, parse_request, plan_key
 from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
-from agents.invalidation import Invalidator
+from agents.plan_writer import PlanWriter
 from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
@@ -33,15 +32,16 @@ class StateError(RequestError):
 class QueryService:
     """The read path: plan key lookup, then cache or compile."""
 
-    def __init__(self, state: LocalState, invalidator: Invalidator, guard=None) -> None:
-        self.state = state
-        self.invalidator = invalidator
+    def __init__(self, state: LocalState, writer: PlanWriter, guard=None) -> None:
+        self.state = state  # what selects, status and health read: in a worker, a cursor of their own
+        self.writer = writer  # compiles and stores on the read-write connection (its state)
         self.guard = guard  # a LagWatcher; None only where no broker exists (unit tests)
         self.on_compile = None  # seconds per compilation on the read path
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
         self.limits = Limits()  # largest request fields a select accepts
         self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
         self.unreadable: str | None = None  # why the state file failed a read; sticky until a restart
+        self.last_events: dict[str, dict] = {}  # the event applier's latest event per topic, for operators
 
     def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
         """Record a failed read of the state file and return the refusal to send (never a 500)."""
@@ -64,21 +64,40 @@ class QueryService:
 
     def token(self) -> str:
         """Freshness token of the state as it is now."""
-        store = self.state.store
-        return encode_token(store.next_offsets(), *store.incarnation())
+        return _token_of(self.state.store)
 
     def select(self, doc: Any) -> dict[str, Any]:
-        """Return the plan for a select body; raises RequestError for bad requests."""
+        """Return the plan for a select body, compiling on this thread; raises RequestError for bad requests."""
+        self._refuse_if_unreadable()
+        try:
+            found = self._lookup(doc)
+            if found.plan is None:
+                found = self._merge(self._compile(found))
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
+        return self._answer(found)
+
+    async def select_async(self, doc: Any, run: Callable[..., Awaitable[Any]]) -> dict[str, Any]:
+        """As `select`, but a plan that must be compiled is compiled by `run` (the writer thread).
+
+        The cache lookup reads this service's own cursor, so a hit never waits for a write.
+        """
+        self._refuse_if_unreadable()
+        try:
+            found = self._lookup(doc)
+            if found.plan is None:
+                found = self._merge(await run(self._compile, found))
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
+        return self._answer(found)
+
+    def _refuse_if_unreadable(self) -> None:
         if self.unreadable is not None:
             self.selects["refused.state_unreadable"] += 1
             raise self._unreadable_error()
-        try:
-            return self._select(doc)
-        except duckdb.Error as exc:
-            raise self.state_failed(exc) from None
 
-    def _select(self, doc: Any) -> dict[str, Any]:
-        state = self.state
+    def _lookup(self, doc: Any) -> "Found":
+        """Parse, check the guard, resolve the entity and look for a fresh plan (on the reading cursor)."""
         if isinstance(doc, dict):
             doc = {k: v for k, v in doc.items() if k != "at_least_as_fresh"}
         request = parse_request(doc, self.limits)
@@ -86,26 +105,36 @@ class QueryService:
         if self.guard is not None:
             self.guard.check()
             degraded = self.guard.degraded()
-        entity_id = resolve_entity(request.entity, state.catalog.entity_matches(request.entity))
-        key = plan_key(request, entity_id)
+        store = self.state.store
+        # One snapshot: the token must name the state the plan was read from, not a later one.
+        with store.transaction():
+            entity_id = resolve_entity(request.entity, self.state.catalog.entity_matches(request.entity))
+            key = plan_key(request, entity_id)
+            plan = self.state.plans.fresh_plan(key)
+            token = _token_of(store) if plan is not None else None
         self.selected.add(key)
-        plan = state.plans.fresh_plan(key)
+        return Found(request, key, plan, token, "cache", degraded)
+
+    def _compile(self, found: "Found") -> "Found":
+        """Compile and store a missing plan on the writer's connection (run on the writer thread)."""
+        state = self.writer.state
+        counts: Counter[str] = Counter()
+        plan = state.plans.fresh_plan(found.key)  # another select may have compiled it meanwhile
         served_from = "cache"
         if plan is None:
-            now = state.store.now()
-            started = time.perf_counter()
-            compiled = compile_request(request, state.catalog, now)
-            if self.on_compile:
-                self.on_compile(time.perf_counter() - started)
-            with state.store.transaction():
-                # Read-path counters stay in memory: a counter write would cost as much as the plan.
-                self.invalidator.store_compiled([compiled], now, self.selects)
-            plan = compiled.plan
+            plan = self.writer.compile_select(found.request, counts, self.on_compile).plan
             served_from = "compiled"
-        self.selects[f"selects.{served_from}"] += 1
-        out = dict(plan, freshness_token=self.token(), served_from=served_from)
-        if degraded:
-            out["degraded"] = degraded  # paused inputs that can make this answer less current
+        return replace(found, plan=plan, token=_token_of(state.store), served_from=served_from, counts=counts)
+
+    def _merge(self, found: "Found") -> "Found":
+        self.selects.update(found.counts)  # counted here: the selects counter belongs to the caller's thread
+        return found
+
+    def _answer(self, found: "Found") -> dict[str, Any]:
+        self.selects[f"selects.{found.served_from}"] += 1
+        out = dict(found.plan, freshness_token=found.token, served_from=found.served_from)
+        if found.degraded:
+            out["degraded"] = found.degraded  # paused inputs that can make this answer less current
         return out
 
     def take_selected(self) -> set[str]:
@@ -141,4 +170,28 @@ class QueryService:
                 "counters": dict(Counter(store.counters()) + self.selects),
                 "revocations": self.guard.status().as_dict() if self.guard else None,
                 "lag": self.guard.lags() if self.guard else {},
-                "last_events": self.invalidator.last_event}
+                "last_events": dict(self.last_events)}
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a select found: its parsed request, plan key, and the plan with the token of the state it came from."""
+
+    request: Any
+    """The parsed decision request."""
+    key: str
+    """Its plan key."""
+    plan: dict[str, Any] | None
+    """The fresh plan, None when it must be compiled."""
+    token: str | None
+    """Freshness token of the state the plan was read or compiled from."""
+    served_from: str
+    """cache or compiled."""
+    degraded: list[str]
+    """Paused inputs that can make the answer less current."""
+    counts: Counter = field(default_factory=Counter)
+    """Counters the compiling thread gathered, merged into `selects` by the caller."""
+
+
+def _token_of(store) -> str:
+    return encode_token(store.next_offsets(), *store.incarnation())

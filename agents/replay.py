@@ -5,63 +5,19 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections import Counter
 from datetime import datetime, timezone
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents.invalidation import Invalidator, RawMessage, wall_now
-from compiler.errors import RequestError
-from compiler.pipeline import compile_request
+from agents.event_apply import EventApplier, RawMessage
+from agents.plan_writer import PlanWriter
 from schemas.cdc_mapping import CdcMapping
 from state.local_state import LocalState
 from streams.incarnation import read_cluster_id
+from streams.partitions import read_all
 from streams.settings import INPUT_TOPICS, Settings
 
 log = logging.getLogger(__name__)
-
-
-async def read_all(bootstrap: str, topic: str, on_batch, progress=None, kafka: dict | None = None) -> int:
-    """Feed every record of a topic, from the beginning to its current end, to `on_batch`."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **(kafka or {}))
-    await consumer.start()
-    try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        if not partitions:
-            await consumer.topics()
-            partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        if not tps:
-            return 0
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        starts = await consumer.beginning_offsets(tps)
-        reached = dict(starts)  # next offset to see, per partition (positions can run ahead of delivery)
-        total, seen = sum(ends[tp] - starts[tp] for tp in tps), 0
-        # ListOffsets may under-report the end (Tansu counts batches), so read until the fetch
-        # high watermark is reached as well.
-        while True:
-            batch = await consumer.getmany(timeout_ms=500, max_records=2000)
-            records = []
-            for tp, messages in batch.items():
-                for m in messages:
-                    reached[tp] = max(reached[tp], m.offset + 1)
-                    records.append(m)
-            for tp in tps:
-                ends[tp] = max(ends[tp], consumer.highwater(tp) or 0)
-            known = all(consumer.highwater(tp) is not None for tp in tps)
-            if not records and known and all(reached[tp] >= ends[tp] for tp in tps):
-                break
-            if records:
-                on_batch(records)
-                seen += len(records)
-                if progress:
-                    progress(topic, seen, total)
-        return seen
-    finally:
-        await consumer.stop()
 
 
 async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapping | None = None) -> dict:
@@ -76,13 +32,14 @@ async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapp
     try:
         with state.store.transaction():
             state.store.record_cluster(await read_cluster_id(bootstrap, **kafka))
-        invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
-                                  max_clock_jump=settings.max_clock_jump, cdc=cdc)
+        writer = PlanWriter(state, settings.topic)
+        applier = EventApplier(state, writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
+                               cdc=cdc)
         started = time.perf_counter()
         applied = {}
         for name in INPUT_TOPICS:
             def apply(records, name=name):
-                invalidator.apply([RawMessage(name, m.partition, m.offset, m.key, m.value, m.timestamp / 1000)
+                applier.apply([RawMessage(name, m.partition, m.offset, m.key, m.value, m.timestamp / 1000)
                                    for m in records])
             applied[name] = await read_all(bootstrap, settings.topic(name), apply, progress, kafka)
         plans: dict[str, dict] = {}
@@ -103,37 +60,8 @@ async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapp
 
         await read_all(bootstrap, settings.topic("plans"), keep_plans, progress, kafka)
         await read_all(bootstrap, settings.topic("plan-invalidations"), keep_invalidated, progress, kafka)
-        restored, changed = _restore(state, invalidator, [p for pid, p in plans.items() if pid not in gone])
+        restored, changed = writer.restore([p for pid, p in plans.items() if pid not in gone])
         return {"backup": str(backup) if backup else None, "events": applied, "plans_restored": restored,
                 "plans_changed": changed, "seconds": round(time.perf_counter() - started, 2)}
     finally:
         state.close()
-
-
-def _restore(state: LocalState, invalidator: Invalidator, current: list[dict]) -> tuple[int, int]:
-    """Recompile each current plan; announce the ones whose outcome changed while the store was gone."""
-    now = state.store.now()
-    counts: Counter[str] = Counter()
-    restored, changed, rows = [], 0, []
-    for plan in current:
-        try:
-            compiled = compile_request(plan["request"], state.catalog, now)
-        except RequestError:
-            compiled = None
-        if compiled is not None and compiled.plan_id == plan["plan_id"]:
-            restored.append(compiled)
-            continue
-        changed += 1
-        successor = compiled.plan_id if compiled else None
-        if compiled:
-            restored.append(compiled)
-        cause = {"topic": "replay", "partition": -1, "offset": -1, "event_id": f"replay-{wall_now()}",
-                 "dependency_key": "replay"}
-        record = {"schema_version": 1, "plan_id": plan["plan_id"], "plan_key": plan["plan_key"],
-                  "reason": "state_rebuilt", "cause": cause, "invalidated_at": wall_now(), "as_of": None,
-                  "successor_plan_id": successor}
-        rows.append((invalidator.topic_of("plan-invalidations"), plan["plan_id"].encode(), orjson.dumps(record)))
-    with state.store.transaction():
-        invalidator.store_compiled(restored, now, counts, publish=False)
-        state.outbox.add_many(rows)  # published by the worker's outbox flush when it starts
-    return len(restored), changed

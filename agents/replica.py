@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from agents.incarnation import probe
-from agents.invalidation import Invalidator, RawMessage
+from agents.writer import inline
+from agents.event_apply import EventApplier, RawMessage
 from state.store import Store
 from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
+from streams.partitions import discover
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +29,14 @@ class Replica:
     lets that duty path wait for this replica to reach the event).
     """
 
-    def __init__(self, invalidator: Invalidator, store: Store, bootstrap_servers: str, topics: dict[str, str],
+    def __init__(self, applier: EventApplier, store: Store, bootstrap_servers: str, topics: dict[str, str],
                  batch_size: int = 500, batch_window: float = 0.05, fetch_bytes: int = 2_000_000,
                  after_apply: Callable[[list[RawMessage]], Awaitable[object]] | None = None,
-                 auto_rebase: bool = False, kafka: dict | None = None) -> None:
-        self.invalidator = invalidator
-        self.store = store
+                 auto_rebase: bool = False, kafka: dict | None = None,
+                 run: Callable[..., Awaitable[Any]] = inline) -> None:
+        self.applier = applier
+        self.store = store  # for reads beside the writer (its own cursor in a worker)
+        self.run_writes = run  # runs a state write on the writer thread
         self.bootstrap_servers = bootstrap_servers
         self.topics = topics  # logical name -> broker-side name
         self.batch_size = batch_size
@@ -100,7 +104,7 @@ class Replica:
         self._consumer = consumer
         logical = {v: k for k, v in self.topics.items()}
         try:
-            tps = await self._partitions(consumer)
+            tps = await discover(consumer, self.topics.values())
             consumer.assign(tps)
             await self._verify_incarnation(consumer)
             tps = [tp for tp in tps if logical[tp.topic] not in self.blocked]
@@ -138,8 +142,7 @@ class Replica:
                                        m.timestamp / 1000 if m.timestamp else None)
                             for tp, records in batch.items() for m in records]
                 if messages:
-                    self.invalidator.apply(messages, standby=True)
-                    self.positions = self.store.next_offsets()
+                    self.positions = await self.run_writes(self._apply, messages)
                     async with self._progress:
                         self._progress.notify_all()
                     if self.after_apply:
@@ -147,6 +150,11 @@ class Replica:
         finally:
             self._consumer = None
             await stop_within(consumer)
+
+    def _apply(self, messages: list[RawMessage]) -> dict[str, dict[int, int]]:
+        """Apply a batch on standby (on the writer thread); the offsets applied once it committed."""
+        self.applier.apply(messages, standby=True)
+        return self.applier.state.store.next_offsets()
 
     def _new_consumer(self) -> AIOKafkaConsumer:
         # No reset policy: a position the broker lost is an error to report, never a silent skip.
@@ -158,18 +166,16 @@ class Replica:
         """Compare the recorded offsets with the broker's topics; rebase or block what was reset."""
         self.cluster_id = await read_cluster_id(self.bootstrap_servers, **self.kafka)
         resets = await probe(consumer, self.store, self.topics, self.cluster_id)
+        writes = self.applier.state.store
         if not resets:
-            with self.store.transaction():
-                self.store.record_cluster(self.cluster_id)
+            await self.run_writes(_in_transaction, writes, writes.record_cluster, self.cluster_id)
             return
         if not self.auto_rebase:
             self._block(resets)
             return
         recorded, _ = self.store.incarnation()
         topics = list(resets) + (["plans"] if recorded != self.cluster_id else [])
-        with self.store.transaction():
-            epoch = self.store.rebase(self.cluster_id, topics)
-            self.store.bump_many({"input_resets": 1})
+        epoch = await self.run_writes(_rebase, writes, self.cluster_id, topics)
         self.positions = self.store.next_offsets()
         log.warning("input topics were reset (%s); offsets rebased to the new topics (epoch %d), catalog and "
                     "plans kept", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())), epoch,
@@ -182,14 +188,14 @@ class Replica:
                   "or `freshplan run --rebase`", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())),
                   extra={"reason": "input_reset", "topics": sorted(resets)})
 
-    async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
-        tps: list[TopicPartition] = []
-        for name in self.topics.values():
-            for _ in range(100):
-                partitions = consumer.partitions_for_topic(name)
-                if partitions:
-                    break
-                await consumer.topics()  # refresh metadata
-                await asyncio.sleep(0.1)
-            tps.extend(TopicPartition(name, p) for p in sorted(partitions or ()))
-        return tps
+
+def _in_transaction(store: Store, fn: Callable[..., Any], *args: Any) -> Any:
+    with store.transaction():
+        return fn(*args)
+
+
+def _rebase(store: Store, cluster_id: str, topics: list[str]) -> int:
+    with store.transaction():
+        epoch = store.rebase(cluster_id, topics)
+        store.bump_many({"input_resets": 1})
+    return epoch

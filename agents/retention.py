@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from typing import Any, Awaitable, Callable
 
-from agents.invalidation import wall_now
+from agents.plan_writer import wall_now
 from agents.query import QueryService
 from state.local_state import LocalState
 from state.retention import PassResult, RetentionPolicy, Topics
@@ -42,16 +43,29 @@ class RetentionTimer:
 
     def run_once(self) -> PassResult | None:
         """One pass at the current event time; None before the first clock tick or if the pass failed."""
+        selected = self.query.take_selected()
+        result = self._pass(selected)
+        if result is None:
+            self.query.selected |= selected  # stamped by a later pass
+        return result
+
+    async def run(self, run: Callable[..., Awaitable[Any]]) -> PassResult | None:
+        """As `run_once`, the pass itself run by `run` (the writer thread); selects are taken on this loop."""
+        selected = self.query.take_selected()
+        result = await run(self._pass, selected)
+        if result is None:
+            self.query.selected |= selected
+        return result
+
+    def _pass(self, selected: set[str]) -> PassResult | None:
         store = self.state.store
         now = store.now()
         if now is None:
             return None  # no event time yet: nothing can have aged, and stamps wait for a tick
-        selected = self.query.take_selected()
         try:
             with store.transaction():
                 result = self.state.retention.run_pass(now, self.policy, selected, self.topics, wall_now())
         except Exception:  # noqa: BLE001 - housekeeping must never stop a worker; the next pass retries
-            self.query.selected |= selected
             log.exception("retention pass failed; nothing was removed")
             return None
         removed = len(result.evicted) + result.plan_rows_expired + result.receipts_expired

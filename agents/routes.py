@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from dataclasses import dataclass
 from importlib import resources
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import duckdb
 from faust import web
@@ -18,10 +19,10 @@ from agents.metrics_port import serve_metrics
 from compiler.errors import AttestError, RequestError
 from compiler.request import decode_body
 from schemas.freshness import BadToken, covers, read_token
-from streams.settings import INPUT_TOPICS
+from streams.settings import INPUT_TOPICS, Settings
 
 if TYPE_CHECKING:
-    from agents.worker import Worker
+    from agents.query import QueryService
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,39 @@ def error(view: web.View, status: int, code: str, message: str, pass_name: str =
     return view.json({"error": {"code": code, "pass": pass_name, "message": message}}, status=status)
 
 
-def register_routes(app, worker: "Worker", access: Access) -> None:
+@dataclass(frozen=True)
+class Api:
+    """What the HTTP routes need of a worker, and nothing more: reads never touch the writer's connection."""
+
+    settings: Settings
+    """The worker's settings (freshness wait, metrics port)."""
+    query: "QueryService"
+    """Select limits, plan status, health and the refusal counters."""
+    select: Callable[[Any], Awaitable[dict[str, Any]]]
+    """Answer a select body (a cache hit on the loop's cursor, a miss compiled by the writer)."""
+    applied: Callable[[], dict[str, dict[int, int]]]
+    """Next offsets applied per input topic and partition."""
+    incarnation: Callable[[], tuple[str | None, int]]
+    """(cluster id, rebase epoch) the applied offsets belong to."""
+    incarnation_checked: Callable[[], Awaitable[bool]]
+    """Wait (up to the freshness wait) until the replica has checked its offsets against the broker."""
+    receipt: Callable[[str], dict[str, Any] | None]
+    """A stored receipt by id."""
+    publish: Callable[[], Awaitable[int]]
+    """Publish the outbox now; never raises."""
+    pause: Callable[[str], list[int]]
+    """Stop applying an input topic; returns its partitions."""
+    resume: Callable[[str], list[int]]
+    """Apply a paused input topic again."""
+    check_ready: Callable[[], object]
+    """Raise AttestError unless revocations and policies are known and applied within the bound."""
+    render_metrics: Callable[[], bytes]
+    """Prometheus exposition text."""
+    details: Callable[[], dict[str, Any]]
+    """Health details beyond the query service's: duty, standby outbox, writer thread, loop stalls."""
+
+
+def register_routes(app, api: Api, access: Access) -> None:
     """Attach the HTTP API of one worker to its Faust web server."""
 
     def state_guarded(handler):
@@ -43,7 +76,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
             try:
                 return await handler(view, *args, **kwargs)
             except duckdb.Error as exc:
-                return view.json(worker.query.state_failed(exc).as_dict(), status=503)
+                return view.json(api.query.state_failed(exc).as_dict(), status=503)
         return guarded
 
     @app.page("/v1/select")
@@ -51,7 +84,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
         @state_guarded
         async def post(self, request: web.Request) -> web.Response:
             try:
-                body: Any = decode_body(await request.read(), worker.query.limits)
+                body: Any = decode_body(await request.read(), api.query.limits)
             except RequestError as exc:
                 return self.json(exc.as_dict(), status=exc.status)
             refused = principal_refusal(request.get(CALLER), body)
@@ -65,21 +98,23 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
                     target = read_token(wanted)
                 except BadToken as exc:
                     return error(self, 400, "invalid_freshness_token", str(exc), "attest")
-                if not target.same_incarnation(*worker.state.store.incarnation()):
+                # Until the replica has checked the broker, no incarnation is recorded to compare with.
+                if not target.same_incarnation(*api.incarnation()) and (
+                        not await api.incarnation_checked() or not target.same_incarnation(*api.incarnation())):
                     return error(self, 409, "token_other_incarnation", "at_least_as_fresh was issued against "
                                  "another incarnation of the input topics (the broker or its topics were reset "
                                  "since); its offsets mean nothing here. Select without it, or with a token "
                                  "issued since the reset.", "attest")
-                if not await _wait_until_fresh(worker, target.offsets):
-                    worker.query.selects["refused.not_fresh_enough"] += 1
+                if not await _wait_until_fresh(api, target.offsets):
+                    api.query.selects["refused.not_fresh_enough"] += 1
                     return error(self, 503, "not_fresh_enough", "This worker has not yet applied the "
-                                 f"state named by at_least_as_fresh within {worker.settings.freshness_wait}s;"
+                                 f"state named by at_least_as_fresh within {api.settings.freshness_wait}s;"
                                  " retry shortly.", "attest")
             try:
-                result = worker.query.select(body)
+                result = await api.select(body)
             except RequestError as exc:
                 if exc.status == 503:
-                    worker.query.selects[f"refused.{exc.code}"] += 1
+                    api.query.selects[f"refused.{exc.code}"] += 1
                 log.info("select refused: %s (%s)", exc.code, exc.pass_name,
                          extra={"code": exc.code, "pass": exc.pass_name})
                 return self.json(exc.as_dict(), status=exc.status)
@@ -88,7 +123,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
                 # Bounded: with the broker gone the records stay queued for the flush timer, and the
                 # caller still gets its answer within the request's deadline.
                 try:
-                    await asyncio.wait_for(asyncio.shield(worker.publish_outbox()), PUBLISH_WAIT_SECONDS)
+                    await asyncio.wait_for(asyncio.shield(api.publish()), PUBLISH_WAIT_SECONDS)
                 except asyncio.TimeoutError:
                     log.warning("the compiled plan's records are still queued; the flush timer publishes them")
             log.info("select %s from %s", result["plan_id"], result["served_from"],
@@ -104,7 +139,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
         @state_guarded
         async def get(self, request: web.Request, plan_id: str) -> web.Response:
             try:
-                status = worker.query.plan_status(plan_id)
+                status = api.query.plan_status(plan_id)
             except RequestError as exc:
                 return self.json(exc.as_dict(), status=exc.status)
             request[AUDIT]["plan_id"] = plan_id
@@ -116,7 +151,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
     @app.page("/v1/receipts/{receipt_id}")
     class Receipt(web.View):
         async def get(self, request: web.Request, receipt_id: str) -> web.Response:
-            receipt = worker.state.plans.receipt(receipt_id)
+            receipt = api.receipt(receipt_id)
             if receipt is None:
                 return error(self, 404, "unknown_receipt", f"No receipt '{receipt_id}' is known to this "
                              "worker; use a receipt_id from a plan or the receipts topic.")
@@ -136,7 +171,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
             if topic not in INPUT_TOPICS or action not in ("pause", "resume"):
                 return error(self, 400, "invalid_request", "Send {\"topic\": one of "
                              f"{', '.join(INPUT_TOPICS)}, \"action\": \"pause\" or \"resume\"}}.")
-            partitions = worker.replica.pause(topic) if action == "pause" else worker.replica.resume(topic)
+            partitions = api.pause(topic) if action == "pause" else api.resume(topic)
             log.warning("operator %sd %s (%d partitions)", action, topic, len(partitions))
             return self.json({"topic": topic, "action": action, "partitions": partitions})
 
@@ -147,16 +182,16 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
         async def get(self, request: web.Request) -> web.Response:
             return self.bytes(document, headers={"Content-Type": "application/json"})
 
-    if worker.settings.metrics_port is None:
+    if api.settings.metrics_port is None:
         @app.page("/metrics")
         class Metrics(web.View):
             async def get(self, request: web.Request) -> web.Response:
-                return self.bytes(worker.metrics.render(),
+                return self.bytes(api.render_metrics(),
                                   headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
     else:
         @app.task
         async def metrics_port() -> None:
-            await serve_metrics(worker.settings, access, worker.metrics.render)
+            await serve_metrics(api.settings, access, api.render_metrics)
 
     @app.page("/healthz")
     class Health(web.View):
@@ -164,14 +199,14 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
             caller = request.get(CALLER)
             if caller is None or "status" not in caller.scopes:
                 # Liveness for anyone; the details need the status scope.
-                unreadable = worker.query.unreadable is not None
+                unreadable = api.query.unreadable is not None
                 return self.json({"status": "state_unreadable" if unreadable else "ok"},
                                  status=503 if unreadable else 200)
-            doc = worker.query.health()
+            doc = api.query.health()
             try:
-                doc.update(duty=worker.duty(), standby_outbox=worker.state.outbox.standby_size())
+                doc.update(api.details())
             except duckdb.Error as exc:
-                worker.query.state_failed(exc, counted=False)
+                api.query.state_failed(exc, counted=False)
                 doc["status"] = "state_unreadable"
             return self.json(doc, status=200 if doc["status"] == "ok" else 503)
 
@@ -179,7 +214,7 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
     class Ready(web.View):
         async def get(self, request: web.Request) -> web.Response:
             try:
-                worker.guard.check()
+                api.check_ready()
             except AttestError as exc:
                 return error(self, 503, exc.code, exc.message, "ready")
             return self.json({"status": "ready"})
@@ -191,10 +226,10 @@ def register_routes(app, worker: "Worker", access: Access) -> None:
             access.reload()
 
 
-async def _wait_until_fresh(worker: "Worker", target: dict) -> bool:
-    deadline = time.monotonic() + worker.settings.freshness_wait
+async def _wait_until_fresh(api: Api, target: dict) -> bool:
+    deadline = time.monotonic() + api.settings.freshness_wait
     while True:
-        if covers(worker.state.store.next_offsets(), target):
+        if covers(api.applied(), target):
             return True
         if time.monotonic() >= deadline:
             return False

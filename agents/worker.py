@@ -1,4 +1,4 @@
-"""Wire a worker: Faust agents for the input topics, the outbox publisher, timers and routes."""
+"""Wire a worker: Faust agents for the input topics, the replica, the writer thread, timers and routes."""
 
 from __future__ import annotations
 
@@ -9,19 +9,22 @@ from datetime import datetime, timezone
 
 import faust
 import orjson
-from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
 from agents.access import Access
 from agents.backlog import recompile_queued
 from agents.gate import Gate, api_routes
-from agents.invalidation import Invalidator
+from agents.event_apply import EventApplier
+from agents.plan_writer import PlanWriter
 from agents.query import QueryService
 from agents.lag import LagWatcher
+from agents.loop_probe import LoopProbe
 from agents.metrics import Metrics
 from agents.plan_feed import PlanFeed
+from agents.publisher import Publisher
 from agents.replica import Replica
 from agents.retention import BATCH, RetentionTimer
-from agents.routes import register_routes
+from agents.routes import Api, register_routes
+from agents.writer import Writer
 from compiler.request import Limits
 from schemas.cdc_mapping import CdcMapping
 from schemas.timefmt import format_instant
@@ -35,19 +38,6 @@ from streams.topics import Topics, declare_topics
 
 log = logging.getLogger(__name__)
 
-PERMANENT_SEND_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError)
-
-
-def _refused_at_send(exc: BaseException) -> bool:
-    """Whether a send failed for a reason no retry can fix (Faust wraps the producer's error)."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, PERMANENT_SEND_ERRORS + (TypeError, ValueError)):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
-
-
 @dataclass
 class Worker:
     """One freshplan worker: its app, topics, local state and services."""
@@ -56,33 +46,20 @@ class Worker:
     app: faust.App
     topics: Topics
     state: LocalState
-    invalidator: Invalidator
+    applier: EventApplier
     query: QueryService
-    publish_lock: asyncio.Lock
+    publisher: Publisher
+    """Sends the outbox (its bookkeeping runs on the writer thread)."""
     guard: LagWatcher
     metrics: Metrics
     replica: Replica
     plan_feed: PlanFeed
-
-    async def publish_owned(self, messages) -> None:
-        """Publish at once what the replica's batch caused on partitions this worker owns.
-
-        Faust's group consumer long-polls for up to 1.5 s per fetch, so waiting for it to deliver
-        the same events would add that much latency; it still promotes (and commits) later, which
-        keeps a hand-over lossless. Duplicates after a hand-over carry the same cause.
-        """
-        duty = self.duty()
-        spans: dict[tuple[str, int], tuple[int, int]] = {}
-        for m in messages:
-            if m.partition in duty.get(m.topic, ()):
-                first, last = spans.get((m.topic, m.partition), (m.offset, m.offset))
-                spans[(m.topic, m.partition)] = (min(first, m.offset), max(last, m.offset))
-        if not spans:
-            return
-        with self.state.store.transaction():
-            for (topic, partition), (first, last) in spans.items():
-                self.state.outbox.promote(topic, partition, first, last, drop_earlier=False)
-        await self.publish_outbox()
+    writer: Writer
+    """The thread that owns the read-write connection: every state write runs there."""
+    reader: LocalState
+    """Views over a cursor of their own, for what the event loop reads (committed state)."""
+    probe: LoopProbe
+    """Measures how long the event loop is kept from running."""
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -98,53 +75,37 @@ class Worker:
         return out
 
     async def publish_outbox(self) -> int:
-        """Publish the outbox; never raises (what failed stays queued and is retried by the timer)."""
+        """Publish the outbox now; never raises (see `Publisher.publish`)."""
+        return await self.publisher.publish()
+
+    def api(self) -> Api:
+        """The narrow view of this worker that its HTTP routes get."""
+        reader = self.reader
+        return Api(settings=self.settings, query=self.query,
+                   select=lambda body: self.query.select_async(body, self.writer.run),
+                   applied=reader.store.next_offsets, incarnation=reader.store.incarnation,
+                   incarnation_checked=self._incarnation_checked,
+                   receipt=reader.plans.receipt, publish=self.publish_outbox, pause=self.replica.pause,
+                   resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.metrics.render,
+                   details=self.details)
+
+    async def _incarnation_checked(self) -> bool:
         try:
-            return await self._publish_outbox()
-        except Exception:  # noqa: BLE001 - callers are the apply path, timers and routes: none may die of it
-            log.exception("publishing the outbox failed; the records stay queued")
-            return 0
+            await asyncio.wait_for(asyncio.shield(self.replica.ready.wait()), self.settings.freshness_wait)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
-    async def _publish_outbox(self) -> int:
-        """Send queued records, wait for the broker's acknowledgements, then forget them.
+    def details(self) -> dict:
+        """Health details of the worker itself: duty, standby outbox, who writes, how long the loop stalled."""
+        return {"duty": self.duty(), "standby_outbox": self.reader.outbox.standby_size(),
+                "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict()}
 
-        A record the broker can never accept (too large, refused at send or acknowledgement) is
-        replaced by its dead letter so that it cannot block the queue or stop the worker; records
-        that failed for a transient reason stay queued for the next flush.
-        """
-        sent = 0
-        async with self.publish_lock:
-            while True:
-                rows = self.state.outbox.pending(20_000)
-                if not rows:
-                    return sent
-                results: list = []
-                for _, topic, key, value in rows:
-                    try:
-                        results.append(await self.app.producer.send(topic, key, value, partition=None,
-                                                                    timestamp=None, headers=None))
-                    except Exception as exc:  # noqa: BLE001 - refused before it left: never retry it as it is
-                        results.append(exc)
-                pending = [r for r in results if not isinstance(r, BaseException)]
-                acked = iter(await asyncio.gather(*pending, return_exceptions=True))
-                results = [r if isinstance(r, BaseException) else next(acked) for r in results]
-                done, refused, retry = [], [], 0
-                for row, result in zip(rows, results, strict=True):
-                    if not isinstance(result, BaseException):
-                        done.append(row[0])
-                    elif isinstance(result, PERMANENT_SEND_ERRORS) or _refused_at_send(result):
-                        log.error("outbound %s record %r refused for good: %s", row[1], row[2],
-                                  type(result).__name__, extra={"topic": row[1], "error_class": "record_too_large"})
-                        refused.append(row)
-                    else:
-                        retry += 1
-                with self.state.store.transaction():
-                    self.state.outbox.remove(done)
-                    self.state.outbox.replace_with_dead_letters(refused, "refused by the producer or broker")
-                sent += len(done)
-                if retry:
-                    log.warning("%d records not acknowledged; they stay queued", retry)
-                    return sent
+    def close(self) -> None:
+        """Let the writer finish its job, then close the file (after the app has stopped)."""
+        self.writer.close()
+        self.reader.store.close()
+        self.state.close()
 
 
 def build_worker(settings: Settings, bootstrap_servers: str, access: Access | None = None,
@@ -158,41 +119,50 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     state = LocalState.open(settings.db_path)
     state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
                                        frozenset({settings.topic("plans"), settings.topic("receipts")}))
-    invalidator = Invalidator(state, settings.topic, settings.max_event_bytes,
-                              eager_limit=settings.eager_recompile_limit, max_clock_jump=settings.max_clock_jump,
-                              cdc=cdc)
-    guard = LagWatcher(state.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
+    reader = state.reader()
+    writer, probe = Writer(), LoopProbe()
+    plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
+    applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
+                           cdc=cdc)
+    guard = LagWatcher(reader.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound, kafka=kafka)
-    query = QueryService(state, invalidator, guard)
+    query = QueryService(reader, plan_writer, guard)
+    query.last_events = applier.last_event
     query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
                           calls=settings.max_budget_calls)
-    metrics = Metrics(state, query, guard)
-    invalidator.on_latency = metrics.event_to_invalidation.observe
-    invalidator.on_compile = metrics.compile_seconds.labels("recompile").observe
+    metrics = Metrics(reader, query, guard, probe)
+    plan_writer.on_latency = metrics.event_to_invalidation.observe
+    plan_writer.on_compile = metrics.compile_seconds.labels("recompile").observe
     query.on_compile = metrics.compile_seconds.labels("select").observe
     # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
-    replica = Replica(invalidator, state.store, bootstrap_servers, inputs,
+    replica = Replica(applier, reader.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
-                      auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka)
+                      auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run)
     guard.paused, guard.blocked = replica.paused, replica.blocked
-    plan_feed = PlanFeed(state, invalidator, replica, bootstrap_servers, settings.topic("plans"), kafka=kafka)
-    worker = Worker(settings, app, topics, state, invalidator, query, asyncio.Lock(), guard, metrics,
-                    replica, plan_feed)
-    replica.after_apply = worker.publish_owned
+    plan_feed = PlanFeed(state, plan_writer, replica, bootstrap_servers, settings.topic("plans"), kafka=kafka,
+                         run=writer.run)
+    publisher = Publisher(state, app, writer.run, lambda: worker.duty())
+    worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
+                    replica, plan_feed, writer, reader, probe)
+    replica.after_apply = publisher.publish_owned
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
 
     @app.task
     async def watch_revocations() -> None:
-        # In a thread of its own (first reading at start-up): compiles on this loop must not make
-        # the guard look stale and refuse healthy selects.
+        # In a thread of its own (first reading at start-up): a busy loop must not make the guard
+        # look stale and refuse healthy selects.
         guard.start_thread()
         try:
             await asyncio.Event().wait()
         finally:
             await asyncio.to_thread(guard.stop_thread)
+
+    @app.task
+    async def probe_loop() -> None:
+        await probe.run()
 
     @app.task
     async def apply_replica() -> None:
@@ -207,11 +177,11 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
         # announcements still waiting in the outbox go out before any successor is compiled.
         while True:
-            if state.outbox.size():
+            if reader.outbox.size():
                 await asyncio.sleep(0.05)
                 continue
             duty = worker.duty()
-            done = recompile_queued(invalidator, 100,
+            done = await writer.run(recompile_queued, plan_writer, 100,
                                     lambda topic, partition, duty=duty: partition in duty.get(topic, ()))
             if done:
                 await worker.publish_outbox()
@@ -236,8 +206,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             log.warning("could not read the group's committed offsets: %r", exc)
             await group_offsets.close()
             return
-        with state.store.transaction():
-            state.outbox.prune(committed)
+        await writer.run(_prune, state, committed)
 
     retention = RetentionTimer(state, query, RetentionPolicy(settings.plan_retention, settings.receipt_retention,
                                                              BATCH),
@@ -247,7 +216,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     @app.timer(interval=settings.retention_interval)
     async def enforce_retention() -> None:
         # Evictions are announced by the worker that makes them (see RetentionTimer).
-        result = retention.run_once()
+        result = await retention.run(writer.run)
         if result is not None and result.evicted:
             await worker.publish_outbox()
 
@@ -268,7 +237,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                                                            timestamp=None, headers=None)
                                    for p in worker.duty().get("clock", [])])
 
-    register_routes(app, worker, access)
+    register_routes(app, worker.api(), access)
     return worker
 
 
@@ -286,11 +255,14 @@ def _register_input_agent(worker: Worker, name: str) -> None:
                 spans[p] = (min(first, o), max(last, o))
             for p, (_, last) in spans.items():
                 await worker.replica.wait_applied(name, p, last)
-            with worker.state.store.transaction():
-                for p, (first, last) in spans.items():
-                    worker.state.outbox.promote(name, p, first, last)
+            await worker.writer.run(worker.publisher.promote, {(name, p): span for p, span in spans.items()})
             await worker.publish_outbox()
 
     consume.__name__ = f"apply_{name.replace('-', '_')}"
     consume.__qualname__ = consume.__name__
     worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)
+
+
+def _prune(state: LocalState, committed: dict[tuple[str, int], int]) -> None:
+    with state.store.transaction():
+        state.outbox.prune(committed)

@@ -41,6 +41,17 @@ class LocalState:
         return cls(store, Catalog(store), DependencyIndex(store), PlanStore(store), outbox,
                    RecompileQueue(store), Retention(store, outbox))
 
+    def reader(self) -> "LocalState":
+        """The same views over a cursor of their own, for reads beside a writer thread (committed state only).
+
+        Nothing may be written through it: the read-write connection has one owner. Python-level
+        caches (the catalog's compiled policies) are the reader's own, never shared across threads.
+        """
+        store = self.store.view()
+        outbox = Outbox(store)
+        return LocalState(store, Catalog(store), DependencyIndex(store), PlanStore(store), outbox,
+                          RecompileQueue(store), Retention(store, outbox, ensure_schema=False))
+
     def close(self) -> None:
         """Close the file."""
         self.store.close()

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from compiler import dependency_keys as dk
 from schemas.timefmt import format_instant
+from state.invalidations import Invalidation
 from state.outbox import Outbox
 from state.store import Store
 
@@ -73,11 +74,12 @@ class Retention:
     the announcements enter the outbox with the deletions they describe.
     """
 
-    def __init__(self, store: Store, outbox: Outbox) -> None:
+    def __init__(self, store: Store, outbox: Outbox, ensure_schema: bool = True) -> None:
         self.store = store
         self.db = store.db
         self.outbox = outbox
-        self._ensure_schema()
+        if ensure_schema:  # readers beside the writer must not checkpoint: the writer's connection did it
+            self._ensure_schema()
 
     def _ensure_schema(self) -> None:
         self.db.execute(_DDL)
@@ -155,9 +157,8 @@ class Retention:
         as_of = format_instant(now)
         rows: list[tuple[str, bytes | None, bytes | None]] = []
         for plan_key, plan_id in due:
-            record = {"schema_version": 1, "plan_id": plan_id, "plan_key": plan_key, "reason": "evicted",
-                      "cause": cause, "invalidated_at": invalidated_at, "as_of": as_of, "successor_plan_id": None}
-            rows.append((topics.invalidations, plan_id.encode(), orjson.dumps(record)))
+            rows.extend(Invalidation(plan_id, plan_key, "evicted", cause, invalidated_at, as_of).rows(
+                topics.invalidations))
             rows.append((topics.plans, plan_id.encode(), None))
         self._forget(due, now, cause)
         self.outbox.add_many(rows)

@@ -6,9 +6,10 @@ import asyncio
 import logging
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from streams.partitions import discover
 from streams.settings import INPUT_TOPICS, OUTPUT_TOPICS, Settings
 
 log = logging.getLogger(__name__)
@@ -73,11 +74,10 @@ class GroupOffsets:
             await consumer.start()
             self._consumer = consumer
         out: dict[tuple[str, int], int] = {}
-        for name, logical in topics.items():
-            for partition in sorted(self._consumer.partitions_for_topic(name) or ()):
-                offset = await self._consumer.committed(TopicPartition(name, partition))
-                if offset is not None and offset >= 0:
-                    out[(logical, partition)] = offset
+        for tp in await discover(self._consumer, topics, attempts=0):
+            offset = await self._consumer.committed(tp)
+            if offset is not None and offset >= 0:
+                out[(topics[tp.topic], tp.partition)] = offset
         return out
 
     async def close(self) -> None:

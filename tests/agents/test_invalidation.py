@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from agents.backlog import recompile_queued
-from agents.invalidation import Invalidator, RawMessage
+from agents.event_apply import EventApplier, RawMessage
+from agents.plan_writer import PlanWriter
 from agents.query import QueryService
 from compiler.errors import RequestError
 from state.local_state import LocalState
@@ -29,10 +30,10 @@ def raw(topic: str, event: dict | bytes, partition: int = 0, offset: int | None 
 @pytest.fixture
 def setup(tmp_path):
     state = LocalState.open(tmp_path / "f.duckdb")
-    inv = Invalidator(state, lambda name: f"x-{name}")
+    inv = EventApplier(state, PlanWriter(state, lambda name: f"x-{name}"))
     inv.apply([raw(item["topic"], item["event"]) for item in
                map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines())])
-    yield state, inv, QueryService(state, inv)
+    yield state, inv, QueryService(state, inv.plans)
     state.close()
 
 
@@ -268,7 +269,8 @@ def test_a_clock_jump_is_dead_lettered_and_the_first_tick_is_unbounded(setup, tm
     assert format_instant(state.store.now()) == "2027-09-30T00:00:00Z"
 
     empty = LocalState.open(tmp_path / "empty.duckdb")
-    Invalidator(empty, lambda name: name, max_clock_jump=timedelta(hours=1)).apply([raw(*tick("2206-08-30"))])
+    applier = EventApplier(empty, PlanWriter(empty, lambda name: name), max_clock_jump=timedelta(hours=1))
+    applier.apply([raw(*tick("2206-08-30"))])
     assert format_instant(empty.store.now()) == "2206-08-30T00:00:00Z"
     empty.close()
 
@@ -292,7 +294,7 @@ def test_a_future_policy_version_takes_over_when_the_clock_crosses_its_effective
     assert same["plan_id"] == live["plan_id"] and same["served_from"] == "cache"
     assert same["valid_until"] == "2026-12-01T00:00:00Z" and same["policy"]["version"] == 1
 
-    inv.eager_limit = eager_limit  # the crossing, recompiled at once or announced first
+    inv.plans.eager_limit = eager_limit  # the crossing, recompiled at once or announced first
     inv.apply([raw(*tick("2026-11-30T23:59:59Z"))])
     assert outbox(state, "plan-invalidations") == []
     inv.apply([raw(*tick("2026-12-01T00:00:00Z"))])
@@ -302,7 +304,7 @@ def test_a_future_policy_version_takes_over_when_the_clock_crosses_its_effective
     if eager_limit:
         assert announced["successor_plan_id"] is not None
     else:
-        recompile_queued(inv, 10, lambda topic, partition: True)
+        recompile_queued(inv.plans, 10, lambda topic, partition: True)
     successor = query.select(live_request)
     assert successor["policy"]["version"] == 2 and successor["plan_id"] != live["plan_id"]
     assert query.plan_status(live["plan_id"])["successor_plan_id"] == successor["plan_id"]
@@ -337,12 +339,12 @@ def test_no_version_in_effect_refuses_only_decisions_before_the_first(setup):
 
 def test_a_future_version_announced_to_a_large_fan_out_keeps_every_plan_id(setup):
     state, inv, query = setup
-    inv.eager_limit = 0  # announced before recompiling: the successors must come out identical
+    inv.plans.eager_limit = 0  # announced before recompiling: the successors must come out identical
     live_request = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
     live, past = query.select(live_request), query.select(ATLAS_REQUEST)
     inv.apply([raw("policy-versions", _future_version())])
     assert {r["plan_id"] for r in outbox(state, "plan-invalidations")} == {live["plan_id"], past["plan_id"]}
-    recompile_queued(inv, 10, lambda topic, partition: True)
+    recompile_queued(inv.plans, 10, lambda topic, partition: True)
     assert state.store.counters()["announced_unchanged"] == 2
     assert query.select(live_request)["plan_id"] == live["plan_id"]
     assert query.select(ATLAS_REQUEST)["plan_id"] == past["plan_id"]

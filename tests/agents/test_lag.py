@@ -9,7 +9,8 @@ import time
 import orjson
 import pytest
 
-from agents.invalidation import Invalidator, RawMessage
+from agents.event_apply import EventApplier, RawMessage
+from agents.plan_writer import PlanWriter
 from agents.lag import LagWatcher
 from agents.query import QueryService
 from compiler.errors import AttestError
@@ -33,7 +34,7 @@ def broker():
 def unreachable(tmp_path):
     """A service whose guard has never reached a broker."""
     state = LocalState.open(tmp_path / "f.duckdb")
-    inv = Invalidator(state, lambda name: name)
+    inv = EventApplier(state, PlanWriter(state, lambda name: name))
     inv.apply([RawMessage(item["topic"], 0, n, None, orjson.dumps(item["event"])) for n, item in
                enumerate(map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines()))])
     guard = LagWatcher(state.store, f"127.0.0.1:{free_port()}", {"revocations": "revocations"}, bound_seconds=1)
@@ -44,12 +45,12 @@ def unreachable(tmp_path):
 def test_a_guard_that_never_checked_is_unknown_and_refuses(unreachable):
     state, inv, guard = unreachable
     assert guard.status().state == "unknown"
-    query = QueryService(state, inv, guard)
+    query = QueryService(state, inv.plans, guard)
     with pytest.raises(AttestError) as refused:
         query.select(ATLAS_REQUEST)
     assert (refused.value.code, refused.value.status) == ("revocations_unknown", 503)
     assert state.plans.counts() == {}  # nothing compiled, nothing stored
-    assert QueryService(state, inv).select(ATLAS_REQUEST)["served_from"] == "compiled"  # no guard: serves
+    assert QueryService(state, inv.plans).select(ATLAS_REQUEST)["served_from"] == "compiled"  # no guard: serves
 
 
 def test_a_guard_whose_last_check_is_old_is_unknown_again(unreachable):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from agents.invalidation import Invalidator
+from agents.event_apply import EventApplier
+from agents.plan_writer import PlanWriter
 from agents.plan_feed import PlanFeed
 from agents.query import QueryService
 from state.local_state import LocalState
@@ -17,7 +18,7 @@ from tests.events import resource
 
 def _worker(path):
     state = LocalState.open(path)
-    inv = Invalidator(state, lambda name: f"x-{name}")
+    inv = EventApplier(state, PlanWriter(state, lambda name: f"x-{name}"))
     inv.apply([raw(item["topic"], item["event"], offset=i) for i, item in
                enumerate(map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines()))])
     return state, inv
@@ -38,10 +39,10 @@ def _published_plan(state: LocalState) -> dict:
 
 def test_a_plan_compiled_on_the_same_state_is_adopted(pair):
     (a, a_inv), (b, b_inv) = pair
-    QueryService(a, a_inv).select(ATLAS_REQUEST)
+    QueryService(a, a_inv.plans).select(ATLAS_REQUEST)
     plan = _published_plan(a)
     assert plan["compiled_as_of"]["source-changes"]
-    PlanFeed(b, b_inv, None, "", "x-plans")._judge([(0, 0, plan)])
+    PlanFeed(b, b_inv.plans, None, "", "x-plans")._judge([(0, 0, plan)])
     assert b.plans.status(plan["plan_id"])["status"] == "fresh"
     assert outbox(b, "plan-invalidations") == []
     # Adopted means indexed: the next relevant event on this worker invalidates it.
@@ -52,14 +53,14 @@ def test_a_plan_compiled_on_the_same_state_is_adopted(pair):
 
 def test_a_plan_older_than_local_state_is_announced_stale_with_a_successor(pair):
     (a, a_inv), (b, b_inv) = pair
-    QueryService(a, a_inv).select(ATLAS_REQUEST)
+    QueryService(a, a_inv.plans).select(ATLAS_REQUEST)
     plan = _published_plan(a)
     b_inv.apply([raw(*resource("approved-waiver-W2"), offset=100)])   # b is ahead of the plan
-    PlanFeed(b, b_inv, None, "", "x-plans")._judge([(1, 7, plan)])
+    PlanFeed(b, b_inv.plans, None, "", "x-plans")._judge([(1, 7, plan)])
     [announced] = outbox(b, "plan-invalidations")
     assert announced["plan_id"] == plan["plan_id"] and announced["reason"] == "stale_on_arrival"
     assert announced["cause"] == {"topic": "x-plans", "partition": 1, "offset": 7, "event_id": plan["plan_id"],
                                   "dependency_key": f"plan:{plan['plan_id']}"}
-    successor = QueryService(b, b_inv).select(ATLAS_REQUEST)
+    successor = QueryService(b, b_inv.plans).select(ATLAS_REQUEST)
     assert announced["successor_plan_id"] == successor["plan_id"] != plan["plan_id"]
     assert b.plans.status(plan["plan_id"])["status"] == "invalidated"

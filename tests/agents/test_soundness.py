@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from agents.backlog import recompile_queued
-from agents.invalidation import Invalidator, RawMessage
+from agents.event_apply import EventApplier, RawMessage
+from agents.plan_writer import PlanWriter
 from agents.query import QueryService
 from compiler.errors import RequestError
 from compiler.pipeline import compile_request
@@ -188,8 +189,8 @@ def run_steps(steps, eager_limit: int = 500, drain: bool = False) -> dict[str, i
         state = LocalState.open(Path(tmp) / "f.duckdb")
         try:
             feeder = Feeder()
-            inv = Invalidator(state, lambda name: name, eager_limit=eager_limit)
-            query = QueryService(state, inv)
+            inv = EventApplier(state, PlanWriter(state, lambda name: name, eager_limit=eager_limit))
+            query = QueryService(state, inv.plans)
             inv.apply([feeder.message(item["topic"], {k: v for k, v in item["event"].items()
                                                       if k not in ("event_id", "schema_version", "occurred_at")})
                        for item in ATLAS])
@@ -210,7 +211,7 @@ def run_steps(steps, eager_limit: int = 500, drain: bool = False) -> dict[str, i
                 assert stale_plans(state) == [], f"stale plan after {step}"
                 TOTALS["checks"] += 1
                 if drain:  # successors of announced plans, one at a time
-                    recompile_queued(inv, 1, lambda topic, partition: True)
+                    recompile_queued(inv.plans, 1, lambda topic, partition: True)
                     assert stale_plans(state) == [], f"stale successor after {step}"
             return state.store.counters()
         finally:

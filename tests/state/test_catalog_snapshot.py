@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from agents.invalidation import Invalidator
+from agents.event_apply import EventApplier
+from agents.plan_writer import PlanWriter
 from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
 from tests.agents.test_invalidation import raw
@@ -13,7 +14,7 @@ from tests.catalog_double import SCENARIOS
 
 def test_prefetched_answers_equal_the_catalog(tmp_path):
     state = LocalState.open(tmp_path / "f.duckdb")
-    inv = Invalidator(state, lambda name: name)
+    inv = EventApplier(state, PlanWriter(state, lambda name: name))
     inv.apply([raw(i["topic"], i["event"]) for i in
                map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines())])
     catalog = state.catalog

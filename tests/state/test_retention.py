@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 import orjson
 import pytest
 
-from agents.invalidation import Invalidator, RawMessage
+from agents.event_apply import EventApplier, RawMessage
+from agents.plan_writer import PlanWriter
 from agents.query import QueryService
 from schemas.codec import validate
 from state.local_state import LocalState
@@ -30,10 +31,10 @@ def raw(topic: str, event: dict, partition: int = 0) -> RawMessage:
 @pytest.fixture
 def setup(tmp_path):
     state = LocalState.open(tmp_path / "f.duckdb")
-    inv = Invalidator(state, lambda name: f"x-{name}")
+    inv = EventApplier(state, PlanWriter(state, lambda name: f"x-{name}"))
     inv.apply([raw(item["topic"], item["event"]) for item in
                map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines())])
-    yield state, inv, QueryService(state, inv)
+    yield state, inv, QueryService(state, inv.plans)
     state.close()
 
 
@@ -43,7 +44,7 @@ def run_pass(state: LocalState, query: QueryService, policy: RetentionPolicy = P
                                         "2026-01-01T00:00:00Z")
 
 
-def advance(state: LocalState, inv: Invalidator, days: float) -> None:
+def advance(state: LocalState, inv: EventApplier, days: float) -> None:
     now = state.store.now() + timedelta(days=days)
     inv.apply([raw(*tick(now.isoformat().replace("+00:00", "Z")))])
 

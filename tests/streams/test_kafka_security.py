@@ -14,6 +14,7 @@ import agents.plan_feed
 import agents.replay
 import agents.replica
 import streams.admin
+import streams.partitions
 import streams.plan_cache
 from agents.worker import build_worker
 from streams.kafka_security import KafkaSecurity, KafkaSecurityError
@@ -86,7 +87,8 @@ def recorder(seen: list):
 async def test_every_client_the_worker_builds_receives_the_settings(tmp_path, monkeypatch):
     settings = Settings.from_env(dict(SASL_SSL, FRESHPLAN_STATE_DIR=str(tmp_path)))
     seen: list[dict] = []
-    for module in (agents.replica, agents.lag, agents.plan_feed, agents.replay, streams.admin, streams.plan_cache):
+    for module in (agents.replica, agents.lag, agents.plan_feed, agents.replay, streams.admin, streams.plan_cache,
+                   streams.partitions):
         for name in CLIENTS:
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, recorder(seen))
@@ -105,7 +107,7 @@ async def test_every_client_the_worker_builds_receives_the_settings(tmp_path, mo
         with pytest.raises(Built):
             streams.admin.producer("kafka.example:9093", settings.kafka.client_kwargs())
     finally:
-        worker.state.close()
+        worker.close()
     assert len(seen) == 8
     for kwargs in seen:
         assert kwargs["security_protocol"] == "SASL_SSL" and kwargs["sasl_mechanism"] == "SCRAM-SHA-512"

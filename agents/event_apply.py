@@ -1,0 +1,205 @@
+"""Decode, dedupe and apply input events to local state, and find the plans each batch touched."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Sequence
+
+from agents.plan_writer import PlanWriter, Touched, wall_now
+from schemas.cdc_mapping import CdcMapping
+from schemas.codec import decode
+from schemas.errors import InvalidEvent, SkippedEvent
+from schemas.outbound import input_dead_letter
+from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
+from schemas.timefmt import format_instant
+from state.local_state import LocalState
+from streams.incarnation import record_mark
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """One consumed record, before decoding."""
+
+    topic: str
+    """Logical topic name."""
+    partition: int
+    """Partition it was read from."""
+    offset: int
+    """Its offset in that partition."""
+    key: bytes | None
+    """Message key."""
+    value: bytes | None
+    """Message value (None for a tombstone)."""
+    timestamp: float | None = None
+    """Broker timestamp in epoch seconds, for event-to-invalidation latency."""
+
+
+def _iso(span: timedelta) -> str:
+    """A span as an ISO 8601 duration of days and seconds."""
+    return f"P{span.days}D" + (f"T{span.seconds}S" if span.seconds else "")
+
+
+class EventApplier:
+    """Turns batches of input messages into state changes and outbox records, transactionally.
+
+    What the touched plans become (recompiled, announced, adopted) is the plan writer's job.
+    """
+
+    def __init__(self, state: LocalState, plans: PlanWriter, max_event_bytes: int = 1_000_000,
+                 max_clock_jump: timedelta | None = timedelta(days=400), cdc: CdcMapping | None = None) -> None:
+        self.state = state
+        self.plans = plans
+        self.cdc = cdc  # the CDC mapping file, loaded once at start-up
+        self.max_event_bytes = max_event_bytes
+        self.max_clock_jump = max_clock_jump  # a tick further past now is refused; None: unbounded
+        self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
+        self.applied_in: str | None = None  # name of the thread that applied the last batch (the writer's)
+        self._standby = False
+
+    def apply(self, messages: Sequence[RawMessage], standby: bool = False) -> None:
+        """Apply a batch in one transaction; on an unexpected error, retry one by one.
+
+        With `standby`, what the events cause is queued for the owner of their partitions to
+        promote (see `Outbox`) instead of being published by this worker outright.
+        """
+        self._standby = standby
+        self.applied_in = threading.current_thread().name
+        try:
+            with self.state.store.transaction():
+                self._apply_all(messages)
+        except Exception:  # noqa: BLE001 - one policy: isolate the poison message, never crash
+            log.exception("batch of %d failed; applying one by one", len(messages))
+            self.state.catalog.forget_cached()
+            for message in messages:
+                try:
+                    with self.state.store.transaction():
+                        self._apply_all([message])
+                except Exception as exc:  # noqa: BLE001
+                    log.exception("event at %s/%d/%d could not be applied", message.topic,
+                                  message.partition, message.offset)
+                    counts: Counter[str] = Counter()
+                    with self.state.store.transaction():
+                        self.state.store.save_offsets({(message.topic, message.partition): message.offset + 1})
+                        self._dead_letter(message, "processing_error",
+                                          f"{type(exc).__name__} while applying", counts)
+                        self.state.store.bump_many(counts)
+
+    def _apply_all(self, messages: Sequence[RawMessage]) -> None:
+        store = self.state.store
+        applied = store.next_offsets()
+        counts: Counter[str] = Counter()
+        offsets: dict[tuple[str, int], int] = {}
+        marks: dict[tuple[str, int], tuple[int, RawMessage]] = {}
+        decoded: list[tuple[RawMessage, InputEvent]] = []
+        for m in messages:
+            if m.offset < applied.get(m.topic, {}).get(m.partition, 0):
+                counts["redelivered_skipped"] += 1
+                continue
+            applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
+            marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
+            try:
+                decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                                          max_bytes=self.max_event_bytes, cdc=self.cdc)))
+            except SkippedEvent as exc:
+                counts[f"cdc_skipped.{exc.kind}"] += 1
+            except InvalidEvent as exc:
+                self._dead_letter(m, exc.error_class, exc.message, counts)
+        store.save_offsets(offsets, {pos: (o, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))
+                                     for pos, (o, m) in marks.items()})
+        # The clock is idempotent by monotonicity; its ticks need no event-id ledger.
+        verdicts = iter(store.claim_events([(m.topic, e.event_id, e.content_hash)
+                                            for m, e in decoded if m.topic != "clock"]))
+        fresh: list[tuple[RawMessage, InputEvent]] = []
+        for m, e in decoded:
+            verdict = "new" if m.topic == "clock" else next(verdicts)
+            if verdict == "new":
+                fresh.append((m, e))
+            elif verdict == "duplicate":
+                counts["duplicate_events"] += 1
+            else:
+                self._dead_letter(m, "event_id_conflict", f"this event_id was already applied on {m.topic} "
+                                  "with different content; give every distinct event its own event_id", counts)
+        keyed = self._apply_events(fresh, counts)
+        touched = self._affected(keyed)
+        self.plans.recompile(touched, counts, standby=self._standby)
+        store.bump_many(counts)
+
+    def _apply_events(self, fresh: list[tuple[RawMessage, InputEvent]],
+                      counts: Counter[str]) -> list[tuple[list[str], dict[str, str], dict]]:
+        """Apply events in order (resource changes in one bulk write); (keys, cause) per applied event."""
+        resources = [(i, e.payload) for i, (_, e) in enumerate(fresh)
+                     if isinstance(e.payload, SourceChange) and e.payload.kind == "resource"]
+        results: dict[int, list[str] | InvalidEvent | None] = dict(zip(
+            (i for i, _ in resources), self.state.catalog.apply_resources([c for _, c in resources]), strict=True))
+        keyed: list[tuple[list[str], dict[str, str], dict]] = []
+        for i, (m, event) in enumerate(fresh):
+            try:
+                keys = results[i] if i in results else self._apply_event(event, m.partition)
+                if isinstance(keys, InvalidEvent):
+                    raise keys
+            except InvalidEvent as exc:
+                self._dead_letter(m, exc.error_class, exc.message, counts)
+                continue
+            if keys is None:
+                counts["ignored_old_versions"] += 1
+                continue
+            counts[f"applied.{m.topic}"] += 1
+            self.last_event[m.topic] = {"event_id": event.event_id, "partition": m.partition, "offset": m.offset,
+                                        "occurred_at": format_instant(event.occurred_at), "applied_at": wall_now()}
+            cause = {"topic": m.topic, "partition": m.partition, "offset": m.offset, "event_id": event.event_id,
+                     "_timestamp": m.timestamp}
+            due = self.state.index.due(event.payload.now) if isinstance(event.payload, ClockTick) else {}
+            keyed.append((keys, due, cause))
+        return keyed
+
+    def _affected(self, keyed: list[tuple[list[str], dict[str, str], dict]]) -> Touched:
+        """Plan keys touched by the batch, each with the first dependency key and event that touched it."""
+        first: dict[str, tuple[int, dict]] = {}
+        touched: dict[str, tuple[int, str, dict]] = {}
+        for order, (keys, due, cause) in enumerate(keyed):
+            for key in keys:
+                first.setdefault(key, (order, cause))
+            for plan_key, time_key in due.items():
+                touched.setdefault(plan_key, (order, time_key, cause))
+        for plan_key, dep_key in self.state.index.affected_pairs(list(first)):
+            order, cause = first[dep_key]
+            if plan_key not in touched or order < touched[plan_key][0]:
+                touched[plan_key] = (order, dep_key, cause)
+        return {k: (dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
+
+    def _apply_event(self, event: InputEvent, partition: int = 0) -> list[str] | None:
+        payload = event.payload
+        catalog = self.state.catalog
+        if isinstance(payload, SourceChange):
+            return catalog.apply_source_change(payload)
+        if isinstance(payload, PolicyBundle):
+            return catalog.apply_policy(payload)
+        if isinstance(payload, Revocation):
+            return catalog.apply_revocation(payload)
+        if isinstance(payload, ClockTick):
+            now = self.state.store.now()
+            # One wild tick must not move event time for good (later correct ticks would all regress).
+            if now is not None and self.max_clock_jump is not None and payload.now - now > self.max_clock_jump:
+                raise InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} past the "
+                                   "current now; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
+            moved = self.state.store.advance_clock(payload.now, partition)
+            if moved is None:
+                raise InvalidEvent("clock_regression", "now is older than the last tick on clock partition "
+                                   f"{partition}; event time only moves forward")
+            return [] if moved else None
+        raise InvalidEvent("schema_violation", f"no handler for {type(payload).__name__}")
+
+    def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
+        record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value)
+        self.state.outbox.add_many([(self.plans.topic_of("dead-letters"), m.key, record)],
+                                   [(m.topic, m.partition, m.offset)], standby=self._standby)
+        counts[f"dead_letters.{error_class}"] += 1
+        log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class,
+                    extra={"topic": m.topic, "partition": m.partition, "offset": m.offset,
+                           "error_class": error_class})

@@ -1,0 +1,314 @@
+"""Compile, store, announce and adopt plans: the one write path of the apply path, backlog, plan feed, replay and
+selects."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any, Callable, Sequence
+
+import orjson
+
+from compiler.errors import ParseError, RequestError
+from compiler.pipeline import CompiledPlan, compile_request
+from schemas.timefmt import format_instant
+from state.catalog_snapshot import CatalogSnapshot
+from state.invalidations import Invalidation, reason_for
+from state.local_state import LocalState
+
+log = logging.getLogger(__name__)
+
+Source = tuple[str, int, int]  # (input topic, partition, offset) of the event a record is due to
+Touched = dict[str, tuple[str, dict]]  # plan key -> (dependency key, cause) of the event that touched it
+
+
+def wall_now() -> str:
+    """Wall-clock time for `invalidated_at` stamps (latency is measured against it)."""
+    return format_instant(datetime.now(timezone.utc))
+
+
+class PlanWriter:
+    """Turns compilations into stored plans, index edges and outbox records, inside the caller's transaction."""
+
+    def __init__(self, state: LocalState, topic_of: Callable[[str], str], eager_limit: int = 500,
+                 on_compile=None, on_latency=None) -> None:
+        self.state = state
+        self.topic_of = topic_of  # logical name -> broker-side name
+        self.eager_limit = eager_limit  # larger fan-outs are announced first and recompiled later
+        self.on_compile = on_compile  # seconds per recompilation
+        self.on_latency = on_latency  # seconds from an event's broker timestamp to its invalidation
+        self.queue_pending = state.queue.size() > 0  # saves a statement per batch while the queue is empty
+
+    # -- compile -----------------------------------------------------------------------
+
+    def snapshot(self, requests: Sequence[dict]) -> CatalogSnapshot:
+        """A memoising catalog view for compiling these requests together."""
+        view = CatalogSnapshot(self.state.catalog)
+        view.prefetch(list(requests))
+        return view
+
+    def compile_one(self, plan_key: str, request: dict, view, now: datetime | None) -> CompiledPlan | None:
+        """Recompile one plan key; None when it can no longer compile (its plan is dropped)."""
+        started = time.perf_counter()
+        try:
+            return compile_request(request, view, now)
+        except RequestError as exc:
+            log.info("plan key %s can no longer compile: %s", plan_key, exc.code)
+            return None
+        finally:
+            if self.on_compile:
+                self.on_compile(time.perf_counter() - started)
+
+    # -- store and adopt ---------------------------------------------------------------
+
+    def store(self, plans: Sequence[CompiledPlan], now: datetime | None, counts: Counter[str],
+              publish: bool = True, sources: Sequence[Source | None] | None = None, standby: bool = False) -> None:
+        """Make compilations current: plans, receipts, index edges, and (if `publish`) both on the outbox.
+
+        Without `publish` this adopts them: the same outcome another worker (or an earlier run)
+        already announced. A published plan carries `compiled_as_of`, the input offsets its state
+        reflected, so that other workers know when their own state is fresh enough to adopt it.
+        """
+        if not plans:
+            return
+        state = self.state
+        state.plans.save_many(plans, now)
+        state.index.replace_many({p.plan_key: p.dependencies for p in plans})
+        if publish:
+            as_of = state.store.next_offsets()
+            cluster_id = state.store.incarnation()[0]
+            rows, row_sources = [], []
+            for i, p in enumerate(plans):
+                rows.append((self.topic_of("plans"), p.plan_id.encode(),
+                             orjson.dumps(dict(p.plan, compiled_as_of=as_of, compiled_in=cluster_id),
+                                         option=orjson.OPT_NON_STR_KEYS)))
+                rows.append((self.topic_of("receipts"), p.receipt_id.encode(), orjson.dumps(p.receipt)))
+                row_sources += [sources[i] if sources else None] * 2
+            state.outbox.add_many(rows, row_sources, standby=standby)
+        counts["compilations"] += len(plans)
+        counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
+
+    # -- announce ----------------------------------------------------------------------
+
+    def announce(self, invalidations: Sequence[Invalidation], sources: Sequence[Source | None] | None = None,
+                 standby: bool = False) -> None:
+        """Queue the `plan-invalidations` records (and audit receipts) of these invalidations."""
+        rows, row_sources = [], []
+        for i, entry in enumerate(invalidations):
+            plan_rows = entry.rows(self.topic_of("plan-invalidations"), self.topic_of("receipts"))
+            rows.extend(plan_rows)
+            row_sources += [sources[i] if sources else None] * len(plan_rows)
+        self.state.outbox.add_many(rows, row_sources, standby=standby)
+
+    def caused(self, old_id: str, plan_key: str, dep_key: str, cause: dict, successor: str | None,
+               now: datetime | None, memo: dict, visible: set[str] | None = None, reason: str | None = None,
+               quiet: bool = False) -> Invalidation:
+        """The invalidation of one plan by an input event.
+
+        `memo` shares what plans of one batch have in common (cause, stamps) across a fan-out. A
+        resource the plan neither admitted nor rejected by name (withheld, or new) is not named
+        to the plan's subscribers: the cause says `resource:withheld`, and the full cause goes
+        to auditors on `receipts`. `reason` overrides the one the dependency key's kind implies.
+        """
+        redact = dep_key.startswith("resource:") and dep_key[len("resource:"):] not in (visible or ())
+        shared = memo.get((id(cause), dep_key, redact))
+        if shared is None:
+            full_cause = {k: v for k, v in cause.items() if not k.startswith("_")}
+            full_cause.update(topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
+            public = dict(full_cause, dependency_key="resource:withheld", event_id="withheld") if redact else full_cause
+            shared = memo[(id(cause), dep_key, redact)] = (reason_for(dep_key), public, full_cause)
+        if "stamps" not in memo:
+            memo["stamps"] = (wall_now(), now and format_instant(now))
+        stamp = cause.get("_timestamp")
+        if self.on_latency and stamp:
+            self.on_latency(max(0.0, time.time() - stamp))
+        entry = Invalidation(old_id, plan_key, reason or shared[0], shared[1], memo["stamps"][0], memo["stamps"][1],
+                             successor, shared[2] if shared[1] is not shared[2] else None)
+        if not quiet:
+            log.info("invalidated plan %s (%s)", old_id, entry.reason,
+                     extra={"plan_id": old_id, "reason": entry.reason, "dependency_key": entry.cause["dependency_key"],
+                            "event_id": entry.cause["event_id"], "successor_plan_id": successor})
+        return entry
+
+    # -- the apply path: what one batch of input events touched ------------------------
+
+    def recompile(self, touched: Touched, counts: Counter[str], standby: bool = False) -> None:
+        """Recompile the touched plans: adopt unchanged outcomes, announce and store changed ones."""
+        state = self.state
+        now = state.store.now()
+        heads = state.plans.heads(list(touched), parse=False)
+        if len(heads) > self.eager_limit:
+            self._announce_first(touched, heads, now, counts, standby)
+            return
+        heads = {k: (plan_id, orjson.loads(request), status) for k, (plan_id, request, status) in heads.items()}
+        visible = self._discoverable(touched, heads)
+        view = self.snapshot([request for _, request, _ in heads.values()])
+        current: list[CompiledPlan] = []
+        successors: list[CompiledPlan] = []
+        announced: list[Invalidation] = []
+        sources: list[Source] = []
+        successor_sources: list[Source] = []
+        dropped: list[str] = []
+        memo: dict = {}
+        for plan_key, (dep_key, cause) in touched.items():
+            if plan_key not in heads:
+                continue
+            old_id, request, status = heads[plan_key]
+            compiled = self.compile_one(plan_key, request, view, now)
+            if compiled is not None and compiled.plan_id == old_id:
+                # Same outcome: refresh horizon and edges, announce nothing (over-invalidation).
+                current.append(compiled)
+                counts["unchanged_recompilations"] += 1
+                continue
+            if compiled is None:
+                dropped.append(plan_key)
+            source = (cause["topic"], cause["partition"], cause["offset"])
+            if status != "invalidated":  # an invalidated head was announced already; only its successor is due
+                # A crossed time key is a policy change when another bundle version now governs the plan.
+                took_over = view.policy_took_over(dep_key, request, now)
+                announced.append(self.caused(old_id, plan_key, dep_key, cause, compiled and compiled.plan_id, now,
+                                             memo, visible.get(old_id), "policy_changed" if took_over else None))
+                sources.append(source)
+            if compiled is not None:
+                successors.append(compiled)
+                successor_sources.append(source)
+        counts["invalidations"] += len(announced)
+        self.announce(announced, sources, standby)
+        self.store(successors, now, counts, publish=True, sources=successor_sources, standby=standby)
+        self.store(current, now, counts, publish=False)
+        state.plans.invalidate_many([e.history_entry() for e in announced], now)
+        state.plans.drop_heads(dropped)
+        state.index.drop_many(dropped)
+        if self.queue_pending:
+            state.queue.remove(list(touched))
+
+    def _discoverable(self, touched: Touched, heads: dict) -> dict[str, set[str]]:
+        """For plans touched through a resource key: the resource ids their principal may learn of."""
+        by_resource = [heads[k][0] for k, (dep_key, _) in touched.items()
+                       if k in heads and dep_key.startswith("resource:")]
+        return self.state.plans.discoverable(by_resource)
+
+    def _announce_first(self, touched: Touched, heads: dict, now: datetime | None, counts: Counter[str],
+                        standby: bool) -> None:
+        """A fan-out larger than `eager_limit`: announce every plan now, compile successors later.
+
+        Announcements then cost an index lookup and a record each, whatever compiling costs; the
+        successor id is published on `plans` when `agents.backlog.recompile_queued` gets to it.
+        """
+        announced, sources, queued = [], [], []
+        memo: dict = {}
+        events: Counter[str] = Counter()
+        visible = self._discoverable(touched, heads)
+        view = CatalogSnapshot(self.state.catalog)
+        for plan_key, (dep_key, cause) in touched.items():
+            if plan_key not in heads or heads[plan_key][2] == "invalidated":
+                continue  # no plan, or announced already and waiting in the queue
+            events[cause["event_id"]] += 1
+            old_id, request, _ = heads[plan_key]
+            took_over = view.policy_took_over(dep_key, request, now)
+            announced.append(self.caused(old_id, plan_key, dep_key, cause, None, now, memo, visible.get(old_id),
+                                         "policy_changed" if took_over else None, quiet=True))
+            source = (cause["topic"], cause["partition"], cause["offset"])
+            sources.append(source)
+            queued.append((plan_key, *source))
+        self.announce(announced, sources, standby)
+        self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
+        self.state.queue.add_many(queued)
+        self.queue_pending = self.queue_pending or bool(queued)
+        counts["invalidations"] += len(announced)
+        counts["deferred_recompilations"] += len(queued)
+        for event_id, n in events.items():  # one line per event: the plan ids are on the topic
+            log.info("invalidated %d plans, successors to follow", n,
+                     extra={"event_id": event_id, "plans": n, "reason": "fan_out"})
+
+    # -- plans that arrive from elsewhere ----------------------------------------------
+
+    def judge_foreign(self, foreign: list[tuple[int, int, dict[str, Any]]], feed_topic: str,
+                      skip: Callable[[int, int, str, Counter[str]], None]) -> None:
+        """Plans another worker compiled: adopt the same outcome, else announce them stale_on_arrival here.
+
+        A different local outcome means an event this worker already applied made the plan stale
+        before its index knew of it; the local compilation is published as its successor.
+        `skip(partition, offset, why, counts)` counts a record that is not a plan at all.
+        """
+        state = self.state
+        now = state.store.now()
+        counts: Counter[str] = Counter()
+        view = self.snapshot([plan["request"] for _, _, plan in foreign])
+        for partition, offset, plan in foreign:
+            try:
+                compiled = compile_request(plan["request"], view, now)
+            except ParseError as exc:  # no worker could have compiled this request: not a plan at all
+                skip(partition, offset, f"its request does not parse ({exc.code})", counts)
+                continue
+            except RequestError:
+                compiled = None
+            except Exception as exc:  # noqa: BLE001 - a poisoned internal record must not stop any worker
+                skip(partition, offset, f"{type(exc).__name__} while compiling its request", counts)
+                continue
+            if compiled is not None and compiled.plan_id == plan["plan_id"]:
+                self.store([compiled], now, counts, publish=False)
+                counts["plans_adopted"] += 1
+                continue
+            successor = compiled.plan_id if compiled else None
+            cause = {"topic": feed_topic, "partition": partition, "offset": offset, "event_id": plan["plan_id"],
+                     "dependency_key": f"plan:{plan['plan_id']}"}
+            state.plans.record_stale(plan, cause, successor, now)
+            self.announce([Invalidation(plan["plan_id"], plan.get("plan_key", ""), "stale_on_arrival", cause,
+                                        wall_now(), now and format_instant(now), successor)])
+            if compiled is not None:
+                self.store([compiled], now, counts, publish=True)
+            counts["plans_stale_on_arrival"] += 1
+            counts["invalidations"] += 1
+            log.info("plan %s from another worker was stale on arrival", plan["plan_id"],
+                     extra={"plan_id": plan["plan_id"], "reason": "stale_on_arrival", "successor_plan_id": successor})
+        state.store.bump_many(counts)
+
+    def restore(self, current: list[dict]) -> tuple[int, int]:
+        """Replay: recompile each current plan; announce `state_rebuilt` where the outcome changed.
+
+        Returns (plans restored, plans changed). Nothing is published on `plans` here: the
+        records were published when they were first compiled.
+        """
+        state = self.state
+        now = state.store.now()
+        counts: Counter[str] = Counter()
+        restored, announced = [], []
+        for plan in current:
+            try:
+                compiled = compile_request(plan["request"], state.catalog, now)
+            except RequestError:
+                compiled = None
+            if compiled is not None and compiled.plan_id == plan["plan_id"]:
+                restored.append(compiled)
+                continue
+            if compiled:
+                restored.append(compiled)
+            stamp = wall_now()
+            cause = {"topic": "replay", "partition": -1, "offset": -1, "event_id": f"replay-{stamp}",
+                     "dependency_key": "replay"}
+            announced.append(Invalidation(plan["plan_id"], plan["plan_key"], "state_rebuilt", cause, stamp, None,
+                                          compiled.plan_id if compiled else None))
+        with state.store.transaction():
+            self.store(restored, now, counts, publish=False)
+            self.announce(announced)  # published by the worker's outbox flush when it starts
+        return len(restored), len(announced)
+
+    # -- selects -----------------------------------------------------------------------
+
+    def compile_select(self, request, counts: Counter[str], on_compile=None) -> CompiledPlan:
+        """Compile a selected request against current state and store it (published on `plans`).
+
+        Raises RequestError for a request no state can answer. `counts` are the caller's
+        in-memory counters: a counter write would cost as much as the plan.
+        """
+        now = self.state.store.now()
+        started = time.perf_counter()
+        compiled = compile_request(request, self.state.catalog, now)
+        if on_compile:
+            on_compile(time.perf_counter() - started)
+        with self.state.store.transaction():
+            self.store([compiled], now, counts)
+        return compiled

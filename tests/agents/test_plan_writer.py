@@ -1,0 +1,40 @@
+"""The plan writer over a real DuckDB file: restore after a replay, adopt or announce, selects' compilations."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from compiler.request import parse_request
+from tests.agents.test_invalidation import outbox, raw, setup  # noqa: F401 - the fixture
+from tests.conftest import ATLAS_REQUEST
+from tests.events import resource
+
+
+def test_restore_adopts_unchanged_plans_and_announces_the_changed_as_state_rebuilt(setup):  # noqa: F811
+    state, applier, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    published = next(p for p in outbox(state, "plans") if p["plan_id"] == plan["plan_id"])
+    state.store.db.execute("DELETE FROM outbox")
+    assert applier.plans.restore([published]) == (1, 0)
+    assert outbox(state, "plan-invalidations") == [] and outbox(state, "plans") == []  # nothing republished
+    applier.apply([raw(*resource("approved-waiver-W2"))])  # the outcome changes while the plan is "gone"
+    state.store.db.execute("DELETE FROM outbox")
+    assert applier.plans.restore([published]) == (1, 1)
+    [announced] = outbox(state, "plan-invalidations")
+    assert announced["reason"] == "state_rebuilt" and announced["plan_id"] == plan["plan_id"]
+    assert announced["successor_plan_id"] not in (None, plan["plan_id"])
+    assert announced["cause"]["dependency_key"] == "replay" and outbox(state, "plans") == []
+
+
+def test_a_selects_compilation_is_stored_published_and_counted_by_the_caller(setup):  # noqa: F811
+    state, applier, _ = setup
+    counts: Counter[str] = Counter()
+    timings: list[float] = []
+    compiled = applier.plans.compile_select(parse_request(ATLAS_REQUEST), counts,
+                                            timings.append)
+    assert counts["compilations"] == 1 and len(timings) == 1
+    assert state.plans.fresh_plan(compiled.plan_key)["plan_id"] == compiled.plan_id
+    [published] = [p for p in outbox(state, "plans") if p["plan_id"] == compiled.plan_id]
+    assert published["compiled_as_of"] == {t: {str(p): o for p, o in parts.items()}
+                                           for t, parts in state.store.next_offsets().items()}
+    assert "compilations" not in state.store.counters()  # the read path's counters stay in memory

@@ -1,0 +1,95 @@
+"""The writer thread and the loop probe: applying and compiling run off the event loop that serves HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from agents.loop_probe import LoopProbe
+from agents.writer import THREAD_NAME, Writer, inline
+from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
+from tests.conftest import ATLAS_REQUEST
+from tests.events import resource
+
+
+async def test_every_job_runs_on_the_one_writer_thread_in_order():
+    writer = Writer()
+    try:
+        seen: list[tuple[str, int]] = []
+        await asyncio.gather(*[writer.run(lambda i=i: seen.append((threading.current_thread().name, i)))
+                               for i in range(20)])
+        assert [i for _, i in seen] == list(range(20))  # one thread: submission order is run order
+        assert {name for name, _ in seen} == {f"{THREAD_NAME}_0"}
+        assert threading.current_thread().name not in {name for name, _ in seen}
+        assert await writer.run(Writer.on_writer_thread) and not Writer.on_writer_thread()
+        with pytest.raises(ZeroDivisionError):  # a job's error reaches the awaiting caller
+            await writer.run(lambda: 1 / 0)
+        assert writer.jobs == 22
+    finally:
+        writer.close()
+
+
+async def test_the_loop_keeps_running_while_a_job_holds_the_writer():
+    writer, probe = Writer(), LoopProbe(interval=0.001)
+    release = threading.Event()
+    try:
+        job = asyncio.ensure_future(writer.run(release.wait, 30))
+        before = probe.samples
+        task = asyncio.ensure_future(probe.run())
+        while probe.samples < before + 5:  # the loop goes on sampling while the job waits
+            await asyncio.sleep(0.001)
+        assert not job.done()
+        release.set()
+        assert await job is True
+        task.cancel()
+    finally:
+        release.set()
+        writer.close()
+
+
+async def test_the_probe_records_a_blocked_loop():
+    probe = LoopProbe(interval=0.001)
+    task = asyncio.ensure_future(probe.run())
+    while not probe.samples:
+        await asyncio.sleep(0.001)
+    time.sleep(0.05)  # the kind of stall an apply batch on the loop used to cause
+    seen = probe.samples
+    while probe.samples == seen:
+        await asyncio.sleep(0.001)
+    task.cancel()
+    assert probe.max_stall > 0 and probe.as_dict()["loop_stall_samples"] == probe.samples
+
+
+async def test_a_cache_hit_never_waits_for_the_writer_and_a_miss_is_compiled_by_it(setup):  # noqa: F811
+    _, _, query = setup
+    ran: list[str] = []
+
+    async def writer_run(fn, *args):
+        ran.append(fn.__name__)
+        return fn(*args)
+
+    first = await query.select_async(ATLAS_REQUEST, writer_run)
+    assert first["served_from"] == "compiled" and ran == ["_compile"]
+    again = await query.select_async(ATLAS_REQUEST, writer_run)
+    assert again["served_from"] == "cache" and ran == ["_compile"]  # the hit read its own cursor only
+    assert again["plan_id"] == first["plan_id"] and again["freshness_token"] == first["freshness_token"]
+    assert query.selects["selects.compiled"] == 1 and query.selects["compilations"] == 1
+    assert (await query.select_async(ATLAS_REQUEST, inline))["served_from"] == "cache"
+
+
+async def test_through_the_broker_events_are_applied_on_the_writer_thread_and_the_loop_is_probed(worker):
+    fresh = await worker.load("atlas.jsonl")
+    old = await worker.select(ATLAS_REQUEST, fresh)
+    events = [resource(f"approved-waiver-W{i}", version=1) for i in range(2, 42)]
+    fresh = await worker.publish_events(*events)
+    await worker.records("plan-invalidations", lambda rs: any(r["plan_id"] == old["plan_id"] for r in rs))
+    assert (await worker.select(ATLAS_REQUEST, fresh))["plan_id"] != old["plan_id"]
+    health = await worker.get("/healthz")
+    assert health["writer"]["thread"].startswith(THREAD_NAME)  # the apply batch ran there, not on the loop
+    assert health["writer"]["jobs"] > 0
+    assert health["loop_stall_samples"] > 0 and isinstance(health["loop_stall_max_seconds"], float)
+    async with worker.http.get(f"{worker.url}/metrics") as resp:
+        assert "freshplan_loop_stall_max_seconds" in await resp.text()
