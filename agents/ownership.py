@@ -1,0 +1,136 @@
+"""Plans owned by partition: take a gained partition's plans over without recompiling, hand a lost one back."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Collection, Sequence
+
+from schemas.plan_partition import plan_partition
+from state.key_changes import KeyChanges, PlanPosition, Staleness
+from state.local_state import LocalState
+from state.parked_plans import ParkedPlans
+from state.plan_restore import restore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """What taking plans over did."""
+
+    plans: int = 0
+    """Records considered (the latest of each plan key)."""
+    adopted: int = 0
+    """Plans made current here as published, without recompiling."""
+    stale: list[str] = field(default_factory=list)
+    """Plan ids announced invalidated because an input changed after they were compiled."""
+    seconds: float = 0.0
+    """Time spent, for the log and the bench."""
+
+
+class Ownership:
+    """Which plan partitions this worker owns (the consumer group's input partitions) and their hand-overs.
+
+    A plan belongs to the partition of its canonical entity id (`plan_partition`). Only the
+    owner indexes, recompiles and announces it. Every method here runs on the writer thread
+    inside the caller's transaction; `owned` is None until the group has assigned partitions.
+    """
+
+    def __init__(self, state: LocalState, plans, key_changes: KeyChanges, parked: ParkedPlans, partitions: int,
+                 feed_topic: str) -> None:
+        self.state = state
+        self.plans = plans  # the PlanWriter: announcements go through its one builder
+        self.key_changes = key_changes
+        self.parked = parked
+        self.partitions = partitions
+        self.feed_topic = feed_topic  # broker-side `plan-dependencies`, named in causes it alone explains
+        self.owned: frozenset[int] | None = None
+
+    def partition_of(self, entity_id: str) -> int:
+        """The partition that owns an entity's plans."""
+        return plan_partition(entity_id, self.partitions)
+
+    def owns(self, entity_id: str) -> bool:
+        """Whether this worker owns the entity's plans now."""
+        return self.owned is not None and self.partition_of(entity_id) in self.owned
+
+    def change(self, assigned: Collection[int]) -> tuple[TakeOver, int]:
+        """Move to a new assignment: hand back lost partitions, take over gained ones."""
+        before = self.owned or frozenset()
+        after = frozenset(assigned)
+        lost, gained = before - after, after - before
+        dropped = self.hand_back(lost) if lost else 0
+        self.owned = after
+        taken = self.take_over(gained) if gained else TakeOver()
+        if lost or gained:
+            log.info("owning plan partitions %s (took over %s: %d plans, %d stale, %.2fs; handed back %s: %d plans)",
+                     sorted(after), sorted(gained), taken.adopted, len(taken.stale), taken.seconds, sorted(lost),
+                     dropped, extra={"partitions": sorted(after), "reason": "ownership"})
+        return taken, dropped
+
+    def hand_back(self, partitions: Collection[int]) -> int:
+        """Stop serving and indexing plans of these partitions: their new owner announces what goes stale."""
+        rows = self.state.store.db.execute(
+            "SELECT h.plan_key, json_extract_string(p.plan, '$.entity_id') FROM plan_heads h "
+            "JOIN plans p USING (plan_id)").fetchall()
+        keys = [k for k, entity in rows if entity is not None and self.partition_of(entity) in partitions]
+        self.state.plans.drop_heads(keys)
+        self.state.index.drop_many(keys)
+        self.state.queue.remove(keys)
+        self.state.store.bump_many({"plans_handed_back": len(keys)})
+        return len(keys)
+
+    def take_over(self, partitions: Collection[int]) -> TakeOver:
+        """Make the parked plans of gained partitions current; announce those an applied event made stale."""
+        return self.adopt(self.parked.records(partitions), partitions)
+
+    def adopt(self, records: Sequence[dict[str, Any]], partitions: Collection[int] | None = None) -> TakeOver:
+        """Judge records of owned plans without compiling: adopt the fresh, announce and requeue the stale.
+
+        Staleness is decided from each dependency key's last change offset against the plan's
+        `compiled_as_of` (`KeyChanges.stale_plans`), so no invalidation is lost whoever was the
+        owner when the event was applied, and no plan is recompiled unless it changed.
+        """
+        started = time.perf_counter()
+        owned = set(self.owned or ()) if partitions is None else set(partitions)
+        mine = [r for r in records if self.partition_of(r["entity_id"]) in owned]
+        if not mine:
+            return TakeOver()
+        store = self.state.store
+        now = store.now()
+        stale = self.key_changes.stale_plans([PlanPosition.of(r) for r in mine], now, store.incarnation()[0])
+        result = restore(store, mine, owned, partitions=self.partitions, compiled_at=now)
+        restored = set(result.restored)
+        announced, queued, memo = [], [], {}
+        for record in mine:
+            why = stale.get(record["plan_id"])
+            if why is None or record["plan_id"] in result.known_invalidated:
+                continue
+            announced.append(self._invalidation(record, why, now, memo))
+            if record["plan_id"] in restored:
+                queued.append((record["plan_key"], why.topic or "", why.partition or 0, why.offset or 0))
+        self.plans.announce(announced)
+        self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
+        self.state.queue.add_many(queued)
+        self.plans.queue_pending = self.plans.queue_pending or bool(queued)
+        counts: Counter[str] = Counter(plans_taken_over=len(restored) - len(queued), plans_stale_on_take_over=len(announced),
+                                       invalidations=len(announced), deferred_recompilations=len(queued))
+        store.bump_many(counts)
+        return TakeOver(len(mine), len(restored) - len(queued), [e.plan_id for e in announced],
+                        time.perf_counter() - started)
+
+    def _invalidation(self, record: dict[str, Any], why: Staleness, now, memo: dict):
+        """The announcement of a plan found stale on take-over; its cause is the change's position."""
+        if why.topic is None:  # nothing applied explains it (another incarnation, no keys): the record is the cause
+            cause = {"topic": "plan-dependencies", "partition": -1, "offset": -1,
+                     "event_id": f"plan:{record['plan_id']}"}
+            return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key, cause, None, now,
+                                     memo, reason="stale_on_arrival", quiet=True)
+        cause = {"topic": why.topic, "partition": why.partition, "offset": why.offset,
+                 "event_id": f"offset:{why.partition}:{why.offset}"}
+        visible = {item["resource_id"] for part in ("admitted", "rejected") for item in record.get(part) or ()}
+        return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key, cause, None, now, memo,
+                                 visible=visible, quiet=True)
