@@ -22,7 +22,7 @@ from schemas.timefmt import parse_duration, parse_instant
 
 SCHEMA_VERSION = 1
 TOPICS = ("source-changes", "policy-versions", "revocations", "clock", "plan-invalidations",
-          "plans", "receipts", "dead-letters")
+          "plans", "receipts", "dead-letters", "plan-dependencies")
 
 
 def schema_text(topic: str) -> str:

@@ -12,6 +12,9 @@ from streams.kafka_security import KafkaSecurity
 
 INPUT_TOPICS = ("source-changes", "policy-versions", "revocations", "clock")
 OUTPUT_TOPICS = ("plan-invalidations", "plans", "receipts", "dead-letters")
+INTERNAL_TOPICS = ("plan-dependencies",)
+"""Read and written by workers only: it names withheld resources, so callers get no ACL on it."""
+COMPACTED_TOPICS = ("plans", "plan-dependencies")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import faust
 
-from streams.settings import INPUT_TOPICS, OUTPUT_TOPICS, Settings
+from streams.settings import COMPACTED_TOPICS, INPUT_TOPICS, INTERNAL_TOPICS, OUTPUT_TOPICS, Settings
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class Topics:
 def declare_topics(app: faust.App, settings: Settings) -> Topics:
     """Declare every topic as raw bytes; the schemas package decodes values."""
     by_name = {}
-    for name in INPUT_TOPICS + OUTPUT_TOPICS:
+    for name in INPUT_TOPICS + OUTPUT_TOPICS + INTERNAL_TOPICS:
         by_name[name] = app.topic(settings.topic(name), key_type=bytes, value_type=bytes,
                                   key_serializer="raw", value_serializer="raw",
-                                  partitions=settings.partitions, compacting=(name == "plans"))
+                                  partitions=settings.partitions, compacting=(name in COMPACTED_TOPICS))
     return Topics(by_name, {settings.topic(n): n for n in by_name})
