@@ -126,8 +126,11 @@ class EventApplier:
                 self._dead_letter(m, "event_id_conflict", f"this event_id was already applied on {m.topic} "
                                   "with different content; give every distinct event its own event_id", counts)
         keyed = self._apply_events(fresh, counts)
+        # Every worker records where each key changed, owner or not: a later owner judges by it.
+        self.state.key_changes.record({(c["topic"], c["partition"], c["offset"]): keys for keys, _, c in keyed if keys})
         touched = self._affected(keyed)
-        self.plans.recompile(touched, counts, standby=self._standby)
+        # Only plans of owned partitions are indexed here, so what they cause is this worker's to publish.
+        self.plans.recompile(touched, counts)
         store.bump_many(counts)
 
     def _apply_events(self, fresh: list[tuple[RawMessage, InputEvent]],

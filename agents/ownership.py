@@ -53,6 +53,11 @@ class Ownership:
         """The partition that owns an entity's plans."""
         return plan_partition(entity_id, self.partitions)
 
+    def foreign_partition(self, entity_id: str) -> int | None:
+        """The entity's partition when this worker does not own it (or owns nothing yet), else None."""
+        partition = self.partition_of(entity_id)
+        return None if self.owned is not None and partition in self.owned else partition
+
     def owns(self, entity_id: str) -> bool:
         """Whether this worker owns the entity's plans now."""
         return self.owned is not None and self.partition_of(entity_id) in self.owned
@@ -116,8 +121,9 @@ class Ownership:
         self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
         self.state.queue.add_many(queued)
         self.plans.queue_pending = self.plans.queue_pending or bool(queued)
-        counts: Counter[str] = Counter(plans_taken_over=len(restored) - len(queued), plans_stale_on_take_over=len(announced),
-                                       invalidations=len(announced), deferred_recompilations=len(queued))
+        counts: Counter[str] = Counter(plans_taken_over=len(restored) - len(queued),
+                                       plans_stale_on_take_over=len(announced), invalidations=len(announced),
+                                       deferred_recompilations=len(queued))
         store.bump_many(counts)
         return TakeOver(len(mine), len(restored) - len(queued), [e.plan_id for e in announced],
                         time.perf_counter() - started)

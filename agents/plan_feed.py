@@ -1,8 +1,7 @@
-"""Adopt plans that other workers compiled, or announce them stale when local state has moved on."""
+"""Keep every plan's `plan-dependencies` record, and take over the owned ones compiled elsewhere."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from typing import Any, Awaitable, Callable
@@ -10,41 +9,38 @@ from typing import Any, Awaitable, Callable
 import orjson
 from aiokafka import AIOKafkaConsumer
 
-from agents.plan_writer import PlanWriter
+from agents.ownership import Ownership
 from agents.replica import Replica
 from agents.writer import inline
 from schemas.codec import validate
 from schemas.errors import InvalidEvent
 from state.local_state import LocalState
+from state.parked_plans import ParkedPlans
 from streams.admin import stop_within
 from streams.partitions import discover
 
 log = logging.getLogger(__name__)
 
-# A plan naming offsets this worker never reaches (another incarnation, a poisoned record) is
-# judged against the state there is after this long, rather than stalling the feed.
-FRESHNESS_WAIT_SECONDS = 30.0
-
 
 class PlanFeed:
-    """Reads the `plans` topic so that every worker's index covers every live plan.
+    """Reads the internal `plan-dependencies` topic (every partition) into this worker's parked plans.
 
-    A plan compiled elsewhere is only judged once local state is at least as fresh as the
-    offsets it was compiled at. It is then recompiled here: the same outcome is adopted as
-    the key's current plan (so this worker invalidates it when it owns the partition of a
-    later event); a different outcome means an event this worker already applied made it
-    stale before its index knew it, so the plan is announced invalidated here, with the local
-    compilation as its successor.
+    Parked records are what a take-over restores from, without the network. A record of a plan
+    this worker owns but has not stored (a peer compiled it before a hand-over, or a select on
+    a peer that still thought it owned the entity) is judged without compiling: adopted when no
+    key it depends on changed since its `compiled_as_of`, announced stale otherwise.
     """
 
-    def __init__(self, state: LocalState, writer: PlanWriter, replica: Replica, bootstrap_servers: str,
-                 topic: str, after_apply: Callable[[], object] | None = None, kafka: dict | None = None,
+    def __init__(self, state: LocalState, ownership: Ownership, parked: ParkedPlans, replica: Replica,
+                 bootstrap_servers: str, topic: str, after_apply: Callable[[], object] | None = None,
+                 kafka: dict | None = None,
                  run: Callable[..., Awaitable[Any]] = inline) -> None:
         self.state = state  # the read-write state: touched only through `run`
-        self.writer = writer
+        self.ownership = ownership
+        self.parked = parked
         self.replica = replica
         self.bootstrap_servers = bootstrap_servers
-        self.topic = topic  # broker-side name of `plans`
+        self.topic = topic  # broker-side name of `plan-dependencies`
         self.after_apply = after_apply
         self.counts: Counter[str] = Counter()
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
@@ -83,7 +79,7 @@ class PlanFeed:
             await self._ingest(records)
             return
         except Exception:  # noqa: BLE001 - one policy for poison: isolate it, never stop the feed
-            log.exception("plans batch of %d failed; ingesting one by one", len(records))
+            log.exception("plan-dependencies batch of %d failed; ingesting one by one", len(records))
             await self.run_writes(self.state.catalog.forget_cached)
         for record in records:
             try:
@@ -106,32 +102,30 @@ class PlanFeed:
             "greatest(plan_feed.next_offset, excluded.next_offset)", list(ends.items()))
 
     async def _ingest(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
-        foreign, cluster_id = await self.run_writes(self._foreign, records)
-        for _, _, plan in foreign:
-            # Judge a plan only against state at least as fresh as the state it was compiled from;
-            # offsets of another broker incarnation say nothing about this one.
-            if plan.get("compiled_in") == cluster_id:
-                try:
-                    await asyncio.wait_for(self.replica.wait_covers(plan.get("compiled_as_of") or {}),
-                                           FRESHNESS_WAIT_SECONDS)
-                except asyncio.TimeoutError:
-                    log.warning("plan %s names offsets not reached in %.0fs; judged against current state",
-                                plan["plan_id"], FRESHNESS_WAIT_SECONDS, extra={"plan_id": plan["plan_id"]})
+        # No wait for local state to catch up with a record's compiled_as_of: judging by key change
+        # positions only asks whether something changed since, and later events find it indexed.
+        await self.run_writes(self._settle, records)
+
+    def _settle(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
         ends: dict[int, int] = {}
         for partition, offset, *_ in records:
             ends[partition] = max(ends.get(partition, 0), offset + 1)
-        await self.run_writes(self._settle, foreign, ends)
-
-    def _settle(self, foreign: list[tuple[int, int, dict[str, Any]]], ends: dict[int, int]) -> None:
         with self.state.store.transaction():
-            self._judge(foreign)
+            valid, tombstones = self._valid(records)
+            self.parked.forget(tombstones)
+            self.parked.park(valid)
+            known = self.state.plans.known([r["plan_id"] for r in valid])
+            taken = self.ownership.adopt([r for r in valid if r["plan_id"] not in known])
             self._save_positions(ends)
+        if taken.plans:
+            log.info("took over %d plans compiled elsewhere (%d stale)", taken.plans, len(taken.stale),
+                     extra={"plans": taken.plans, "reason": "adopted"})
 
-    def _foreign(self, records: list[tuple[int, int, bytes | None, bytes | None]],
-                 ) -> tuple[list[tuple[int, int, dict[str, Any]]], str | None]:
-        """Valid plans of a batch this worker has not stored, after a peer's evictions; and the cluster id."""
-        plans: list[tuple[int, int, dict[str, Any]]] = []
-        # A tombstone is a peer's eviction of that plan id; a later record of the id brings it back.
+    def _valid(self, records: list[tuple[int, int, bytes | None, bytes | None]],
+               ) -> tuple[list[dict[str, Any]], list[str]]:
+        """Valid records of a batch (after its tombstones), and the plan keys tombstoned."""
+        plans: list[tuple[int, dict[str, Any]]] = []
+        # A tombstone is the owner's eviction of that plan key; a later record of the key brings it back.
         tombstones = {key.decode(errors="replace"): offset for _, offset, value, key in records
                       if value is None and key}
         for partition, offset, value, _ in records:
@@ -139,39 +133,19 @@ class PlanFeed:
                 continue
             try:
                 plan = orjson.loads(value)
-                validate("plans", plan)
+                validate("plan-dependencies", plan)
                 if not isinstance(plan.get("request"), dict):
-                    raise InvalidEvent("schema_violation", "plans record has no request object")
+                    raise InvalidEvent("schema_violation", "plan-dependencies record has no request object")
             except (orjson.JSONDecodeError, InvalidEvent) as exc:
                 self._skip(partition, offset, getattr(exc, "message", "not JSON"))
                 continue
-            plans.append((partition, offset, plan))
-        plans = [(partition, offset, p) for partition, offset, p in plans
-                 if offset > tombstones.get(p["plan_id"], -1)]
-        if tombstones:
-            with self.state.store.transaction():
-                self._drop_evicted(list(tombstones))
-        known = self.state.plans.known([p["plan_id"] for _, _, p in plans])
-        foreign = [(partition, offset, p) for partition, offset, p in plans if p["plan_id"] not in known]
-        return foreign, self.state.store.incarnation()[0]
+            plans.append((offset, plan))
+        valid = [p for offset, p in plans if offset > tombstones.get(p["plan_key"], -1)]
+        return valid, list(tombstones)
 
-    def _drop_evicted(self, plan_ids: list[str]) -> None:
-        """Stop serving and indexing plans a peer evicted: it no longer indexes them (see RetentionTimer)."""
-        dropped = self.state.retention.drop_evicted_elsewhere(plan_ids, self.state.store.now())
-        if dropped:
-            self.state.store.bump_many({"plans_evicted_by_peers": len(dropped)})
-            log.info("dropped %d plans a peer evicted", len(dropped), extra={"plans": len(dropped),
-                                                                             "reason": "evicted"})
-
-    def _skip(self, partition: int, offset: int, why: str, counts: Counter[str] | None = None) -> None:
-        """Count and log a `plans` record this worker cannot use; the feed moves on."""
-        if counts is None:
-            self.state.store.bump_many({"bad_internal_records.plans": 1})
-        else:
-            counts["bad_internal_records.plans"] += 1
-        log.warning("skipped plans record %d/%d: %s", partition, offset, why,
+    def _skip(self, partition: int, offset: int, why: str) -> None:
+        """Count and log a `plan-dependencies` record this worker cannot use; the feed moves on."""
+        self.state.store.bump_many({"bad_internal_records.plan-dependencies": 1})
+        log.warning("skipped plan-dependencies record %d/%d: %s", partition, offset, why,
                     extra={"topic": self.topic, "partition": partition, "offset": offset,
                            "error_class": "bad_internal_record"})
-
-    def _judge(self, foreign: list[tuple[int, int, dict[str, Any]]]) -> None:
-        self.writer.judge_foreign(foreign, self.topic, self._skip)

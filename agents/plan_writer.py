@@ -81,11 +81,15 @@ class PlanWriter:
             cluster_id = state.store.incarnation()[0]
             rows, row_sources = [], []
             for i, p in enumerate(plans):
+                published = dict(p.plan, compiled_as_of=as_of, compiled_in=cluster_id)
                 rows.append((self.topic_of("plans"), p.plan_id.encode(),
-                             orjson.dumps(dict(p.plan, compiled_as_of=as_of, compiled_in=cluster_id),
-                                         option=orjson.OPT_NON_STR_KEYS)))
+                             orjson.dumps(published, option=orjson.OPT_NON_STR_KEYS)))
                 rows.append((self.topic_of("receipts"), p.receipt_id.encode(), orjson.dumps(p.receipt)))
-                row_sources += [sources[i] if sources else None] * 2
+                # Internal: the keys name withheld resources. A new owner takes the plan over from it.
+                rows.append((self.topic_of("plan-dependencies"), p.plan_key.encode(),
+                             orjson.dumps(dict(published, dependencies=sorted(p.dependencies)),
+                                          option=orjson.OPT_NON_STR_KEYS)))
+                row_sources += [sources[i] if sources else None] * 3
             state.outbox.add_many(rows, row_sources, standby=standby)
         counts["compilations"] += len(plans)
         counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)

@@ -29,6 +29,15 @@ class StateError(RequestError):
     pass_name = "state"
 
 
+class NotOwner(Exception):
+    """The entity's plans belong to a partition another worker owns: its owner answers the select."""
+
+    def __init__(self, entity_id: str, partition: int) -> None:
+        super().__init__(f"entity partition {partition} is owned elsewhere")
+        self.entity_id = entity_id
+        self.partition = partition
+
+
 class QueryService:
     """The read path: plan key lookup, then cache or compile."""
 
@@ -42,6 +51,9 @@ class QueryService:
         self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
         self.unreadable: str | None = None  # why the state file failed a read; sticky until a restart
         self.last_events: dict[str, dict] = {}  # the event applier's latest event per topic, for operators
+        # entity id -> its partition when another worker owns it, else None; unset: every entity is local
+        self.foreign_partition: Callable[[str], int | None] = lambda entity_id: None
+        self.served_by: str | None = None  # this worker's URL, named in every answer it serves
 
     def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
         """Record a failed read of the state file and return the refusal to send (never a 500)."""
@@ -109,6 +121,9 @@ class QueryService:
         # One snapshot: the token must name the state the plan was read from, not a later one.
         with store.transaction():
             entity_id = resolve_entity(request.entity, self.state.catalog.entity_matches(request.entity))
+            partition = self.foreign_partition(entity_id)
+            if partition is not None:  # only the owner indexes its plans: a plan here may be stale
+                raise NotOwner(entity_id, partition)
             key = plan_key(request, entity_id)
             plan = self.state.plans.fresh_plan(key)
             token = _token_of(store) if plan is not None else None
@@ -133,6 +148,8 @@ class QueryService:
     def _answer(self, found: "Found") -> dict[str, Any]:
         self.selects[f"selects.{found.served_from}"] += 1
         out = dict(found.plan, freshness_token=found.token, served_from=found.served_from)
+        if self.served_by:
+            out["served_by"] = self.served_by
         if found.degraded:
             out["degraded"] = found.degraded  # paused inputs that can make this answer less current
         return out

@@ -12,6 +12,7 @@ from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from agents.incarnation import probe
 from agents.writer import inline
 from agents.event_apply import EventApplier, RawMessage
+from state.key_changes import KeyChanges
 from state.store import Store
 from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
@@ -197,5 +198,6 @@ def _in_transaction(store: Store, fn: Callable[..., Any], *args: Any) -> Any:
 def _rebase(store: Store, cluster_id: str, topics: list[str]) -> int:
     with store.transaction():
         epoch = store.rebase(cluster_id, topics)
+        KeyChanges(store).forget(topics)  # their offsets index the old topics
         store.bump_many({"input_resets": 1})
     return epoch

@@ -15,7 +15,9 @@ from faust import web
 
 from agents.access import Access
 from agents.gate import AUDIT, CALLER, principal_refusal
+from agents.forward import is_forwarded, owner_unavailable, retry_headers
 from agents.metrics_port import serve_metrics
+from agents.query import NotOwner
 from compiler.errors import AttestError, RequestError
 from compiler.request import decode_body
 from schemas.freshness import BadToken, covers, read_token
@@ -64,6 +66,12 @@ class Api:
     """Prometheus exposition text."""
     details: Callable[[], dict[str, Any]]
     """Health details beyond the query service's: duty, standby outbox, writer thread, loop stalls."""
+    owner_url: Callable[[int], str | None] = lambda partition: None
+    """URL of the worker that owns a plan partition (None while unknown, e.g. during a rebalance)."""
+    forward: Callable[[str, Any, Any], Awaitable[tuple[int, dict[str, Any]]]] | None = None
+    """Send a select body (with the caller's headers) to the owner at a URL; its status and answer."""
+    owners_known: Callable[[], bool] = lambda: True
+    """Whether the consumer group has said which plan partitions this worker owns."""
 
 
 def register_routes(app, api: Api, access: Access) -> None:
@@ -112,6 +120,14 @@ def register_routes(app, api: Api, access: Access) -> None:
                                  " retry shortly.", "attest")
             try:
                 result = await api.select(body)
+            except NotOwner as exc:
+                status, doc = await _forwarded(api, exc, body, request.headers)
+                if status >= 300:
+                    if status == 503:
+                        api.query.selects["refused.owner_unavailable"] += 1
+                    return self.json(doc, status=status, headers=retry_headers(status, doc))
+                request[AUDIT].update(plan_id=doc.get("plan_id"), served_from="forwarded")
+                return self.json(doc, status=status)
             except RequestError as exc:
                 if exc.status == 503:
                     api.query.selects[f"refused.{exc.code}"] += 1
@@ -217,6 +233,9 @@ def register_routes(app, api: Api, access: Access) -> None:
                 api.check_ready()
             except AttestError as exc:
                 return error(self, 503, exc.code, exc.message, "ready")
+            if not api.owners_known():
+                return error(self, 503, "owner_unavailable", "The consumer group has not yet said which plan "
+                             "partitions this worker owns; it is ready once the rebalance completes.", "ready")
             return self.json({"status": "ready"})
 
     if access.reload is not None:
@@ -224,6 +243,17 @@ def register_routes(app, api: Api, access: Access) -> None:
         async def reload_callers() -> None:
             # Polling a small file once a second applies an edit within the promised 5 s on any filesystem.
             access.reload()
+
+
+async def _forwarded(api: Api, exc: NotOwner, body: Any, headers) -> tuple[int, dict[str, Any]]:
+    """The owner's answer to a select for an entity another worker owns, or owner_unavailable."""
+    if is_forwarded(headers):  # the sender thought this worker owned it: ownership is moving
+        return owner_unavailable("is moving to another worker (a rebalance is under way)")
+    url = api.owner_url(exc.partition)
+    if url is None or api.forward is None:
+        return owner_unavailable("is not known yet (a rebalance is under way)")
+    api.query.selects["selects.forwarded"] += 1
+    return await api.forward(url, body, headers)
 
 
 async def _wait_until_fresh(api: Api, target: dict) -> bool:

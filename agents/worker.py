@@ -19,6 +19,8 @@ from agents.query import QueryService
 from agents.lag import LagWatcher
 from agents.loop_probe import LoopProbe
 from agents.metrics import Metrics
+from agents.forward import forward_select, owner_url
+from agents.ownership import Ownership
 from agents.plan_feed import PlanFeed
 from agents.publisher import Publisher
 from agents.replica import Replica
@@ -30,6 +32,7 @@ from schemas.cdc_mapping import CdcMapping
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
+from state.parked_plans import ParkedPlans
 from state.retention import RetentionPolicy, Topics as RetentionTopics
 from streams.admin import GroupOffsets
 from streams.app import create_app
@@ -60,6 +63,8 @@ class Worker:
     """Views over a cursor of their own, for what the event loop reads (committed state)."""
     probe: LoopProbe
     """Measures how long the event loop is kept from running."""
+    ownership: Ownership
+    """The plan partitions this worker owns: it alone indexes, recompiles and announces their plans."""
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -87,7 +92,15 @@ class Worker:
                    incarnation_checked=self._incarnation_checked,
                    receipt=reader.plans.receipt, publish=self.publish_outbox, pause=self.replica.pause,
                    resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.metrics.render,
-                   details=self.details)
+                   details=self.details, owner_url=self.owner_url, forward=self._forward,
+                   owners_known=lambda: self.ownership.owned is not None)
+
+    def owner_url(self, partition: int) -> str | None:
+        """URL of the worker the consumer group gave a plan partition (the same partition of the inputs)."""
+        return owner_url(self.app, self.settings.topic("source-changes"), partition)
+
+    async def _forward(self, url: str, body, headers) -> tuple[int, dict]:
+        return await forward_select(url, body, headers, timeout=self.settings.freshness_wait + 5.0)
 
     async def _incarnation_checked(self) -> bool:
         try:
@@ -98,7 +111,10 @@ class Worker:
 
     def details(self) -> dict:
         """Health details of the worker itself: duty, standby outbox, who writes, how long the loop stalled."""
-        return {"duty": self.duty(), "standby_outbox": self.reader.outbox.standby_size(),
+        owned = self.ownership.owned
+        return {"duty": self.duty(), "owned_partitions": None if owned is None else sorted(owned),
+                "parked_plans": self.reader.store.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0],
+                "standby_outbox": self.reader.outbox.standby_size(),
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict()}
 
     def close(self) -> None:
@@ -118,7 +134,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     topics = declare_topics(app, settings)
     state = LocalState.open(settings.db_path)
     state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
-                                       frozenset({settings.topic("plans"), settings.topic("receipts")}))
+                                       frozenset({settings.topic("plans"), settings.topic("receipts"),
+                                                  settings.topic("plan-dependencies")}))
     reader = state.reader()
     writer, probe = Writer(), LoopProbe()
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
@@ -140,11 +157,16 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run)
     guard.paused, guard.blocked = replica.paused, replica.blocked
-    plan_feed = PlanFeed(state, plan_writer, replica, bootstrap_servers, settings.topic("plans"), kafka=kafka,
-                         run=writer.run)
+    parked = ParkedPlans(state.store, settings.partitions)
+    ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
+                          settings.topic("plan-dependencies"))
+    plan_feed = PlanFeed(state, ownership, parked, replica, bootstrap_servers, settings.topic("plan-dependencies"),
+                         kafka=kafka, run=writer.run)
+    query.served_by = str(app.conf.canonical_url)
+    query.foreign_partition = ownership.foreign_partition
     publisher = Publisher(state, app, writer.run, lambda: worker.duty())
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
-                    replica, plan_feed, writer, reader, probe)
+                    replica, plan_feed, writer, reader, probe, ownership)
     replica.after_apply = publisher.publish_owned
 
     for name in INPUT_TOPICS:
@@ -173,6 +195,19 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         await plan_feed.run()
 
     @app.task
+    async def follow_ownership() -> None:
+        # Plans are owned with the input partition of the same number (the assignor co-partitions
+        # them). Judging a take-over needs offsets verified against this broker incarnation.
+        await replica.ready.wait()
+        while True:
+            if app.rebalancing_count and not app.rebalancing:
+                assigned = frozenset(worker.duty().get("source-changes", ()))
+                if assigned != ownership.owned:
+                    await writer.run(_change_ownership, ownership, assigned)
+                    await worker.publish_outbox()
+            await asyncio.sleep(0.2)
+
+    @app.task
     async def recompile_backlog() -> None:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
         # announcements still waiting in the outbox go out before any successor is compiled.
@@ -180,9 +215,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             if reader.outbox.size():
                 await asyncio.sleep(0.05)
                 continue
-            duty = worker.duty()
-            done = await writer.run(recompile_queued, plan_writer, 100,
-                                    lambda topic, partition, duty=duty: partition in duty.get(topic, ()))
+            # The queue holds plans of owned partitions only (a hand-back removes the rest).
+            done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True)
             if done:
                 await worker.publish_outbox()
             await asyncio.sleep(0 if done else 0.1)
@@ -211,7 +245,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     retention = RetentionTimer(state, query, RetentionPolicy(settings.plan_retention, settings.receipt_retention,
                                                              BATCH),
                                RetentionTopics(settings.topic("plan-invalidations"), settings.topic("plans"),
-                                               settings.topic("clock")))
+                                               settings.topic("clock"), settings.topic("plan-dependencies")))
 
     @app.timer(interval=settings.retention_interval)
     async def enforce_retention() -> None:
@@ -261,6 +295,11 @@ def _register_input_agent(worker: Worker, name: str) -> None:
     consume.__name__ = f"apply_{name.replace('-', '_')}"
     consume.__qualname__ = consume.__name__
     worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)
+
+
+def _change_ownership(ownership: Ownership, assigned: frozenset[int]) -> None:
+    with ownership.state.store.transaction():
+        ownership.change(assigned)
 
 
 def _prune(state: LocalState, committed: dict[tuple[str, int], int]) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from state.catalog import Catalog
 from state.dependency_index import DependencyIndex
+from state.key_changes import KeyChanges
 from state.outbox import Outbox
 from state.plan_store import PlanStore
 from state.recompile_queue import RecompileQueue
@@ -32,6 +33,8 @@ class LocalState:
     """Plan keys announced invalidated, successors still to compile."""
     retention: Retention
     """Select stamps, eviction of unused plans, expiry of old plan rows and receipts."""
+    key_changes: KeyChanges
+    """Where each dependency key last changed: what a take-over judges plans by, without compiling."""
 
     @classmethod
     def open(cls, path: Path | str) -> "LocalState":
@@ -39,7 +42,7 @@ class LocalState:
         store = Store(path)
         outbox = Outbox(store)
         return cls(store, Catalog(store), DependencyIndex(store), PlanStore(store), outbox,
-                   RecompileQueue(store), Retention(store, outbox))
+                   RecompileQueue(store), Retention(store, outbox), KeyChanges(store))
 
     def reader(self) -> "LocalState":
         """The same views over a cursor of their own, for reads beside a writer thread (committed state only).
@@ -50,7 +53,7 @@ class LocalState:
         store = self.store.view()
         outbox = Outbox(store)
         return LocalState(store, Catalog(store), DependencyIndex(store), PlanStore(store), outbox,
-                          RecompileQueue(store), Retention(store, outbox, ensure_schema=False))
+                          RecompileQueue(store), Retention(store, outbox, ensure_schema=False), KeyChanges(store))
 
     def close(self) -> None:
         """Close the file."""

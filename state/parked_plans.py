@@ -39,7 +39,7 @@ class ParkedPlans:
             self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
 
     def park(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Keep these records (validated `plan-dependencies` values) unless a more advanced one is held; one statement."""
+        """Keep these records (validated `plan-dependencies` values) unless a more advanced one is held."""
         latest: dict[str, tuple[int, int, str, str]] = {}
         for record in records:
             rank = progress(record)

@@ -64,6 +64,8 @@ class Topics:
     """`plans`: a tombstone, so peers and compacted readers drop the plan too."""
     clock: str
     """`clock`: named in the cause, since event time is what expired the plan."""
+    dependencies: str | None = None
+    """`plan-dependencies`: a tombstone for the plan key, so no later owner takes the plan over."""
 
 
 class Retention:
@@ -160,6 +162,8 @@ class Retention:
             rows.extend(Invalidation(plan_id, plan_key, "evicted", cause, invalidated_at, as_of).rows(
                 topics.invalidations))
             rows.append((topics.plans, plan_id.encode(), None))
+            if topics.dependencies:
+                rows.append((topics.dependencies, plan_key.encode(), None))
         self._forget(due, now, cause)
         self.outbox.add_many(rows)
         return due

@@ -1,0 +1,191 @@
+"""Plans owned by partition: only the owner recompiles, a take-over judges without recompiling, nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import orjson
+import pytest
+
+from agents.event_apply import EventApplier, RawMessage
+from agents.ownership import Ownership
+from agents.plan_writer import PlanWriter
+from agents.query import NotOwner, QueryService
+from schemas.plan_partition import plan_partition
+from state.local_state import LocalState
+from state.parked_plans import ParkedPlans
+from tests.catalog_double import SCENARIOS
+from tests.conftest import ATLAS_REQUEST, start_peer
+from tests.events import resource, revoke_role
+
+pytestmark = pytest.mark.timeout(240)
+
+ATLAS = [orjson.loads(line) for line in (SCENARIOS / "atlas.jsonl").read_text().splitlines()]
+
+
+class Node:
+    """One worker's state and write path, in process: every node applies the same events at the same offsets."""
+
+    def __init__(self, path) -> None:
+        self.state = LocalState.open(path)
+        with self.state.store.transaction():
+            self.state.store.record_cluster("cluster-1")  # both replicas read one broker incarnation
+        self.plans = PlanWriter(self.state, lambda name: f"x-{name}")
+        self.applier = EventApplier(self.state, self.plans)
+        self.parked = ParkedPlans(self.state.store, 2)
+        self.ownership = Ownership(self.state, self.plans, self.state.key_changes, self.parked, 2,
+                                   "x-plan-dependencies")
+        self.query = QueryService(self.state, self.plans)
+        self.query.foreign_partition = self.ownership.foreign_partition
+        self.offsets: dict[str, int] = {}
+
+    def apply(self, *items: dict) -> None:
+        messages = []
+        for item in items:
+            offset = self.offsets.get(item["topic"], 0)
+            self.offsets[item["topic"]] = offset + 1
+            messages.append(RawMessage(item["topic"], 0, offset, b"k", orjson.dumps(item["event"])))
+        self.applier.apply(messages)
+
+    def own(self, *partitions: int) -> None:
+        with self.state.store.transaction():
+            self.ownership.change(partitions)
+
+    def published(self, topic: str) -> list[dict]:
+        return [orjson.loads(v) for _, t, _, v in self.state.outbox.pending(100_000) if t == f"x-{topic}" and v]
+
+    def counter(self, name: str) -> int:
+        return self.state.store.counters().get(name, 0)
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    a, b = Node(tmp_path / "a.duckdb"), Node(tmp_path / "b.duckdb")
+    for node in (a, b):
+        node.apply(*ATLAS)
+    yield a, b
+    a.state.close()
+    b.state.close()
+
+
+def _event(topic_and_event: tuple[str, dict]) -> dict:
+    return {"topic": topic_and_event[0], "event": topic_and_event[1]}
+
+
+def test_the_owner_publishes_what_a_take_over_needs_and_a_non_owner_refers_selects(nodes):
+    a, b = nodes
+    a.own(0, 1)
+    b.own()
+    plan = a.query.select(ATLAS_REQUEST)
+    [record] = a.published("plan-dependencies")
+    assert record["plan_id"] == plan["plan_id"] and "principal:maya" in record["dependencies"]
+    assert not any("dependencies" in p for p in a.published("plans"))  # the keys name withheld resources
+    with pytest.raises(NotOwner) as refused:
+        b.query.select(ATLAS_REQUEST)
+    assert refused.value.partition == plan_partition(plan["entity_id"], 2)
+
+
+def test_a_take_over_adopts_unchanged_plans_without_compiling(nodes):
+    a, b = nodes
+    a.own(0, 1)
+    plan = a.query.select(ATLAS_REQUEST)
+    b.parked.park(a.published("plan-dependencies"))
+    compiled_before = b.counter("compilations")
+    b.own(0, 1)
+    assert b.counter("compilations") == compiled_before  # nothing recompiled
+    assert b.counter("plans_taken_over") == 1 and b.state.queue.size() == 0
+    served = b.query.select(ATLAS_REQUEST)
+    assert served["plan_id"] == plan["plan_id"] and served["served_from"] == "cache"
+    assert not b.published("plan-invalidations")
+
+
+def test_a_take_over_announces_a_plan_an_applied_event_made_stale(nodes):
+    """The owner died before announcing: the new owner's replica applied the event; the key's position says so."""
+    a, b = nodes
+    a.own(0, 1)
+    plan = a.query.select(ATLAS_REQUEST)
+    b.parked.park(a.published("plan-dependencies"))
+    b.apply(_event(revoke_role("maya", "credit_analyst")))  # applied by b while a still owned the plan
+    b.own(0, 1)
+    [announced] = b.published("plan-invalidations")
+    assert announced["plan_id"] == plan["plan_id"] and announced["cause"]["topic"] == "x-revocations"
+    assert announced["cause"]["offset"] == 0 and announced["reason"] == "principal_changed"
+    assert b.state.queue.size() == 1  # its successor is compiled by the backlog
+    assert b.query.select(ATLAS_REQUEST)["admitted"] == []
+
+
+def test_a_hand_back_stops_indexing_and_serving(nodes):
+    a, _ = nodes
+    a.own(0, 1)
+    plan = a.query.select(ATLAS_REQUEST)
+    mine = plan_partition(plan["entity_id"], 2)
+    a.own(1 - mine)
+    assert a.state.index.size() == 0 and a.counter("plans_handed_back") == 1
+    before = len(a.published("plan-invalidations"))
+    a.apply(_event(resource("approved-waiver-W2")))
+    assert len(a.published("plan-invalidations")) == before  # no longer this worker's to announce
+    with pytest.raises(NotOwner):
+        a.query.select(ATLAS_REQUEST)
+
+
+async def _until(check, timeout: float = 60.0, what: str = "condition"):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        await asyncio.sleep(0.2)
+
+
+async def _owned(w) -> list[int] | None:
+    return (await w.get("/healthz"))["owned_partitions"]
+
+
+async def test_two_workers_split_the_plans_and_a_kill_9_loses_no_invalidation(worker, tmp_path):
+    fresh = await worker.load("atlas.jsonl")
+    first = await worker.select(ATLAS_REQUEST, fresh)
+    peer = await start_peer(worker, tmp_path / "peer")
+    try:
+        async def split():
+            a, b = await _owned(worker), await _owned(peer)
+            return a and b and sorted(a + b) == list(range(worker.settings.partitions))
+        await _until(split, what="both workers owning plan partitions")
+        mine = plan_partition(first["entity_id"], worker.settings.partitions)
+        owner, other = (worker, peer) if mine in await _owned(worker) else (peer, worker)
+
+        # The non-owner refers the select to the owner, which answers from the plan it took over or compiled.
+        via_other = await other.select(ATLAS_REQUEST, fresh)
+        assert via_other["plan_id"] == first["plan_id"] and via_other["served_by"].endswith(owner.url[-5:])
+        counts = {w.url: (await w.get("/healthz"))["counters"].get("compilations", 0) for w in (owner, other)}
+
+        waiver = await other.publish_events(resource("approved-waiver-W2"))
+        announced = await other.records("plan-invalidations", lambda rs: any(r["plan_id"] == first["plan_id"]
+                                                                              for r in rs))
+        successor = next(r["successor_plan_id"] for r in announced if r["plan_id"] == first["plan_id"])
+        assert (await other.select(ATLAS_REQUEST, waiver))["plan_id"] == successor
+        after = {w.url: (await w.get("/healthz"))["counters"].get("compilations", 0) for w in (owner, other)}
+        assert after[owner.url] > counts[owner.url] and after[other.url] == counts[other.url]
+
+        # The owner freezes (so it announces nothing), the revocation lands, then it is killed.
+        owner.proc.send_signal(signal.SIGSTOP)
+        revoked = await other.publish_events(revoke_role("maya", "credit_analyst"))
+        owner.kill()
+        await _until(lambda: _owns_all(other), what="the survivor owning every partition")
+        announced = await other.records("plan-invalidations", lambda rs: any(r["plan_id"] == successor for r in rs))
+        assert any(r["cause"]["topic"].endswith("revocations") for r in announced if r["plan_id"] == successor)
+        plan = await other.select(ATLAS_REQUEST, revoked)
+        assert plan["admitted"] == [] and plan["served_by"].endswith(other.url[-5:])
+        counters = (await other.get("/healthz"))["counters"]
+        assert counters.get("plans_taken_over", 0) + counters.get("plans_stale_on_take_over", 0) >= 1
+    finally:
+        for w in (worker, peer):
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGCONT)
+        peer.stop()
+
+
+async def _owns_all(w) -> bool:
+    return await _owned(w) == list(range(w.settings.partitions))
