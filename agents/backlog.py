@@ -25,11 +25,14 @@ def recompile_queued(writer: PlanWriter, limit: int, owns: Callable[[str, int], 
         view = writer.snapshot([request for _, request, _ in heads.values()])
         counts: Counter[str] = Counter()
         published, local, successors, dropped = [], [], [], []
+        # Skipped: compiled on demand by a select in the meantime.
+        due = [(e[0], heads[e[0]][1]) for e in entries if e[0] in heads and heads[e[0]][2] != "fresh"]
+        compiled_all = writer.compile_all(due, view, now)
         for plan_key, topic, partition, _ in entries:
-            if plan_key not in heads or heads[plan_key][2] == "fresh":
-                continue  # compiled on demand by a select in the meantime
-            old_id, request, _ = heads[plan_key]
-            compiled = writer.compile_one(plan_key, request, view, now)
+            if plan_key not in compiled_all:
+                continue
+            old_id, _, _ = heads[plan_key]
+            compiled = compiled_all[plan_key]
             if compiled is None:
                 dropped.append(plan_key)
                 continue

@@ -12,6 +12,8 @@ from aiokafka import AIOKafkaConsumer
 from agents.ownership import Ownership
 from agents.replica import Replica
 from agents.writer import inline
+from compiler.errors import RequestError
+from compiler.request import parse_request, plan_key
 from schemas.codec import validate
 from schemas.errors import InvalidEvent
 from state.local_state import LocalState
@@ -136,8 +138,16 @@ class PlanFeed:
                 validate("plan-dependencies", plan)
                 if not isinstance(plan.get("request"), dict):
                     raise InvalidEvent("schema_violation", "plan-dependencies record has no request object")
+                # A record is taken over as the answer to its plan key: the key must be its request's
+                # (a float budget is published rounded: restore refuses those, it does not trust them).
+                rounded = any(isinstance(v, float) for v in (plan["request"].get("budget") or {}).values())
+                if plan_key(parse_request(plan["request"]), plan["entity_id"]) != plan["plan_key"] and not rounded:
+                    raise InvalidEvent("schema_violation", "plan_key is not the key of the record's request")
             except (orjson.JSONDecodeError, InvalidEvent) as exc:
                 self._skip(partition, offset, getattr(exc, "message", "not JSON"))
+                continue
+            except RequestError as exc:
+                self._skip(partition, offset, f"its request does not parse ({exc.code})")
                 continue
             plans.append((offset, plan))
         valid = [p for offset, p in plans if offset > tombstones.get(p["plan_key"], -1)]

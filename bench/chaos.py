@@ -123,26 +123,26 @@ async def id_collision(worker: BenchWorker, directory: Path) -> Outcome:
 
 
 async def poisoned_plans(worker: BenchWorker, directory: Path) -> Outcome:
-    """Garbage and an overflowing request on the compacted `plans` topic."""
+    """Garbage and an overflowing request on the internal, compacted `plan-dependencies` topic."""
     _, plan = await _loaded(worker)
     prod = producer(worker.bootstrap, worker.settings.kafka.client_kwargs())
     await prod.start()
     try:
         bad = dict(plan, plan_id="pl-chaos", request=dict(plan["request"], decision_time="0001-01-01T00:00:00+14:00"))
         for value in (b"{not json", orjson.dumps({"plan_id": 7}), orjson.dumps(bad)):
-            await prod.send_and_wait(worker.settings.topic("plans"), value, key=b"pl-chaos")
+            await prod.send_and_wait(worker.settings.topic("plan-dependencies"), value, key=b"pl-chaos")
     finally:
         await prod.stop()
     skipped = 0
     for _ in range(100):
-        skipped = (await worker.health())["counters"].get("bad_internal_records.plans", 0)
+        skipped = (await worker.health())["counters"].get("bad_internal_records.plan-dependencies", 0)
         if skipped >= 3:
             break
         await asyncio.sleep(0.1)
     worker.stop()
     await worker.restart()
     alive = worker.proc.poll() is None
-    return Outcome("poisoned records on `plans`", "skipped and counted, on every start; no crash",
+    return Outcome("poisoned records on `plan-dependencies`", "skipped and counted, on every start; no crash",
                    f"{skipped} skipped, alive after restart={alive}", skipped == 3 and alive)
 
 

@@ -1,66 +1,67 @@
-"""Judging another worker's plan: adopt it when local state agrees, announce it stale when it does not."""
+"""The plan-dependencies feed: every record parked, owned ones taken over without compiling, poison skipped."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from agents.event_apply import EventApplier
-from agents.plan_writer import PlanWriter
 from agents.plan_feed import PlanFeed
-from agents.query import QueryService
-from state.local_state import LocalState
-from tests.agents.test_invalidation import outbox, raw
-from tests.catalog_double import SCENARIOS
+from tests.agents.test_ownership import ATLAS, Node, _event
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource
 
 
-def _worker(path):
-    state = LocalState.open(path)
-    inv = EventApplier(state, PlanWriter(state, lambda name: f"x-{name}"))
-    inv.apply([raw(item["topic"], item["event"], offset=i) for i, item in
-               enumerate(map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines()))])
-    return state, inv
-
-
 @pytest.fixture
 def pair(tmp_path):
-    a, b = _worker(tmp_path / "a.duckdb"), _worker(tmp_path / "b.duckdb")
+    a, b = Node(tmp_path / "a.duckdb"), Node(tmp_path / "b.duckdb")
+    for node in (a, b):
+        node.apply(*ATLAS)
+    a.own(0, 1)
     yield a, b
-    a[0].close()
-    b[0].close()
+    a.state.close()
+    b.state.close()
 
 
-def _published_plan(state: LocalState) -> dict:
-    [plan] = outbox(state, "plans")
-    return plan
+def _feed(node: Node) -> PlanFeed:
+    return PlanFeed(node.state, node.ownership, node.parked, None, "", "x-plan-dependencies")
 
 
-def test_a_plan_compiled_on_the_same_state_is_adopted(pair):
-    (a, a_inv), (b, b_inv) = pair
-    QueryService(a, a_inv.plans).select(ATLAS_REQUEST)
-    plan = _published_plan(a)
-    assert plan["compiled_as_of"]["source-changes"]
-    PlanFeed(b, b_inv.plans, None, "", "x-plans")._judge([(0, 0, plan)])
-    assert b.plans.status(plan["plan_id"])["status"] == "fresh"
-    assert outbox(b, "plan-invalidations") == []
-    # Adopted means indexed: the next relevant event on this worker invalidates it.
-    b_inv.apply([raw(*resource("approved-waiver-W2"), offset=100)])
-    [announced] = outbox(b, "plan-invalidations")
-    assert announced["plan_id"] == plan["plan_id"]
+def _records(node: Node) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    rows = [(k, v) for _, t, k, v in node.state.outbox.pending(1000) if t == "x-plan-dependencies"]
+    return [(0, offset, value, key) for offset, (key, value) in enumerate(rows)]
 
 
-def test_a_plan_older_than_local_state_is_announced_stale_with_a_successor(pair):
-    (a, a_inv), (b, b_inv) = pair
-    QueryService(a, a_inv.plans).select(ATLAS_REQUEST)
-    plan = _published_plan(a)
-    b_inv.apply([raw(*resource("approved-waiver-W2"), offset=100)])   # b is ahead of the plan
-    PlanFeed(b, b_inv.plans, None, "", "x-plans")._judge([(1, 7, plan)])
-    [announced] = outbox(b, "plan-invalidations")
-    assert announced["plan_id"] == plan["plan_id"] and announced["reason"] == "stale_on_arrival"
-    assert announced["cause"] == {"topic": "x-plans", "partition": 1, "offset": 7, "event_id": plan["plan_id"],
-                                  "dependency_key": f"plan:{plan['plan_id']}"}
-    successor = QueryService(b, b_inv.plans).select(ATLAS_REQUEST)
-    assert announced["successor_plan_id"] == successor["plan_id"] != plan["plan_id"]
-    assert b.plans.status(plan["plan_id"])["status"] == "invalidated"
+def test_a_record_is_parked_by_every_worker_and_taken_over_only_by_the_owner(pair):
+    a, b = pair
+    plan = a.query.select(ATLAS_REQUEST)
+    b.own()  # owns nothing: parks, indexes nothing
+    _feed(b)._settle(_records(a))
+    assert b.parked.size() == 1 and b.state.index.size() == 0
+    b.own(0, 1)  # the take-over restores from the parked record, without the network or a compile
+    assert b.query.select(ATLAS_REQUEST)["plan_id"] == plan["plan_id"]
+    assert b.counter("compilations") == 0
+
+
+def test_an_owned_record_compiled_elsewhere_is_judged_by_key_changes(pair):
+    a, b = pair
+    plan = a.query.select(ATLAS_REQUEST)
+    b.own(0, 1)
+    b.apply(_event(resource("approved-waiver-W2")))  # b is ahead of the plan
+    _feed(b)._settle(_records(a))
+    [announced] = b.published("plan-invalidations")
+    assert announced["plan_id"] == plan["plan_id"] and announced["cause"]["topic"] == "x-source-changes"
+    assert b.state.plans.status(plan["plan_id"])["status"] == "invalidated"
+
+
+def test_poisoned_records_are_skipped_and_a_tombstone_forgets_a_key(pair):
+    a, b = pair
+    plan = a.query.select(ATLAS_REQUEST)
+    [(_, _, value, key)] = _records(a)
+    record = orjson.loads(value)
+    foreign_key = dict(record, plan_id="plan-poison", request=dict(record["request"], purpose="other"))
+    _feed(b)._settle([(0, 0, b"{not json", b"x"), (0, 1, orjson.dumps({"plan_id": 7}), b"y"),
+                      (0, 2, orjson.dumps(foreign_key), key), (0, 3, value, key)])
+    assert b.counter("bad_internal_records.plan-dependencies") == 3
+    assert [r["plan_id"] for r in b.parked.records([0, 1])] == [plan["plan_id"]]
+    _feed(b)._settle([(0, 4, None, key)])
+    assert b.parked.size() == 0
