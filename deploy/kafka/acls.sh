@@ -16,18 +16,20 @@ bin=/opt/kafka/bin
 for t in source-changes policy-versions revocations clock plan-invalidations receipts dead-letters; do
   $bin/kafka-topics.sh $BS --create --if-not-exists --topic "$t" --partitions "$PARTITIONS" --replication-factor 1
 done
-$bin/kafka-topics.sh $BS --create --if-not-exists --topic plans --partitions "$PARTITIONS" --replication-factor 1 \
-  --config cleanup.policy=compact
+for t in plans plan-dependencies; do
+  $bin/kafka-topics.sh $BS --create --if-not-exists --topic "$t" --partitions "$PARTITIONS" --replication-factor 1 \
+    --config cleanup.policy=compact
+done
 # Producers of the inputs: one writer per topic.
 $bin/kafka-acls.sh $BS --add --allow-principal User:policy-service --operation Write --operation Describe --topic policy-versions
 $bin/kafka-acls.sh $BS --add --allow-principal User:iam --operation Write --operation Describe --topic revocations
 $bin/kafka-acls.sh $BS --add --allow-principal User:cdc --operation Write --operation Describe --topic source-changes
-# freshplan: read every input and `plans` (workers adopt each other's plans), write its outputs
+# freshplan: read every input and the internal `plan-dependencies` (take-overs), write its outputs
 # and clock ticks, its consumer group, and Faust's internal topics (prefix = the app id).
-for t in source-changes policy-versions revocations clock plans; do
+for t in source-changes policy-versions revocations clock plans plan-dependencies; do
   $bin/kafka-acls.sh $BS --add --allow-principal User:freshplan --operation Read --operation Describe --topic "$t"
 done
-for t in clock plan-invalidations plans receipts dead-letters; do
+for t in clock plan-invalidations plans plan-dependencies receipts dead-letters; do
   $bin/kafka-acls.sh $BS --add --allow-principal User:freshplan --operation Write --operation Describe --topic "$t"
 done
 $bin/kafka-acls.sh $BS --add --allow-principal User:freshplan --operation All --resource-pattern-type prefixed \
