@@ -128,12 +128,15 @@ class QueryService:
             plan = self.state.plans.fresh_plan(key)
             token = _token_of(store) if plan is not None else None
         self.selected.add(key)
-        return Found(request, key, plan, token, "cache", degraded)
+        return Found(request, key, plan, token, "cache", degraded, entity_id=entity_id)
 
     def _compile(self, found: "Found") -> "Found":
         """Compile and store a missing plan on the writer's connection (run on the writer thread)."""
         state = self.writer.state
         counts: Counter[str] = Counter()
+        partition = self.foreign_partition(found.entity_id)
+        if partition is not None:  # the partition moved while this select waited for the writer
+            raise NotOwner(found.entity_id, partition)
         plan = state.plans.fresh_plan(found.key)  # another select may have compiled it meanwhile
         served_from = "cache"
         if plan is None:
@@ -208,6 +211,8 @@ class Found:
     """Paused inputs that can make the answer less current."""
     counts: Counter = field(default_factory=Counter)
     """Counters the compiling thread gathered, merged into `selects` by the caller."""
+    entity_id: str = ""
+    """The canonical entity id the request resolved to (its partition owns the plan)."""
 
 
 def _token_of(store) -> str:
