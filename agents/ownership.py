@@ -102,6 +102,8 @@ class Ownership:
         started = time.perf_counter()
         owned = set(self.owned or ()) if partitions is None else set(partitions)
         mine = [r for r in records if self.partition_of(r["entity_id"]) in owned]
+        evicted = self._evicted([r["plan_id"] for r in mine])
+        mine = [r for r in mine if r["plan_id"] not in evicted]
         if not mine:
             return TakeOver()
         store = self.state.store
@@ -127,6 +129,14 @@ class Ownership:
         store.bump_many(counts)
         return TakeOver(len(mine), len(restored) - len(queued), [e.plan_id for e in announced],
                         time.perf_counter() - started)
+
+    def _evicted(self, plan_ids: list[str]) -> set[str]:
+        """Plan ids evicted here and not compiled again since: their records predate the eviction."""
+        if not plan_ids:
+            return set()
+        return {r[0] for r in self.state.store.db.execute(
+            "SELECT e.plan_id FROM evicted_plans e ANTI JOIN plans p USING (plan_id) "
+            "WHERE e.plan_id IN (SELECT unnest(?::VARCHAR[]))", [plan_ids]).fetchall()}
 
     def _invalidation(self, record: dict[str, Any], why: Staleness, now, memo: dict):
         """The announcement of a plan found stale on take-over; its cause is the change's position."""

@@ -31,8 +31,9 @@ def test_help_describes_every_command():
 def test_schemas_export_writes_one_schema_per_topic(tmp_path):
     out = subprocess.run(FRESHPLAN + ["schemas", "export", str(tmp_path / "contracts")], capture_output=True,
                          text=True, check=True, cwd=ROOT)
-    assert json.loads(out.stdout)["schemas"] == 10
+    assert json.loads(out.stdout)["schemas"] == 11
     written = sorted(p.name for p in (tmp_path / "contracts").iterdir())
+    assert "plan-dependencies.schema.json" in written
     assert "source-changes.schema.json" in written and "dead-letters.schema.json" in written
     assert "cdc-mapping.schema.json" in written
     for path in (tmp_path / "contracts").iterdir():
