@@ -94,28 +94,32 @@ class PlanWriter:
 
         Without `publish` this adopts them: the same outcome another worker (or an earlier run)
         already announced. A published plan carries `compiled_as_of`, the input offsets its state
-        reflected, so that other workers know when their own state is fresh enough to adopt it.
+        reflected. Either way the internal `plan-dependencies` record is refreshed: a recompilation
+        that came out the same still moves `compiled_as_of` past the change that caused it, else a
+        later owner would judge the plan stale by that change and announce it for nothing.
         """
         if not plans:
             return
         state = self.state
         state.plans.save_many(plans, now)
         state.index.replace_many({p.plan_key: p.dependencies for p in plans})
-        if publish:
-            as_of = state.store.next_offsets()
-            cluster_id = state.store.incarnation()[0]
-            rows, row_sources = [], []
-            for i, p in enumerate(plans):
-                published = dict(p.plan, compiled_as_of=as_of, compiled_in=cluster_id)
+        as_of = state.store.next_offsets()
+        cluster_id = state.store.incarnation()[0]
+        rows, row_sources = [], []
+        for i, p in enumerate(plans):
+            published = dict(p.plan, compiled_as_of=as_of, compiled_in=cluster_id)
+            source = sources[i] if sources else None
+            if publish:
                 rows.append((self.topic_of("plans"), p.plan_id.encode(),
                              orjson.dumps(published, option=orjson.OPT_NON_STR_KEYS)))
                 rows.append((self.topic_of("receipts"), p.receipt_id.encode(), orjson.dumps(p.receipt)))
-                # Internal: the keys name withheld resources. A new owner takes the plan over from it.
-                rows.append((self.topic_of("plan-dependencies"), p.plan_key.encode(),
-                             orjson.dumps(dict(published, dependencies=sorted(p.dependencies)),
-                                          option=orjson.OPT_NON_STR_KEYS)))
-                row_sources += [sources[i] if sources else None] * 3
-            state.outbox.add_many(rows, row_sources, standby=standby)
+                row_sources += [source] * 2
+            # Internal: the keys name withheld resources. A new owner takes the plan over from it.
+            rows.append((self.topic_of("plan-dependencies"), p.plan_key.encode(),
+                         orjson.dumps(dict(published, dependencies=sorted(p.dependencies)),
+                                      option=orjson.OPT_NON_STR_KEYS)))
+            row_sources.append(source)
+        state.outbox.add_many(rows, row_sources, standby=standby)
         counts["compilations"] += len(plans)
         counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
 

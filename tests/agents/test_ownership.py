@@ -100,6 +100,23 @@ def test_a_take_over_adopts_unchanged_plans_without_compiling(nodes):
     assert not b.published("plan-invalidations")
 
 
+def test_an_unchanged_recompilation_moves_the_record_past_its_cause(nodes):
+    """A change that leaves the plan as it was must not make a later owner announce it."""
+    a, b = nodes
+    a.own(0, 1)
+    a.query.select(ATLAS_REQUEST)
+    maya = {"topic": "source-changes", "event": {
+        "event_id": "maya-again", "schema_version": 1, "occurred_at": "2026-08-29T10:00:00Z", "kind": "principal",
+        "op": "upsert", "principal": {"id": "maya", "roles": ["credit_analyst"],
+                                      "attributes": {"unit": "corporate-credit"}, "delegation_version": 4}}}
+    a.apply(maya)
+    assert a.counter("unchanged_recompilations") == 1 and not a.published("plan-invalidations")
+    b.apply(maya)
+    b.parked.park(a.published("plan-dependencies"))
+    b.own(0, 1)
+    assert not b.published("plan-invalidations") and b.counter("plans_taken_over") == 1
+
+
 def test_a_take_over_announces_a_plan_an_applied_event_made_stale(nodes):
     """The owner died before announcing: the new owner's replica applied the event; the key's position says so."""
     a, b = nodes
