@@ -48,6 +48,12 @@ class Ownership:
         self.partitions = partitions
         self.feed_topic = feed_topic  # broker-side `plan-dependencies`, named in causes it alone explains
         self.owned: frozenset[int] | None = None
+        db = state.store.db
+        if not db.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'owned_partitions'").fetchone():
+            db.execute("CREATE TABLE owned_partitions (partition INTEGER PRIMARY KEY)")
+            db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
+        # What this file indexed when the worker stopped: a restart hands back what it no longer owns.
+        self._held = frozenset(r[0] for r in db.execute("SELECT partition FROM owned_partitions").fetchall())
 
     def partition_of(self, entity_id: str) -> int:
         """The partition that owns an entity's plans."""
@@ -64,12 +70,16 @@ class Ownership:
 
     def change(self, assigned: Collection[int]) -> tuple[TakeOver, int]:
         """Move to a new assignment: hand back lost partitions, take over gained ones."""
-        before = self.owned or frozenset()
+        before = self._held if self.owned is None else self.owned
         after = frozenset(assigned)
         lost, gained = before - after, after - before
         dropped = self.hand_back(lost) if lost else 0
         self.owned = after
         taken = self.take_over(gained) if gained else TakeOver()
+        db = self.state.store.db
+        db.execute("DELETE FROM owned_partitions")
+        if after:
+            db.execute("INSERT INTO owned_partitions SELECT unnest(?::INTEGER[])", [sorted(after)])
         if lost or gained:
             log.info("owning plan partitions %s (took over %s: %d plans, %d stale, %.2fs; handed back %s: %d plans)",
                      sorted(after), sorted(gained), taken.adopted, len(taken.stale), taken.seconds, sorted(lost),

@@ -146,6 +146,22 @@ def test_a_hand_back_stops_indexing_and_serving(nodes):
         a.query.select(ATLAS_REQUEST)
 
 
+def test_a_restart_hands_back_what_the_file_held_and_no_longer_owns(nodes, tmp_path):
+    a, _ = nodes
+    a.own(0, 1)
+    plan = a.query.select(ATLAS_REQUEST)
+    mine = plan_partition(plan["entity_id"], 2)
+    a.state.close()
+    again = Node(tmp_path / "a.duckdb")  # the same file, a new process
+    try:
+        assert again.state.index.size() > 0
+        again.own(1 - mine)  # the group gives it only the other partition now
+        assert again.state.index.size() == 0 and again.counter("plans_handed_back") == 1
+    finally:
+        again.state.close()
+        a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
+
+
 async def _until(check, timeout: float = 60.0, what: str = "condition"):
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
