@@ -78,13 +78,17 @@ async def forward_select(url: str, body: Any, headers: Mapping[str, str],
     """POST the select to the owner at `url`; its status and JSON answer, or owner_unavailable.
 
     Only the caller's `Authorization` goes along (the owner checks it again), with
-    `FORWARDED_HEADER`. A 2xx answer names the worker that served it in `served_by` unless the
+    `FORWARDED_HEADER`, and its `Host`: the owner's DNS-rebinding guard accepts the names the
+    caller used (FRESHPLAN_ALLOWED_HOSTS), not necessarily the address in its canonical URL. A 2xx answer names the worker that served it in `served_by` unless the
     owner did. `session` (e.g. Faust's `app.http_client`) saves a connection per call.
     """
     sent = {"Content-Type": "application/json", "Accept": "application/json", FORWARDED_HEADER: "1"}
     authorization = headers.get("Authorization") or headers.get("authorization")
     if authorization:
         sent["Authorization"] = authorization
+    host = headers.get("Host") or headers.get("host")
+    if host:
+        sent["Host"] = host
     own = session is None
     http = session or aiohttp.ClientSession()
     try:
