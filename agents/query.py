@@ -163,11 +163,27 @@ class QueryService:
         return taken
 
     def plan_status(self, plan_id: str) -> dict[str, Any] | None:
-        """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown."""
+        """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown.
+
+        Raises NotOwner for a plan of another worker's partition: only its owner hears of its
+        invalidations, so a status from here (a plan handed back, or one known only parked) may be stale.
+        """
         try:
+            entity_id = self._entity_of(plan_id)
+            partition = None if entity_id is None else self.foreign_partition(entity_id)
+            if partition is not None:
+                raise NotOwner(entity_id, partition)
             return self.state.plans.status(plan_id) or self.state.retention.evicted_status(plan_id)
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
+
+    def _entity_of(self, plan_id: str) -> str | None:
+        """The canonical entity of a plan stored here or parked from `plan-dependencies`, if any."""
+        row = self.state.store.db.execute(
+            "SELECT json_extract_string(plan, '$.entity_id') FROM plans WHERE plan_id = ? UNION ALL "
+            "SELECT json_extract_string(record, '$.entity_id') FROM parked_plans WHERE plan_id = ? LIMIT 1",
+            [plan_id, plan_id]).fetchone()
+        return row[0] if row else None
 
     def health(self) -> dict[str, Any]:
         """Liveness plus what the worker has applied; status state_unreadable when the file cannot be read."""

@@ -19,7 +19,7 @@ from agents.query import QueryService
 from agents.lag import LagWatcher
 from agents.loop_probe import LoopProbe
 from agents.metrics import Metrics
-from agents.forward import forward_select, owner_url
+from agents.forward import forward_request, owner_url
 from agents.ownership import Ownership
 from agents.plan_feed import PlanFeed
 from agents.publisher import Publisher
@@ -99,8 +99,8 @@ class Worker:
         """URL of the worker the consumer group gave a plan partition (the same partition of the inputs)."""
         return owner_url(self.app, self.settings.topic("source-changes"), partition)
 
-    async def _forward(self, url: str, body, headers) -> tuple[int, dict]:
-        return await forward_select(url, body, headers, timeout=self.settings.freshness_wait + 5.0)
+    async def _forward(self, url: str, path: str, body, headers) -> tuple[int, dict]:
+        return await forward_request(url, path, body, headers, timeout=self.settings.freshness_wait + 5.0)
 
     async def _incarnation_checked(self) -> bool:
         try:
