@@ -299,6 +299,12 @@ def _register_input_agent(worker: Worker, name: str) -> None:
 
 def _change_ownership(ownership: Ownership, assigned: frozenset[int]) -> None:
     with ownership.state.store.transaction():
+        if ownership.owned is None:
+            # The first assignment since start: the file may hold heads and index edges of partitions
+            # owned before a restart; a peer owns those now and announces their changes alone.
+            foreign = frozenset(range(ownership.partitions)) - assigned
+            if foreign:
+                ownership.hand_back(foreign)
         ownership.change(assigned)
 
 

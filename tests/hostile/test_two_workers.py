@@ -17,7 +17,7 @@ from agents.forward import FORWARDED_HEADER
 from schemas.freshness import encode_token, read_token
 from schemas.plan_partition import plan_partition
 from tests.conftest import ATLAS_REQUEST, WorkerProcess, freshest, launch, start_peer
-from tests.events import resource, revoke_role
+from tests.events import principal, resource, revoke_role
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -229,3 +229,48 @@ async def test_an_owner_killed_while_forwarding_or_down_is_refused_then_the_surv
                 w.proc.send_signal(signal.SIGCONT)
         if peer.proc.poll() is None:
             peer.stop()
+
+
+async def test_a_worker_restarted_on_old_state_announces_nothing_for_partitions_it_no_longer_owns(worker, tmp_path):
+    """Its file still holds heads and index edges of every plan it once owned; the peer owns some of them now."""
+    fresh = freshest(await worker.load("atlas.jsonl"), await worker.publish_events(BOREAL_WAIVER))
+    plans = [await worker.select(r, fresh) for r in (ATLAS_REQUEST, BOREAL_REQUEST)]
+    worker.stop()
+    peer = await start_peer(worker, tmp_path / "peer")
+    try:
+        await _until(lambda: _owns(peer, [0, 1]), what="the peer owning every partition")
+        revoked = await peer.publish_events(revoke_role("maya", "credit_analyst"))
+        await peer.records("plan-invalidations", lambda rs: {r["plan_id"] for r in rs} >= {p["plan_id"] for p in plans})
+        await worker.restart()
+        await _split(worker, peer)
+        owned = (await _health(worker))["owned_partitions"]
+        [foreign] = [p for p in plans if plan_partition(p["entity_id"], 2) not in owned]
+        before = (await _health(worker))["counters"].get("invalidations", 0)
+
+        # maya's role comes back: both plans change again; each is announced by its owner alone.
+        restored = await peer.publish_events(principal("maya", delegation_version=4))
+        token = freshest(fresh, revoked, restored)
+        answers = {}
+        for w in (worker, peer):
+            for request in (ATLAS_REQUEST, BOREAL_REQUEST):
+                status, doc, _ = await call(w.url, "/v1/select", w.auth, dict(request, at_least_as_fresh=token))
+                assert status == 200 and doc["admitted"], (w.url, doc)
+                answers.setdefault(request["entity"], set()).add((doc["plan_id"], doc["served_by"].rstrip("/")))
+        assert all(len(seen) == 1 for seen in answers.values()), answers  # one plan per entity, from its owner
+        [(_, served)] = answers[{"ATLAS-IN-01": "Atlas", "BOREAL-UK-02": "Boreal"}[foreign["entity_id"]]]
+        assert served.endswith(peer.url[-5:])
+        await _until(lambda: _announced_all(peer, answers), what="both successors' predecessors announced")
+        after = (await _health(worker))["counters"].get("invalidations", 0)
+        assert after - before == 1, (before, after)  # its own plan only, never the peer's from a stale head
+    finally:
+        peer.stop()
+
+
+async def _owns(w: WorkerProcess, partitions: list[int]) -> bool:
+    return (await _health(w)).get("owned_partitions") == partitions
+
+
+async def _announced_all(w: WorkerProcess, answers: dict) -> bool:
+    """Every current plan was announced as some plan's successor (its predecessor was invalidated)."""
+    successors = {r["successor_plan_id"] for r in await w.everything("plan-invalidations")}
+    return all(plan_id in successors for seen in answers.values() for plan_id, _ in seen)
