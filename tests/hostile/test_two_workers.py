@@ -274,3 +274,80 @@ async def _announced_all(w: WorkerProcess, answers: dict) -> bool:
     """Every current plan was announced as some plan's successor (its predecessor was invalidated)."""
     successors = {r["successor_plan_id"] for r in await w.everything("plan-invalidations")}
     return all(plan_id in successors for seen in answers.values() for plan_id, _ in seen)
+
+
+async def test_a_peer_joining_during_fan_outs_loses_no_announcement_and_leaves_nothing_stale(broker, tmp_path):
+    """Fan-outs (announced first, successors compiled by the backlog) keep coming while the group rebalances."""
+    requests = [dict(r, budget={"tokens": 700 + i}) for i in range(12) for r in (ATLAS_REQUEST, BOREAL_REQUEST)]
+    async with launch(broker, tmp_path / "a", FRESHPLAN_EAGER_RECOMPILE_LIMIT="1") as first:
+        tokens = [await first.load("atlas.jsonl"), await first.publish_events(BOREAL_WAIVER)]
+        for request in requests:
+            await first.select(request, freshest(*tokens))
+        joining = asyncio.create_task(start_peer(first, tmp_path / "b"))
+        wave = 0
+
+        async def change() -> None:
+            nonlocal wave
+            wave += 1
+            event = revoke_role("maya", "credit_analyst") if wave % 2 else principal("maya",
+                                                                                       delegation_version=3 + wave)
+            tokens.append(await first.publish_events(event))
+
+        try:
+            while not joining.done():
+                await change()
+                await asyncio.sleep(0.3)
+            peer = joining.result()
+            assert wave >= 2  # changes kept coming while the peer joined and the group rebalanced
+        except BaseException:
+            joining.cancel()
+            raise
+        try:
+            while wave < 3 or wave % 2:  # a few after the join; the last one gives the role back
+                await change()
+            assert wave >= 4
+            await _split(first, peer)
+            token = freshest(*tokens)
+            current: dict[str, str] = {}
+            for request in requests:
+                seen = set()
+                for w in (first, peer):
+                    status, doc, _ = await call(w.url, "/v1/select", w.auth, dict(request, at_least_as_fresh=token))
+                    assert status == 200 and doc["admitted"], (w.url, status, doc)  # maya's role is back
+                    seen.add(doc["plan_id"])
+                    current[doc["plan_key"]] = doc["plan_id"]
+                assert len(seen) == 1, seen
+
+            async def nothing_unannounced() -> bool:
+                published = [r for r in await first.everything("plans") if r["plan_key"] in current]
+                invalidated = {r["plan_id"] for r in await first.everything("plan-invalidations")}
+                stale = {r["plan_id"] for r in published if r["plan_id"] != current[r["plan_key"]]}
+                return stale and stale <= invalidated
+            await _until(nothing_unannounced, what="every superseded plan announced")
+        finally:
+            peer.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="a plan taken over from plan-dependencies has no receipt on its new owner "
+                   "(state/plan_restore.py stores none; the receipts topic is not read): reported, not fixed here")
+async def test_the_receipt_of_a_plan_taken_over_is_shown_by_its_new_owner(worker, tmp_path):
+    fresh = freshest(await worker.load("atlas.jsonl"), await worker.publish_events(BOREAL_WAIVER))
+    plans = [await worker.select(r, fresh) for r in (ATLAS_REQUEST, BOREAL_REQUEST)]
+    peer = await start_peer(worker, tmp_path / "peer")
+    try:
+        await _split(worker, peer)
+        [kept] = [p for p in plans if plan_partition(p["entity_id"], 2) in (await _health(worker))["owned_partitions"]]
+        await peer.select(dict(ATLAS_REQUEST, query="anything at all"), fresh)  # the peer has applied everything
+        worker.kill()
+        await _until(lambda: _owns(peer, [0, 1]), what="the peer owning every partition")
+        request = ATLAS_REQUEST if kept["entity_id"] == "ATLAS-IN-01" else BOREAL_REQUEST
+        served = await peer.select(request, fresh)
+        assert served["plan_id"] == kept["plan_id"] and served["served_from"] == "cache"
+        status, receipt, _ = await call(peer.url, f"/v1/receipts/{served['receipt_id']}", peer.auth, method="GET")
+        assert status == 200 and receipt["plan_id"] == kept["plan_id"], (status, receipt)
+    finally:
+        peer.stop()
+
+
+async def _counter(w: WorkerProcess, name: str) -> int:
+    return (await _health(w))["counters"].get(name, 0)
