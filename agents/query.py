@@ -165,15 +165,20 @@ class QueryService:
     def plan_status(self, plan_id: str) -> dict[str, Any] | None:
         """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown.
 
-        Raises NotOwner for a plan of another worker's partition: only its owner hears of its
-        invalidations, so a status from here (a plan handed back, or one known only parked) may be stale.
+        Raises NotOwner for a plan of another worker's partition that is not invalidated here: only
+        its owner hears of its invalidations, so "fresh" from here (a plan handed back, or one known
+        only parked) may be stale. An invalidation known here is final and answered here (the owner
+        keeps only each key's latest plan of what it took over).
         """
         try:
+            status = self.state.plans.status(plan_id) or self.state.retention.evicted_status(plan_id)
+            if status is not None and status["status"] == "invalidated":
+                return status
             entity_id = self._entity_of(plan_id)
             partition = None if entity_id is None else self.foreign_partition(entity_id)
             if partition is not None:
                 raise NotOwner(entity_id, partition)
-            return self.state.plans.status(plan_id) or self.state.retention.evicted_status(plan_id)
+            return status
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
 
