@@ -223,6 +223,12 @@ async def test_an_owner_killed_while_forwarding_or_down_is_refused_then_the_surv
         assert doc["admitted"] == [] and doc["served_by"].rstrip("/").endswith(other.url[-5:]), doc
         assert doc["plan_id"] != atlas["plan_id"]
         assert (await _health(other))["owned_partitions"] == list(range(other.settings.partitions))
+        status, receipt, _ = await call(other.url, f"/v1/receipts/{doc['receipt_id']}", other.auth, method="GET")
+        if status == 404 and doc["served_from"] == "cache":
+            # Known, reported: a plan taken over from plan-dependencies is stored without its receipt
+            # (state/plan_restore.py), so its new owner serves a receipt_id it cannot show.
+            pytest.xfail("the receipt of a plan taken over is unknown to its new owner")
+        assert status == 200 and receipt["plan_id"] == doc["plan_id"], (status, receipt)
     finally:
         for w in (worker, peer):
             if w.proc.poll() is None:
@@ -326,28 +332,3 @@ async def test_a_peer_joining_during_fan_outs_loses_no_announcement_and_leaves_n
             await _until(nothing_unannounced, what="every superseded plan announced")
         finally:
             peer.stop()
-
-
-@pytest.mark.xfail(strict=True, reason="a plan taken over from plan-dependencies has no receipt on its new owner "
-                   "(state/plan_restore.py stores none; the receipts topic is not read): reported, not fixed here")
-async def test_the_receipt_of_a_plan_taken_over_is_shown_by_its_new_owner(worker, tmp_path):
-    fresh = freshest(await worker.load("atlas.jsonl"), await worker.publish_events(BOREAL_WAIVER))
-    plans = [await worker.select(r, fresh) for r in (ATLAS_REQUEST, BOREAL_REQUEST)]
-    peer = await start_peer(worker, tmp_path / "peer")
-    try:
-        await _split(worker, peer)
-        [kept] = [p for p in plans if plan_partition(p["entity_id"], 2) in (await _health(worker))["owned_partitions"]]
-        await peer.select(dict(ATLAS_REQUEST, query="anything at all"), fresh)  # the peer has applied everything
-        worker.kill()
-        await _until(lambda: _owns(peer, [0, 1]), what="the peer owning every partition")
-        request = ATLAS_REQUEST if kept["entity_id"] == "ATLAS-IN-01" else BOREAL_REQUEST
-        served = await peer.select(request, fresh)
-        assert served["plan_id"] == kept["plan_id"] and served["served_from"] == "cache"
-        status, receipt, _ = await call(peer.url, f"/v1/receipts/{served['receipt_id']}", peer.auth, method="GET")
-        assert status == 200 and receipt["plan_id"] == kept["plan_id"], (status, receipt)
-    finally:
-        peer.stop()
-
-
-async def _counter(w: WorkerProcess, name: str) -> int:
-    return (await _health(w))["counters"].get(name, 0)
