@@ -184,10 +184,15 @@ class QueryService:
 
     def _entity_of(self, plan_id: str) -> str | None:
         """The canonical entity of a plan stored here or parked from `plan-dependencies`, if any."""
-        row = self.state.store.db.execute(
-            "SELECT json_extract_string(plan, '$.entity_id') FROM plans WHERE plan_id = ? UNION ALL "
-            "SELECT json_extract_string(record, '$.entity_id') FROM parked_plans WHERE plan_id = ? LIMIT 1",
-            [plan_id, plan_id]).fetchone()
+        db = self.state.store.db
+        row = db.execute("SELECT json_extract_string(plan, '$.entity_id') FROM plans WHERE plan_id = ?",
+                         [plan_id]).fetchone()
+        if row is None:
+            try:
+                row = db.execute("SELECT json_extract_string(record, '$.entity_id') FROM parked_plans "
+                                 "WHERE plan_id = ? LIMIT 1", [plan_id]).fetchone()
+            except duckdb.CatalogException:  # a file no plan feed ever wrote to (replay, a lone worker's tools)
+                return None
         return row[0] if row else None
 
     def health(self) -> dict[str, Any]:
