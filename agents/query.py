@@ -54,6 +54,8 @@ class QueryService:
         # entity id -> its partition when another worker owns it, else None; unset: every entity is local
         self.foreign_partition: Callable[[str], int | None] = lambda entity_id: None
         self.served_by: str | None = None  # this worker's URL, named in every answer it serves
+        # plan partitions other workers own (all while the group has not assigned any); none: a lone worker
+        self.foreign_partitions: Callable[[], list[int]] = lambda: []
 
     def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
         """Record a failed read of the state file and return the refusal to send (never a 500)."""

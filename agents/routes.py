@@ -168,9 +168,13 @@ def register_routes(app, api: Api, access: Access) -> None:
             except RequestError as exc:
                 return self.json(exc.as_dict(), status=exc.status)
             request[AUDIT]["plan_id"] = plan_id
+            if status is None and not is_forwarded(request.headers):
+                code, doc = await _ask_other_owners(api, f"/v1/plans/{quote(plan_id, safe='')}", request.headers)
+                if code != 404:
+                    return self.json(doc, status=code, headers=retry_headers(code, doc))
             if status is None:
-                return error(self, 404, "unknown_plan", f"No plan '{plan_id}' is known to this worker; "
-                             "use a plan_id returned by /v1/select.")
+                return error(self, 404, "unknown_plan", f"No plan '{plan_id}' is known to this worker or the "
+                             "owners of the other plan partitions; use a plan_id returned by /v1/select.")
             return self.json(status)
 
     @app.page("/v1/receipts/{receipt_id}")
@@ -264,6 +268,27 @@ async def _forwarded(api: Api, exc: NotOwner, body: Any, headers,
         return owner_unavailable("is not known yet (a rebalance is under way)")
     api.query.selects["selects.forwarded" if body is not None else "plan_status.forwarded"] += 1
     return await api.forward(url, path, body, headers)
+
+
+async def _ask_other_owners(api: Api, path: str, headers) -> tuple[int, dict[str, Any]]:
+    """A plan unknown here may be another owner's (compiled there, superseded before this worker parked it).
+
+    The first owner that knows it answers; 404 when none does; owner_unavailable when one that
+    might cannot be asked. Only partitions this worker does not own are asked, each owner once.
+    """
+    urls = {api.owner_url(p) for p in api.query.foreign_partitions()}
+    if not urls:
+        return 404, {}
+    unavailable = None in urls or api.forward is None
+    for url in sorted(u for u in urls if u is not None):
+        if api.forward is None:
+            break
+        api.query.selects["plan_status.forwarded"] += 1
+        code, doc = await api.forward(url, path, None, headers)
+        if code != 404 and not (code == 503 and doc.get("error", {}).get("code") == "owner_unavailable"):
+            return code, doc
+        unavailable = unavailable or code == 503
+    return owner_unavailable("cannot be asked whether it knows this plan") if unavailable else (404, {})
 
 
 async def _wait_until_fresh(api: Api, target: dict) -> bool:

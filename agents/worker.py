@@ -164,6 +164,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                          kafka=kafka, run=writer.run)
     query.served_by = str(app.conf.canonical_url)
     query.foreign_partition = ownership.foreign_partition
+    query.foreign_partitions = lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ()))
     publisher = Publisher(state, app, writer.run, lambda: worker.duty())
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership)

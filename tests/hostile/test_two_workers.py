@@ -8,6 +8,8 @@ import io
 import hashlib
 import json
 import signal
+import subprocess
+import sys
 
 import aiohttp
 import orjson
@@ -16,7 +18,8 @@ import pytest
 from agents.forward import FORWARDED_HEADER
 from schemas.freshness import encode_token, read_token
 from schemas.plan_partition import plan_partition
-from tests.conftest import ATLAS_REQUEST, WorkerProcess, freshest, launch, start_peer
+from streams.broker import EmbeddedBroker
+from tests.conftest import ATLAS_REQUEST, ROOT, WorkerProcess, _wait_http, freshest, launch, start_peer
 from tests.events import principal, resource, revoke_role
 
 pytestmark = pytest.mark.timeout(150)
@@ -332,3 +335,47 @@ async def test_a_peer_joining_during_fan_outs_loses_no_announcement_and_leaves_n
             await _until(nothing_unannounced, what="every superseded plan announced")
         finally:
             peer.stop()
+
+
+async def test_both_workers_rebased_onto_a_reset_broker_serve_and_announce_nothing_stale(tmp_path):
+    """The broker comes back empty (Tansu keeps topics in memory); both workers restart with --rebase."""
+    with EmbeddedBroker() as old:
+        async with launch(old, tmp_path / "a") as first:
+            loaded = freshest(await first.load("atlas.jsonl"), await first.publish_events(BOREAL_WAIVER))
+            plans = [await first.select(r, loaded) for r in (ATLAS_REQUEST, BOREAL_REQUEST)]
+            peer = await start_peer(first, tmp_path / "b")
+            await _split(first, peer)
+            peer.stop()
+            first.stop()
+            with EmbeddedBroker() as new:
+                workers = [_rebased(w, new.bootstrap_servers) for w in (first, peer)]
+                try:
+                    for w in workers:
+                        await _wait_http(w.url, w.proc, w.log_path)
+                    fresh = freshest(await workers[0].load("atlas.jsonl"), await workers[0].publish_events(
+                        BOREAL_WAIVER, revoke_role("maya", "credit_analyst")))
+                    await _split(*workers)
+                    for w in workers:
+                        await _answers_from_the_new_incarnation(w, plans, fresh, loaded)
+                finally:
+                    for w in workers:
+                        w.stop()
+
+
+async def _answers_from_the_new_incarnation(w: WorkerProcess, plans: list[dict], fresh: str, old: str) -> None:
+    for request, old_plan in zip((ATLAS_REQUEST, BOREAL_REQUEST), plans, strict=True):
+        status, doc, _ = await call(w.url, "/v1/select", w.auth, dict(request, at_least_as_fresh=fresh))
+        assert status == 200 and doc["admitted"] == [] and doc["plan_id"] != old_plan["plan_id"], doc
+        status, doc, _ = await call(w.url, "/v1/select", w.auth, dict(request, at_least_as_fresh=old))
+        assert status == 409 and doc["error"]["code"] == "token_other_incarnation", doc
+        status, doc, _ = await call(w.url, f"/v1/plans/{old_plan['plan_id']}", w.auth, method="GET")
+        assert status == 200 and doc["status"] == "invalidated", (w.url, doc)
+
+
+def _rebased(w: WorkerProcess, bootstrap: str) -> WorkerProcess:
+    """The same worker (state dir, port, group) started with --rebase against another broker."""
+    env = dict(w.env, KAFKA_BOOTSTRAP_SERVERS=bootstrap)
+    with open(w.log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run", "--rebase"], env=env, cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)
+    return WorkerProcess(w.settings, bootstrap, w.url, proc, w.log_path, http=w.http, env=env)
