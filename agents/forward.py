@@ -75,25 +75,40 @@ def retry_headers(status: int, doc: Any) -> dict[str, str]:
 async def forward_select(url: str, body: Any, headers: Mapping[str, str],
                          timeout: float = FORWARD_TIMEOUT_SECONDS,
                          session: aiohttp.ClientSession | None = None) -> tuple[int, dict[str, Any]]:
-    """POST the select to the owner at `url`; its status and JSON answer, or owner_unavailable.
+    """POST the select to the owner at `url`; its status and JSON answer, or owner_unavailable."""
+    return await forward_request(url, "/v1/select", body, headers, timeout, session)
+
+
+async def forward_request(url: str, path: str, body: Any, headers: Mapping[str, str],
+                          timeout: float = FORWARD_TIMEOUT_SECONDS,
+                          session: aiohttp.ClientSession | None = None) -> tuple[int, dict[str, Any]]:
+    """Send a request for an owned plan to the owner at `url` (POST `body`, or GET when it is None).
 
     Only the caller's `Authorization` goes along (the owner checks it again), with
-    `FORWARDED_HEADER`. A 2xx answer names the worker that served it in `served_by` unless the
-    owner did. `session` (e.g. Faust's `app.http_client`) saves a connection per call.
+    `FORWARDED_HEADER`, and its `Host`: the owner's DNS-rebinding guard accepts the names the
+    caller used (FRESHPLAN_ALLOWED_HOSTS), not necessarily the address in its canonical URL.
+    A 2xx answer names the worker that served it in `served_by` unless the owner did.
+    `session` (e.g. Faust's `app.http_client`) saves a connection per call.
     """
-    sent = {"Content-Type": "application/json", "Accept": "application/json", FORWARDED_HEADER: "1"}
+    sent = {"Accept": "application/json", FORWARDED_HEADER: "1"}
+    if body is not None:
+        sent["Content-Type"] = "application/json"
     authorization = headers.get("Authorization") or headers.get("authorization")
     if authorization:
         sent["Authorization"] = authorization
+    host = headers.get("Host") or headers.get("host")
+    if host:
+        sent["Host"] = host
     own = session is None
     http = session or aiohttp.ClientSession()
     try:
-        async with http.post(f"{url.rstrip('/')}/v1/select", data=orjson.dumps(body), headers=sent,
-                             timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False) as resp:
+        async with http.request("GET" if body is None else "POST", f"{url.rstrip('/')}{path}",
+                                data=None if body is None else orjson.dumps(body), headers=sent,
+                                timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False) as resp:
             raw = await resp.content.read(MAX_ANSWER_BYTES + 1)
             status = resp.status
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        log.warning("forwarding a select to %s failed: %s", url, type(exc).__name__,
+        log.warning("forwarding %s to %s failed: %s", path, url, type(exc).__name__,
                     extra={"error_class": "owner_unavailable", "owner": url})
         return owner_unavailable("did not answer in time" if isinstance(exc, asyncio.TimeoutError)
                                  else "cannot be reached")
@@ -107,12 +122,12 @@ async def forward_select(url: str, body: Any, headers: Mapping[str, str],
         if not isinstance(doc, dict):
             raise ValueError("answer is not a JSON object")
     except ValueError as exc:  # orjson's decode error is one
-        log.warning("the owner at %s answered a forwarded select with status %d and no usable JSON (%s)", url,
+        log.warning("the owner at %s answered a forwarded %s with status %d and no usable JSON (%s)", url, path,
                     status, exc, extra={"error_class": "owner_unavailable", "owner": url})
         return owner_unavailable("answered with something other than a plan")
     if not (200 <= status < 300 or 400 <= status < 500 or status == 503):
         # A redirect or a server error is no answer; the owner's own 503s carry their reason.
-        log.warning("the owner at %s answered a forwarded select with status %d", url, status,
+        log.warning("the owner at %s answered a forwarded %s with status %d", url, path, status,
                     extra={"error_class": "owner_unavailable", "owner": url})
         return owner_unavailable("failed to answer")
     if status < 300:

@@ -54,6 +54,8 @@ class QueryService:
         # entity id -> its partition when another worker owns it, else None; unset: every entity is local
         self.foreign_partition: Callable[[str], int | None] = lambda entity_id: None
         self.served_by: str | None = None  # this worker's URL, named in every answer it serves
+        # plan partitions other workers own (all while the group has not assigned any); none: a lone worker
+        self.foreign_partitions: Callable[[], list[int]] = lambda: []
 
     def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
         """Record a failed read of the state file and return the refusal to send (never a 500)."""
@@ -163,11 +165,37 @@ class QueryService:
         return taken
 
     def plan_status(self, plan_id: str) -> dict[str, Any] | None:
-        """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown."""
+        """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown.
+
+        Raises NotOwner for a plan of another worker's partition that is not invalidated here: only
+        its owner hears of its invalidations, so "fresh" from here (a plan handed back, or one known
+        only parked) may be stale. An invalidation known here is final and answered here (the owner
+        keeps only each key's latest plan of what it took over).
+        """
         try:
-            return self.state.plans.status(plan_id) or self.state.retention.evicted_status(plan_id)
+            status = self.state.plans.status(plan_id) or self.state.retention.evicted_status(plan_id)
+            if status is not None and status["status"] == "invalidated":
+                return status
+            entity_id = self._entity_of(plan_id)
+            partition = None if entity_id is None else self.foreign_partition(entity_id)
+            if partition is not None:
+                raise NotOwner(entity_id, partition)
+            return status
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
+
+    def _entity_of(self, plan_id: str) -> str | None:
+        """The canonical entity of a plan stored here or parked from `plan-dependencies`, if any."""
+        db = self.state.store.db
+        row = db.execute("SELECT json_extract_string(plan, '$.entity_id') FROM plans WHERE plan_id = ?",
+                         [plan_id]).fetchone()
+        if row is None:
+            try:
+                row = db.execute("SELECT json_extract_string(record, '$.entity_id') FROM parked_plans "
+                                 "WHERE plan_id = ? LIMIT 1", [plan_id]).fetchone()
+            except duckdb.CatalogException:  # a file no plan feed ever wrote to (replay, a lone worker's tools)
+                return None
+        return row[0] if row else None
 
     def health(self) -> dict[str, Any]:
         """Liveness plus what the worker has applied; status state_unreadable when the file cannot be read."""

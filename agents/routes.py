@@ -8,9 +8,11 @@ import logging
 from dataclasses import dataclass
 from importlib import resources
 import time
+from urllib.parse import quote
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import duckdb
+from aiohttp.web import HTTPRequestEntityTooLarge
 from faust import web
 
 from agents.access import Access
@@ -68,8 +70,8 @@ class Api:
     """Health details beyond the query service's: duty, standby outbox, writer thread, loop stalls."""
     owner_url: Callable[[int], str | None] = lambda partition: None
     """URL of the worker that owns a plan partition (None while unknown, e.g. during a rebalance)."""
-    forward: Callable[[str, Any, Any], Awaitable[tuple[int, dict[str, Any]]]] | None = None
-    """Send a select body (with the caller's headers) to the owner at a URL; its status and answer."""
+    forward: Callable[[str, str, Any, Any], Awaitable[tuple[int, dict[str, Any]]]] | None = None
+    """Send a request (URL, path, POST body or None for GET, the caller's headers) to an owner; its answer."""
     owners_known: Callable[[], bool] = lambda: True
     """Whether the consumer group has said which plan partitions this worker owns."""
 
@@ -95,6 +97,9 @@ def register_routes(app, api: Api, access: Access) -> None:
                 body: Any = decode_body(await request.read(), api.query.limits)
             except RequestError as exc:
                 return self.json(exc.as_dict(), status=exc.status)
+            except HTTPRequestEntityTooLarge:
+                return error(self, 413, "body_too_large", "The request body is larger than the server accepts "
+                             "(1 MiB); a decision request is a small JSON object with a short query.")
             refused = principal_refusal(request.get(CALLER), body)
             if refused is not None:
                 return refused
@@ -156,12 +161,20 @@ def register_routes(app, api: Api, access: Access) -> None:
         async def get(self, request: web.Request, plan_id: str) -> web.Response:
             try:
                 status = api.query.plan_status(plan_id)
+            except NotOwner as exc:
+                code, doc = await _forwarded(api, exc, None, request.headers, f"/v1/plans/{quote(plan_id, safe='')}")
+                request[AUDIT]["plan_id"] = plan_id
+                return self.json(doc, status=code, headers=retry_headers(code, doc))
             except RequestError as exc:
                 return self.json(exc.as_dict(), status=exc.status)
             request[AUDIT]["plan_id"] = plan_id
+            if status is None and not is_forwarded(request.headers):
+                code, doc = await _ask_other_owners(api, f"/v1/plans/{quote(plan_id, safe='')}", request.headers)
+                if code != 404:
+                    return self.json(doc, status=code, headers=retry_headers(code, doc))
             if status is None:
-                return error(self, 404, "unknown_plan", f"No plan '{plan_id}' is known to this worker; "
-                             "use a plan_id returned by /v1/select.")
+                return error(self, 404, "unknown_plan", f"No plan '{plan_id}' is known to this worker or the "
+                             "owners of the other plan partitions; use a plan_id returned by /v1/select.")
             return self.json(status)
 
     @app.page("/v1/receipts/{receipt_id}")
@@ -180,7 +193,7 @@ def register_routes(app, api: Api, access: Access) -> None:
             """Pause or resume applying one input topic (maintenance; the revocation guard still watches)."""
             try:
                 body: Any = await request.json()
-            except ValueError:
+            except (ValueError, HTTPRequestEntityTooLarge):
                 body = None
             topic = body.get("topic") if isinstance(body, dict) else None
             action = body.get("action") if isinstance(body, dict) else None
@@ -245,15 +258,37 @@ def register_routes(app, api: Api, access: Access) -> None:
             access.reload()
 
 
-async def _forwarded(api: Api, exc: NotOwner, body: Any, headers) -> tuple[int, dict[str, Any]]:
-    """The owner's answer to a select for an entity another worker owns, or owner_unavailable."""
+async def _forwarded(api: Api, exc: NotOwner, body: Any, headers,
+                     path: str = "/v1/select") -> tuple[int, dict[str, Any]]:
+    """The owner's answer to a select (or, body None, a GET of `path`) for another worker's entity."""
     if is_forwarded(headers):  # the sender thought this worker owned it: ownership is moving
         return owner_unavailable("is moving to another worker (a rebalance is under way)")
     url = api.owner_url(exc.partition)
     if url is None or api.forward is None:
         return owner_unavailable("is not known yet (a rebalance is under way)")
-    api.query.selects["selects.forwarded"] += 1
-    return await api.forward(url, body, headers)
+    api.query.selects["selects.forwarded" if body is not None else "plan_status.forwarded"] += 1
+    return await api.forward(url, path, body, headers)
+
+
+async def _ask_other_owners(api: Api, path: str, headers) -> tuple[int, dict[str, Any]]:
+    """A plan unknown here may be another owner's (compiled there, superseded before this worker parked it).
+
+    The first owner that knows it answers; 404 when none does; owner_unavailable when one that
+    might cannot be asked. Only partitions this worker does not own are asked, each owner once.
+    """
+    urls = {api.owner_url(p) for p in api.query.foreign_partitions()}
+    if not urls:
+        return 404, {}
+    unavailable = None in urls or api.forward is None
+    for url in sorted(u for u in urls if u is not None):
+        if api.forward is None:
+            break
+        api.query.selects["plan_status.forwarded"] += 1
+        code, doc = await api.forward(url, path, None, headers)
+        if code != 404 and not (code == 503 and doc.get("error", {}).get("code") == "owner_unavailable"):
+            return code, doc
+        unavailable = unavailable or code == 503
+    return owner_unavailable("cannot be asked whether it knows this plan") if unavailable else (404, {})
 
 
 async def _wait_until_fresh(api: Api, target: dict) -> bool:

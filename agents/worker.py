@@ -19,7 +19,7 @@ from agents.query import QueryService
 from agents.lag import LagWatcher
 from agents.loop_probe import LoopProbe
 from agents.metrics import Metrics
-from agents.forward import forward_select, owner_url
+from agents.forward import forward_request, owner_url
 from agents.ownership import Ownership
 from agents.plan_feed import PlanFeed
 from agents.publisher import Publisher
@@ -99,8 +99,8 @@ class Worker:
         """URL of the worker the consumer group gave a plan partition (the same partition of the inputs)."""
         return owner_url(self.app, self.settings.topic("source-changes"), partition)
 
-    async def _forward(self, url: str, body, headers) -> tuple[int, dict]:
-        return await forward_select(url, body, headers, timeout=self.settings.freshness_wait + 5.0)
+    async def _forward(self, url: str, path: str, body, headers) -> tuple[int, dict]:
+        return await forward_request(url, path, body, headers, timeout=self.settings.freshness_wait + 5.0)
 
     async def _incarnation_checked(self) -> bool:
         try:
@@ -164,6 +164,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                          kafka=kafka, run=writer.run)
     query.served_by = str(app.conf.canonical_url)
     query.foreign_partition = ownership.foreign_partition
+    query.foreign_partitions = lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ()))
     publisher = Publisher(state, app, writer.run, lambda: worker.duty())
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership)
@@ -299,6 +300,12 @@ def _register_input_agent(worker: Worker, name: str) -> None:
 
 def _change_ownership(ownership: Ownership, assigned: frozenset[int]) -> None:
     with ownership.state.store.transaction():
+        if ownership.owned is None:
+            # The first assignment since start: the file may hold heads and index edges of partitions
+            # owned before a restart; a peer owns those now and announces their changes alone.
+            foreign = frozenset(range(ownership.partitions)) - assigned
+            if foreign:
+                ownership.hand_back(foreign)
         ownership.change(assigned)
 
 

@@ -65,8 +65,10 @@ async def test_the_owners_answer_comes_back_with_the_callers_credential_and_the_
 
     async with _server(handler) as url:
         status, doc = await forward_select(url, {"entity": "Atlas"},
-                                           {"Authorization": "Bearer s3cret", "Cookie": "c", "Origin": "x"}, 5)
+                                           {"Authorization": "Bearer s3cret", "Cookie": "c", "Origin": "x",
+                                            "Host": "freshplan.example"}, 5)
     assert (status, doc) == (200, {"plan_id": "plan-1", "served_by": url})
+    assert seen["headers"]["Host"] == "freshplan.example"  # the owner's Host guard sees the caller's name
     assert seen["body"] == {"entity": "Atlas"}
     assert seen["headers"]["Authorization"] == "Bearer s3cret" and seen["headers"][FORWARDED_HEADER] == "1"
     assert "Cookie" not in seen["headers"] and "Origin" not in seen["headers"]
