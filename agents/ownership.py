@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Collection, Sequence
 
 from schemas.plan_partition import plan_partition
@@ -29,6 +29,8 @@ class TakeOver:
     """Plan ids announced invalidated because an input changed after they were compiled."""
     seconds: float = 0.0
     """Time spent, for the log and the bench."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds by phase (judge, restore, announce), for the bench's profile of a take-over."""
 
 
 class Ownership:
@@ -98,11 +100,16 @@ class Ownership:
         store = self.state.store
         now = store.now()
         stale = self.key_changes.stale_parked(sorted(partitions), now, store.incarnation()[0])
+        judged_at = time.perf_counter()
         result = restore_parked(store, partitions, compiled_at=now)
+        restored_at = time.perf_counter()
         judged = self.parked.records_of(list(stale))
         restored = {r["plan_id"] for r, restorable in judged if restorable} - set(result.known_invalidated)
-        return self._settle([r for r, _ in judged], stale, restored, result.known_invalidated, result.considered,
-                            result.restored, started, now)
+        taken = self._settle([r for r, _ in judged], stale, restored, result.known_invalidated, result.considered,
+                             result.restored, started, now)
+        phases = {"judge": judged_at - started, "restore": restored_at - judged_at,
+                  "announce": started + taken.seconds - restored_at}
+        return replace(taken, phases={k: round(v, 3) for k, v in phases.items()})
 
     def adopt(self, records: Sequence[dict[str, Any]], partitions: Collection[int] | None = None) -> TakeOver:
         """Judge records of owned plans without compiling: adopt the fresh, announce and requeue the stale.
