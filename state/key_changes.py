@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import orjson
 import pyarrow as pa
 
+from state.parked_plans import AS_OF_TYPE, DEPS_TYPE
 from state.store import Store
 
 # A key can change on several partitions (a scope key gets resources keyed by their own ids),
@@ -189,13 +190,14 @@ QUALIFY row_number() OVER (PARTITION BY plan_id ORDER BY rank, dep_key, "offset"
 """
 
 # The two inputs of _STALE_SQL over parked plans: each plan's key is its as_of id.
-_PARKED_SQL = """
+_PARKED_SQL = f"""
 _kc_plans AS (
   SELECT plan_id, plan_key AS as_of_id, $2::VARCHAR IS NULL OR compiled_in IS DISTINCT FROM $2 AS foreign_offsets,
          coalesce(len(deps), 0) = 0 AS no_keys, deps
-  FROM parked_plans WHERE partition IN (SELECT unnest($3::INTEGER[]))),
+  FROM (SELECT plan_id, plan_key, compiled_in, from_json(deps, '{DEPS_TYPE}') AS deps
+        FROM parked_plans WHERE partition IN (SELECT unnest($3::INTEGER[])))),
 _kc_as_of AS (
   SELECT as_of_id, a['topic'] AS topic, a['partition'] AS partition, a['next_offset'] AS next_offset
-  FROM (SELECT plan_key AS as_of_id, unnest(as_of) AS a
+  FROM (SELECT plan_key AS as_of_id, unnest(from_json(as_of, '{AS_OF_TYPE}')) AS a
         FROM parked_plans WHERE partition IN (SELECT unnest($3::INTEGER[]))))
 """

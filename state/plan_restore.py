@@ -194,5 +194,6 @@ def restore_parked(store: Store, partitions: Collection[int], compiled_at: datet
     db.execute(f"INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM {current}",
                [owned, stale])
     db.execute(f"DELETE FROM dependency_index WHERE plan_key IN (SELECT plan_key FROM {current})", [owned, stale])
-    db.execute(f"INSERT INTO dependency_index SELECT unnest(deps), plan_key FROM {current}", [owned, stale])
+    db.execute(f"INSERT INTO dependency_index SELECT unnest(from_json(deps, '[\"VARCHAR\"]')), plan_key FROM {current}",
+               [owned, stale])
     return ParkedRestore(considered, considered - unrestorable - len(stale), unrestorable, stale)

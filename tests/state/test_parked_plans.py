@@ -17,7 +17,8 @@ RECORD = {"plan_id": "p1", "plan_key": "pk-1", "entity_id": "E1", "request": {"d
 def _row(store: Store, key: str) -> dict:
     cursor = store.db.execute("SELECT * FROM parked_plans WHERE plan_key = ?", [key])
     names = [d[0] for d in cursor.description]
-    return dict(zip(names, cursor.fetchone()))
+    row = dict(zip(names, cursor.fetchone()))
+    return dict(row, deps=orjson.loads(row["deps"]), as_of=orjson.loads(row["as_of"]))
 
 
 def test_a_parked_record_is_kept_prepared_for_a_take_over(tmp_path):
