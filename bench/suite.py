@@ -60,8 +60,8 @@ class BenchOptions:
     def quick(cls) -> "BenchOptions":
         """Small enough for a test run; same code paths."""
         return cls(events=300, plans=30, rates=(100,), rate_seconds=1.0, fanout_plans=600, cache_events=150,
-                   index_plans=2_000, restart_plans=20_000, takeover_plans=10_000, select_rates=(0, 200), select_rate=20.0,
-                   takeover_timeout=60.0, session_timeout=4.0)
+                   index_plans=2_000, restart_plans=20_000, takeover_plans=10_000, select_rates=(0, 200),
+                   select_rate=20.0, takeover_timeout=60.0, session_timeout=4.0)
 
 
 def environment() -> dict:

@@ -57,12 +57,14 @@ class ParkedPlans:
         columns = {c for (c,) in self.db.execute(
             "SELECT column_name FROM duckdb_columns() WHERE table_name = 'parked_plans'").fetchall()}
         if "deps" not in columns:
-            # Files parked before records were prepared: park their records again in the new shape.
-            held = [orjson.loads(t) for (t,) in self.db.execute("SELECT record FROM parked_plans").fetchall()] \
-                if columns else []
-            self.db.execute("DROP TABLE IF EXISTS parked_plans")
-            self.db.execute(_DDL)
-            self.park(held)
+            # Files parked before records were prepared: park their records again in the new shape,
+            # all or nothing (a record lost here is a plan nobody would announce after a kill -9).
+            with store.transaction():
+                held = [orjson.loads(t) for (t,) in self.db.execute("SELECT record FROM parked_plans").fetchall()] \
+                    if columns else []
+                self.db.execute("DROP TABLE IF EXISTS parked_plans")
+                self.db.execute(_DDL)
+                self.park(held)
             self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
 
     def park(self, records: Iterable[Mapping[str, Any]]) -> None:
@@ -90,8 +92,9 @@ class ParkedPlans:
             values = (key, plan_partition(entity_id, self.partitions), record["plan_id"], rank,
                       orjson.dumps(record).decode(), ready and ready.live, ready and ready.valid_until,
                       ready and ready.request, ready and ready.plan, ready and ready.receipt_id,
-                      orjson.dumps(keys).decode(), orjson.dumps(_as_of(record)).decode(), record.get("compiled_in"), why)
-            for column, value in zip(columns.values(), values):
+                      orjson.dumps(keys).decode(), orjson.dumps(_as_of(record)).decode(), record.get("compiled_in"),
+                      why)
+            for column, value in zip(columns.values(), values, strict=True):
                 column.append(value)
         types = {"partition": pa.int32(), "progress": pa.int64(), "live": pa.bool_(), "valid_until": _WHEN}
         rows = pa.table({name: pa.array(values, types.get(name, pa.string())) for name, values in columns.items()})

@@ -17,7 +17,7 @@ RECORD = {"plan_id": "p1", "plan_key": "pk-1", "entity_id": "E1", "request": {"d
 def _row(store: Store, key: str) -> dict:
     cursor = store.db.execute("SELECT * FROM parked_plans WHERE plan_key = ?", [key])
     names = [d[0] for d in cursor.description]
-    row = dict(zip(names, cursor.fetchone()))
+    row = dict(zip(names, cursor.fetchone(), strict=True))
     return dict(row, deps=orjson.loads(row["deps"]), as_of=orjson.loads(row["as_of"]))
 
 
