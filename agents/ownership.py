@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Collection, Sequence
 
 from schemas.plan_partition import plan_partition
 from state.key_changes import KeyChanges, PlanPosition, Staleness
 from state.local_state import LocalState
 from state.parked_plans import ParkedPlans
-from state.plan_restore import restore
+from state.plan_restore import restore, restore_parked
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,8 @@ class TakeOver:
     """Plan ids announced invalidated because an input changed after they were compiled."""
     seconds: float = 0.0
     """Time spent, for the log and the bench."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds by phase (judge, restore, announce), for the bench's profile of a take-over."""
 
 
 class Ownership:
@@ -99,8 +101,25 @@ class Ownership:
         return len(keys)
 
     def take_over(self, partitions: Collection[int]) -> TakeOver:
-        """Make the parked plans of gained partitions current; announce those an applied event made stale."""
-        return self.adopt(self.parked.records(partitions), partitions)
+        """Make the parked plans of gained partitions current; announce those an applied event made stale.
+
+        `adopt` over the parked records, done where they lie: staleness and the restore are SQL
+        over `parked_plans`, and only the stale records are read back, to be announced.
+        """
+        started = time.perf_counter()
+        store = self.state.store
+        now = store.now()
+        stale = self.key_changes.stale_parked(sorted(partitions), now, store.incarnation()[0])
+        judged_at = time.perf_counter()
+        result = restore_parked(store, partitions, compiled_at=now)
+        restored_at = time.perf_counter()
+        judged = self.parked.records_of(list(stale))
+        restored = {r["plan_id"] for r, restorable in judged if restorable} - set(result.known_invalidated)
+        taken = self._settle([r for r, _ in judged], stale, restored, result.known_invalidated, result.considered,
+                             result.restored, started, now)
+        phases = {"judge": judged_at - started, "restore": restored_at - judged_at,
+                  "announce": started + taken.seconds - restored_at}
+        return replace(taken, phases={k: round(v, 3) for k, v in phases.items()})
 
     def adopt(self, records: Sequence[dict[str, Any]], partitions: Collection[int] | None = None) -> TakeOver:
         """Judge records of owned plans without compiling: adopt the fresh, announce and requeue the stale.
@@ -120,11 +139,19 @@ class Ownership:
         now = store.now()
         stale = self.key_changes.stale_plans([PlanPosition.of(r) for r in mine], now, store.incarnation()[0])
         result = restore(store, mine, owned, partitions=self.partitions, compiled_at=now)
-        restored = set(result.restored)
+        return self._settle(mine, stale, set(result.restored), result.known_invalidated, len(mine),
+                            len(result.restored), started, now)
+
+    def _settle(self, records: Sequence[dict[str, Any]], stale: dict[str, Staleness], restored: set[str],
+                known_invalidated: Collection[str], considered: int, restored_count: int, started: float,
+                now) -> TakeOver:
+        """Announce the stale among `records`, queue the restored stale ones for recompiling, count."""
+        store = self.state.store
+        known = set(known_invalidated)
         announced, queued, memo = [], [], {}
-        for record in mine:
+        for record in records:
             why = stale.get(record["plan_id"])
-            if why is None or record["plan_id"] in result.known_invalidated:
+            if why is None or record["plan_id"] in known:
                 continue
             announced.append(self._invalidation(record, why, now, memo))
             if record["plan_id"] in restored:
@@ -133,11 +160,11 @@ class Ownership:
         self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
         self.state.queue.add_many(queued)
         self.plans.queue_pending = self.plans.queue_pending or bool(queued)
-        counts: Counter[str] = Counter(plans_taken_over=len(restored) - len(queued),
+        counts: Counter[str] = Counter(plans_taken_over=restored_count - len(queued),
                                        plans_stale_on_take_over=len(announced), invalidations=len(announced),
                                        deferred_recompilations=len(queued))
         store.bump_many(counts)
-        return TakeOver(len(mine), len(restored) - len(queued), [e.plan_id for e in announced],
+        return TakeOver(considered, restored_count - len(queued), [e.plan_id for e in announced],
                         time.perf_counter() - started)
 
     def _evicted(self, plan_ids: list[str]) -> set[str]:

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from bench import cache_contenders, index_cost, invalidation_path, quality, scale_out
+from bench import cache_contenders, index_cost, invalidation_path, quality, scale_out, takeover
 from bench.profile import profile_apply
 from bench.report import plots, targets, write_json
 from bench.summary import markdown
@@ -47,6 +47,8 @@ class BenchOptions:
     """Events in the cache comparison (one read per event)."""
     cache_event_rate: float = 20.0
     """Event-time rate of the cache comparison, so TTLs of 1 to 60 s all expire."""
+    takeover_plans: int = 100_000
+    """Parked plans a worker takes over in process (1% of them made stale by recorded key changes)."""
     index_plans: int = 100_000
     """Plans in the index-memory measurement."""
     restart_plans: int = 1_000_000
@@ -58,8 +60,8 @@ class BenchOptions:
     def quick(cls) -> "BenchOptions":
         """Small enough for a test run; same code paths."""
         return cls(events=300, plans=30, rates=(100,), rate_seconds=1.0, fanout_plans=600, cache_events=150,
-                   index_plans=2_000, restart_plans=20_000, select_rates=(0, 200), select_rate=20.0,
-                   takeover_timeout=60.0, session_timeout=4.0)
+                   index_plans=2_000, restart_plans=20_000, takeover_plans=10_000, select_rates=(0, 200),
+                   select_rate=20.0, takeover_timeout=60.0, session_timeout=4.0)
 
 
 def environment() -> dict:
@@ -109,6 +111,9 @@ def run(options: BenchOptions, out_dir: Path, say: Callable[[str], None] | None 
     step("index memory per plan and restart time")
     result["index"] = index_cost.measure(options.index_plans, options.restart_plans)
     result["index"]["stored_plan"] = index_cost.stored_plan_bytes(workload)
+
+    step(f"take-over of {options.takeover_plans:,} parked plans (in process)")
+    result["takeover"] = takeover.measure(options.takeover_plans)
 
     step(f"caches: TTL 1/10/60 s, flush-all and freshplan over {options.cache_events} events")
     cache_workload = generate(plans=options.plans, changes=options.cache_events, seed=options.seed)
@@ -177,7 +182,12 @@ def next_steps(result: dict) -> list[str]:
            for m in missed):
         steps.append("Every worker recompiles every plan, so a second worker adds no capacity: own plans by the "
                      "partition of their entity and recompile only owned plans (step 2).")
-    if any(m.startswith("take-over") for m in missed):
+    if any(m.startswith("take-over of") for m in missed):
+        phases = result.get("takeover", {}).get("phases", {})
+        slowest = max(phases, key=phases.get) if phases else "n/a"
+        steps.append(f"Taking parked plans over spends most in its {slowest} phase ({phases.get(slowest)} s): see "
+                     "`takeover.phases` (step 3).")
+    if any(m.startswith("take-over after") for m in missed):
         steps.append("Take-over waits for the group's session timeout and then for the survivor to publish what "
                      "its standby held; restore heads and keys from a compacted topic instead of recompiling "
                      "(step 3).")

@@ -65,6 +65,20 @@ def scale_lines(scale: dict | None) -> list[str]:
     return lines
 
 
+def takeover_lines(take: dict | None) -> list[str]:
+    """A worker gaining partitions takes their parked plans over (in process, no broker)."""
+    if not take:
+        return []
+    phases = ", ".join(f"{k} {v} s" for k, v in take["phases"].items())
+    return ["## Take-over of parked plans (in process)", "",
+            f"A worker gained partitions {take['partitions_gained']} holding {take['plans']:,} parked plans "
+            f"({take['edges']:,} dependency edges); {take['stale']:,} of them had a key changed by an applied event "
+            f"the dead owner never announced. `Ownership.change` took {take['seconds']} s, commit included "
+            f"({phases}): {take['adopted']:,} adopted without compiling, {take['announced']:,} announced and queued "
+            f"for recompiling, {take['lost']} affected plans not announced (lost), {take['wrongly_announced']} "
+            "announced without cause. In process: no broker, no group rebalance (the kill -9 row times those).", ""]
+
+
 def _yes(flag) -> str:
     return "n/a" if flag is None else ("yes" if flag else "no")
 
@@ -105,6 +119,7 @@ def markdown(result: dict, images: list[str]) -> str:
                   f"publish {fan['invalidations_seen']:,} keyed records of about the same size "
                   f"(ratio {fan.get('ratio_to_bare_producer')}x).", ""]
         lines += scale_lines(path.get("scale_out"))
+    lines += takeover_lines(result.get("takeover"))
     caches = result.get("caches")
     if caches:
         lines += [f"## Caches on the same change stream ({caches['events']:,} events at {caches['event_rate']:g}/s "

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import orjson
 import pyarrow as pa
 
+from state.parked_plans import AS_OF_TYPE, DEPS_TYPE
 from state.store import Store
 
 # A key can change on several partitions (a scope key gets resources keyed by their own ids),
@@ -146,17 +147,26 @@ class KeyChanges:
         for name, table in tables.items():
             self.db.register(name, table)
         try:
-            rows = self.db.execute(_STALE_SQL, [now]).fetchall()
+            rows = self.db.execute("WITH " + _STALE_SQL, [now]).fetchall()
         finally:
             for name in tables:
                 self.db.unregister(name)
+        return {plan_id: Staleness(key, topic, partition, offset) for plan_id, key, topic, partition, offset in rows}
+
+    def stale_parked(self, partitions: Sequence[int], now: datetime | None,
+                     cluster_id: str | None) -> dict[str, Staleness]:
+        """`stale_plans` of the parked plans (`ParkedPlans`) of these partitions, judged in SQL where they lie."""
+        if not partitions:
+            return {}
+        rows = self.db.execute("WITH " + _PARKED_SQL + ", " + _STALE_SQL,
+                               [now, cluster_id, sorted(partitions)]).fetchall()
         return {plan_id: Staleness(key, topic, partition, offset) for plan_id, key, topic, partition, offset in rows}
 
 
 # One row per stale plan. Reasons in order of preference: the event that changed a key (a real
 # cause to name), a passed time horizon, then the two "cannot tell" cases, which deny.
 _STALE_SQL = """
-WITH d AS (SELECT plan_id, as_of_id, unnest(deps) AS dep_key FROM _kc_plans WHERE NOT foreign_offsets),
+d AS (SELECT plan_id, as_of_id, unnest(deps) AS dep_key FROM _kc_plans WHERE NOT foreign_offsets),
 changed AS (
   SELECT d.plan_id, d.dep_key, k.topic, k.partition, k.change_offset AS "offset", 0 AS rank
   FROM d JOIN key_changes k ON k.dep_key = d.dep_key
@@ -177,4 +187,17 @@ every AS (SELECT * FROM changed UNION ALL SELECT * FROM timed UNION ALL SELECT *
           UNION ALL SELECT * FROM unrecorded)
 SELECT plan_id, dep_key, topic, partition, "offset" FROM every
 QUALIFY row_number() OVER (PARTITION BY plan_id ORDER BY rank, dep_key, "offset" DESC) = 1
+"""
+
+# The two inputs of _STALE_SQL over parked plans: each plan's key is its as_of id.
+_PARKED_SQL = f"""
+_kc_plans AS (
+  SELECT plan_id, plan_key AS as_of_id, $2::VARCHAR IS NULL OR compiled_in IS DISTINCT FROM $2 AS foreign_offsets,
+         coalesce(len(deps), 0) = 0 AS no_keys, deps
+  FROM (SELECT plan_id, plan_key, compiled_in, from_json(deps, '{DEPS_TYPE}') AS deps
+        FROM parked_plans WHERE partition IN (SELECT unnest($3::INTEGER[])))),
+_kc_as_of AS (
+  SELECT as_of_id, a['topic'] AS topic, a['partition'] AS partition, a['next_offset'] AS next_offset
+  FROM (SELECT plan_key AS as_of_id, unnest(from_json(as_of, '{AS_OF_TYPE}')) AS a
+        FROM parked_plans WHERE partition IN (SELECT unnest($3::INTEGER[]))))
 """

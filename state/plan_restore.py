@@ -34,16 +34,41 @@ class RestoreResult:
 
 
 @dataclass(frozen=True)
-class _Row:
+class PreparedPlan:
+    """A record in the shape restore writes: what a parked plan keeps so a take-over needs no Python pass."""
+
     plan_id: str
+    """The plan id."""
     plan_key: str
+    """The plan key."""
     live: bool
+    """Whether its decision time is "now" (its validity horizon moves with the clock)."""
     valid_until: datetime | None
+    """When it stops being valid."""
     request: str
+    """The request, as JSON text."""
     plan: str
+    """The stored plan (the record without its wire-only fields), as JSON text."""
     receipt_id: str | None
+    """Its receipt id."""
     dependencies: tuple[str, ...]
+    """Its dependency keys, sorted and distinct."""
     rank: tuple[int, int]
+    """(progress, position): of several records of one key the highest wins."""
+
+
+@dataclass(frozen=True)
+class ParkedRestore:
+    """What a restore of parked plans did, in counts (a take-over moves too many plans to list)."""
+
+    considered: int = 0
+    """Parked plans of the partitions."""
+    restored: int = 0
+    """Plans now current for their plan keys."""
+    unrestorable: int = 0
+    """Parked records that cannot stand in for a compilation; their plan keys need one."""
+    known_invalidated: list[str] = field(default_factory=list)
+    """Plan ids this file already holds as invalidated: never made current again."""
 
 
 def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions: Collection[int], *,
@@ -57,7 +82,7 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
     are written; `receipts` (the topic) keeps them.
     """
     owned = set(owned_partitions)
-    chosen: dict[str, _Row] = {}
+    chosen: dict[str, PreparedPlan] = {}
     unrestorable: list[tuple[str | None, str]] = []
     not_owned = 0
     for position, record in enumerate(records):
@@ -68,7 +93,7 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
             if plan_partition(entity_id, partitions) not in owned:
                 not_owned += 1
                 continue
-            row = _row(record, entity_id, position)
+            row = prepare(record, entity_id, position)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             plan_id = record.get("plan_id") if isinstance(record, Mapping) else None
             unrestorable.append((plan_id if isinstance(plan_id, str) else None, str(exc) or type(exc).__name__))
@@ -80,7 +105,7 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
     return RestoreResult(restored, not_owned, unrestorable, invalidated)
 
 
-def _row(record: Mapping[str, Any], entity_id: str, position: int) -> _Row:
+def prepare(record: Mapping[str, Any], entity_id: str, position: int = 0) -> PreparedPlan:
     """The stored shape of one record, or ValueError when it is not a whole compilation."""
     plan_id, key, request = record["plan_id"], record["plan_key"], record["request"]
     if not isinstance(plan_id, str) or not isinstance(key, str) or not isinstance(request, dict):
@@ -99,12 +124,12 @@ def _row(record: Mapping[str, Any], entity_id: str, position: int) -> _Row:
     valid_until = record.get("valid_until")
     as_of = record.get("compiled_as_of") or {}
     progress = sum(int(o) for by_partition in as_of.values() for o in by_partition.values())
-    return _Row(plan_id, key, request.get("decision_time") in (None, "now"),
+    return PreparedPlan(plan_id, key, request.get("decision_time") in (None, "now"),
                 parse_instant(valid_until) if valid_until else None, orjson.dumps(request).decode(),
                 orjson.dumps(plan).decode(), record.get("receipt_id"), tuple(sorted(set(deps))), (progress, position))
 
 
-def _write(store: Store, rows: list[_Row], compiled_at: datetime | None) -> tuple[list[str], list[str]]:
+def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None) -> tuple[list[str], list[str]]:
     if not rows:
         return [], []
     when = pa.timestamp("us", tz="UTC")
@@ -142,3 +167,33 @@ def _write(store: Store, rows: list[_Row], compiled_at: datetime | None) -> tupl
             db.unregister(name)
     stale_ids = set(stale)
     return [r.plan_id for r in rows if r.plan_id not in stale_ids], [r.plan_id for r in rows if r.plan_id in stale_ids]
+
+
+def restore_parked(store: Store, partitions: Collection[int], compiled_at: datetime | None) -> ParkedRestore:
+    """Make the restorable parked plans of these partitions current, in SQL over `parked_plans` alone.
+
+    The same rows as `restore` of their records (they were prepared when parked), without a
+    Python pass over them. The caller holds the transaction.
+    """
+    if not partitions:
+        return ParkedRestore()
+    db = store.db
+    owned = sorted(partitions)
+    source = "parked_plans WHERE partition IN (SELECT unnest($1::INTEGER[]))"
+    considered, unrestorable = db.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE unrestorable IS NOT NULL) FROM {source}", [owned]).fetchone()
+    mine = f"{source} AND unrestorable IS NULL"
+    # An id this file already holds keeps its row: if it was invalidated here, it stays so.
+    stale = [plan_id for (plan_id,) in db.execute(
+        f"SELECT plan_id FROM plans WHERE status != 'fresh' AND plan_id IN (SELECT plan_id FROM {mine})",
+        [owned]).fetchall()]
+    db.execute("INSERT INTO plans SELECT plan_id, plan_key, 'fresh', live, valid_until, request, plan, receipt_id, "
+               f"NULL, NULL, NULL, $2::TIMESTAMPTZ, NULL FROM (SELECT * FROM {mine}) ANTI JOIN plans USING (plan_id)",
+               [owned, compiled_at])
+    current = f"{mine} AND plan_id NOT IN (SELECT unnest($2::VARCHAR[]))"
+    db.execute(f"INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM {current}",
+               [owned, stale])
+    db.execute(f"DELETE FROM dependency_index WHERE plan_key IN (SELECT plan_key FROM {current})", [owned, stale])
+    db.execute(f"INSERT INTO dependency_index SELECT unnest(from_json(deps, '[\"VARCHAR\"]')), plan_key FROM {current}",
+               [owned, stale])
+    return ParkedRestore(considered, considered - unrestorable - len(stale), unrestorable, stale)

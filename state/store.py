@@ -15,6 +15,9 @@ import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
+# dependency_index_key stays although it costs a bulk take-over: at 100,000 plans / 4M edges it
+# answers a lookup of up to ~30 keys (an apply batch's) in 1-2 ms against 70-150 ms for a scan;
+# inserting 4M edges with it costs ~1-3 s more (insert and commit), measured on two shared cores.
 _DDL = """
 CREATE TABLE IF NOT EXISTS resources (
   id VARCHAR PRIMARY KEY, version BIGINT NOT NULL, entity VARCHAR, evidence_class VARCHAR,

@@ -7,7 +7,9 @@ from datetime import datetime, timezone
 
 import pytest
 
+from schemas.plan_partition import plan_partition
 from state.key_changes import KeyChanges, PlanPosition, Staleness
+from state.parked_plans import ParkedPlans
 from state.store import Store
 
 NOW = datetime(2026, 8, 30, tzinfo=timezone.utc)
@@ -129,3 +131,33 @@ def test_one_hundred_thousand_plans_judged_in_one_query(store, capsys):
     with capsys.disabled():
         print(f"\n100,000 plans (15 keys each) judged in {took:.2f} s")
     assert took < 20
+
+
+def test_parked_plans_are_judged_in_place_like_the_records_they_came_from(store):
+    """`stale_parked` (SQL over parked_plans, what a take-over uses) agrees with `stale_plans` over the records."""
+    store.save_offsets({("clock", 0): 5})  # changes on clock/0 before offset 5 were never recorded
+    changes = KeyChanges(store)
+    with store.transaction():
+        changes.record({("source-changes", 1, 7): ["resource:a", "scope:E/x"], ("revocations", 0, 3): ["principal:m"]})
+    cases = {"before": (["resource:a"], {"source-changes": {"1": 7}, "clock": {"0": 5}}, "c1"),
+             "after": (["resource:a"], {"source-changes": {"1": 8}, "clock": {"0": 5}}, "c1"),
+             "missing": (["principal:m"], {"source-changes": {"1": 8}, "clock": {"0": 5}}, "c1"),
+             "unrecorded": (["resource:b"], {"clock": {"0": 4}}, "c1"),
+             "passed": (["time:2026-08-29T00:00:00Z"], {"clock": {"0": 5}}, "c1"),
+             "future": (["time:2026-09-01T00:00:00Z", "resource:b"], {"clock": {"0": 5}}, "c1"),
+             "foreign": (["policy:x"], {}, "old-cluster"), "no-cluster": (["policy:x"], {}, None),
+             "no-keys": ([], {"clock": {"0": 5}}, "c1")}
+    records = [{"plan_id": pid, "plan_key": f"pk-{pid}", "entity_id": f"E-{pid}", "dependencies": deps,
+                "compiled_as_of": as_of, "compiled_in": cluster} for pid, (deps, as_of, cluster) in cases.items()]
+    parked = ParkedPlans(store, 4)
+    parked.park(records)
+    expected = changes.stale_plans([PlanPosition.of(r) for r in records], NOW, "c1")
+    assert set(expected) == {"before", "missing", "unrecorded", "passed", "foreign", "no-cluster", "no-keys"}
+    assert changes.stale_parked(range(4), NOW, "c1") == expected
+    assert changes.stale_parked(range(4), None, "c1") == changes.stale_plans(
+        [PlanPosition.of(r) for r in records], None, "c1")
+    some = {plan_partition(f"E-{pid}", 4) for pid in ("before", "after")}
+    assert changes.stale_parked(sorted(some), NOW, "c1") == {
+        r["plan_id"]: why for r in records if plan_partition(r["entity_id"], 4) in some
+        for why in [expected.get(r["plan_id"])] if why}
+    assert changes.stale_parked([], NOW, "c1") == {}

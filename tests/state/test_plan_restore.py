@@ -12,7 +12,8 @@ from agents.query import QueryService
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
 from state.key_changes import KeyChanges, PlanPosition
-from state.plan_restore import restore
+from state.parked_plans import ParkedPlans
+from state.plan_restore import ParkedRestore, restore, restore_parked
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
 
@@ -150,3 +151,32 @@ def test_one_hundred_thousand_plans_are_taken_over_in_bulk(compiled, tmp_path, c
         assert took < 30  # a regression guard on a shared machine; the figure printed is the measurement
     finally:
         taker.close()
+
+
+def test_restoring_parked_plans_in_place_writes_what_restoring_their_records_does(compiled, tmp_path):
+    _, _, _, record = compiled
+    mine = plan_partition(record["entity_id"], 4)
+    newer = dict(record, plan_id="plan-newer", plan_key="pk-2", compiled_as_of={"source-changes": {"0": 10_000}})
+    compact = dict(record, plan_id="plan-compact", plan_key="pk-3",
+                   admitted=[dict(i, content_omitted=True) for i in record["admitted"]])
+    elsewhere = dict(record, plan_id="plan-elsewhere", plan_key="pk-4", entity_id="E-other")
+    while plan_partition(elsewhere["entity_id"], 4) == mine:
+        elsewhere["entity_id"] += "x"
+    records = [record, newer, compact, elsewhere]
+    by_records, _ = _loaded(tmp_path / "records.duckdb")
+    in_place, _ = _loaded(tmp_path / "parked.duckdb")
+    try:
+        for state in (by_records, in_place):  # one id already invalidated here: it stays so
+            state.store.db.execute("INSERT INTO plans (plan_id, plan_key, status) VALUES ('plan-newer', 'pk-2', "
+                                   "'invalidated')")
+        expected = restore(by_records.store, records, [mine], partitions=4, compiled_at=by_records.store.now())
+        ParkedPlans(in_place.store, 4).park(records)
+        result = restore_parked(in_place.store, [mine], in_place.store.now())
+        assert _rows(in_place) == _rows(by_records) and len(_rows(in_place)["dependency_index"]) > 0
+        assert (result.considered, result.restored, result.unrestorable) == (3, 1, 1)
+        assert result.known_invalidated == expected.known_invalidated == ["plan-newer"]
+        assert expected.restored == [record["plan_id"]] and len(expected.unrestorable) == 1
+        assert restore_parked(in_place.store, [], None) == ParkedRestore()
+    finally:
+        by_records.close()
+        in_place.close()

@@ -1,0 +1,61 @@
+"""Parked plans: the latest record of each plan key, kept in the shape a take-over restores, old files migrated."""
+
+from __future__ import annotations
+
+import orjson
+
+from schemas.plan_partition import plan_partition
+from state.parked_plans import ParkedPlans
+from state.store import Store
+
+RECORD = {"plan_id": "p1", "plan_key": "pk-1", "entity_id": "E1", "request": {"decision_time": "now"},
+          "dependencies": ["resource:b", "resource:a", "resource:a"], "valid_until": "2026-09-01T00:00:00Z",
+          "compiled_as_of": {"source-changes": {"0": 7, "1": 3}}, "compiled_in": "c1", "receipt_id": "r1",
+          "admitted": []}
+
+
+def _row(store: Store, key: str) -> dict:
+    cursor = store.db.execute("SELECT * FROM parked_plans WHERE plan_key = ?", [key])
+    names = [d[0] for d in cursor.description]
+    row = dict(zip(names, cursor.fetchone(), strict=True))
+    return dict(row, deps=orjson.loads(row["deps"]), as_of=orjson.loads(row["as_of"]))
+
+
+def test_a_parked_record_is_kept_prepared_for_a_take_over(tmp_path):
+    store = Store(tmp_path / "f.duckdb")
+    try:
+        parked = ParkedPlans(store, 4)
+        parked.park([RECORD, dict(RECORD, plan_id="p0", compiled_as_of={"source-changes": {"0": 1}}),
+                     {"plan_id": "bad", "plan_key": "pk-bad", "entity_id": "E2", "dependencies": ["x:1", 5]}])
+        row = _row(store, "pk-1")
+        assert row["plan_id"] == "p1" and row["partition"] == plan_partition("E1", 4) and row["progress"] == 10
+        assert row["deps"] == ["resource:a", "resource:b"] and row["live"] and row["receipt_id"] == "r1"
+        assert row["as_of"] == [{"topic": "source-changes", "partition": 0, "next_offset": 7},
+                                {"topic": "source-changes", "partition": 1, "next_offset": 3}]
+        assert orjson.loads(row["plan"]) == {k: v for k, v in RECORD.items()
+                                             if k not in ("compiled_as_of", "compiled_in", "dependencies")}
+        assert row["unrestorable"] is None and row["compiled_in"] == "c1"
+        bad = _row(store, "pk-bad")
+        assert bad["unrestorable"] and bad["deps"] == ["x:1"] and bad["plan"] is None
+        parked.park([dict(RECORD, plan_id="p-older", compiled_as_of={"source-changes": {"0": 2}})])
+        assert _row(store, "pk-1")["plan_id"] == "p1"  # a less advanced record never replaces a parked one
+        assert [(r["plan_id"], ok) for r, ok in parked.records_of(["p1", "bad", "unknown"])] in (
+            [("p1", True), ("bad", False)], [("bad", False), ("p1", True)])
+    finally:
+        store.close()
+
+
+def test_a_file_parked_before_records_were_prepared_is_migrated(tmp_path):
+    store = Store(tmp_path / "old.duckdb")
+    store.db.execute("CREATE TABLE parked_plans (plan_key VARCHAR PRIMARY KEY, partition INTEGER, plan_id VARCHAR, "
+                     "progress BIGINT, record VARCHAR)")
+    store.db.execute("INSERT INTO parked_plans VALUES ('pk-1', 0, 'p1', 10, ?)", [orjson.dumps(RECORD).decode()])
+    store.close()
+    store = Store(tmp_path / "old.duckdb")
+    try:
+        parked = ParkedPlans(store, 4)
+        assert parked.size() == 1 and parked.records([plan_partition("E1", 4)]) == [RECORD]
+        row = _row(store, "pk-1")
+        assert row["deps"] == ["resource:a", "resource:b"] and row["partition"] == plan_partition("E1", 4)
+    finally:
+        store.close()
