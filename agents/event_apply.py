@@ -127,7 +127,8 @@ class EventApplier:
                                   "with different content; give every distinct event its own event_id", counts)
         keyed = self._apply_events(fresh, counts)
         # Every worker records where each key changed, owner or not: a later owner judges by it.
-        self.state.key_changes.record({(c["topic"], c["partition"], c["offset"]): keys for keys, _, c in keyed if keys})
+        self.state.key_changes.record({(c["topic"], c["partition"], c["offset"]): keys for keys, _, c in keyed if keys},
+                                      {(c["topic"], c["partition"], c["offset"]): c["event_id"] for _, _, c in keyed})
         touched = self._affected(keyed)
         # Only plans of owned partitions are indexed here, so what they cause is this worker's to publish.
         self.plans.recompile(touched, counts)

@@ -183,7 +183,7 @@ class Ownership:
             return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key, cause, None, now,
                                      memo, reason="stale_on_arrival", quiet=True)
         cause = {"topic": why.topic, "partition": why.partition, "offset": why.offset,
-                 "event_id": f"offset:{why.partition}:{why.offset}"}
+                 "event_id": why.event_id or f"offset:{why.partition}:{why.offset}"}
         visible = {item["resource_id"] for part in ("admitted", "rejected") for item in record.get(part) or ()}
         return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key, cause, None, now, memo,
                                  visible=visible, quiet=True)

@@ -18,7 +18,7 @@ from state.store import Store
 # written before this table existed knows nothing of earlier changes.
 _DDL = """
 CREATE TABLE IF NOT EXISTS key_changes (dep_key VARCHAR, topic VARCHAR, partition INTEGER, change_offset BIGINT,
-  PRIMARY KEY (dep_key, topic, partition));
+  event_id VARCHAR, PRIMARY KEY (dep_key, topic, partition));
 CREATE TABLE IF NOT EXISTS key_changes_from (topic VARCHAR, partition INTEGER, from_offset BIGINT,
   PRIMARY KEY (topic, partition));
 """
@@ -42,6 +42,8 @@ class Staleness:
     """Its partition."""
     offset: int | None
     """Its offset (at or after the plan's compiled_as_of for that partition)."""
+    event_id: str | None = None
+    """The event id of that change, as subscribers correlate causes by it (None when not recorded)."""
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,14 @@ class KeyChanges:
             self.db.execute("INSERT INTO key_changes_from SELECT topic, partition, next_offset FROM offsets "
                             "WHERE next_offset > 0")
             self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
+        elif not self.db.execute("SELECT 1 FROM duckdb_columns() WHERE table_name = 'key_changes' "
+                                 "AND column_name = 'event_id'").fetchone():
+            self.db.execute("ALTER TABLE key_changes ADD COLUMN event_id VARCHAR")  # files of 2026-11-30 morning
+            self.db.execute("CHECKPOINT")
 
-    def record(self, keys_by_position: Mapping[Position, Iterable[str]]) -> None:
-        """Record that the event at each position changed these keys, in one statement."""
+    def record(self, keys_by_position: Mapping[Position, Iterable[str]],
+               event_ids: Mapping[Position, str] | None = None) -> None:
+        """Record that the event at each position (with its event id, if given) changed these keys, in one statement."""
         latest: dict[tuple[str, str, int], int] = {}
         for (topic, partition, offset), keys in keys_by_position.items():
             for key in keys:
@@ -87,11 +94,15 @@ class KeyChanges:
                     latest[at] = offset
         if not latest:
             return
+        ids = event_ids or {}
         rows = pa.table({"dep_key": [k for k, _, _ in latest], "topic": [t for _, t, _ in latest],
                          "partition": pa.array([p for _, _, p in latest], pa.int32()),
-                         "change_offset": pa.array(list(latest.values()), pa.int64())})
+                         "change_offset": pa.array(list(latest.values()), pa.int64()),
+                         "event_id": pa.array([ids.get((t, p, o)) for (_, t, p), o in latest.items()], pa.string())})
         self.store.insert_rows("key_changes", rows, verb="INSERT INTO", on_conflict=(
             "ON CONFLICT (dep_key, topic, partition) DO UPDATE SET "
+            "event_id = CASE WHEN excluded.change_offset >= key_changes.change_offset THEN excluded.event_id "
+            "ELSE key_changes.event_id END, "
             "change_offset = greatest(key_changes.change_offset, excluded.change_offset)"))
 
     def forget(self, topics: list[str]) -> None:
@@ -151,7 +162,8 @@ class KeyChanges:
         finally:
             for name in tables:
                 self.db.unregister(name)
-        return {plan_id: Staleness(key, topic, partition, offset) for plan_id, key, topic, partition, offset in rows}
+        return {plan_id: Staleness(key, topic, partition, offset, event_id)
+                for plan_id, key, topic, partition, offset, event_id in rows}
 
     def stale_parked(self, partitions: Sequence[int], now: datetime | None,
                      cluster_id: str | None) -> dict[str, Staleness]:
@@ -160,7 +172,8 @@ class KeyChanges:
             return {}
         rows = self.db.execute("WITH " + _PARKED_SQL + ", " + _STALE_SQL,
                                [now, cluster_id, sorted(partitions)]).fetchall()
-        return {plan_id: Staleness(key, topic, partition, offset) for plan_id, key, topic, partition, offset in rows}
+        return {plan_id: Staleness(key, topic, partition, offset, event_id)
+                for plan_id, key, topic, partition, offset, event_id in rows}
 
 
 # One row per stale plan. Reasons in order of preference: the event that changed a key (a real
@@ -168,24 +181,24 @@ class KeyChanges:
 _STALE_SQL = """
 d AS (SELECT plan_id, as_of_id, unnest(deps) AS dep_key FROM _kc_plans WHERE NOT foreign_offsets),
 changed AS (
-  SELECT d.plan_id, d.dep_key, k.topic, k.partition, k.change_offset AS "offset", 0 AS rank
+  SELECT d.plan_id, d.dep_key, k.topic, k.partition, k.change_offset AS "offset", 0 AS rank, k.event_id
   FROM d JOIN key_changes k ON k.dep_key = d.dep_key
   LEFT JOIN _kc_as_of a ON a.as_of_id = d.as_of_id AND a.topic = k.topic AND a.partition = k.partition
   WHERE k.change_offset >= coalesce(a.next_offset, 0)),
 timed AS (
-  SELECT plan_id, dep_key, NULL, NULL, NULL, 1 FROM d
+  SELECT plan_id, dep_key, NULL, NULL, NULL, 1, NULL FROM d
   WHERE starts_with(dep_key, 'time:')
     AND coalesce(try_cast(substr(dep_key, 6) AS TIMESTAMPTZ) <= $1::TIMESTAMPTZ, true)),
-foreign_plans AS (SELECT plan_id, 'incarnation:', NULL, NULL, NULL, 2 FROM _kc_plans WHERE foreign_offsets
-                  UNION ALL SELECT plan_id, 'dependencies:', NULL, NULL, NULL, 2 FROM _kc_plans WHERE no_keys),
+foreign_plans AS (SELECT plan_id, 'incarnation:', NULL, NULL, NULL, 2, NULL FROM _kc_plans WHERE foreign_offsets
+                  UNION ALL SELECT plan_id, 'dependencies:', NULL, NULL, NULL, 2, NULL FROM _kc_plans WHERE no_keys),
 unrecorded AS (
-  SELECT p.plan_id, 'offsets:' || c.topic || '/' || c.partition, c.topic, c.partition, c.from_offset, 3
+  SELECT p.plan_id, 'offsets:' || c.topic || '/' || c.partition, c.topic, c.partition, c.from_offset, 3, NULL
   FROM _kc_plans p CROSS JOIN key_changes_from c
   LEFT JOIN _kc_as_of a ON a.as_of_id = p.as_of_id AND a.topic = c.topic AND a.partition = c.partition
   WHERE NOT p.foreign_offsets AND coalesce(a.next_offset, 0) < c.from_offset),
 every AS (SELECT * FROM changed UNION ALL SELECT * FROM timed UNION ALL SELECT * FROM foreign_plans
           UNION ALL SELECT * FROM unrecorded)
-SELECT plan_id, dep_key, topic, partition, "offset" FROM every
+SELECT plan_id, dep_key, topic, partition, "offset", event_id FROM every
 QUALIFY row_number() OVER (PARTITION BY plan_id ORDER BY rank, dep_key, "offset" DESC) = 1
 """
 

@@ -123,9 +123,11 @@ def test_a_take_over_announces_a_plan_an_applied_event_made_stale(nodes):
     a.own(0, 1)
     plan = a.query.select(ATLAS_REQUEST)
     b.parked.park(a.published("plan-dependencies"))
-    b.apply(_event(revoke_role("maya", "credit_analyst")))  # applied by b while a still owned the plan
+    revocation = revoke_role("maya", "credit_analyst")
+    b.apply(_event(revocation))  # applied by b while a still owned the plan
     b.own(0, 1)
     [announced] = b.published("plan-invalidations")
+    assert announced["cause"]["event_id"] == revocation[1]["event_id"]  # subscribers correlate by it
     assert announced["plan_id"] == plan["plan_id"] and announced["cause"]["topic"] == "x-revocations"
     assert announced["cause"]["offset"] == 0 and announced["reason"] == "principal_changed"
     assert b.state.queue.size() == 1  # its successor is compiled by the backlog
