@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from datetime import datetime
 from typing import Sequence
@@ -16,14 +15,13 @@ from compiler.evsi import ModelError, decision_model
 from compiler.policy import CompiledPolicy, compile_policy
 from schemas.codec import contract_from
 from schemas.errors import InvalidEvent
-from schemas.records import (Contract, Entity, PolicyBundle, Principal, Resource, Revocation,
-                             SourceChange)
+from schemas.records import Contract, PolicyBundle, Principal, Resource, Revocation, SourceChange
+from state.catalog_identities import Identity, apply_identities
 from state.policy_history import governing, keep_version, versions_of
 from state.store import Store
 
 _RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
                   "valid_from, valid_to, superseded_by, provenance_group, sensitivity, attributes, observed_at")
-_WORD = re.compile(r"\w+")
 
 
 def _resource_row(row: tuple) -> Resource:
@@ -65,9 +63,7 @@ class Catalog:
         """Apply an upsert or delete; None when it is older than what is stored."""
         if change.kind == "resource":
             return self._apply_resource(change)
-        if change.kind == "principal":
-            return self._apply_principal(change)
-        return self._apply_entity(change)
+        return self.apply_identities([change])[0]
 
     def _apply_resource(self, change: SourceChange) -> list[str] | None:
         result = self.apply_resources([change])[0]
@@ -124,62 +120,15 @@ class Catalog:
             self.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
         return out
 
-    def _apply_principal(self, change: SourceChange) -> list[str] | None:
-        new: Principal | None = change.record  # type: ignore[assignment]
-        old = self.db.execute("SELECT delegation_version, deleted, roles, attributes FROM principals WHERE id = ?",
-                              [change.record_id]).fetchone()
-        if new is None:
-            if old is None or old[1]:
-                return None
-            self.db.execute("UPDATE principals SET deleted = true WHERE id = ?", [change.record_id])
-        else:
-            if old is not None and not old[1] and new.delegation_version < old[0]:
-                return None
-            self.db.execute("INSERT OR REPLACE INTO principals VALUES (?, ?, ?, ?, false)",
-                            [new.id, list(new.roles), orjson.dumps(dict(new.attributes)).decode(),
-                             new.delegation_version])
-            # A revocation that arrived before its principal applies as of the first version seen.
-            self.db.execute("UPDATE revoked SET delegation_version = ? WHERE principal = ? "
-                            "AND delegation_version IS NULL", [new.delegation_version, new.id])
-            if old is not None and not old[1] and not self._principal_change_matters(old, new):
-                return []
-        return [dk.principal(change.record_id)]
+    def apply_identities(self, items: Sequence[Identity]) -> list[list[str] | None]:
+        """Apply principal and entity changes and revocations in order, in bulk (see `apply_identities`)."""
+        return apply_identities(self.store, items, self._stored_policy_texts)
 
-    def _principal_change_matters(self, old: tuple, new: Principal) -> bool:
-        """Whether an upsert can change any plan: roles, delegation, or an attribute some policy reads.
-
-        Cedar reads attributes only by their literal names, so an attribute whose name appears in
-        no stored policy text cannot change an authorisation; the compiler itself reads only the
-        revocable lists. Anything else (a department rename, a phone number) invalidates nothing.
-        """
-        if new.delegation_version != old[0] or sorted(new.roles) != sorted(old[2] or ()):
-            return True
-        before, after = orjson.loads(old[3] or "{}"), dict(new.attributes)
-        changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
-        if not changed:
-            return False
-        if changed & {"grants", "delegations", "sessions"}:
-            return True
+    def _stored_policy_texts(self) -> list[str]:
+        """Cedar texts of every kept bundle version, read once per policy change."""
         if self._policy_texts is None:
             self._policy_texts = [r[0] for r in self.db.execute("SELECT cedar FROM policy_versions").fetchall()]
-        return any(re.search(rf"\b{re.escape(name)}\b", text) for name in changed for text in self._policy_texts)
-
-    def _apply_entity(self, change: SourceChange) -> list[str] | None:
-        new: Entity | None = change.record  # type: ignore[assignment]
-        old = self.db.execute("SELECT aliases FROM entities WHERE id = ? AND NOT deleted",
-                              [change.record_id]).fetchone()
-        names = {change.record_id.lower()} | {a.lower() for a in (old[0] if old else ())}
-        if new is None:
-            if old is None:
-                return None
-            self.db.execute("UPDATE entities SET deleted = true WHERE id = ?", [change.record_id])
-        else:
-            names |= {a.lower() for a in new.aliases}
-            self.db.execute("INSERT OR REPLACE INTO entities VALUES (?, ?, false)",
-                            [new.id, list(new.aliases)])
-        words = sorted({w for n in names for w in _WORD.findall(n)})
-        return ([dk.entity(change.record_id)] + [dk.alias(n) for n in sorted(names)]
-                + [dk.name_word(w) for w in words])
+        return self._policy_texts
 
     def apply_policy(self, bundle: PolicyBundle) -> list[str] | None:
         """Keep a newer bundle version whole; a bundle whose Cedar fails to parse is rejected whole.
@@ -243,19 +192,7 @@ class Catalog:
         principal's (else the next upsert's). Only an upsert with a higher version ends it, and a
         repeat can only raise that version, never lower it.
         """
-        version = revocation.delegation_version
-        if version is None:
-            row = self.db.execute("SELECT delegation_version FROM principals WHERE id = ?",
-                                  [revocation.principal]).fetchone()
-            version = row[0] if row else None
-        self.db.execute("INSERT INTO revoked VALUES (?, ?, ?, ?, ?, NULL, ?) ON CONFLICT (principal, kind, value) "
-                        "DO UPDATE SET effective_at = excluded.effective_at, issued_by = excluded.issued_by, "
-                        "delegation_version = CASE WHEN revoked.delegation_version IS NULL "
-                        "OR excluded.delegation_version IS NULL THEN NULL "
-                        "ELSE greatest(revoked.delegation_version, excluded.delegation_version) END",
-                        [revocation.principal, revocation.revoke, revocation.value,
-                         revocation.effective_at, revocation.issued_by, version])
-        return [dk.principal(revocation.principal)]
+        return self.apply_identities([revocation])[0]  # type: ignore[return-value]
 
     # -- the compiler's read-only view ---------------------------------------------------
 

@@ -304,6 +304,16 @@ class Store:
                         [partition, instant])
         return True
 
+    def clocks(self) -> dict[int, datetime]:
+        """Each clock partition's last tick (a batch of ticks plays over these, then `set_clocks`)."""
+        return dict(self.db.execute("SELECT id, now FROM clock").fetchall())
+
+    def set_clocks(self, ticks: dict[int, datetime]) -> None:
+        """Record clock partitions' new last ticks in one statement (their order was checked by the caller)."""
+        if ticks:
+            self.insert_rows("clock", pa.table({"id": pa.array(list(ticks), pa.int32()),
+                                                "now": pa.array(list(ticks.values()), pa.timestamp("us", tz="UTC"))}))
+
     # -- counters ----------------------------------------------------------------------
 
     def bump_many(self, counts: dict[str, int]) -> None:
