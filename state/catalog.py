@@ -236,24 +236,26 @@ class Catalog:
 
     def principal(self, principal_id: str) -> Principal | None:
         """The principal with revoked roles, grants, delegations and sessions taken away."""
-        row = self.db.execute("SELECT roles, attributes, delegation_version FROM principals "
-                              "WHERE id = ? AND NOT deleted", [principal_id]).fetchone()
-        if row is None:
-            return None
-        # An upsert with a higher delegation version than a revocation's re-establishes what it lists.
-        revoked = self.db.execute("SELECT kind, value FROM revoked WHERE principal = ? AND "
-                                  "(delegation_version IS NULL OR delegation_version >= ?)",
-                                  [principal_id, row[2] or 0]).fetchall()
-        gone_roles = {v for k, v in revoked if k == "role"}
-        attributes = orjson.loads(row[1] or "{}")
-        for kind, attr in (("grant", "grants"), ("delegation", "delegations"), ("session", "sessions")):
-            gone = {v for k, v in revoked if k == kind}
-            if gone and isinstance(attributes.get(attr), list):
-                attributes[attr] = [v for v in attributes[attr] if v not in gone]
-        attributes["revoked_delegations"] = sorted(v for k, v in revoked if k == "delegation")
-        attributes["revoked_sessions"] = sorted(v for k, v in revoked if k == "session")
-        return Principal(id=principal_id, roles=tuple(r for r in row[0] or () if r not in gone_roles),
-                         attributes=attributes, delegation_version=row[2] or 0)
+        return self.principals_many([principal_id]).get(principal_id)
+
+    def principals_many(self, principal_ids: Sequence[str]) -> dict[str, Principal]:
+        """`principal` for many ids in two statements; ids unknown or deleted are left out."""
+        ids = sorted(set(principal_ids))
+        rows = self.db.execute("SELECT id, roles, attributes, delegation_version FROM principals "
+                               "WHERE id IN (SELECT unnest(?)) AND NOT deleted", [ids]).fetchall()
+        if not rows:
+            return {}
+        revoked: dict[str, list[tuple[str, str, int | None]]] = {}
+        for pid, kind, value, version in self.db.execute(
+                "SELECT principal, kind, value, delegation_version FROM revoked WHERE principal IN (SELECT unnest(?))",
+                [[r[0] for r in rows]]).fetchall():
+            revoked.setdefault(pid, []).append((kind, value, version))
+        out = {}
+        for pid, roles, attributes, version in rows:
+            # An upsert with a higher delegation version than a revocation's re-establishes what it lists.
+            out[pid] = _principal(pid, roles, attributes, version, [
+                (k, v) for k, v, as_of in revoked.get(pid, ()) if as_of is None or as_of >= (version or 0)])
+        return out
 
     def contract(self, decision_type: str, at: datetime | None = None) -> tuple[Contract, CompiledPolicy] | None:
         """The contract of a decision type and the bundle version governing it at `at` (see `governing`)."""
@@ -305,6 +307,20 @@ class Catalog:
             "list_contains(?, evidence_class) OR list_has_any(supports, ?) OR list_has_any(contradicts, ?)) "
             "ORDER BY id", [entities, classes, props, props]).fetchall()
         return [_resource_row(r) for r in rows]
+
+
+def _principal(pid: str, roles, attributes: str | None, version: int | None,
+               revoked: list[tuple[str, str]]) -> Principal:
+    gone_roles = {v for k, v in revoked if k == "role"}
+    attrs = orjson.loads(attributes or "{}")
+    for kind, attr in (("grant", "grants"), ("delegation", "delegations"), ("session", "sessions")):
+        gone = {v for k, v in revoked if k == kind}
+        if gone and isinstance(attrs.get(attr), list):
+            attrs[attr] = [v for v in attrs[attr] if v not in gone]
+    attrs["revoked_delegations"] = sorted(v for k, v in revoked if k == "delegation")
+    attrs["revoked_sessions"] = sorted(v for k, v in revoked if k == "session")
+    return Principal(id=pid, roles=tuple(r for r in roles or () if r not in gone_roles),
+                     attributes=attrs, delegation_version=version or 0)
 
 
 def _resource_table(resources: Sequence[Resource]) -> pa.Table:
