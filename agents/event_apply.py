@@ -84,6 +84,7 @@ class EventApplier:
                 except Exception as exc:  # noqa: BLE001
                     log.exception("event at %s/%d/%d could not be applied", message.topic,
                                   message.partition, message.offset)
+                    self.state.catalog.forget_cached()
                     counts: Counter[str] = Counter()
                     with self.state.store.transaction():
                         self.state.store.save_offsets({(message.topic, message.partition): message.offset + 1})

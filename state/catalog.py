@@ -43,6 +43,7 @@ class Catalog:
         self._policies: dict[tuple[str, int], CompiledPolicy] = {}
         self._contracts: dict[tuple[str, int, str], Contract] = {}  # versions never change once kept
         self._policy_texts: list[str] | None = None  # Cedar texts of the stored bundles, read once per change
+        self._rules: dict[str, set[str]] | None = None  # source rules, read once per change
         self._migrate()
 
     def _migrate(self) -> None:
@@ -56,6 +57,7 @@ class Catalog:
     def forget_cached(self) -> None:
         """Drop what was read inside a transaction that rolled back."""
         self._policy_texts = None
+        self._rules = None
 
     # -- applying events: each returns the dependency keys it touched ------------------
 
@@ -82,9 +84,7 @@ class Catalog:
             r[0]: r[1:] for r in self.db.execute(
                 "SELECT id, version, deleted, entity, evidence_class, supports, contradicts FROM resources "
                 "WHERE id IN (SELECT unnest(?))", [ids]).fetchall()}
-        rules: dict[str, set[str]] = {}
-        for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
-            rules.setdefault(group, set()).update(classes)
+        rules = self._source_rules()
         written: dict[str, Resource | None] = {}
         out: list[list[str] | InvalidEvent | None] = []
         for change in changes:
@@ -119,6 +119,15 @@ class Catalog:
         if deletes:
             self.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
         return out
+
+    def _source_rules(self) -> dict[str, set[str]]:
+        """Provenance group -> the evidence classes it may assert, read once per policy change."""
+        if self._rules is None:
+            rules: dict[str, set[str]] = {}
+            for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
+                rules.setdefault(group, set()).update(classes)
+            self._rules = rules
+        return self._rules
 
     def apply_identities(self, items: Sequence[Identity]) -> list[list[str] | None]:
         """Apply principal and entity changes and revocations in order, in bulk (see `apply_identities`)."""
@@ -161,7 +170,7 @@ class Catalog:
                                + ", ".join(f"{d} (bundle {b})" for d, b in sorted(owned))
                                + "; retire them there first; the previous version stays active")
         self._policies[(bundle.bundle_id, bundle.version)] = compiled
-        self._policy_texts = None
+        self._policy_texts = self._rules = None
         before = [r[0] for r in self.db.execute("SELECT decision_type FROM contracts WHERE bundle_id = ?",
                                                 [bundle.bundle_id]).fetchall()]
         self.db.execute("DELETE FROM contracts WHERE bundle_id = ?", [bundle.bundle_id])
