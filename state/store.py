@@ -68,6 +68,9 @@ CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 """
 
 
+SMALL_INSERT_ROWS = 32  # up to this many rows are written as parameters, more through an Arrow scan
+
+
 class Store:
     """One DuckDB connection to the service's file; every write goes through `transaction()`."""
 
@@ -169,10 +172,12 @@ class Store:
         """Write many rows in one statement (the hot paths batch through here)."""
         if rows.num_rows == 0:
             return
-        if rows.num_rows == 1 and not on_conflict:
-            # One row: a parameterised statement costs half of registering an Arrow scan.
-            values = [rows.column(i)[0].as_py() for i in range(rows.num_columns)]
-            self.db.execute(f"{verb} {table} VALUES ({', '.join('?' * len(values))})", values)
+        if rows.num_rows <= SMALL_INSERT_ROWS:
+            # A few rows: a parameterised statement costs half of registering an Arrow scan.
+            columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
+            row = f"({', '.join('?' * rows.num_columns)})"
+            self.db.execute(f"{verb} {table} VALUES {', '.join([row] * rows.num_rows)} {on_conflict}",
+                            [v for values in zip(*columns, strict=True) for v in values])
             return
         name = f"_rows_{table}"
         self.db.register(name, rows)
