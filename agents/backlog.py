@@ -22,7 +22,7 @@ def recompile_queued(writer: PlanWriter, limit: int, owns: Callable[[str, int], 
             return 0
         now = state.store.now()
         heads = state.plans.heads([e[0] for e in entries])
-        view = writer.snapshot([request for _, request, _ in heads.values()])
+        view = writer.snapshot([request for _, request, _ in heads.values()], now)
         counts: Counter[str] = Counter()
         published, local, successors, dropped = [], [], [], []
         # Skipped: compiled on demand by a select in the meantime.

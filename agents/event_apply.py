@@ -6,9 +6,10 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Sequence
 
+from compiler import dependency_keys as dk
 from agents.plan_writer import PlanWriter, Touched, wall_now
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
@@ -83,6 +84,7 @@ class EventApplier:
                 except Exception as exc:  # noqa: BLE001
                     log.exception("event at %s/%d/%d could not be applied", message.topic,
                                   message.partition, message.offset)
+                    self.state.catalog.forget_cached()
                     counts: Counter[str] = Counter()
                     with self.state.store.transaction():
                         self.state.store.save_offsets({(message.topic, message.partition): message.offset + 1})
@@ -136,19 +138,43 @@ class EventApplier:
 
     def _apply_events(self, fresh: list[tuple[RawMessage, InputEvent]],
                       counts: Counter[str]) -> list[tuple[list[str], dict[str, str], dict]]:
-        """Apply events in order (resource changes in one bulk write); (keys, cause) per applied event."""
+        """Apply events in order, in bulk; (keys, plans due by time, cause) per applied event.
+
+        Resource changes are one bulk write; principal, entity and revocation changes and clock
+        ticks one per run between policy bundles (a bundle changes which principal attributes
+        matter), so a batch costs a constant number of statements however many events it holds.
+        """
         resources = [(i, e.payload) for i, (_, e) in enumerate(fresh)
                      if isinstance(e.payload, SourceChange) and e.payload.kind == "resource"]
         results: dict[int, list[str] | InvalidEvent | None] = dict(zip(
             (i for i, _ in resources), self.state.catalog.apply_resources([c for _, c in resources]), strict=True))
-        keyed: list[tuple[list[str], dict[str, str], dict]] = []
+        clocks: dict[int, datetime] | None = None
+        ticked: dict[int, datetime] = {}
+        run: list[int] = []
         for i, (m, event) in enumerate(fresh):
-            try:
-                keys = results[i] if i in results else self._apply_event(event, m.partition)
-                if isinstance(keys, InvalidEvent):
-                    raise keys
-            except InvalidEvent as exc:
-                self._dead_letter(m, exc.error_class, exc.message, counts)
+            payload = event.payload
+            if isinstance(payload, PolicyBundle):
+                self._apply_identities(fresh, run, results)
+                run = []
+                try:
+                    results[i] = self.state.catalog.apply_policy(payload)
+                except InvalidEvent as exc:
+                    results[i] = exc
+            elif isinstance(payload, ClockTick):
+                clocks = self.state.store.clocks() if clocks is None else clocks
+                results[i] = self._tick(payload, m.partition, clocks, ticked)
+            elif isinstance(payload, Revocation) or (isinstance(payload, SourceChange) and payload.kind != "resource"):
+                run.append(i)
+            elif i not in results:
+                results[i] = InvalidEvent("schema_violation", f"no handler for {type(payload).__name__}")
+        self._apply_identities(fresh, run, results)
+        self.state.store.set_clocks(ticked)
+        keyed: list[tuple[list[str], dict[str, str], dict]] = []
+        ticks: list[tuple[datetime, int]] = []
+        for i, (m, event) in enumerate(fresh):
+            keys = results[i]
+            if isinstance(keys, InvalidEvent):
+                self._dead_letter(m, keys.error_class, keys.message, counts)
                 continue
             if keys is None:
                 counts["ignored_old_versions"] += 1
@@ -158,9 +184,46 @@ class EventApplier:
                                         "occurred_at": format_instant(event.occurred_at), "applied_at": wall_now()}
             cause = {"topic": m.topic, "partition": m.partition, "offset": m.offset, "event_id": event.event_id,
                      "_timestamp": m.timestamp}
-            due = self.state.index.due(event.payload.now) if isinstance(event.payload, ClockTick) else {}
-            keyed.append((keys, due, cause))
+            if isinstance(event.payload, ClockTick):
+                ticks.append((event.payload.now, len(keyed)))
+            keyed.append((keys, {}, cause))
+        self._due(ticks, keyed)
         return keyed
+
+    def _apply_identities(self, fresh: list[tuple[RawMessage, InputEvent]], run: list[int],
+                          results: dict[int, list[str] | InvalidEvent | None]) -> None:
+        if run:
+            results.update(zip(run, self.state.catalog.apply_identities([fresh[i][1].payload for i in run]),
+                               strict=True))
+
+    def _tick(self, tick: ClockTick, partition: int, clocks: dict[int, datetime],
+              ticked: dict[int, datetime]) -> list[str] | InvalidEvent | None:
+        """Play a tick over the clock partitions' last ticks: [] when it moves its partition, None for a repeat."""
+        now = max(clocks.values(), default=None)
+        # One wild tick must not move event time for good (later correct ticks would all regress).
+        if now is not None and self.max_clock_jump is not None and tick.now - now > self.max_clock_jump:
+            return InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} past the "
+                                "current now; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
+        last = clocks.get(partition)
+        if last is not None and tick.now <= last:
+            if tick.now == last:
+                return None
+            return InvalidEvent("clock_regression", "now is older than the last tick on clock partition "
+                                f"{partition}; event time only moves forward")
+        clocks[partition] = ticked[partition] = tick.now
+        return []
+
+    def _due(self, ticks: list[tuple[datetime, int]], keyed: list[tuple[list[str], dict[str, str], dict]]) -> None:
+        """Plans whose validity horizon a tick reached, each under the first tick in the batch that reached it.
+
+        One index read for the latest tick: a horizon that tick reached, an earlier one may have too.
+        """
+        if not ticks:
+            return
+        for plan_key, time_key in self.state.index.due(max(now for now, _ in ticks)).items():
+            horizon = dk.time_of(time_key)
+            first = next((n for now, n in ticks if horizon is None or now >= horizon), ticks[-1][1])
+            keyed[first][1][plan_key] = time_key
 
     def _affected(self, keyed: list[tuple[list[str], dict[str, str], dict]]) -> Touched:
         """Plan keys touched by the batch, each with the first dependency key and event that touched it."""
@@ -176,28 +239,6 @@ class EventApplier:
             if plan_key not in touched or order < touched[plan_key][0]:
                 touched[plan_key] = (order, dep_key, cause)
         return {k: (dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
-
-    def _apply_event(self, event: InputEvent, partition: int = 0) -> list[str] | None:
-        payload = event.payload
-        catalog = self.state.catalog
-        if isinstance(payload, SourceChange):
-            return catalog.apply_source_change(payload)
-        if isinstance(payload, PolicyBundle):
-            return catalog.apply_policy(payload)
-        if isinstance(payload, Revocation):
-            return catalog.apply_revocation(payload)
-        if isinstance(payload, ClockTick):
-            now = self.state.store.now()
-            # One wild tick must not move event time for good (later correct ticks would all regress).
-            if now is not None and self.max_clock_jump is not None and payload.now - now > self.max_clock_jump:
-                raise InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} past the "
-                                   "current now; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
-            moved = self.state.store.advance_clock(payload.now, partition)
-            if moved is None:
-                raise InvalidEvent("clock_regression", "now is older than the last tick on clock partition "
-                                   f"{partition}; event time only moves forward")
-            return [] if moved else None
-        raise InvalidEvent("schema_violation", f"no handler for {type(payload).__name__}")
 
     def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
         record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value)

@@ -46,10 +46,10 @@ class PlanWriter:
 
     # -- compile -----------------------------------------------------------------------
 
-    def snapshot(self, requests: Sequence[dict]) -> CatalogSnapshot:
-        """A memoising catalog view for compiling these requests together."""
+    def snapshot(self, requests: Sequence[dict], now: datetime | None = None) -> CatalogSnapshot:
+        """A memoising catalog view for compiling these requests together (`now`: the store's, if known)."""
         view = CatalogSnapshot(self.state.catalog)
-        view.prefetch(list(requests))
+        view.prefetch(list(requests), now)
         return view
 
     def compile_all(self, items: Sequence[tuple[str, dict]], view, now: datetime | None,
@@ -89,7 +89,8 @@ class PlanWriter:
     # -- store and adopt ---------------------------------------------------------------
 
     def store(self, plans: Sequence[CompiledPlan], now: datetime | None, counts: Counter[str],
-              publish: bool = True, sources: Sequence[Source | None] | None = None, standby: bool = False) -> None:
+              publish: bool = True, sources: Sequence[Source | None] | None = None, standby: bool = False,
+              outbox: list | None = None) -> None:
         """Make compilations current: plans, receipts, index edges, and (if `publish`) both on the outbox.
 
         Without `publish` this adopts them: the same outcome another worker (or an earlier run)
@@ -97,6 +98,7 @@ class PlanWriter:
         reflected. Either way the internal `plan-dependencies` record is refreshed: a recompilation
         that came out the same still moves `compiled_as_of` past the change that caused it, else a
         later owner would judge the plan stale by that change and announce it for nothing.
+        With `outbox` (a list), the records are appended to it for the caller to queue in one write.
         """
         if not plans:
             return
@@ -119,21 +121,27 @@ class PlanWriter:
                          orjson.dumps(dict(published, dependencies=sorted(p.dependencies)),
                                       option=orjson.OPT_NON_STR_KEYS)))
             row_sources.append(source)
-        state.outbox.add_many(rows, row_sources, standby=standby)
+        if outbox is not None:
+            outbox.append((rows, row_sources))
+        else:
+            state.outbox.add_many(rows, row_sources, standby=standby)
         counts["compilations"] += len(plans)
         counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
 
     # -- announce ----------------------------------------------------------------------
 
     def announce(self, invalidations: Sequence[Invalidation], sources: Sequence[Source | None] | None = None,
-                 standby: bool = False) -> None:
-        """Queue the `plan-invalidations` records (and audit receipts) of these invalidations."""
+                 standby: bool = False, outbox: list | None = None) -> None:
+        """Queue the `plan-invalidations` records (and audit receipts) of these invalidations (see `store`)."""
         rows, row_sources = [], []
         for i, entry in enumerate(invalidations):
             plan_rows = entry.rows(self.topic_of("plan-invalidations"), self.topic_of("receipts"))
             rows.extend(plan_rows)
             row_sources += [sources[i] if sources else None] * len(plan_rows)
-        self.state.outbox.add_many(rows, row_sources, standby=standby)
+        if outbox is not None:
+            outbox.append((rows, row_sources))
+        else:
+            self.state.outbox.add_many(rows, row_sources, standby=standby)
 
     def caused(self, old_id: str, plan_key: str, dep_key: str, cause: dict, successor: str | None,
                now: datetime | None, memo: dict, visible: set[str] | None = None, reason: str | None = None,
@@ -177,7 +185,7 @@ class PlanWriter:
             return
         heads = {k: (plan_id, orjson.loads(request), status) for k, (plan_id, request, status) in heads.items()}
         visible = self._discoverable(touched, heads)
-        view = self.snapshot([request for _, request, _ in heads.values()])
+        view = self.snapshot([request for _, request, _ in heads.values()], now)
         current: list[CompiledPlan] = []
         successors: list[CompiledPlan] = []
         announced: list[Invalidation] = []
@@ -210,8 +218,11 @@ class PlanWriter:
                 successors.append(compiled)
                 successor_sources.append(source)
         counts["invalidations"] += len(announced)
-        self.announce(announced, sources, standby)
-        self.store(successors, now, counts, publish=True, sources=successor_sources, standby=standby)
+        outbox: list = []  # announcements first, then successors: one outbox write for both
+        self.announce(announced, sources, standby, outbox)
+        self.store(successors, now, counts, publish=True, sources=successor_sources, standby=standby, outbox=outbox)
+        state.outbox.add_many([r for rows, _ in outbox for r in rows], [s for _, srcs in outbox for s in srcs],
+                              standby=standby)
         self.store(current, now, counts, publish=False)
         state.plans.invalidate_many([e.history_entry() for e in announced], now)
         state.plans.drop_heads(dropped)

@@ -38,6 +38,8 @@ class Publisher:
         self.run_writes = run
         self.duty = duty  # input partitions the consumer group gave this worker
         self.lock = asyncio.Lock()  # one flush at a time: records leave in outbox order
+        self._again = False  # promoted records wait for a flush that has not read the outbox yet
+        self._flushing: asyncio.Task | None = None
 
     async def publish_owned(self, messages) -> None:
         """Publish at once what the replica's batch caused on partitions this worker owns.
@@ -55,7 +57,22 @@ class Publisher:
         if not spans:
             return
         await self.run_writes(self.promote, spans, drop_earlier=False)
-        await self.publish()
+        self.kick()
+
+    def kick(self) -> None:
+        """Publish in the background: the replica applies its next batch while the broker acknowledges.
+
+        One flush task at a time; a kick during a flush makes it read the outbox once more, so a
+        record promoted after its last read is never left for the timer.
+        """
+        self._again = True
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_while_asked())
+
+    async def _flush_while_asked(self) -> None:
+        while self._again:
+            self._again = False
+            await self.publish()
 
     def promote(self, spans: Spans, drop_earlier: bool = True) -> None:
         """Release what events first..last of these input partitions caused (on the writer thread)."""

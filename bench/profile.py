@@ -46,14 +46,24 @@ def profile_apply(workload: Workload, events: int = 600, batch: int = 50) -> tup
     return text, _shares(session.root_frame(), session.duration)
 
 
-PARTS = {"compile_request": "compiling (passes 1-6, incl. catalog reads)",
-         "Catalog.candidates_many": "fetching candidates (DuckDB)",
-         "Invalidator.store_compiled": "storing plans, receipts, index edges (DuckDB)",
-         "Catalog.apply_resources": "applying source changes (DuckDB)",
+PARTS = {"PlanWriter.compile_all": "compiling (passes 1-6, incl. catalog reads)",
+         "CatalogSnapshot.prefetch": "fetching entities and candidates (DuckDB)",
          "PlanStore.heads": "reading plan heads (DuckDB)",
+         "PlanWriter.store": "storing plans, receipts, index edges, outbox (DuckDB)",
+         "PlanWriter.announce": "queueing invalidations (DuckDB)",
+         "PlanStore.invalidate_many": "marking plans invalidated (DuckDB)",
+         "Catalog.apply_resources": "applying resource changes (DuckDB)",
+         "Catalog.apply_principals": "applying principal changes (DuckDB)",
+         "Catalog._apply_principal": "applying principal changes (DuckDB)",
+         "Catalog.apply_revocations": "applying revocations (DuckDB)",
+         "Catalog.apply_revocation": "applying revocations (DuckDB)",
+         "EventApplier._affected": "finding affected plans (DuckDB)",
+         "KeyChanges.record": "recording key changes (DuckDB)",
+         "Store.claim_events": "event-id dedupe (DuckDB)",
          "Store.save_offsets": "saving offsets (DuckDB)",
          "Store.bump_many": "counters (DuckDB)",
-         "Outbox.add_many": "outbox writes (DuckDB)"}
+         "decode": "decoding events",
+         "Store.transaction": "transaction begin/commit (DuckDB)"}
 
 
 def _shares(root, duration: float) -> dict[str, float]:

@@ -18,12 +18,18 @@ def tidy(value: float) -> float:
     return float(f"{value:.{SIGNIFICANT}g}") + 0.0
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})  # kept as they are: most leaves of a plan
+
+
 def tidy_all(doc: Any) -> Any:
     """`doc` with every float inside it tidied (dicts, lists and tuples are rebuilt, the rest kept)."""
+    # Exact types first: a plan has thousands of leaves, and a call per string costs as much as the walk.
+    if type(doc) in _PLAIN:
+        return doc
     if isinstance(doc, float):
         return tidy(doc)
     if isinstance(doc, dict):
-        return {k: tidy_all(v) for k, v in doc.items()}
+        return {k: v if type(v) in _PLAIN else tidy_all(v) for k, v in doc.items()}
     if isinstance(doc, (list, tuple)):
-        return [tidy_all(v) for v in doc]
+        return [v if type(v) in _PLAIN else tidy_all(v) for v in doc]
     return doc

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from datetime import datetime
 from typing import Sequence
@@ -16,14 +15,13 @@ from compiler.evsi import ModelError, decision_model
 from compiler.policy import CompiledPolicy, compile_policy
 from schemas.codec import contract_from
 from schemas.errors import InvalidEvent
-from schemas.records import (Contract, Entity, PolicyBundle, Principal, Resource, Revocation,
-                             SourceChange)
+from schemas.records import Contract, PolicyBundle, Principal, Resource, Revocation, SourceChange
+from state.catalog_identities import Identity, apply_identities
 from state.policy_history import governing, keep_version, versions_of
 from state.store import Store
 
 _RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
                   "valid_from, valid_to, superseded_by, provenance_group, sensitivity, attributes, observed_at")
-_WORD = re.compile(r"\w+")
 
 
 def _resource_row(row: tuple) -> Resource:
@@ -45,6 +43,7 @@ class Catalog:
         self._policies: dict[tuple[str, int], CompiledPolicy] = {}
         self._contracts: dict[tuple[str, int, str], Contract] = {}  # versions never change once kept
         self._policy_texts: list[str] | None = None  # Cedar texts of the stored bundles, read once per change
+        self._rules: dict[str, set[str]] | None = None  # source rules, read once per change
         self._migrate()
 
     def _migrate(self) -> None:
@@ -58,6 +57,7 @@ class Catalog:
     def forget_cached(self) -> None:
         """Drop what was read inside a transaction that rolled back."""
         self._policy_texts = None
+        self._rules = None
 
     # -- applying events: each returns the dependency keys it touched ------------------
 
@@ -65,9 +65,7 @@ class Catalog:
         """Apply an upsert or delete; None when it is older than what is stored."""
         if change.kind == "resource":
             return self._apply_resource(change)
-        if change.kind == "principal":
-            return self._apply_principal(change)
-        return self._apply_entity(change)
+        return self.apply_identities([change])[0]
 
     def _apply_resource(self, change: SourceChange) -> list[str] | None:
         result = self.apply_resources([change])[0]
@@ -86,9 +84,7 @@ class Catalog:
             r[0]: r[1:] for r in self.db.execute(
                 "SELECT id, version, deleted, entity, evidence_class, supports, contradicts FROM resources "
                 "WHERE id IN (SELECT unnest(?))", [ids]).fetchall()}
-        rules: dict[str, set[str]] = {}
-        for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
-            rules.setdefault(group, set()).update(classes)
+        rules = self._source_rules()
         written: dict[str, Resource | None] = {}
         out: list[list[str] | InvalidEvent | None] = []
         for change in changes:
@@ -124,62 +120,24 @@ class Catalog:
             self.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
         return out
 
-    def _apply_principal(self, change: SourceChange) -> list[str] | None:
-        new: Principal | None = change.record  # type: ignore[assignment]
-        old = self.db.execute("SELECT delegation_version, deleted, roles, attributes FROM principals WHERE id = ?",
-                              [change.record_id]).fetchone()
-        if new is None:
-            if old is None or old[1]:
-                return None
-            self.db.execute("UPDATE principals SET deleted = true WHERE id = ?", [change.record_id])
-        else:
-            if old is not None and not old[1] and new.delegation_version < old[0]:
-                return None
-            self.db.execute("INSERT OR REPLACE INTO principals VALUES (?, ?, ?, ?, false)",
-                            [new.id, list(new.roles), orjson.dumps(dict(new.attributes)).decode(),
-                             new.delegation_version])
-            # A revocation that arrived before its principal applies as of the first version seen.
-            self.db.execute("UPDATE revoked SET delegation_version = ? WHERE principal = ? "
-                            "AND delegation_version IS NULL", [new.delegation_version, new.id])
-            if old is not None and not old[1] and not self._principal_change_matters(old, new):
-                return []
-        return [dk.principal(change.record_id)]
+    def _source_rules(self) -> dict[str, set[str]]:
+        """Provenance group -> the evidence classes it may assert, read once per policy change."""
+        if self._rules is None:
+            rules: dict[str, set[str]] = {}
+            for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
+                rules.setdefault(group, set()).update(classes)
+            self._rules = rules
+        return self._rules
 
-    def _principal_change_matters(self, old: tuple, new: Principal) -> bool:
-        """Whether an upsert can change any plan: roles, delegation, or an attribute some policy reads.
+    def apply_identities(self, items: Sequence[Identity]) -> list[list[str] | None]:
+        """Apply principal and entity changes and revocations in order, in bulk (see `apply_identities`)."""
+        return apply_identities(self.store, items, self._stored_policy_texts)
 
-        Cedar reads attributes only by their literal names, so an attribute whose name appears in
-        no stored policy text cannot change an authorisation; the compiler itself reads only the
-        revocable lists. Anything else (a department rename, a phone number) invalidates nothing.
-        """
-        if new.delegation_version != old[0] or sorted(new.roles) != sorted(old[2] or ()):
-            return True
-        before, after = orjson.loads(old[3] or "{}"), dict(new.attributes)
-        changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
-        if not changed:
-            return False
-        if changed & {"grants", "delegations", "sessions"}:
-            return True
+    def _stored_policy_texts(self) -> list[str]:
+        """Cedar texts of every kept bundle version, read once per policy change."""
         if self._policy_texts is None:
             self._policy_texts = [r[0] for r in self.db.execute("SELECT cedar FROM policy_versions").fetchall()]
-        return any(re.search(rf"\b{re.escape(name)}\b", text) for name in changed for text in self._policy_texts)
-
-    def _apply_entity(self, change: SourceChange) -> list[str] | None:
-        new: Entity | None = change.record  # type: ignore[assignment]
-        old = self.db.execute("SELECT aliases FROM entities WHERE id = ? AND NOT deleted",
-                              [change.record_id]).fetchone()
-        names = {change.record_id.lower()} | {a.lower() for a in (old[0] if old else ())}
-        if new is None:
-            if old is None:
-                return None
-            self.db.execute("UPDATE entities SET deleted = true WHERE id = ?", [change.record_id])
-        else:
-            names |= {a.lower() for a in new.aliases}
-            self.db.execute("INSERT OR REPLACE INTO entities VALUES (?, ?, false)",
-                            [new.id, list(new.aliases)])
-        words = sorted({w for n in names for w in _WORD.findall(n)})
-        return ([dk.entity(change.record_id)] + [dk.alias(n) for n in sorted(names)]
-                + [dk.name_word(w) for w in words])
+        return self._policy_texts
 
     def apply_policy(self, bundle: PolicyBundle) -> list[str] | None:
         """Keep a newer bundle version whole; a bundle whose Cedar fails to parse is rejected whole.
@@ -212,7 +170,7 @@ class Catalog:
                                + ", ".join(f"{d} (bundle {b})" for d, b in sorted(owned))
                                + "; retire them there first; the previous version stays active")
         self._policies[(bundle.bundle_id, bundle.version)] = compiled
-        self._policy_texts = None
+        self._policy_texts = self._rules = None
         before = [r[0] for r in self.db.execute("SELECT decision_type FROM contracts WHERE bundle_id = ?",
                                                 [bundle.bundle_id]).fetchall()]
         self.db.execute("DELETE FROM contracts WHERE bundle_id = ?", [bundle.bundle_id])
@@ -243,19 +201,7 @@ class Catalog:
         principal's (else the next upsert's). Only an upsert with a higher version ends it, and a
         repeat can only raise that version, never lower it.
         """
-        version = revocation.delegation_version
-        if version is None:
-            row = self.db.execute("SELECT delegation_version FROM principals WHERE id = ?",
-                                  [revocation.principal]).fetchone()
-            version = row[0] if row else None
-        self.db.execute("INSERT INTO revoked VALUES (?, ?, ?, ?, ?, NULL, ?) ON CONFLICT (principal, kind, value) "
-                        "DO UPDATE SET effective_at = excluded.effective_at, issued_by = excluded.issued_by, "
-                        "delegation_version = CASE WHEN revoked.delegation_version IS NULL "
-                        "OR excluded.delegation_version IS NULL THEN NULL "
-                        "ELSE greatest(revoked.delegation_version, excluded.delegation_version) END",
-                        [revocation.principal, revocation.revoke, revocation.value,
-                         revocation.effective_at, revocation.issued_by, version])
-        return [dk.principal(revocation.principal)]
+        return self.apply_identities([revocation])[0]  # type: ignore[return-value]
 
     # -- the compiler's read-only view ---------------------------------------------------
 
@@ -299,24 +245,26 @@ class Catalog:
 
     def principal(self, principal_id: str) -> Principal | None:
         """The principal with revoked roles, grants, delegations and sessions taken away."""
-        row = self.db.execute("SELECT roles, attributes, delegation_version FROM principals "
-                              "WHERE id = ? AND NOT deleted", [principal_id]).fetchone()
-        if row is None:
-            return None
-        # An upsert with a higher delegation version than a revocation's re-establishes what it lists.
-        revoked = self.db.execute("SELECT kind, value FROM revoked WHERE principal = ? AND "
-                                  "(delegation_version IS NULL OR delegation_version >= ?)",
-                                  [principal_id, row[2] or 0]).fetchall()
-        gone_roles = {v for k, v in revoked if k == "role"}
-        attributes = orjson.loads(row[1] or "{}")
-        for kind, attr in (("grant", "grants"), ("delegation", "delegations"), ("session", "sessions")):
-            gone = {v for k, v in revoked if k == kind}
-            if gone and isinstance(attributes.get(attr), list):
-                attributes[attr] = [v for v in attributes[attr] if v not in gone]
-        attributes["revoked_delegations"] = sorted(v for k, v in revoked if k == "delegation")
-        attributes["revoked_sessions"] = sorted(v for k, v in revoked if k == "session")
-        return Principal(id=principal_id, roles=tuple(r for r in row[0] or () if r not in gone_roles),
-                         attributes=attributes, delegation_version=row[2] or 0)
+        return self.principals_many([principal_id]).get(principal_id)
+
+    def principals_many(self, principal_ids: Sequence[str]) -> dict[str, Principal]:
+        """`principal` for many ids in two statements; ids unknown or deleted are left out."""
+        ids = sorted(set(principal_ids))
+        rows = self.db.execute("SELECT id, roles, attributes, delegation_version FROM principals "
+                               "WHERE id IN (SELECT unnest(?)) AND NOT deleted", [ids]).fetchall()
+        if not rows:
+            return {}
+        revoked: dict[str, list[tuple[str, str, int | None]]] = {}
+        for pid, kind, value, version in self.db.execute(
+                "SELECT principal, kind, value, delegation_version FROM revoked WHERE principal IN (SELECT unnest(?))",
+                [[r[0] for r in rows]]).fetchall():
+            revoked.setdefault(pid, []).append((kind, value, version))
+        out = {}
+        for pid, roles, attributes, version in rows:
+            # An upsert with a higher delegation version than a revocation's re-establishes what it lists.
+            out[pid] = _principal(pid, roles, attributes, version, [
+                (k, v) for k, v, as_of in revoked.get(pid, ()) if as_of is None or as_of >= (version or 0)])
+        return out
 
     def contract(self, decision_type: str, at: datetime | None = None) -> tuple[Contract, CompiledPolicy] | None:
         """The contract of a decision type and the bundle version governing it at `at` (see `governing`)."""
@@ -368,6 +316,20 @@ class Catalog:
             "list_contains(?, evidence_class) OR list_has_any(supports, ?) OR list_has_any(contradicts, ?)) "
             "ORDER BY id", [entities, classes, props, props]).fetchall()
         return [_resource_row(r) for r in rows]
+
+
+def _principal(pid: str, roles, attributes: str | None, version: int | None,
+               revoked: list[tuple[str, str]]) -> Principal:
+    gone_roles = {v for k, v in revoked if k == "role"}
+    attrs = orjson.loads(attributes or "{}")
+    for kind, attr in (("grant", "grants"), ("delegation", "delegations"), ("session", "sessions")):
+        gone = {v for k, v in revoked if k == kind}
+        if gone and isinstance(attrs.get(attr), list):
+            attrs[attr] = [v for v in attrs[attr] if v not in gone]
+    attrs["revoked_delegations"] = sorted(v for k, v in revoked if k == "delegation")
+    attrs["revoked_sessions"] = sorted(v for k, v in revoked if k == "session")
+    return Principal(id=pid, roles=tuple(r for r in roles or () if r not in gone_roles),
+                     attributes=attrs, delegation_version=version or 0)
 
 
 def _resource_table(resources: Sequence[Resource]) -> pa.Table:

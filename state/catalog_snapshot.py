@@ -78,12 +78,17 @@ class CatalogSnapshot:
         return self._get(("trusted",), self.catalog.trusted_sources)
 
     def prefetch(self, requests: Sequence[dict], now: datetime | None = None) -> None:
-        """Resolve many requests' entities in one statement, and load their candidates in one per decision type.
+        """Resolve many requests' principals and entities together; candidates in one statement per decision type.
 
         Each request's contract is the one in effect at its decision_time, or at `now` (default:
         the store's) when live.
         """
         now = now or self.catalog.store.now()
+        pids = {r["principal"] for r in requests if isinstance(r.get("principal"), str)}
+        if len(pids) > 1:
+            found = self.catalog.principals_many(sorted(pids))
+            for pid in pids:
+                self._memo.setdefault(("principal", pid), found.get(pid))
         names = sorted({r["entity"] for r in requests if isinstance(r.get("entity"), str)})
         if len(names) > 1:
             for name, ids in self.catalog.entity_matches_many(names).items():

@@ -71,6 +71,9 @@ CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 """
 
 
+SMALL_INSERT_ROWS = 32  # up to this many rows are written as parameters, more through an Arrow scan
+
+
 class Store:
     """One DuckDB connection to the service's file; every write goes through `transaction()`."""
 
@@ -172,10 +175,12 @@ class Store:
         """Write many rows in one statement (the hot paths batch through here)."""
         if rows.num_rows == 0:
             return
-        if rows.num_rows == 1 and not on_conflict:
-            # One row: a parameterised statement costs half of registering an Arrow scan.
-            values = [rows.column(i)[0].as_py() for i in range(rows.num_columns)]
-            self.db.execute(f"{verb} {table} VALUES ({', '.join('?' * len(values))})", values)
+        if rows.num_rows <= SMALL_INSERT_ROWS:
+            # A few rows: a parameterised statement costs half of registering an Arrow scan.
+            columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
+            row = f"({', '.join('?' * rows.num_columns)})"
+            self.db.execute(f"{verb} {table} VALUES {', '.join([row] * rows.num_rows)} {on_conflict}",
+                            [v for values in zip(*columns, strict=True) for v in values])
             return
         name = f"_rows_{table}"
         self.db.register(name, rows)
@@ -306,6 +311,16 @@ class Store:
         self.db.execute("INSERT INTO clock VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET now = excluded.now",
                         [partition, instant])
         return True
+
+    def clocks(self) -> dict[int, datetime]:
+        """Each clock partition's last tick (a batch of ticks plays over these, then `set_clocks`)."""
+        return dict(self.db.execute("SELECT id, now FROM clock").fetchall())
+
+    def set_clocks(self, ticks: dict[int, datetime]) -> None:
+        """Record clock partitions' new last ticks in one statement (their order was checked by the caller)."""
+        if ticks:
+            self.insert_rows("clock", pa.table({"id": pa.array(list(ticks), pa.int32()),
+                                                "now": pa.array(list(ticks.values()), pa.timestamp("us", tz="UTC"))}))
 
     # -- counters ----------------------------------------------------------------------
 

@@ -94,14 +94,14 @@ def test_a_deleted_principals_plan_is_succeeded_by_one_that_withholds_everything
 def test_a_poison_event_is_dead_lettered_and_the_batch_still_applies(setup, monkeypatch):
     state, inv, query = setup
     query.select(ATLAS_REQUEST)
-    original = state.catalog.apply_revocation
+    original = state.catalog.apply_identities
 
-    def explode(revocation):
-        if revocation.principal == "omar":
+    def explode(items):
+        if any(getattr(item, "principal", None) == "omar" for item in items):
             raise RuntimeError("simulated bug")
-        return original(revocation)
+        return original(items)
 
-    monkeypatch.setattr(state.catalog, "apply_revocation", explode)
+    monkeypatch.setattr(state.catalog, "apply_identities", explode)
     inv.apply([raw(*revoke_role("omar", "financial_crime")), raw(*revoke_role("maya", "credit_analyst"))])
     [letter] = outbox(state, "dead-letters")
     assert letter["error_class"] == "processing_error" and "RuntimeError" in letter["message"]
