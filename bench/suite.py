@@ -188,7 +188,7 @@ def next_steps(result: dict) -> list[str]:
         steps.append(f"Taking parked plans over spends most in its {slowest} phase ({phases.get(slowest)} s): see "
                      "`takeover.phases` (step 3).")
     if any(m.startswith("take-over after") for m in missed):
-        steps.append("Take-over waits for the group's session timeout and then for the survivor to publish what "
-                     "its standby held; restore heads and keys from a compacted topic instead of recompiling "
-                     "(step 3).")
+        steps.append("Take-over after kill -9 waits for the group's session timeout (the group cannot notice a "
+                     "dead member sooner) before the survivor judges its parked plans; see `owned_all_seconds` "
+                     "against `announced_all_seconds`, and consider a shorter session timeout (step 3).")
     return steps
