@@ -141,6 +141,18 @@ class WorkerProcess:
             await consumer.stop()
 
 
+async def eventually(check, timeout: float = 60.0, what: str = "condition"):
+    """Await `check()` every 0.2 s until it returns something true (returned), or fail after `timeout`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        await asyncio.sleep(0.2)
+
+
 async def start_peer(first: WorkerProcess, directory: Path) -> WorkerProcess:
     """A second worker on the same topics and consumer group, with its own state and port."""
     port = free_port()

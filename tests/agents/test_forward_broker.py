@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 
@@ -13,20 +12,9 @@ from agents.forward import forward_select
 from schemas.plan_partition import plan_partition
 from streams.broker import free_port
 from streams.settings import INPUT_TOPICS
-from tests.conftest import ATLAS_REQUEST, ROOT, WorkerProcess, _wait_http
+from tests.conftest import eventually as _until, ATLAS_REQUEST, ROOT, WorkerProcess, _wait_http
 
 pytestmark = pytest.mark.timeout(240)
-
-
-async def _until(check, timeout: float = 60.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(0.2)
 
 
 async def _probe_peer(first: WorkerProcess, directory) -> tuple[WorkerProcess, object]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 
 import orjson
@@ -16,7 +15,7 @@ from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
 from state.parked_plans import ParkedPlans
 from tests.catalog_double import SCENARIOS
-from tests.conftest import ATLAS_REQUEST, start_peer
+from tests.conftest import eventually as _until, ATLAS_REQUEST, start_peer
 from tests.events import resource, revoke_role
 
 pytestmark = pytest.mark.timeout(240)
@@ -162,17 +161,6 @@ def test_a_restart_hands_back_what_the_file_held_and_no_longer_owns(nodes, tmp_p
     finally:
         again.state.close()
         a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
-
-
-async def _until(check, timeout: float = 60.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(0.2)
 
 
 async def _owned(w) -> list[int] | None:

@@ -1,4 +1,4 @@
-"""Finding 5: a bad record on the internal, compacted `plan-dependencies` topic is skipped and counted, on every start."""
+"""Finding 5: a bad record on the internal, compacted `plan-dependencies` topic is skipped and counted, always."""
 
 from __future__ import annotations
 

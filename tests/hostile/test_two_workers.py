@@ -19,7 +19,8 @@ from agents.forward import FORWARDED_HEADER
 from schemas.freshness import encode_token, read_token
 from schemas.plan_partition import plan_partition
 from streams.broker import EmbeddedBroker
-from tests.conftest import ATLAS_REQUEST, ROOT, WorkerProcess, _wait_http, freshest, launch, start_peer
+from tests.conftest import (ATLAS_REQUEST, ROOT, WorkerProcess, _wait_http, eventually as _until, freshest, launch,
+                            start_peer)
 from tests.events import principal, resource, revoke_role
 
 pytestmark = pytest.mark.timeout(150)
@@ -47,17 +48,6 @@ async def call(url: str, path: str, headers: dict, body=None, method: str = "POS
             except orjson.JSONDecodeError:
                 doc = {"text": text.decode(errors="replace")}
             return resp.status, doc, resp.headers
-
-
-async def _until(check, timeout: float = 60.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(0.2)
 
 
 async def _health(w: WorkerProcess, headers: dict | None = None) -> dict:
