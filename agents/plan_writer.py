@@ -118,7 +118,7 @@ class PlanWriter:
                 row_sources += [source] * 2
             # Internal: the keys name withheld resources. A new owner takes the plan over from it.
             rows.append((self.topic_of("plan-dependencies"), p.plan_key.encode(),
-                         orjson.dumps(dict(published, dependencies=sorted(p.dependencies)),
+                         orjson.dumps(dict(published, dependencies=sorted(p.dependencies), receipt=p.receipt),
                                       option=orjson.OPT_NON_STR_KEYS)))
             row_sources.append(source)
         if outbox is not None:

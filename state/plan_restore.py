@@ -15,8 +15,8 @@ from schemas.plan_partition import plan_partition
 from schemas.timefmt import parse_instant
 from state.store import Store
 
-WIRE_ONLY = ("compiled_as_of", "compiled_in", "dependencies")
-"""Fields the `plans` record adds to the compiled plan; the stored plan is what compile produced."""
+WIRE_ONLY = ("compiled_as_of", "compiled_in", "dependencies", "receipt")
+"""Fields the internal record adds to the compiled plan; the stored plan is what compile produced."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class PreparedPlan:
     """Its dependency keys, sorted and distinct."""
     rank: tuple[int, int]
     """(progress, position): of several records of one key the highest wins."""
+    receipt: str | None = None
+    """Its receipt as JSON text, when the record carries it (`plan-dependencies` does; `plans` does not)."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,8 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
     Only records of entities owned here (by `plan_partition`) count. Of several records of one
     plan key the one compiled from the most advanced offsets wins (later in `records` on a tie);
     judge staleness (`KeyChanges.stale_plans`) before or after: this writes what was published,
-    it decides nothing. The caller holds the transaction. Receipts are not on `plans`, so none
-    are written; `receipts` (the topic) keeps them.
+    it decides nothing. The caller holds the transaction. A record's receipt (on `plan-dependencies`,
+    not on `plans`) is stored with it, so the new owner can show what it serves.
     """
     owned = set(owned_partitions)
     chosen: dict[str, PreparedPlan] = {}
@@ -126,7 +128,17 @@ def prepare(record: Mapping[str, Any], entity_id: str, position: int = 0) -> Pre
     progress = sum(int(o) for by_partition in as_of.values() for o in by_partition.values())
     return PreparedPlan(plan_id, key, request.get("decision_time") in (None, "now"),
                 parse_instant(valid_until) if valid_until else None, orjson.dumps(request).decode(),
-                orjson.dumps(plan).decode(), record.get("receipt_id"), tuple(sorted(set(deps))), (progress, position))
+                orjson.dumps(plan).decode(), record.get("receipt_id"), tuple(sorted(set(deps))), (progress, position),
+                _receipt(record))
+
+
+def _receipt(record: Mapping[str, Any]) -> str | None:
+    """The record's receipt as JSON text, if it carries one of its own plan (another plan's is ignored)."""
+    receipt = record.get("receipt")
+    if isinstance(receipt, dict) and receipt.get("receipt_id") == record.get("receipt_id") \
+            and receipt.get("plan_id") == record.get("plan_id"):
+        return orjson.dumps(receipt).decode()
+    return None
 
 
 def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None) -> tuple[list[str], list[str]]:
@@ -141,7 +153,8 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None)
             "valid_until": pa.array([r.valid_until for r in rows], when),
             "request": [r.request for r in rows], "plan": [r.plan for r in rows],
             "receipt_id": pa.array([r.receipt_id for r in rows], pa.string()),
-            "compiled_at": pa.array([compiled_at] * n, when)}),
+            "compiled_at": pa.array([compiled_at] * n, when),
+            "receipt": pa.array([r.receipt for r in rows], pa.string())}),
         "_restore_edges": pa.table({
             "dep_key": pa.array([d for r in rows for d in r.dependencies], pa.string()),
             "plan_key": pa.array([r.plan_key for r in rows for _ in r.dependencies], pa.string())}),
@@ -159,6 +172,9 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None)
                    "WHERE plan_id NOT IN (SELECT unnest(?::VARCHAR[]))", [stale])
         keys = [r.plan_key for r in rows if r.plan_id not in held or held[r.plan_id] == "fresh"]
         db.execute("DELETE FROM dependency_index WHERE plan_key IN (SELECT unnest(?::VARCHAR[]))", [keys])
+        db.execute("INSERT INTO receipts (receipt_id, plan_id, receipt, stored_at) SELECT DISTINCT ON (receipt_id) "
+                   "receipt_id, plan_id, receipt, compiled_at FROM _restore_plans "
+                   "WHERE receipt IS NOT NULL AND receipt_id NOT IN (SELECT receipt_id FROM receipts)")
         db.execute("INSERT INTO dependency_index SELECT dep_key, plan_key FROM _restore_edges "
                    "WHERE plan_key NOT IN (SELECT plan_key FROM _restore_plans WHERE plan_id IN "
                    "(SELECT unnest(?::VARCHAR[])))", [stale])
@@ -190,6 +206,12 @@ def restore_parked(store: Store, partitions: Collection[int], compiled_at: datet
     db.execute("INSERT INTO plans SELECT plan_id, plan_key, 'fresh', live, valid_until, request, plan, receipt_id, "
                f"NULL, NULL, NULL, $2::TIMESTAMPTZ, NULL FROM (SELECT * FROM {mine}) ANTI JOIN plans USING (plan_id)",
                [owned, compiled_at])
+    # The parked record keeps the receipt whole; `prepare` vetted it when the record was parked.
+    db.execute("INSERT INTO receipts (receipt_id, plan_id, receipt, stored_at) SELECT DISTINCT ON (receipt_id) receipt_id, "
+               f"plan_id, json_extract(record, '$.receipt')::VARCHAR, $2::TIMESTAMPTZ FROM {mine} "
+               "AND json_extract_string(record, '$.receipt.receipt_id') = receipt_id "
+               "AND json_extract_string(record, '$.receipt.plan_id') = plan_id "
+               "AND receipt_id NOT IN (SELECT receipt_id FROM receipts)", [owned, compiled_at])
     current = f"{mine} AND plan_id NOT IN (SELECT unnest($2::VARCHAR[]))"
     db.execute(f"INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM {current}",
                [owned, stale])

@@ -217,11 +217,8 @@ async def test_an_owner_killed_while_forwarding_or_down_is_refused_then_the_surv
         assert doc["plan_id"] != atlas["plan_id"]
         assert (await _health(other))["owned_partitions"] == list(range(other.settings.partitions))
         status, receipt, _ = await call(other.url, f"/v1/receipts/{doc['receipt_id']}", other.auth, method="GET")
-        if status == 404 and doc["served_from"] == "cache":
-            # Known, reported: a plan taken over from plan-dependencies is stored without its receipt
-            # (state/plan_restore.py), so its new owner serves a receipt_id it cannot show.
-            pytest.xfail("the receipt of a plan taken over is unknown to its new owner")
-        assert status == 200 and receipt["plan_id"] == doc["plan_id"], (status, receipt)
+        # A plan taken over from plan-dependencies brings its receipt: its new owner can show what it serves.
+        assert status == 200 and receipt["plan_id"] == doc["plan_id"], (status, receipt, doc["served_from"])
     finally:
         for w in (worker, peer):
             if w.proc.poll() is None:

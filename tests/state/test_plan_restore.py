@@ -17,7 +17,8 @@ from state.plan_restore import ParkedRestore, restore, restore_parked
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
 
-TABLES = {"plans": "plan_id", "plan_heads": "plan_key", "dependency_index": "plan_key, dep_key"}
+TABLES = {"plans": "plan_id", "plan_heads": "plan_key", "dependency_index": "plan_key, dep_key",
+          "receipts": "receipt_id"}
 
 
 def _loaded(path, before=None) -> tuple[LocalState, Invalidator]:
@@ -33,11 +34,12 @@ def _loaded(path, before=None) -> tuple[LocalState, Invalidator]:
 
 @pytest.fixture
 def compiled(tmp_path):
-    """A worker that compiled the Atlas plan, and the `plans` record it published (with its keys)."""
+    """A worker that compiled the Atlas plan, and the `plan-dependencies` record it published (keys and receipt)."""
     state, inv = _loaded(tmp_path / "owner.duckdb")
     answer = QueryService(state, inv).select(ATLAS_REQUEST)
     out = {topic: orjson.loads(value) for _, topic, _, value in state.outbox.pending()}
-    record = dict(out["x-plans"], dependencies=out["x-receipts"]["dependencies"])
+    record = out["x-plan-dependencies"]
+    assert record["dependencies"] == out["x-receipts"]["dependencies"] and record["receipt"] == out["x-receipts"]
     yield state, inv, answer, record
     state.close()
 
@@ -54,7 +56,7 @@ def test_a_restored_plan_has_the_rows_and_answer_of_the_compiled_one(compiled, t
         with taker.store.transaction():
             result = restore(taker.store, [record], range(2), partitions=2, compiled_at=taker.store.now())
         assert result.restored == [record["plan_id"]] and not result.unrestorable
-        assert _rows(taker) == _rows(owner)
+        assert _rows(taker) == _rows(owner) and len(_rows(taker)["receipts"]) == 1  # the receipt came along
         assert owner.index.affected_pairs(list(record["dependencies"])) == taker.index.affected_pairs(
             list(record["dependencies"]))
         served = QueryService(taker, taker_inv).select(ATLAS_REQUEST)
@@ -82,7 +84,7 @@ def test_only_owned_whole_records_are_restored(compiled, tmp_path):
                          partitions=4, compiled_at=None)
         assert result.restored == [] and [p for p, _ in result.unrestorable] == [record["plan_id"], "plan-compact",
                                                                                   "x"]
-        assert _rows(taker) == {"plans": [], "plan_heads": [], "dependency_index": []}
+        assert _rows(taker) == {"plans": [], "plan_heads": [], "dependency_index": [], "receipts": []}
     finally:
         taker.close()
 
@@ -173,6 +175,8 @@ def test_restoring_parked_plans_in_place_writes_what_restoring_their_records_doe
         ParkedPlans(in_place.store, 4).park(records)
         result = restore_parked(in_place.store, [mine], in_place.store.now())
         assert _rows(in_place) == _rows(by_records) and len(_rows(in_place)["dependency_index"]) > 0
+        # Only the original's receipt: the copies carry a receipt of another plan id, which is not theirs.
+        assert [r[:2] for r in _rows(in_place)["receipts"]] == [(record["receipt_id"], record["plan_id"])]
         assert (result.considered, result.restored, result.unrestorable) == (3, 1, 1)
         assert result.known_invalidated == expected.known_invalidated == ["plan-newer"]
         assert expected.restored == [record["plan_id"]] and len(expected.unrestorable) == 1
