@@ -39,8 +39,8 @@ class BenchOptions:
     """Cached selects issued per second during each of those streams."""
     takeover_timeout: float = 120.0
     """How long the survivor of a kill -9 gets before unannounced plans count as lost."""
-    session_timeout: float = 10.0
-    """Workers' FRESHPLAN_SESSION_TIMEOUT: how soon the group notices a killed (or restarted) worker."""
+    session_timeout: float = 6.0
+    """Workers' FRESHPLAN_SESSION_TIMEOUT (the service's default): how soon the group notices a killed worker."""
     fanout_plans: int = 100_000
     """Plans indexed for the policy-version fan-out (copies of one compiled plan)."""
     cache_events: int = 3_000

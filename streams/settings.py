@@ -61,8 +61,8 @@ class Settings:
     """Largest `budget.calls` a select may ask for (422 `budget_too_large` beyond)."""
     max_clock_jump: timedelta = timedelta(days=400)
     """A clock tick further than this past the current now is dead-lettered (`clock_jump`)."""
-    session_timeout: float = 10.0
-    """Seconds without heartbeats before the group drops a worker."""
+    session_timeout: float = 6.0
+    """Seconds without heartbeats before the group drops a worker (Kafka's smallest allowed by default)."""
     rebalance_timeout: float = 3.0
     """Seconds the broker waits for members to rejoin; also bounds a cold start's first join."""
     log_level: str = "info"
