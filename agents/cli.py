@@ -233,7 +233,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     Writes bench/results/<date>.json (everything), <date>-quality.json (replayable selection
     quality), <date>.md (summary with targets met or missed), <date>-profile.txt and PNG plots.
-    A full run takes about ten minutes on two cores; --quick takes under a minute.
+    A full run takes about ten minutes on two cores; --quick takes a minute or two.
     """
     from bench.suite import BenchOptions, run  # bench sits above agents; loaded only for this command
 
@@ -323,7 +323,7 @@ def parser() -> argparse.ArgumentParser:
     plan.set_defaults(func=cmd_plan)
     bench = sub.add_parser("bench", help="benchmarks against baselines, side by side in one run",
                            description=cmd_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("--quick", action="store_true", help="small sizes (a smoke run, under a minute)")
+    bench.add_argument("--quick", action="store_true", help="small sizes (a smoke run, a minute or two)")
     bench.add_argument("--out", default="bench/results", help="directory for results (default bench/results)")
     bench.add_argument("--events", type=int, help="change events in the throughput comparison (default 20000)")
     bench.add_argument("--rates", help="fixed input rates for latency, comma-separated (default 100,1000,5000)")

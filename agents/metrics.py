@@ -83,7 +83,6 @@ class _StateCollector:
                                 ("duplicate_events", "Events ignored as duplicates by event_id"),
                                 ("ignored_old_versions", "Events ignored as older versions"),
                                 ("plans_evicted", "Plans evicted after going unselected for the retention span"),
-                                ("plans_evicted_by_peers", "Plans dropped here because another worker evicted them"),
                                 ("plan_rows_expired", "Rows of invalidated or evicted plans deleted by retention"),
                                 ("receipts_expired", "Receipts deleted from local state after their retention span")):
             yield CounterMetricFamily(f"freshplan_{name}", help_text, value=counters.get(name, 0))

@@ -19,20 +19,12 @@ BATCH = 1000
 class RetentionTimer:
     """Stamps what this worker served, evicts what nobody here selected, expires old rows and receipts.
 
-    Who announces: every worker evicts by its own select stamps (selects reach any worker) and
-    announces its own evictions, outside the input-partition duty that governs what events
-    cause. An eviction has no input event and no owner; announcing it from each worker that
-    makes it is harmless, since `evicted` only tells caches to drop a plan that the next
-    select compiles again (with the same plan id when nothing changed). Together with the
-    announcement the worker writes a tombstone for the plan id on the compacted `plans`
-    topic; every worker's plan feed drops that plan where it is still a key's current plan
-    (`Retention.drop_evicted_elsewhere`). That matters for soundness: a worker that evicted a
-    plan no longer indexes it, so if a peer kept serving it, an event on a partition the
-    evicting worker owns would invalidate it with nobody announcing. After the tombstone no
-    worker serves the plan; the next select anywhere compiles and publishes it on `plans`
-    after the tombstone, and every worker adopts it again. What remains is the time a peer
-    takes to read the tombstone (its plan feed polls every 200 ms), during which it may still
-    serve the evicted plan from its own state.
+    Only a plan's owner serves it (selects for another owner's entity are forwarded), so the
+    owner's stamps are the whole story and the owner alone evicts and announces `evicted`. An
+    eviction has no input event: it only tells caches to drop a plan that the next select
+    compiles again (with the same plan id when nothing changed). With the announcement the
+    owner tombstones the plan key on `plans` and on `plan-dependencies`; every worker's plan
+    feed forgets the parked record, so a later owner does not take an evicted plan over.
     """
 
     def __init__(self, state: LocalState, query: QueryService, policy: RetentionPolicy, topics: Topics) -> None:

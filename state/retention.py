@@ -206,22 +206,7 @@ class Retention:
         return self.db.execute("DELETE FROM receipts WHERE receipt_id IN (SELECT receipt_id FROM receipts "
                                "WHERE stored_at < ? ORDER BY stored_at LIMIT ?)", [cutoff, limit]).fetchone()[0]
 
-    # -- peers' evictions and status ---------------------------------------------------
-
-    def drop_evicted_elsewhere(self, plan_ids: list[str], now: datetime | None) -> list[str]:
-        """A peer evicted these plans (tombstones on `plans`): drop them where they are still a key's head.
-
-        Returns the plan keys dropped. Nothing is announced: the evicting worker did that.
-        """
-        if not plan_ids:
-            return []
-        due = self.db.execute("SELECT plan_key, plan_id FROM plan_heads WHERE plan_id IN (SELECT unnest(?))",
-                              [plan_ids]).fetchall()
-        if due:
-            cause = {"topic": "plans", "partition": -1, "offset": -1, "event_id": "evicted-by-peer",
-                     "dependency_key": EVICTION_KEY}
-            self._forget(due, now, cause)
-        return [k for k, _ in due]
+    # -- status ------------------------------------------------------------------------
 
     def evicted_status(self, plan_id: str) -> dict | None:
         """GET /v1/plans/{id} of an evicted plan: invalidated, reason `evicted` (until the marker expires)."""

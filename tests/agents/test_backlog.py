@@ -10,7 +10,7 @@ from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
 
 
-def test_a_fan_out_beyond_the_eager_limit_is_announced_first_and_recompiled_later(setup):
+def test_a_fan_out_beyond_the_eager_limit_is_announced_first_and_recompiled_later(setup):  # noqa: F811
     state, inv, query = setup
     inv.plans.eager_limit = 1
     first = query.select(ATLAS_REQUEST)
@@ -36,7 +36,7 @@ def test_a_fan_out_beyond_the_eager_limit_is_announced_first_and_recompiled_late
     assert served["policy"]["version"] == 2
 
 
-def test_queued_successors_are_published_only_by_the_owner_of_their_cause(setup):
+def test_queued_successors_are_published_only_by_the_owner_of_their_cause(setup):  # noqa: F811
     state, inv, query = setup
     inv.plans.eager_limit = 0
     query.select(ATLAS_REQUEST)

@@ -129,8 +129,7 @@ def test_one_hundred_thousand_plans_judged_in_one_query(store, capsys):
     expected = {f"plan-{i}" for i in range(100_000) if i % 500 >= 490 or i % 5000 >= 4990}
     assert set(stale) == expected
     with capsys.disabled():
-        print(f"\n100,000 plans (15 keys each) judged in {took:.2f} s")
-    assert took < 20
+        print(f"\n100,000 plans (15 keys each) judged in {took:.2f} s")  # measured in bench/takeover.py, not asserted
 
 
 def test_parked_plans_are_judged_in_place_like_the_records_they_came_from(store):

@@ -150,7 +150,6 @@ def test_one_hundred_thousand_plans_are_taken_over_in_bulk(compiled, tmp_path, c
         assert taker.index.size() == expected * (len(record["dependencies"]) + 1)
         with capsys.disabled():
             print(f"\n100,000 owned plans records restored in {took:.2f} s (commit included)")
-        assert took < 30  # a regression guard on a shared machine; the figure printed is the measurement
     finally:
         taker.close()
 

@@ -174,18 +174,6 @@ def test_a_pass_removes_at_most_its_batch(setup):
     assert state.store.db.execute("SELECT count(*) FROM plan_heads").fetchone()[0] == 0
 
 
-def test_a_peers_eviction_drops_the_head_here_without_announcing(setup):
-    state, inv, query = setup
-    plan = query.select(ATLAS_REQUEST)
-    state.outbox.remove([seq for seq, *_ in state.outbox.pending()])
-    with state.store.transaction():
-        assert state.retention.drop_evicted_elsewhere([plan["plan_id"], "plan-unknown"], state.store.now()) \
-            == [plan["plan_key"]]
-    assert rows(state, "dependency_index", plan["plan_key"]) == 0 and announced(state) == []
-    assert query.plan_status(plan["plan_id"])["reason"] == "evicted"
-    assert query.select(ATLAS_REQUEST)["served_from"] == "compiled"
-
-
 def test_files_from_before_retention_get_receipt_stamps(tmp_path):
     import duckdb
     path = tmp_path / "old.duckdb"
