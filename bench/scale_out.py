@@ -76,8 +76,10 @@ def _poll_interval(left: int, left_at_start: int | None, elapsed: float) -> floa
     /healthz runs a dozen queries on the worker's event loop; polling a pinned worker every
     20 ms took a quarter of its core (py-spy), so the bench must not poll fast while far from done.
     """
-    if not left_at_start or left <= 0 or left >= left_at_start or elapsed <= 0:
+    if not left_at_start or left <= 0 or elapsed <= 0:
         return 0.02
+    if left >= left_at_start:
+        return 0.1  # no batch committed yet: nothing to estimate the rest from
     rate = (left_at_start - left) / elapsed
     return min(0.5, max(0.02, left / rate / 2))
 
