@@ -171,6 +171,7 @@ class EventApplier:
         self.state.store.set_clocks(ticked)
         keyed: list[tuple[list[str], dict[str, str], dict]] = []
         ticks: list[tuple[datetime, int]] = []
+        latest: dict[str, tuple[RawMessage, InputEvent]] = {}
         for i, (m, event) in enumerate(fresh):
             keys = results[i]
             if isinstance(keys, InvalidEvent):
@@ -180,14 +181,18 @@ class EventApplier:
                 counts["ignored_old_versions"] += 1
                 continue
             counts[f"applied.{m.topic}"] += 1
-            self.last_event[m.topic] = {"event_id": event.event_id, "partition": m.partition, "offset": m.offset,
-                                        "occurred_at": format_instant(event.occurred_at), "applied_at": wall_now()}
+            latest[m.topic] = (m, event)
             cause = {"topic": m.topic, "partition": m.partition, "offset": m.offset, "event_id": event.event_id,
                      "_timestamp": m.timestamp}
             if isinstance(event.payload, ClockTick):
                 ticks.append((event.payload.now, len(keyed)))
             keyed.append((keys, {}, cause))
         self._due(ticks, keyed)
+        if latest:  # formatted once per topic and batch, not per event
+            applied_at = wall_now()
+            for topic, (m, event) in latest.items():
+                self.last_event[topic] = {"event_id": event.event_id, "partition": m.partition, "offset": m.offset,
+                                          "occurred_at": format_instant(event.occurred_at), "applied_at": applied_at}
         return keyed
 
     def _apply_identities(self, fresh: list[tuple[RawMessage, InputEvent]], run: list[int],

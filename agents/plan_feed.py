@@ -99,9 +99,13 @@ class PlanFeed:
         self._skip(partition, offset, why)
 
     def _save_positions(self, ends: dict[int, int]) -> None:
-        self.state.store.db.executemany(
-            "INSERT INTO plan_feed VALUES (?, ?) ON CONFLICT (partition) DO UPDATE SET next_offset = "
-            "greatest(plan_feed.next_offset, excluded.next_offset)", list(ends.items()))
+        # One statement for every partition: executemany costs a statement per row.
+        if not ends:
+            return
+        self.state.store.db.execute(
+            f"INSERT INTO plan_feed VALUES {', '.join(['(?, ?)'] * len(ends))} ON CONFLICT (partition) DO UPDATE "
+            "SET next_offset = greatest(plan_feed.next_offset, excluded.next_offset)",
+            [v for item in ends.items() for v in item])
 
     async def _ingest(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
         # No wait for local state to catch up with a record's compiled_as_of: judging by key change

@@ -23,7 +23,7 @@ from agents.forward import forward_request, owner_url
 from agents.ownership import Ownership
 from agents.plan_feed import PlanFeed
 from agents.publisher import Publisher
-from agents.replica import Replica
+from agents.replica import CATCH_UP_BATCHES, Replica
 from agents.retention import BATCH, RetentionTimer
 from agents.routes import Api, register_routes
 from agents.writer import Writer
@@ -282,7 +282,8 @@ def _register_input_agent(worker: Worker, name: str) -> None:
 
     async def consume(stream) -> None:
         # The replica applies every partition; owning one means publishing what its events cause.
-        async for events in stream.take_events(settings.batch_size, within=settings.batch_window):
+        # As large as the replica's catch-up batches: behind, one promotion per replica batch, not four.
+        async for events in stream.take_events(settings.batch_size * CATCH_UP_BATCHES, within=settings.batch_window):
             spans: dict[int, tuple[int, int]] = {}
             for e in events:
                 p, o = e.message.partition, e.message.offset

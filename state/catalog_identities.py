@@ -44,12 +44,18 @@ def apply_identities(store: Store, items: Sequence[Identity],
     changed_p: set[str] = set()
     changed_r: set[tuple] = set()
     changed_e: set[str] = set()
+    # principal -> its revocations of unknown delegation version: a principal's upsert settles them
+    # without scanning every revocation read (a principal revoked often has thousands).
+    unversioned: dict[str, set[tuple]] = {}
+    for key, row in revoked.items():
+        if row[3] is None:
+            unversioned.setdefault(key[0], set()).add(key)
     out: list[list[str] | None] = []
     for item in items:
         if isinstance(item, Revocation):
-            out.append(_revoke(item, principals, revoked, changed_r))
+            out.append(_revoke(item, principals, revoked, changed_r, unversioned))
         elif item.kind == "principal":
-            out.append(_principal(item, principals, revoked, changed_p, changed_r, policy_texts))
+            out.append(_principal(item, principals, revoked, changed_p, changed_r, policy_texts, unversioned))
         else:
             out.append(_entity(item, entities, changed_e))
     if changed_p:
@@ -76,7 +82,7 @@ def apply_identities(store: Store, items: Sequence[Identity],
 
 
 def _principal(change: SourceChange, principals: dict, revoked: dict, changed: set, changed_r: set,
-               policy_texts: Callable[[], list[str]]) -> list[str] | None:
+               policy_texts: Callable[[], list[str]], unversioned: dict[str, set[tuple]]) -> list[str] | None:
     new: Principal | None = change.record  # type: ignore[assignment]
     old = principals.get(change.record_id)
     if new is None:
@@ -89,10 +95,9 @@ def _principal(change: SourceChange, principals: dict, revoked: dict, changed: s
         principals[new.id] = [list(new.roles), orjson.dumps(dict(new.attributes)).decode(),
                               new.delegation_version, False]
         # A revocation that arrived before its principal applies as of the first version seen.
-        for key, row in revoked.items():
-            if key[0] == new.id and row[3] is None:
-                row[3] = new.delegation_version
-                changed_r.add(key)
+        for key in unversioned.pop(new.id, ()):
+            revoked[key][3] = new.delegation_version
+            changed_r.add(key)
         changed.add(new.id)
         if old is not None and not old[3] and not _matters(old, new, policy_texts):
             return []
@@ -119,7 +124,8 @@ def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -
     return any(re.search(rf"\b{re.escape(name)}\b", text) for name in changed for text in texts)
 
 
-def _revoke(revocation: Revocation, principals: dict, revoked: dict, changed: set) -> list[str]:
+def _revoke(revocation: Revocation, principals: dict, revoked: dict, changed: set,
+            unversioned: dict[str, set[tuple]]) -> list[str]:
     """A withdrawal applies at once, as of the event's delegation version, else the stored principal's."""
     version = revocation.delegation_version
     if version is None:
@@ -133,6 +139,10 @@ def _revoke(revocation: Revocation, principals: dict, revoked: dict, changed: se
         # A repeat can only raise the version it applies as of; unknown (NULL) on either side stays unknown.
         merged = None if old[3] is None or version is None else max(old[3], version)
         revoked[key] = [revocation.effective_at, revocation.issued_by, old[2], merged]
+    if revoked[key][3] is None:
+        unversioned.setdefault(revocation.principal, set()).add(key)
+    else:
+        unversioned.get(revocation.principal, set()).discard(key)
     changed.add(key)
     return [dk.principal(revocation.principal)]
 

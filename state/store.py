@@ -82,6 +82,9 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = duckdb.connect(str(self.path))
         self.db.execute("SET TimeZone = 'UTC'")
+        # Statements here are small and many: a second DuckDB thread only adds hand-offs (about +10%
+        # events per CPU second with one in the bench's A/B), and a worker pinned to one core has no second.
+        self.db.execute("SET threads = 1")
         self.db.execute(_DDL)
         self._migrate()
         # Schema changes must not wait in the WAL: DuckDB (1.x) can fail to replay DDL with

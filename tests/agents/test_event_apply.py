@@ -118,3 +118,13 @@ def test_a_batch_costs_a_constant_number_of_statements(setup):
 
     small, large = statements(_mixed(2, 2000)), statements(_mixed(40, 3000))
     assert large == small, f"{small} statements for 9 events, {large} for 161"
+
+
+def test_the_last_applied_event_of_each_topic_is_kept_for_operators(setup):
+    _, inv, _, _ = setup
+    batch = [raw(*resource("approved-waiver-W2", version=v, content=f"Waiver W2, revision {v}."))
+             for v in range(200, 203)]
+    inv.apply(batch)
+    last = inv.last_event["source-changes"]
+    assert (last["offset"], last["partition"]) == (batch[-1].offset, 0)
+    assert last["event_id"] == orjson.loads(batch[-1].value)["event_id"] and last["applied_at"].endswith("Z")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from bench.scale_out import ratios, touch_every_entity
+from bench.scale_out import _poll_interval, ratios, touch_every_entity
 from bench.workload import generate
 
 
@@ -31,3 +31,12 @@ def test_take_over_edits_touch_every_planned_entity_once_with_a_new_version():
     assert sorted(b["entity"] for b in bodies) == sorted({r["entity"] for r in workload.requests})
     assert {b["version"] for b in bodies} == {9_000_000} and all(b["id"].endswith("-r0") for b in bodies)
     assert expected == set(keys.values())
+
+
+def test_the_wait_for_a_throughput_run_polls_slowly_while_far_from_done():
+    # Each poll is a /healthz on the worker's own (pinned) core: far from done it must be rare.
+    assert _poll_interval(10_000, None, 0.0) == 0.02  # first look
+    assert _poll_interval(10_000, 10_000, 0.5) == 0.1  # nothing applied yet
+    assert _poll_interval(8_000, 10_000, 1.0) == 0.5  # 2,000/s with 8,000 left: 4 s to go
+    assert _poll_interval(100, 10_000, 1.0) == 0.02  # nearly done: the end is timed to 20 ms
+    assert _poll_interval(0, 10_000, 1.0) == 0.02

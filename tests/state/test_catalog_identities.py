@@ -80,3 +80,16 @@ def test_principals_in_bulk_equal_one_at_a_time(two):
     assert state.catalog.principals_many(ids) == {
         pid: state.catalog.principal(pid) for pid in ids if state.catalog.principal(pid) is not None}
     assert set(state.catalog.principals_many(ids)) == {"early", "p"}
+
+
+def test_a_revocation_stored_before_its_principal_applies_as_of_the_first_version_seen_later(two):
+    state, _ = two
+    first = [revoke_role("late", "credit_analyst"), revoke_role("late", "auditor")]
+    with state.store.transaction():
+        state.catalog.apply_identities([decode(t, None, orjson.dumps(e)).payload for t, e in first])
+    later = [principal("late", delegation_version=4), principal("late", delegation_version=6)]
+    with state.store.transaction():
+        state.catalog.apply_identities([decode(t, None, orjson.dumps(e)).payload for t, e in later])
+    versions = state.store.db.execute("SELECT value, delegation_version FROM revoked WHERE principal = 'late' "
+                                      "ORDER BY value").fetchall()
+    assert versions == [("auditor", 4), ("credit_analyst", 4)]
