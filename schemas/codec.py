@@ -108,10 +108,16 @@ def _broken_rule(err: fastjsonschema.JsonSchemaException) -> str:
     return f"breaks the schema's {rule} rule"
 
 
+@lru_cache(maxsize=4096)
+def _parsed_instant(text: str) -> datetime:
+    # A resource's occurred_at is read twice per event, and valid_from/now values repeat across events.
+    return parse_instant(text)
+
+
 def _instant(value: Any, field: str):
     """Parse an instant, naming the field (not the value) when it is not one."""
     try:
-        return parse_instant(value)
+        return _parsed_instant(value) if isinstance(value, str) else parse_instant(value)
     except (ValueError, TypeError, OverflowError):
         raise InvalidEvent("invalid_value", f"{field} is not an RFC 3339 timestamp with an offset that this "
                            "service can represent, such as 2026-08-30T00:00:00Z") from None
