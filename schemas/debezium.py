@@ -36,13 +36,15 @@ def _unwrap(doc: Any) -> tuple[Any, dict | None]:
 def is_debezium(doc: Any) -> bool:
     """True when the document looks like a Debezium envelope (optionally wrapped in payload)."""
     doc, _ = _unwrap(doc)
-    return isinstance(doc, dict) and doc.get("op") in _OPS and ("after" in doc or "before" in doc)
+    op = doc.get("op") if isinstance(doc, dict) else None
+    return isinstance(op, str) and op in _OPS and ("after" in doc or "before" in doc)
 
 
 def control_kind(doc: Any) -> str | None:
     """`heartbeat` or `transaction` for Debezium's own messages (no row change), else None."""
     body, schema = _unwrap(doc)
-    name = (schema or {}).get("name") or ""
+    name = (schema or {}).get("name")
+    name = name if isinstance(name, str) else ""
     if name.endswith(_HEARTBEAT) or (isinstance(body, dict) and set(body) == {"ts_ms"}):
         return "heartbeat"
     if name.endswith(_TRANSACTION) or (isinstance(body, dict) and body.get("status") in ("BEGIN", "END")

@@ -90,3 +90,13 @@ def test_observed_at_defaults_to_the_event_time():
         2026, 8, 1, tzinfo=timezone.utc)
     assert decode("source-changes", None, orjson.dumps(unstated)).payload.record.observed_at == datetime(
         2026, 8, 30, 9, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("op", [[], {}, ["c"], 1, None])
+def test_a_debezium_like_op_of_the_wrong_type_is_a_schema_violation(op):
+    # A list or object `op` once raised TypeError (unhashable) before validation could name the problem.
+    with pytest.raises(InvalidEvent) as caught:
+        decode("source-changes", b"k", orjson.dumps({"op": op, "after": {}}))
+    assert caught.value.error_class == "schema_violation"
+    with pytest.raises(InvalidEvent):
+        decode("source-changes", b"k", orjson.dumps({"schema": {"name": []}, "payload": {"op": op, "after": {}}}))
