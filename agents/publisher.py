@@ -7,15 +7,27 @@ import logging
 from typing import Any, Awaitable, Callable
 
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
+from aiokafka.partitioner import DefaultPartitioner
 
 from state.local_state import LocalState
+from streams.batches import Batch, partitions_of, plan_batches
 
 log = logging.getLogger(__name__)
 
 PERMANENT_SEND_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError)
 SENDS_PER_YIELD = 200  # records handed to the producer between turns of the event loop (a fan-out has many)
+READ_ROWS = 50_000  # records read from the outbox per round: a 100,000-plan fan-out goes out in two
+BATCH_FROM = 64  # from this many records a round is sent as pre-built batches, not record by record
 
 Spans = dict[tuple[str, int], tuple[int, int]]  # (input topic, partition) -> (first, last) offset
+
+
+def _batching_producer(app):
+    """The aiokafka producer under Faust's, if it takes pre-built batches (not a transactional one)."""
+    producer = getattr(app.producer, "_producer", None)  # Faust keeps no public handle on it
+    if producer is None or not hasattr(producer, "send_batch") or getattr(producer, "_txn_manager", None):
+        return None
+    return producer
 
 
 def _refused_at_send(exc: BaseException) -> bool:
@@ -98,21 +110,10 @@ class Publisher:
         sent = 0
         async with self.lock:
             while True:
-                rows = await self.run_writes(self.state.outbox.pending, 20_000)
+                rows = await self.run_writes(self.state.outbox.pending, READ_ROWS)
                 if not rows:
                     return sent
-                results: list = []
-                for i, (_, topic, key, value) in enumerate(rows):
-                    if i and not i % SENDS_PER_YIELD:
-                        await asyncio.sleep(0)  # a send that need not wait never yields: let HTTP in
-                    try:
-                        results.append(await self.app.producer.send(topic, key, value, partition=None,
-                                                                    timestamp=None, headers=None))
-                    except Exception as exc:  # noqa: BLE001 - refused before it left: never retry it as it is
-                        results.append(exc)
-                pending = [r for r in results if not isinstance(r, BaseException)]
-                acked = iter(await asyncio.gather(*pending, return_exceptions=True))
-                results = [r if isinstance(r, BaseException) else next(acked) for r in results]
+                results = await self._send([(topic, key, value) for _, topic, key, value in rows])
                 done, refused, retry = [], [], 0
                 for row, result in zip(rows, results, strict=True):
                     if not isinstance(result, BaseException):
@@ -128,6 +129,71 @@ class Publisher:
                 if retry:
                     log.warning("%d records not acknowledged; they stay queued", retry)
                     return sent
+
+    async def _send(self, rows: list[tuple[str, bytes | None, bytes]]) -> list:
+        """Send (topic, key, value) records; per record, its acknowledgement or the error that stopped it."""
+        producer = _batching_producer(self.app)
+        if producer is None or len(rows) < BATCH_FROM:
+            return await self._send_each(rows)
+        partition_of = await self._partitions(producer, rows)
+        if partition_of is None:
+            return await self._send_each(rows)
+        plan = plan_batches(rows, partition_of, self.app.conf.producer_max_request_size)
+        results: list = [None] * len(rows)
+
+        async def send_partition(batches: list[Batch]) -> None:
+            # One partition's batches go in order; aiokafka keeps one of them in flight at a time.
+            acks = []
+            for batch in batches:
+                try:
+                    acks.append((batch, await producer.send_batch(batch.builder, batch.topic,
+                                                                  partition=batch.partition)))
+                except Exception as exc:  # noqa: BLE001 - not queued: these records stay for the next flush
+                    for i in batch.rows:
+                        results[i] = exc
+            for (batch, ack), outcome in zip(acks, await asyncio.gather(*(a for _, a in acks),
+                                                                        return_exceptions=True)):
+                for i in batch.rows:
+                    results[i] = outcome
+
+        await asyncio.gather(*(send_partition(b) for b in plan.batches.values()))
+        # A batch refused for its size holds a record too large for the broker: find it record by record.
+        single = set(plan.single)
+        again = plan.single + [i for i, r in enumerate(results) if isinstance(r, PERMANENT_SEND_ERRORS)
+                               and i not in single]
+        if again:
+            for i, result in zip(again, await self._send_each([rows[i] for i in again]), strict=True):
+                results[i] = result
+        return results
+
+    async def _partitions(self, producer, rows: list[tuple[str, bytes | None, bytes]]) -> list[int] | None:
+        """The partition the producer would pick for each record; None unless it partitions as aiokafka's default."""
+        if not isinstance(getattr(self.app.producer, "partitioner", None), DefaultPartitioner):
+            return None
+        out = [0] * len(rows)
+        for topic in dict.fromkeys(topic for topic, _, _ in rows):
+            # The lists in the order the producer makes them (`AIOKafkaProducer._partition`).
+            partitions = list(await producer.partitions_for(topic))
+            available = list(producer.client.cluster.available_partitions_for_topic(topic))
+            where = [i for i, row in enumerate(rows) if row[0] == topic]
+            for i, partition in zip(where, partitions_of([rows[i][1] for i in where], partitions, available)):
+                out[i] = partition
+        return out
+
+    async def _send_each(self, rows: list[tuple[str, bytes | None, bytes]]) -> list:
+        """Send records one by one through the app's producer (its partitioner and size checks)."""
+        results: list = []
+        for i, (topic, key, value) in enumerate(rows):
+            if i and not i % SENDS_PER_YIELD:
+                await asyncio.sleep(0)  # a send that need not wait never yields: let HTTP in
+            try:
+                results.append(await self.app.producer.send(topic, key, value, partition=None,
+                                                            timestamp=None, headers=None))
+            except Exception as exc:  # noqa: BLE001 - refused before it left: never retry it as it is
+                results.append(exc)
+        pending = [r for r in results if not isinstance(r, BaseException)]
+        acked = iter(await asyncio.gather(*pending, return_exceptions=True))
+        return [r if isinstance(r, BaseException) else next(acked) for r in results]
 
     def _forget_sent(self, done: list[int], refused: list) -> None:
         with self.state.store.transaction():

@@ -217,7 +217,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                 await asyncio.sleep(0.05)
                 continue
             # The queue holds plans of owned partitions only (a hand-back removes the rest).
-            done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True)
+            done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True,
+                                    after_outbox=True)
             if done:
                 await worker.publish_outbox()
             await asyncio.sleep(0 if done else 0.1)

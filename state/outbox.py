@@ -94,6 +94,19 @@ class Outbox:
         finally:
             self.db.unregister("_outbox_rows")
 
+    def add_selected(self, select: str, params: list, standby: bool, largest: int) -> None:
+        """Queue the rows a query selects, as (topic, key, value, src_topic, src_partition, src_offset).
+
+        `largest` bounds the framed size of any of them: within the outbound limit they are
+        inserted by the query itself; otherwise they pass through Python to be fitted (`add_many`).
+        """
+        if self.limit is not None and largest > self.limit.max_bytes:
+            rows = self.db.execute(select, params).fetchall()
+            self.add_many([row[:3] for row in rows], [row[3:] for row in rows], standby=standby)
+            return
+        self.db.execute("INSERT INTO outbox (topic, key, value, src_topic, src_partition, src_offset, standby) "
+                        f"SELECT *, ? FROM ({select})", [standby, *params])
+
     def promote(self, topic: str, partition: int, first: int, last: int, drop_earlier: bool = True) -> int:
         """This worker owns events first..last of a partition: publish what they caused.
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
+import orjson
 import pytest
+from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.record.memory_records import MemoryRecords
 
 from agents.event_apply import RawMessage
 from agents.publisher import Publisher
 from agents.writer import inline
 from state.local_state import LocalState
+from state.outbox import OutboundLimit
 
 
 class SlowProducer:
@@ -83,3 +89,84 @@ async def test_a_partition_this_worker_does_not_own_stays_on_standby(setup):
     app.producer.ack_all()
     await publisher._flushing
     assert state.outbox.size() == 0 and state.outbox.standby_size() == 0
+
+
+class Broker:
+    """An aiokafka producer double that takes pre-built batches; the broker refuses records over `limit`."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self.batches: list[tuple[str, int, list[tuple[bytes | None, bytes]]]] = []
+        self.client = SimpleNamespace(cluster=SimpleNamespace(available_partitions_for_topic=lambda t: {0, 1, 2}))
+
+    async def partitions_for(self, topic):
+        return {0, 1, 2}
+
+    async def send_batch(self, builder, topic, *, partition):
+        batch = MemoryRecords(bytes(builder._build())).next_batch()
+        records = [(r.key, r.value) for r in batch]
+        self.batches.append((topic, partition, records))
+        ack = asyncio.get_running_loop().create_future()
+        if any(len(v) > self.limit for _, v in records):
+            ack.set_exception(MessageSizeTooLargeError())
+        else:
+            ack.set_result(None)
+        return ack
+
+
+class BatchingProducer:
+    """Faust's producer as the publisher sees it: a partitioner, the aiokafka producer, and record-by-record sends."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.partitioner = DefaultPartitioner()
+        self._producer = broker
+        self.sent: list[tuple[str, bytes | None, bytes]] = []
+
+    async def send(self, topic, key, value, partition, timestamp, headers):
+        self.sent.append((topic, key, value))
+        ack = asyncio.get_running_loop().create_future()
+        if len(value) > self._producer.limit:
+            ack.set_exception(MessageSizeTooLargeError())
+        else:
+            ack.set_result(None)
+        return ack
+
+
+@pytest.fixture
+def batching(tmp_path):
+    state = LocalState.open(tmp_path / "f.duckdb")
+    state.outbox.limit = OutboundLimit(1_000_000, "dead-letters", frozenset())
+    broker = Broker()
+    app = SimpleNamespace(producer=BatchingProducer(broker), conf=SimpleNamespace(producer_max_request_size=64_000))
+    yield state, broker, app, Publisher(state, app, inline, lambda: {})
+    state.close()
+
+
+@pytest.mark.timeout(10)
+async def test_a_large_outbox_goes_out_in_batches_on_the_partitions_the_producer_would_pick(batching):
+    state, broker, app, publisher = batching
+    rows = [("plan-invalidations", f"plan-{i}".encode(), b"v%d" % i + b"x" * 300) for i in range(1000)]
+    state.outbox.add_many(rows)
+    assert await publisher.publish() == 1000
+    assert app.producer.sent == [] and state.outbox.size() == 0
+    assert 3 <= len(broker.batches) < 30  # 64 KB batches, not a request per record
+    partitioner = DefaultPartitioner()
+    for partition in (0, 1, 2):
+        sent = [record for _, p, records in broker.batches if p == partition for record in records]
+        assert all(partitioner(key, [0, 1, 2], [0, 1, 2]) == partition for key, _ in sent)
+        assert sent == [(k, v) for _, k, v in rows if partitioner(k, [0, 1, 2], [0, 1, 2]) == partition]  # in order
+
+
+@pytest.mark.timeout(10)
+async def test_a_batch_refused_for_one_oversized_record_dead_letters_that_record_only(batching):
+    state, broker, app, publisher = batching
+    rows = [("plans", f"plan-{i}".encode(), b"x" * (20_000 if i == 50 else 300)) for i in range(200)]
+    state.outbox.add_many(rows)
+    await publisher.publish()
+    assert state.outbox.size() == 0
+    acked = {k for t, k, v in app.producer.sent if t == "plans" and len(v) <= broker.limit}
+    acked |= {k for t, p, records in broker.batches if t == "plans" and all(len(v) <= broker.limit for _, v in records)
+              for k, _ in records}
+    assert acked == {k for _, k, _ in rows} - {b"plan-50"}
+    [letter] = [orjson.loads(v) for t, k, v in app.producer.sent if t == "dead-letters"]
+    assert letter["outbound_key"] == "plan-50" and letter["error_class"] == "record_too_large"
