@@ -7,15 +7,18 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.memory_records import MemoryRecords
 
 from agents.event_apply import RawMessage
-from agents.publisher import Publisher
+from agents.publisher import BATCH_FROM, Publisher
 from agents.writer import inline
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
+from tests.catalog_double import SCENARIOS
+from tests.conftest import ATLAS_REQUEST, eventually, launch
 
 
 class SlowProducer:
@@ -170,3 +173,39 @@ async def test_a_batch_refused_for_one_oversized_record_dead_letters_that_record
     assert acked == {k for _, k, _ in rows} - {b"plan-50"}
     [letter] = [orjson.loads(v) for t, k, v in app.producer.sent if t == "dead-letters"]
     assert letter["outbound_key"] == "plan-50" and letter["error_class"] == "record_too_large"
+
+
+@pytest.mark.timeout(240)
+async def test_a_fan_out_is_announced_through_the_broker_on_the_partitions_its_keys_hash_to(broker, tmp_path):
+    async with launch(broker, tmp_path, FRESHPLAN_EAGER_RECOMPILE_LIMIT="0") as worker:
+        loaded = await worker.load("atlas.jsonl")
+        plans = {(await worker.select(dict(ATLAS_REQUEST, query=f"copy {i}"), loaded))["plan_id"]
+                 for i in range(BATCH_FROM + 16)}
+        bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+        await worker.publish_events(("policy-versions", dict(bundle, event_id="fan-v2", version=2)))
+        consumer = AIOKafkaConsumer(bootstrap_servers=worker.bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        seen: dict[str, int] = {}
+        try:
+            parts = [TopicPartition(worker.settings.topic("plan-invalidations"), p)
+                     for p in range(worker.settings.partitions)]
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            while not plans <= set(seen):
+                for tp, messages in (await asyncio.wait_for(consumer.getmany(timeout_ms=200), 60)).items():
+                    for m in messages:
+                        doc = orjson.loads(m.value)
+                        if doc["cause"]["event_id"] == "fan-v2":
+                            assert doc["successor_plan_id"] is None and m.key == doc["plan_id"].encode()
+                            seen[doc["plan_id"]] = tp.partition
+        finally:
+            await consumer.stop()
+        everything = list(range(worker.settings.partitions))
+        assert all(DefaultPartitioner()(plan_id.encode(), everything, everything) == partition
+                   for plan_id, partition in seen.items())
+        assert len(set(seen.values())) == len(everything)
+        await eventually(lambda: _outbox_empty(worker), 30, "an empty outbox")
+
+
+async def _outbox_empty(worker) -> bool:
+    return (await worker.get("/healthz"))["outbox"] == 0
