@@ -19,7 +19,7 @@ def recompile_queued(writer: PlanWriter, limit: int, owns: Callable[[str, int], 
     Returns how many queue entries were handled.
     """
     state = writer.state
-    if after_outbox and writer.queue_pending and state.outbox.size():
+    if after_outbox and writer.queue_pending and state.outbox.any_due():
         return 0
     with state.store.transaction():
         entries = state.queue.oldest(limit) if writer.queue_pending else []

@@ -107,28 +107,41 @@ class Publisher:
         replaced by its dead letter so that it cannot block the queue or stop the worker; records
         that failed for a transient reason stay queued for the next flush.
         """
-        sent = 0
+        sent, after, forgetting = 0, None, None
         async with self.lock:
-            while True:
-                rows = await self.run_writes(self.state.outbox.pending, READ_ROWS)
-                if not rows:
-                    return sent
-                results = await self._send([(topic, key, value) for _, topic, key, value in rows])
-                done, refused, retry = [], [], 0
-                for row, result in zip(rows, results, strict=True):
-                    if not isinstance(result, BaseException):
-                        done.append(row[0])
-                    elif isinstance(result, PERMANENT_SEND_ERRORS) or _refused_at_send(result):
-                        log.error("outbound %s record %r refused for good: %s", row[1], row[2],
-                                  type(result).__name__, extra={"topic": row[1], "error_class": "record_too_large"})
-                        refused.append(row)
-                    else:
-                        retry += 1
-                await self.run_writes(self._forget_sent, done, refused)
-                sent += len(done)
-                if retry:
-                    log.warning("%d records not acknowledged; they stay queued", retry)
-                    return sent
+            try:
+                while True:
+                    # Past the rows still being forgotten: forgetting (its commit may checkpoint the
+                    # file) runs on the writer thread while the next round is sent.
+                    rows = await self.run_writes(self.state.outbox.pending, READ_ROWS, after)
+                    if not rows and forgetting is not None:  # it may queue dead letters: read once more
+                        await forgetting
+                        forgetting = None
+                        continue
+                    if not rows:
+                        return sent
+                    results = await self._send([(topic, key, value) for _, topic, key, value in rows])
+                    done, refused, retry = [], [], 0
+                    for row, result in zip(rows, results, strict=True):
+                        if not isinstance(result, BaseException):
+                            done.append(row[0])
+                        elif isinstance(result, PERMANENT_SEND_ERRORS) or _refused_at_send(result):
+                            log.error("outbound %s record %r refused for good: %s", row[1], row[2],
+                                      type(result).__name__,
+                                      extra={"topic": row[1], "error_class": "record_too_large"})
+                            refused.append(row)
+                        else:
+                            retry += 1
+                    if forgetting is not None:
+                        await forgetting
+                    forgetting = asyncio.ensure_future(self.run_writes(self._forget_sent, done, refused))
+                    sent, after = sent + len(done), rows[-1][0]
+                    if retry:
+                        log.warning("%d records not acknowledged; they stay queued", retry)
+                        return sent
+            finally:
+                if forgetting is not None:
+                    await forgetting
 
     async def _send(self, rows: list[tuple[str, bytes | None, bytes]]) -> list:
         """Send (topic, key, value) records; per record, its acknowledgement or the error that stopped it."""

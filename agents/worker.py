@@ -213,7 +213,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
         # announcements still waiting in the outbox go out before any successor is compiled.
         while True:
-            if reader.outbox.size():
+            if reader.outbox.any_due():
                 await asyncio.sleep(0.05)
                 continue
             # The queue holds plans of owned partitions only (a hand-back removes the rest).

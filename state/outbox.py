@@ -134,10 +134,10 @@ class Outbox:
         finally:
             self.db.unregister("_committed")
 
-    def pending(self, limit: int = 5000) -> list[tuple[int, str, bytes | None, bytes]]:
-        """The oldest records due for publication, in order."""
-        return self.db.execute("SELECT seq, topic, key, value FROM outbox WHERE NOT standby ORDER BY seq LIMIT ?",
-                               [limit]).fetchall()
+    def pending(self, limit: int = 5000, after: int | None = None) -> list[tuple[int, str, bytes | None, bytes]]:
+        """The oldest records due for publication, in order (past sequence number `after`, if given)."""
+        return self.db.execute("SELECT seq, topic, key, value FROM outbox WHERE NOT standby AND seq > ? "
+                               "ORDER BY seq LIMIT ?", [-1 if after is None else after, limit]).fetchall()
 
     def replace_with_dead_letters(self, rows: list[tuple[int, str, bytes | None, bytes]], why: str) -> None:
         """Records the broker refused for good: queue a dead letter for each and forget them."""
@@ -157,6 +157,10 @@ class Outbox:
     def size(self) -> int:
         """Records due for publication."""
         return self.db.execute("SELECT count(*) FROM outbox WHERE NOT standby").fetchone()[0]
+
+    def any_due(self) -> bool:
+        """Whether any record is due for publication (cheaper than `size` for a loop that polls while it is)."""
+        return self.db.execute("SELECT 1 FROM outbox WHERE NOT standby LIMIT 1").fetchone() is not None
 
     def standby_size(self) -> int:
         """Records held for events whose partition another worker may own."""
