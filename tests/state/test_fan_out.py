@@ -130,3 +130,18 @@ def test_a_fan_out_builds_one_announcement_per_group_not_per_plan(setup, monkeyp
     announced = [orjson.loads(v) for _, t, _, v in state.outbox.pending(10_000) if t == "x-plan-invalidations"]
     assert sorted(r["plan_id"] for r in announced) == sorted({p["plan_id"] for p in plans})
     assert 1 <= built["caused"] <= 2 < len(announced)  # the policy key and the contract key, at most
+
+
+def test_successors_compiled_later_are_recorded_on_each_plan_and_its_latest_history_entry(setup):
+    from agents.backlog import recompile_queued
+
+    state, inv, query = setup
+    plans = _atlas_plans(query)
+    inv.plans.eager_limit = 0
+    bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    inv.apply([raw("policy-versions", dict(bundle, event_id="v2", version=2))])
+    assert recompile_queued(inv.plans, 100, lambda topic, partition: True) == len(plans)
+    for plan in plans:
+        status = query.plan_status(plan["plan_id"])
+        assert status["successor_plan_id"] not in (None, plan["plan_id"])
+        assert status["history"][-1]["successor_plan_id"] == status["successor_plan_id"]
