@@ -18,6 +18,7 @@ PERMANENT_SEND_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError)
 SENDS_PER_YIELD = 200  # records handed to the producer between turns of the event loop (a fan-out has many)
 READ_ROWS = 50_000  # records read from the outbox per round: a 100,000-plan fan-out goes out in two
 BATCH_FROM = 64  # from this many records a round is sent as pre-built batches, not record by record
+PLAN_PER_YIELD = 5_000  # records framed into batches between turns of the event loop
 
 Spans = dict[tuple[str, int], tuple[int, int]]  # (input topic, partition) -> (first, last) offset
 
@@ -151,19 +152,27 @@ class Publisher:
         partition_of = await self._partitions(producer, rows)
         if partition_of is None:
             return await self._send_each(rows)
-        plan = plan_batches(rows, partition_of, self.app.conf.producer_max_request_size)
+        plan, limit = None, self.app.conf.producer_max_request_size
+        for start in range(0, len(rows), PLAN_PER_YIELD):
+            if start:
+                await asyncio.sleep(0)  # framing 50,000 records holds the loop for 0.1-0.2 s: let HTTP in
+            end = start + PLAN_PER_YIELD
+            plan = plan_batches(rows[start:end], partition_of[start:end], limit, plan, start)
         results: list = [None] * len(rows)
 
         async def send_partition(batches: list[Batch]) -> None:
             # One partition's batches go in order; aiokafka keeps one of them in flight at a time.
-            acks = []
+            acks, failed = [], None
             for batch in batches:
                 try:
-                    acks.append((batch, await producer.send_batch(batch.builder, batch.topic,
-                                                                  partition=batch.partition)))
+                    if failed is None:  # after a refusal the rest waits too: records keep their order
+                        acks.append((batch, await producer.send_batch(batch.builder, batch.topic,
+                                                                      partition=batch.partition)))
+                        continue
                 except Exception as exc:  # noqa: BLE001 - not queued: these records stay for the next flush
-                    for i in batch.rows:
-                        results[i] = exc
+                    failed = exc
+                for i in batch.rows:
+                    results[i] = failed
             for (batch, ack), outcome in zip(acks, await asyncio.gather(*(a for _, a in acks),
                                                                         return_exceptions=True)):
                 for i in batch.rows:

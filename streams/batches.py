@@ -93,14 +93,17 @@ def partitions_of(keys: Sequence[bytes | None], partitions: Sequence[int], avail
 
 
 def plan_batches(rows: Sequence[tuple[str, bytes | None, bytes | None]], partition_of: Sequence[int],
-                 max_bytes: int) -> Plan:
-    """Group (topic, key, value) rows into batches of at most `max_bytes`, keeping their order per partition."""
-    batches: dict[tuple[str, int], list[Batch]] = {}
-    single: list[int] = []
-    room = max_bytes - BATCH_OVERHEAD
-    for i, ((topic, key, value), partition) in enumerate(zip(rows, partition_of, strict=True)):
+                 max_bytes: int, plan: Plan | None = None, first: int = 0) -> Plan:
+    """Group (topic, key, value) rows into batches of at most `max_bytes`, keeping their order per partition.
+
+    With `plan`, the rows (positions from `first` on) are appended to it: a caller can build a
+    large plan in slices and let its event loop run in between.
+    """
+    plan = plan if plan is not None else Plan({}, [])
+    batches, room = plan.batches, max_bytes - BATCH_OVERHEAD
+    for i, ((topic, key, value), partition) in enumerate(zip(rows, partition_of, strict=True), first):
         if len(key or b"") + len(value or b"") + RECORD_OVERHEAD > room:
-            single.append(i)
+            plan.single.append(i)
             continue
         queue = batches.setdefault((topic, partition), [])
         if not queue or queue[-1].builder.append(timestamp=None, key=key, value=value) is None:
@@ -108,4 +111,4 @@ def plan_batches(rows: Sequence[tuple[str, bytes | None, bytes | None]], partiti
             if queue[-1].builder.append(timestamp=None, key=key, value=value) is None:
                 raise ValueError("a record that fits alone was refused by an empty batch")
         queue[-1].rows.append(i)
-    return Plan(batches, single)
+    return plan

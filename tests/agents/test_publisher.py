@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.memory_records import MemoryRecords
 
@@ -99,6 +99,7 @@ class Broker:
 
     def __init__(self, limit: int = 10_000) -> None:
         self.limit = limit
+        self.down: set[int] = set()  # partitions whose leader cannot take the next batch (once)
         self.batches: list[tuple[str, int, list[tuple[bytes | None, bytes]]]] = []
         self.client = SimpleNamespace(cluster=SimpleNamespace(available_partitions_for_topic=lambda t: {0, 1, 2}))
 
@@ -106,6 +107,9 @@ class Broker:
         return {0, 1, 2}
 
     async def send_batch(self, builder, topic, *, partition):
+        if partition in self.down:
+            self.down.discard(partition)
+            raise KafkaTimeoutError()
         batch = MemoryRecords(bytes(builder._build())).next_batch()
         records = [(r.key, r.value) for r in batch]
         self.batches.append((topic, partition, records))
@@ -173,6 +177,20 @@ async def test_a_batch_refused_for_one_oversized_record_dead_letters_that_record
     assert acked == {k for _, k, _ in rows} - {b"plan-50"}
     [letter] = [orjson.loads(v) for t, k, v in app.producer.sent if t == "dead-letters"]
     assert letter["outbound_key"] == "plan-50" and letter["error_class"] == "record_too_large"
+
+
+@pytest.mark.timeout(10)
+async def test_a_partition_that_cannot_take_a_batch_keeps_all_its_records_queued_in_order(batching):
+    state, broker, app, publisher = batching
+    broker.down = {1}
+    rows = [("plans", f"plan-{i}".encode(), b"x" * 300) for i in range(1000)]
+    state.outbox.add_many(rows)
+    partitioner = DefaultPartitioner()
+    on_1 = [(k, v) for _, k, v in rows if partitioner(k, [0, 1, 2], [0, 1, 2]) == 1]
+    assert await publisher.publish() == len(rows) - len(on_1)
+    assert [(k, v) for _, _, k, v in state.outbox.pending(10_000)] == on_1  # nothing of partition 1 left early
+    assert await publisher.publish() == len(on_1)
+    assert [r for _, p, records in broker.batches if p == 1 for r in records] == on_1
 
 
 @pytest.mark.timeout(240)
