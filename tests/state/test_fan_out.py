@@ -72,8 +72,9 @@ EVENTS = {
 }
 
 
-def _fan_out(tmp_path, monkeypatch, event: str, reference: bool) -> dict:
+def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | None = None) -> dict:
     from state.local_state import LocalState
+    from state.outbox import OutboundLimit
     from agents.event_apply import EventApplier
     from agents.query import QueryService
 
@@ -85,6 +86,7 @@ def _fan_out(tmp_path, monkeypatch, event: str, reference: bool) -> dict:
                    enumerate(map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines()))])
         _atlas_plans(QueryService(state, writer))
         state.outbox.remove([seq for seq, *_ in state.outbox.pending(10_000)])
+        state.outbox.limit = limit and OutboundLimit(limit, "x-dead-letters", frozenset())
         with monkeypatch.context() as patch:
             patch.setattr("agents.plan_writer.wall_now", lambda: "2026-11-30T10:00:00Z")
             if reference:
@@ -100,6 +102,13 @@ def _fan_out(tmp_path, monkeypatch, event: str, reference: bool) -> dict:
 def test_a_column_wise_fan_out_writes_what_the_plan_by_plan_path_wrote(tmp_path, monkeypatch, event):
     new, reference = (_fan_out(tmp_path, monkeypatch, event, reference) for reference in (False, True))
     assert new["counters"]["invalidations"] >= PLANS and new["queue"]
+    assert new == reference
+
+
+def test_records_over_the_outbound_limit_are_fitted_as_the_plan_by_plan_path_fitted_them(tmp_path, monkeypatch):
+    new, reference = (_fan_out(tmp_path, monkeypatch, "withheld resource deleted", reference, limit=880)
+                      for reference in (False, True))
+    assert {t for t, *_ in new["outbox"]} == {"x-plan-invalidations", "x-dead-letters"}  # receipts (375 B + framing) do not fit
     assert new == reference
 
 
