@@ -67,10 +67,12 @@ class Publisher:
             if m.partition in duty.get(m.topic, ()):
                 first, last = spans.get((m.topic, m.partition), (m.offset, m.offset))
                 spans[(m.topic, m.partition)] = (min(first, m.offset), max(last, m.offset))
-        if not spans:
-            return
-        await self.run_writes(self.promote, spans, drop_earlier=False)
-        self.kick()
+        if spans:
+            await self.run_writes(self.promote, spans, drop_earlier=False)
+        # Plans of owned partitions are announced due at once (not on standby): after a restart,
+        # before the group has assigned this worker anything, they must not wait for the timer.
+        if spans or await self.run_writes(self.state.outbox.any_due):
+            self.kick()
 
     def kick(self) -> None:
         """Publish in the background: the replica applies its next batch while the broker acknowledges.

@@ -94,6 +94,23 @@ async def test_a_partition_this_worker_does_not_own_stays_on_standby(setup):
     assert state.outbox.size() == 0 and state.outbox.standby_size() == 0
 
 
+@pytest.mark.timeout(10)
+async def test_records_due_at_once_are_published_before_the_group_assigns_anything(tmp_path):
+    state = LocalState.open(tmp_path / "f.duckdb")
+    try:
+        app = App()
+        publisher = Publisher(state, app, inline, lambda: {})  # restarted: no assignment yet
+        with state.store.transaction():  # a fan-out over owned plans: due at once, not on standby
+            state.outbox.add_many([("out", b"k", b"announced")], [("policy-versions", 0, 7)])
+        await publisher.publish_owned([RawMessage("policy-versions", 0, 7, b"k", b"{}")])
+        await _until(lambda: app.producer.sent)
+        app.producer.ack_all()
+        await publisher._flushing
+        assert app.producer.sent == [b"announced"] and state.outbox.size() == 0
+    finally:
+        state.close()
+
+
 class Broker:
     """An aiokafka producer double that takes pre-built batches; the broker refuses records over `limit`."""
 
