@@ -8,13 +8,19 @@ from typing import Callable
 from agents.plan_writer import PlanWriter
 
 
-def recompile_queued(writer: PlanWriter, limit: int, owns: Callable[[str, int], bool]) -> int:
+def recompile_queued(writer: PlanWriter, limit: int, owns: Callable[[str, int], bool],
+                     after_outbox: bool = False) -> int:
     """Compile successors of up to `limit` announced plans; publish those whose cause this worker owns.
 
     `owns(topic, partition)` says whether this worker publishes for that input partition now.
+    With `after_outbox`, nothing is compiled while records wait in the outbox: the caller's
+    check on its own cursor can precede a fan-out's commit, and this job would then run (for
+    about a second at 100,000 plans) before the fan-out's announcements are read for sending.
     Returns how many queue entries were handled.
     """
     state = writer.state
+    if after_outbox and writer.queue_pending and state.outbox.any_due():
+        return 0
     with state.store.transaction():
         entries = state.queue.oldest(limit) if writer.queue_pending else []
         if not entries:

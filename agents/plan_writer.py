@@ -16,6 +16,7 @@ from compiler.batch import compile_many
 from compiler.pipeline import CompiledPlan, compile_request
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
+from state.fan_out import Announcement, FanOut
 from state.invalidations import Invalidation, reason_for
 from state.local_state import LocalState
 
@@ -162,9 +163,7 @@ class PlanWriter:
             shared = memo[(id(cause), dep_key, redact)] = (reason_for(dep_key), public, full_cause)
         if "stamps" not in memo:
             memo["stamps"] = (wall_now(), now and format_instant(now))
-        stamp = cause.get("_timestamp")
-        if self.on_latency and stamp:
-            self.on_latency(max(0.0, time.time() - stamp))
+        self._observe_latency(cause)
         entry = Invalidation(old_id, plan_key, reason or shared[0], shared[1], memo["stamps"][0], memo["stamps"][1],
                              successor, shared[2] if shared[1] is not shared[2] else None)
         if not quiet:
@@ -173,17 +172,22 @@ class PlanWriter:
                             "event_id": entry.cause["event_id"], "successor_plan_id": successor})
         return entry
 
+    def _observe_latency(self, cause: dict) -> None:
+        """One invalidation's latency: from its event's broker timestamp to now."""
+        stamp = cause.get("_timestamp")
+        if self.on_latency and stamp:
+            self.on_latency(max(0.0, time.time() - stamp))
+
     # -- the apply path: what one batch of input events touched ------------------------
 
     def recompile(self, touched: Touched, counts: Counter[str], standby: bool = False) -> None:
         """Recompile the touched plans: adopt unchanged outcomes, announce and store changed ones."""
         state = self.state
         now = state.store.now()
-        heads = state.plans.heads(list(touched), parse=False)
-        if len(heads) > self.eager_limit:
-            self._announce_first(touched, heads, now, counts, standby)
+        if len(touched) > self.eager_limit and self._announce_first(touched, now, counts, standby):
             return
-        heads = {k: (plan_id, orjson.loads(request), status) for k, (plan_id, request, status) in heads.items()}
+        heads = {k: (plan_id, orjson.loads(request), status)
+                 for k, (plan_id, request, status) in state.plans.heads(list(touched), parse=False).items()}
         visible = self._discoverable(touched, heads)
         view = self.snapshot([request for _, request, _ in heads.values()], now)
         current: list[CompiledPlan] = []
@@ -236,38 +240,56 @@ class PlanWriter:
                        if k in heads and dep_key.startswith("resource:")]
         return self.state.plans.discoverable(by_resource)
 
-    def _announce_first(self, touched: Touched, heads: dict, now: datetime | None, counts: Counter[str],
-                        standby: bool) -> None:
+    def _announce_first(self, touched: Touched, now: datetime | None, counts: Counter[str], standby: bool) -> bool:
         """A fan-out larger than `eager_limit`: announce every plan now, compile successors later.
 
         Announcements then cost an index lookup and a record each, whatever compiling costs; the
         successor id is published on `plans` when `agents.backlog.recompile_queued` gets to it.
+        Built column-wise (`state.fan_out`): one announcement per group of plans sharing event,
+        key and stamps, its plan ids and keys filled in by SQL. False (nothing written) when the
+        touched plan keys have no more than `eager_limit` heads: the caller recompiles them at once.
         """
-        announced, sources, queued = [], [], []
-        memo: dict = {}
-        events: Counter[str] = Counter()
-        visible = self._discoverable(touched, heads)
-        view = CatalogSnapshot(self.state.catalog)
-        for plan_key, (dep_key, cause) in touched.items():
-            if plan_key not in heads or heads[plan_key][2] == "invalidated":
-                continue  # no plan, or announced already and waiting in the queue
-            events[cause["event_id"]] += 1
-            old_id, request, _ = heads[plan_key]
-            took_over = view.policy_took_over(dep_key, request, now)
-            announced.append(self.caused(old_id, plan_key, dep_key, cause, None, now, memo, visible.get(old_id),
-                                         "policy_changed" if took_over else None, quiet=True))
-            source = (cause["topic"], cause["partition"], cause["offset"])
-            sources.append(source)
-            queued.append((plan_key, *source))
-        self.announce(announced, sources, standby)
-        self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
-        self.state.queue.add_many(queued)
-        self.queue_pending = self.queue_pending or bool(queued)
-        counts["invalidations"] += len(announced)
-        counts["deferred_recompilations"] += len(queued)
+        causes: list[dict] = []
+        index: dict[int, int] = {}
+        dep_keys, cause_of = [], []
+        for dep_key, cause in touched.values():
+            dep_keys.append(dep_key)
+            cause_of.append(index.setdefault(id(cause), len(causes)))
+            if cause_of[-1] == len(causes):
+                causes.append(cause)
+        fan = FanOut(self.state.store, self.state.outbox)
+        try:
+            heads, groups = fan.stage(list(touched), dep_keys, cause_of)
+            if heads <= self.eager_limit:
+                return False
+            announced, memo, events = [], {}, Counter()
+            view = CatalogSnapshot(self.state.catalog)
+            for group in groups:
+                cause = causes[group.cause]
+                request = {} if group.decision_type is None else {"decision_type": group.decision_type}
+                took_over = view.policy_took_over(group.dep_key, request, now)
+                visible = None if group.redact else {group.dep_key.partition(":")[2]}
+                for _ in range(group.plans - 1):  # `caused` observes the latency of one of them
+                    self._observe_latency(cause)
+                entry = self.caused("", "", group.dep_key, cause, None, now, memo, visible,
+                                    "policy_changed" if took_over else None, quiet=True)
+                template = entry.template()
+                if template is None:
+                    raise ValueError("an invalidation's cause holds its own placeholders")
+                announced.append(Announcement(group, entry.reason, orjson.dumps(entry.cause).decode(), template,
+                                              (cause["topic"], cause["partition"], cause["offset"])))
+                events[cause["event_id"]] += group.plans
+            fan.write(announced, self.topic_of("plan-invalidations"), self.topic_of("receipts"), standby, now)
+        finally:
+            fan.drop()
+        total = sum(events.values())
+        self.queue_pending = self.queue_pending or bool(total)
+        counts["invalidations"] += total
+        counts["deferred_recompilations"] += total
         for event_id, n in events.items():  # one line per event: the plan ids are on the topic
             log.info("invalidated %d plans, successors to follow", n,
                      extra={"event_id": event_id, "plans": n, "reason": "fan_out"})
+        return True
 
     def restore(self, current: list[dict]) -> tuple[int, int]:
         """Replay: recompile each current plan; announce `state_rebuilt` where the outcome changed.

@@ -213,11 +213,12 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
         # announcements still waiting in the outbox go out before any successor is compiled.
         while True:
-            if reader.outbox.size():
+            if reader.outbox.any_due():
                 await asyncio.sleep(0.05)
                 continue
             # The queue holds plans of owned partitions only (a hand-back removes the rest).
-            done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True)
+            done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True,
+                                    after_outbox=True)
             if done:
                 await worker.publish_outbox()
             await asyncio.sleep(0 if done else 0.1)

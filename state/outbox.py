@@ -94,6 +94,19 @@ class Outbox:
         finally:
             self.db.unregister("_outbox_rows")
 
+    def add_selected(self, select: str, params: list, standby: bool, largest: int) -> None:
+        """Queue the rows a query selects, as (topic, key, value, src_topic, src_partition, src_offset).
+
+        `largest` bounds the framed size of any of them: within the outbound limit they are
+        inserted by the query itself; otherwise they pass through Python to be fitted (`add_many`).
+        """
+        if self.limit is not None and largest > self.limit.max_bytes:
+            rows = self.db.execute(select, params).fetchall()
+            self.add_many([row[:3] for row in rows], [row[3:] for row in rows], standby=standby)
+            return
+        self.db.execute("INSERT INTO outbox (topic, key, value, src_topic, src_partition, src_offset, standby) "
+                        f"SELECT *, ? FROM ({select})", [standby, *params])
+
     def promote(self, topic: str, partition: int, first: int, last: int, drop_earlier: bool = True) -> int:
         """This worker owns events first..last of a partition: publish what they caused.
 
@@ -121,10 +134,10 @@ class Outbox:
         finally:
             self.db.unregister("_committed")
 
-    def pending(self, limit: int = 5000) -> list[tuple[int, str, bytes | None, bytes]]:
-        """The oldest records due for publication, in order."""
-        return self.db.execute("SELECT seq, topic, key, value FROM outbox WHERE NOT standby ORDER BY seq LIMIT ?",
-                               [limit]).fetchall()
+    def pending(self, limit: int = 5000, after: int | None = None) -> list[tuple[int, str, bytes | None, bytes]]:
+        """The oldest records due for publication, in order (past sequence number `after`, if given)."""
+        return self.db.execute("SELECT seq, topic, key, value FROM outbox WHERE NOT standby AND seq > ? "
+                               "ORDER BY seq LIMIT ?", [-1 if after is None else after, limit]).fetchall()
 
     def replace_with_dead_letters(self, rows: list[tuple[int, str, bytes | None, bytes]], why: str) -> None:
         """Records the broker refused for good: queue a dead letter for each and forget them."""
@@ -144,6 +157,10 @@ class Outbox:
     def size(self) -> int:
         """Records due for publication."""
         return self.db.execute("SELECT count(*) FROM outbox WHERE NOT standby").fetchone()[0]
+
+    def any_due(self) -> bool:
+        """Whether any record is due for publication (cheaper than `size` for a loop that polls while it is)."""
+        return self.db.execute("SELECT 1 FROM outbox WHERE NOT standby LIMIT 1").fetchone() is not None
 
     def standby_size(self) -> int:
         """Records held for events whose partition another worker may own."""

@@ -80,15 +80,23 @@ class PlanStore:
         return out
 
     def set_successors(self, pairs: list[tuple[str, str]]) -> None:
-        """Record successors found after the invalidation was announced: (old plan id, new plan id)."""
-        pairs = [(old, new) for old, new in pairs if old != new]
-        if pairs:
-            self.db.executemany("UPDATE plans SET successor_plan_id = ? WHERE plan_id = ? "
-                                "AND successor_plan_id IS NULL",
-                                [(new, old) for old, new in pairs])
-            self.db.executemany("UPDATE plan_history SET successor_plan_id = ? WHERE seq = (SELECT max(seq) FROM "
-                                "plan_history WHERE plan_id = ?) AND successor_plan_id IS NULL",
-                                [(new, old) for old, new in pairs])
+        """Record successors found after the invalidation was announced: (old plan id, new plan id).
+
+        Two set-wise statements: row by row, each history update scanned the whole history (the
+        backlog of a 100,000-plan fan-out spent half a second per 100 successors here).
+        """
+        first = dict(reversed([(old, new) for old, new in pairs if old != new]))  # the first pair of an old id
+        if not first:
+            return
+        self.db.register("_successors", pa.table({"old": list(first), "new": list(first.values())}))
+        try:
+            self.db.execute("UPDATE plans SET successor_plan_id = s.new FROM _successors s "
+                            "WHERE plans.plan_id = s.old AND plans.successor_plan_id IS NULL")
+            self.db.execute("UPDATE plan_history SET successor_plan_id = latest.new FROM (SELECT s.new, max(h.seq) "
+                            "AS seq FROM _successors s JOIN plan_history h ON h.plan_id = s.old GROUP BY s.old, s.new) latest "
+                            "WHERE plan_history.seq = latest.seq AND plan_history.successor_plan_id IS NULL")
+        finally:
+            self.db.unregister("_successors")
 
     def known(self, plan_ids: list[str]) -> set[str]:
         """Which of these plan ids this worker has stored, whatever their status."""

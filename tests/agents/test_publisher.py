@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
+import orjson
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.record.memory_records import MemoryRecords
 
 from agents.event_apply import RawMessage
-from agents.publisher import Publisher
+from agents.publisher import BATCH_FROM, Publisher
 from agents.writer import inline
 from state.local_state import LocalState
+from state.outbox import OutboundLimit
+from tests.catalog_double import SCENARIOS
+from tests.conftest import ATLAS_REQUEST, eventually, launch
 
 
 class SlowProducer:
@@ -83,3 +92,155 @@ async def test_a_partition_this_worker_does_not_own_stays_on_standby(setup):
     app.producer.ack_all()
     await publisher._flushing
     assert state.outbox.size() == 0 and state.outbox.standby_size() == 0
+
+
+@pytest.mark.timeout(10)
+async def test_records_due_at_once_are_published_before_the_group_assigns_anything(tmp_path):
+    state = LocalState.open(tmp_path / "f.duckdb")
+    try:
+        app = App()
+        publisher = Publisher(state, app, inline, lambda: {})  # restarted: no assignment yet
+        with state.store.transaction():  # a fan-out over owned plans: due at once, not on standby
+            state.outbox.add_many([("out", b"k", b"announced")], [("policy-versions", 0, 7)])
+        await publisher.publish_owned([RawMessage("policy-versions", 0, 7, b"k", b"{}")])
+        await _until(lambda: app.producer.sent)
+        app.producer.ack_all()
+        await publisher._flushing
+        assert app.producer.sent == [b"announced"] and state.outbox.size() == 0
+    finally:
+        state.close()
+
+
+class Broker:
+    """An aiokafka producer double that takes pre-built batches; the broker refuses records over `limit`."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self.down: set[int] = set()  # partitions whose leader cannot take the next batch (once)
+        self.batches: list[tuple[str, int, list[tuple[bytes | None, bytes]]]] = []
+        self.client = SimpleNamespace(cluster=SimpleNamespace(available_partitions_for_topic=lambda t: {0, 1, 2}))
+
+    async def partitions_for(self, topic):
+        return {0, 1, 2}
+
+    async def send_batch(self, builder, topic, *, partition):
+        if partition in self.down:
+            self.down.discard(partition)
+            raise KafkaTimeoutError()
+        batch = MemoryRecords(bytes(builder._build())).next_batch()
+        records = [(r.key, r.value) for r in batch]
+        self.batches.append((topic, partition, records))
+        ack = asyncio.get_running_loop().create_future()
+        if any(len(v) > self.limit for _, v in records):
+            ack.set_exception(MessageSizeTooLargeError())
+        else:
+            ack.set_result(None)
+        return ack
+
+
+class BatchingProducer:
+    """Faust's producer as the publisher sees it: a partitioner, the aiokafka producer, and record-by-record sends."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.partitioner = DefaultPartitioner()
+        self._producer = broker
+        self.sent: list[tuple[str, bytes | None, bytes]] = []
+
+    async def send(self, topic, key, value, partition, timestamp, headers):
+        self.sent.append((topic, key, value))
+        ack = asyncio.get_running_loop().create_future()
+        if len(value) > self._producer.limit:
+            ack.set_exception(MessageSizeTooLargeError())
+        else:
+            ack.set_result(None)
+        return ack
+
+
+@pytest.fixture
+def batching(tmp_path):
+    state = LocalState.open(tmp_path / "f.duckdb")
+    state.outbox.limit = OutboundLimit(1_000_000, "dead-letters", frozenset())
+    broker = Broker()
+    app = SimpleNamespace(producer=BatchingProducer(broker), conf=SimpleNamespace(producer_max_request_size=64_000))
+    yield state, broker, app, Publisher(state, app, inline, lambda: {})
+    state.close()
+
+
+@pytest.mark.timeout(10)
+async def test_a_large_outbox_goes_out_in_batches_on_the_partitions_the_producer_would_pick(batching):
+    state, broker, app, publisher = batching
+    rows = [("plan-invalidations", f"plan-{i}".encode(), b"v%d" % i + b"x" * 300) for i in range(1000)]
+    state.outbox.add_many(rows)
+    assert await publisher.publish() == 1000
+    assert app.producer.sent == [] and state.outbox.size() == 0
+    assert 3 <= len(broker.batches) < 30  # 64 KB batches, not a request per record
+    partitioner = DefaultPartitioner()
+    for partition in (0, 1, 2):
+        sent = [record for _, p, records in broker.batches if p == partition for record in records]
+        assert all(partitioner(key, [0, 1, 2], [0, 1, 2]) == partition for key, _ in sent)
+        assert sent == [(k, v) for _, k, v in rows if partitioner(k, [0, 1, 2], [0, 1, 2]) == partition]  # in order
+
+
+@pytest.mark.timeout(10)
+async def test_a_batch_refused_for_one_oversized_record_dead_letters_that_record_only(batching):
+    state, broker, app, publisher = batching
+    rows = [("plans", f"plan-{i}".encode(), b"x" * (20_000 if i == 50 else 300)) for i in range(200)]
+    state.outbox.add_many(rows)
+    await publisher.publish()
+    assert state.outbox.size() == 0
+    acked = {k for t, k, v in app.producer.sent if t == "plans" and len(v) <= broker.limit}
+    acked |= {k for t, p, records in broker.batches if t == "plans" and all(len(v) <= broker.limit for _, v in records)
+              for k, _ in records}
+    assert acked == {k for _, k, _ in rows} - {b"plan-50"}
+    [letter] = [orjson.loads(v) for t, k, v in app.producer.sent if t == "dead-letters"]
+    assert letter["outbound_key"] == "plan-50" and letter["error_class"] == "record_too_large"
+
+
+@pytest.mark.timeout(10)
+async def test_a_partition_that_cannot_take_a_batch_keeps_all_its_records_queued_in_order(batching):
+    state, broker, app, publisher = batching
+    broker.down = {1}
+    rows = [("plans", f"plan-{i}".encode(), b"x" * 300) for i in range(1000)]
+    state.outbox.add_many(rows)
+    partitioner = DefaultPartitioner()
+    on_1 = [(k, v) for _, k, v in rows if partitioner(k, [0, 1, 2], [0, 1, 2]) == 1]
+    assert await publisher.publish() == len(rows) - len(on_1)
+    assert [(k, v) for _, _, k, v in state.outbox.pending(10_000)] == on_1  # nothing of partition 1 left early
+    assert await publisher.publish() == len(on_1)
+    assert [r for _, p, records in broker.batches if p == 1 for r in records] == on_1
+
+
+@pytest.mark.timeout(240)
+async def test_a_fan_out_is_announced_through_the_broker_on_the_partitions_its_keys_hash_to(broker, tmp_path):
+    async with launch(broker, tmp_path, FRESHPLAN_EAGER_RECOMPILE_LIMIT="0") as worker:
+        loaded = await worker.load("atlas.jsonl")
+        plans = {(await worker.select(dict(ATLAS_REQUEST, query=f"copy {i}"), loaded))["plan_id"]
+                 for i in range(BATCH_FROM + 16)}
+        bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+        await worker.publish_events(("policy-versions", dict(bundle, event_id="fan-v2", version=2)))
+        consumer = AIOKafkaConsumer(bootstrap_servers=worker.bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        seen: dict[str, int] = {}
+        try:
+            parts = [TopicPartition(worker.settings.topic("plan-invalidations"), p)
+                     for p in range(worker.settings.partitions)]
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            while not plans <= set(seen):
+                for tp, messages in (await asyncio.wait_for(consumer.getmany(timeout_ms=200), 60)).items():
+                    for m in messages:
+                        doc = orjson.loads(m.value)
+                        if doc["cause"]["event_id"] == "fan-v2":
+                            assert doc["successor_plan_id"] is None and m.key == doc["plan_id"].encode()
+                            seen[doc["plan_id"]] = tp.partition
+        finally:
+            await consumer.stop()
+        everything = list(range(worker.settings.partitions))
+        assert all(DefaultPartitioner()(plan_id.encode(), everything, everything) == partition
+                   for plan_id, partition in seen.items())
+        assert len(set(seen.values())) == len(everything)
+        await eventually(lambda: _outbox_empty(worker), 30, "an empty outbox")
+
+
+async def _outbox_empty(worker) -> bool:
+    return (await worker.get("/healthz"))["outbox"] == 0

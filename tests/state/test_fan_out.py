@@ -1,0 +1,156 @@
+"""A fan-out beyond the eager limit, built column-wise: the same rows the plan-by-plan path wrote, in a few statements."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import orjson
+import pytest
+
+from agents.plan_writer import PlanWriter
+from state.catalog_snapshot import CatalogSnapshot
+from tests.agents.test_invalidation import raw, setup  # noqa: F401 - the fixture
+from tests.catalog_double import SCENARIOS
+from tests.conftest import ATLAS_REQUEST
+from tests.events import envelope
+
+PLANS = 12
+
+
+def _plan_by_plan(self: PlanWriter, touched, now, counts, standby) -> bool:
+    """The fan-out as it was written before `state.fan_out`: one Invalidation per plan (the reference)."""
+    heads = self.state.plans.heads(list(touched), parse=False)
+    if len(heads) <= self.eager_limit:
+        return False
+    announced, sources, queued, memo = [], [], [], {}
+    visible = self._discoverable(touched, heads)
+    view = CatalogSnapshot(self.state.catalog)
+    for plan_key, (dep_key, cause) in touched.items():
+        if plan_key not in heads or heads[plan_key][2] == "invalidated":
+            continue
+        old_id, request, _ = heads[plan_key]
+        took_over = view.policy_took_over(dep_key, request, now)
+        announced.append(self.caused(old_id, plan_key, dep_key, cause, None, now, memo, visible.get(old_id),
+                                     "policy_changed" if took_over else None, quiet=True))
+        sources.append((cause["topic"], cause["partition"], cause["offset"]))
+        queued.append((plan_key, *sources[-1]))
+    self.announce(announced, sources, standby)
+    self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
+    self.state.queue.add_many(queued)
+    self.queue_pending = True
+    counts["invalidations"] += len(announced)
+    counts["deferred_recompilations"] += len(queued)
+    return True
+
+
+def _atlas_plans(query) -> list[dict]:
+    """Plans of maya (investigation-X9 withheld, policy-P2 rejected by name) and of omar."""
+    plans = [query.select(dict(ATLAS_REQUEST, query=f"copy {i}")) for i in range(PLANS)]
+    return plans + [query.select(dict(ATLAS_REQUEST, principal="omar", purpose="annual_credit_review"))]
+
+
+def _written(state) -> dict:
+    """Everything a fan-out writes, comparable across runs (outbox seq and history seq left out)."""
+    db = state.store.db
+    return {"outbox": sorted(db.execute("SELECT topic, key, value, src_topic, src_partition, src_offset, standby "
+                                        "FROM outbox").fetchall()),
+            "history": sorted(db.execute("SELECT plan_id, reason, cause, successor_plan_id, invalidated_at "
+                                         "FROM plan_history").fetchall(), key=repr),
+            "plans": sorted(db.execute("SELECT plan_id, status, reason, cause, successor_plan_id, invalidated_at "
+                                       "FROM plans").fetchall(), key=repr),
+            "queue": sorted(db.execute("SELECT * FROM recompile_queue").fetchall()),
+            "counters": {k: v for k, v in state.store.counters().items()
+                         if k in ("invalidations", "deferred_recompilations")}}
+
+
+EVENTS = {
+    "policy version": lambda bundle: ("policy-versions", dict(bundle, event_id="v2", version=2)),
+    "withheld resource deleted": lambda _: ("source-changes", envelope(
+        event_id="del-x9", kind="resource", op="delete", resource={"id": "investigation-X9"})),
+    "named resource deleted": lambda _: ("source-changes", envelope(
+        event_id="del-p2", kind="resource", op="delete", resource={"id": "policy-P2"})),
+}
+
+
+def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | None = None) -> dict:
+    from state.local_state import LocalState
+    from state.outbox import OutboundLimit
+    from agents.event_apply import EventApplier
+    from agents.query import QueryService
+
+    state = LocalState.open(tmp_path / f"{'ref' if reference else 'new'}.duckdb")
+    try:
+        writer = PlanWriter(state, lambda name: f"x-{name}", eager_limit=0)
+        inv = EventApplier(state, writer)
+        inv.apply([raw(item["topic"], item["event"], offset=n) for n, item in
+                   enumerate(map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines()))])
+        _atlas_plans(QueryService(state, writer))
+        state.outbox.remove([seq for seq, *_ in state.outbox.pending(10_000)])
+        state.outbox.limit = limit and OutboundLimit(limit, "x-dead-letters", frozenset())
+        with monkeypatch.context() as patch:
+            patch.setattr("agents.plan_writer.wall_now", lambda: "2026-11-30T10:00:00Z")
+            if reference:
+                patch.setattr(PlanWriter, "_announce_first", _plan_by_plan)
+            bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+            inv.apply([raw(*EVENTS[event](bundle), offset=1000)], standby=True)
+        return _written(state)
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize("event", sorted(EVENTS))
+def test_a_column_wise_fan_out_writes_what_the_plan_by_plan_path_wrote(tmp_path, monkeypatch, event):
+    new, reference = (_fan_out(tmp_path, monkeypatch, event, reference) for reference in (False, True))
+    assert new["counters"]["invalidations"] >= PLANS and new["queue"]
+    assert new == reference
+
+
+def test_records_over_the_outbound_limit_are_fitted_as_the_plan_by_plan_path_fitted_them(tmp_path, monkeypatch):
+    new, reference = (_fan_out(tmp_path, monkeypatch, "withheld resource deleted", reference, limit=880)
+                      for reference in (False, True))
+    assert {t for t, *_ in new["outbox"]} == {"x-plan-invalidations", "x-dead-letters"}  # receipts (375 B + framing) do not fit
+    assert new == reference
+
+
+def test_the_withheld_resource_is_named_to_auditors_only(tmp_path, monkeypatch):
+    written = _fan_out(tmp_path, monkeypatch, "withheld resource deleted", reference=False)
+    public = [orjson.loads(v) for t, _, v, *_ in written["outbox"] if t == "x-plan-invalidations"]
+    audits = [orjson.loads(v) for t, _, v, *_ in written["outbox"] if t == "x-receipts"]
+    assert len(public) == len(audits) == PLANS + 1 and all(r["cause"]["event_id"] == "withheld" for r in public)
+    assert {a["plan_id"] for a in audits} == {r["plan_id"] for r in public}
+    assert all(a["cause"]["dependency_key"] == "resource:investigation-X9" for a in audits)
+    assert len({a["receipt_id"] for a in audits}) == len(audits)
+
+
+def test_a_fan_out_builds_one_announcement_per_group_not_per_plan(setup, monkeypatch):
+    state, inv, query = setup
+    plans = _atlas_plans(query)
+    inv.plans.eager_limit = 0
+    built = Counter()
+    caused = PlanWriter.caused
+
+    def counted(self, *args, **kwargs):
+        built["caused"] += 1
+        return caused(self, *args, **kwargs)
+
+    monkeypatch.setattr(PlanWriter, "caused", counted)
+    bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    inv.apply([raw("policy-versions", dict(bundle, event_id="v2", version=2))])
+    announced = [orjson.loads(v) for _, t, _, v in state.outbox.pending(10_000) if t == "x-plan-invalidations"]
+    assert sorted(r["plan_id"] for r in announced) == sorted({p["plan_id"] for p in plans})
+    assert 1 <= built["caused"] <= 2 < len(announced)  # the policy key and the contract key, at most
+
+
+def test_successors_compiled_later_are_recorded_on_each_plan_and_its_latest_history_entry(setup):
+    from agents.backlog import recompile_queued
+
+    state, inv, query = setup
+    plans = _atlas_plans(query)
+    inv.plans.eager_limit = 0
+    bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    inv.apply([raw("policy-versions", dict(bundle, event_id="v2", version=2))])
+    assert recompile_queued(inv.plans, 100, lambda topic, partition: True) == len(plans)
+    for plan in plans:
+        status = query.plan_status(plan["plan_id"])
+        assert status["successor_plan_id"] not in (None, plan["plan_id"])
+        assert status["history"][-1]["successor_plan_id"] == status["successor_plan_id"]
