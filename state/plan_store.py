@@ -120,10 +120,16 @@ class PlanStore:
                          plan.get("receipt_id"), orjson.dumps(cause).decode(), successor, at])
 
     def fresh_plan(self, plan_key: str) -> dict[str, Any] | None:
-        """The current plan of a key if it is still fresh."""
-        row = self.db.execute("SELECT p.plan FROM plan_heads h JOIN plans p USING (plan_id) "
-                              "WHERE h.plan_key = ? AND p.status = 'fresh'", [plan_key]).fetchone()
-        return orjson.loads(row[0]) if row else None
+        """The current plan of a key if it is still fresh (read inside the caller's transaction).
+
+        Two primary-key lookups: a join, or a filter on `status` beside `plan_id`, makes DuckDB
+        scan every stored plan (5 ms at 100,000 plans, on the event loop of every cached select).
+        """
+        head = self.db.execute("SELECT plan_id FROM plan_heads WHERE plan_key = ?", [plan_key]).fetchone()
+        if head is None:
+            return None
+        row = self.db.execute("SELECT plan, status FROM plans WHERE plan_id = ?", [head[0]]).fetchone()
+        return orjson.loads(row[0]) if row and row[1] == "fresh" else None
 
     def invalidate_many(self, invalidated: list[tuple[str, str, dict, str | None]], at: datetime | None) -> None:
         """Mark plans invalidated: (plan id, reason, cause, successor plan id)."""
