@@ -175,8 +175,8 @@ class Publisher:
                     failed = exc
                 for i in batch.rows:
                     results[i] = failed
-            for (batch, ack), outcome in zip(acks, await asyncio.gather(*(a for _, a in acks),
-                                                                        return_exceptions=True)):
+            for (batch, _), outcome in zip(acks, await asyncio.gather(*(a for _, a in acks),
+                                                                      return_exceptions=True), strict=True):
                 for i in batch.rows:
                     results[i] = outcome
 
@@ -200,7 +200,7 @@ class Publisher:
             partitions = list(await producer.partitions_for(topic))
             available = list(producer.client.cluster.available_partitions_for_topic(topic))
             where = [i for i, row in enumerate(rows) if row[0] == topic]
-            for i, partition in zip(where, partitions_of([rows[i][1] for i in where], partitions, available)):
+            for i, partition in zip(where, partitions_of([rows[i][1] for i in where], partitions, available), strict=True):
                 out[i] = partition
         return out
 

@@ -93,7 +93,8 @@ class PlanStore:
             self.db.execute("UPDATE plans SET successor_plan_id = s.new FROM _successors s "
                             "WHERE plans.plan_id = s.old AND plans.successor_plan_id IS NULL")
             self.db.execute("UPDATE plan_history SET successor_plan_id = latest.new FROM (SELECT s.new, max(h.seq) "
-                            "AS seq FROM _successors s JOIN plan_history h ON h.plan_id = s.old GROUP BY s.old, s.new) latest "
+                            "AS seq FROM _successors s JOIN plan_history h ON h.plan_id = s.old "
+                            "GROUP BY s.old, s.new) latest "
                             "WHERE plan_history.seq = latest.seq AND plan_history.successor_plan_id IS NULL")
         finally:
             self.db.unregister("_successors")

@@ -83,7 +83,7 @@ def partitions_of(keys: Sequence[bytes | None], partitions: Sequence[int], avail
     hashes = murmur2_many([keys[i] for i in keyed]) & np.uint32(0x7FFFFFFF)
     picks = (hashes % np.uint32(len(partitions))).tolist()
     out = [0] * len(keys)
-    for i, pick in zip(keyed, picks):
+    for i, pick in zip(keyed, picks, strict=True):
         out[i] = partitions[pick]
     pool = list(available) or list(partitions)
     for i, k in enumerate(keys):
