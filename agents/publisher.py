@@ -200,7 +200,8 @@ class Publisher:
             partitions = list(await producer.partitions_for(topic))
             available = list(producer.client.cluster.available_partitions_for_topic(topic))
             where = [i for i, row in enumerate(rows) if row[0] == topic]
-            for i, partition in zip(where, partitions_of([rows[i][1] for i in where], partitions, available), strict=True):
+            picked = partitions_of([rows[i][1] for i in where], partitions, available)
+            for i, partition in zip(where, picked, strict=True):
                 out[i] = partition
         return out
 
