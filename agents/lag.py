@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from aiokafka import AIOKafkaConsumer
 
@@ -73,6 +74,9 @@ class LagWatcher:
         self._cluster_id: str | None = None
         self._cluster_read_at = 0.0
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
+        # What the store has applied: a worker passes its replica's offsets as of its last commit,
+        # which spares every select a read (they only ever lag the file, so lag is never undercounted).
+        self.applied: Callable[[], dict[str, dict[int, int]]] = store.next_offsets
         self._reader: Store | None = None  # the guard thread's own connection to the state file
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -177,7 +181,7 @@ class LagWatcher:
 
     def lags(self) -> dict[str, dict[int, int]]:
         """Unapplied events per input topic and partition, as of the last poll."""
-        applied = self.store.next_offsets()
+        applied = self.applied()
         return {t: {p: max(0, end - applied.get(t, {}).get(p, 0)) for p, end in parts.items()}
                 for t, parts in self.ends.items()}
 
@@ -204,7 +208,7 @@ class LagWatcher:
         guarded_paused = [t for t in GUARDED_TOPICS if t in self.paused]
         # Re-count against what the store has applied by now: an agent that caught up since the
         # last poll is not behind on anything this worker knows of.
-        lags = self._count_lag(self.store.next_offsets())
+        lags = self._count_lag(self.applied())
         worst = max(GUARDED_TOPICS, key=lambda t: (0.0 if lags[t] == 0 else
                                                      now - self._caught_up.get(t, self._started_at)))
         behind = 0.0 if lags[worst] == 0 else now - self._caught_up.get(worst, self._started_at)

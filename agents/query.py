@@ -244,4 +244,5 @@ class Found:
 
 
 def _token_of(store) -> str:
-    return encode_token(store.next_offsets(), *store.incarnation())
+    offsets, cluster_id, epoch = store.position()
+    return encode_token(offsets, cluster_id, epoch)

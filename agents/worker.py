@@ -157,6 +157,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run)
     guard.paused, guard.blocked = replica.paused, replica.blocked
+    guard.applied = lambda: replica.positions
     parked = ParkedPlans(state.store, settings.partitions)
     ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
                           settings.topic("plan-dependencies"))

@@ -229,6 +229,18 @@ class Store:
 
     # -- broker incarnation ------------------------------------------------------------
 
+    def position(self) -> tuple[dict[str, dict[int, int]], str | None, int]:
+        """`next_offsets()` and `incarnation()` in one statement: what a freshness token names."""
+        rows = self.db.execute("SELECT o.topic, o.partition, o.next_offset, i.cluster_id, i.epoch "
+                               "FROM (SELECT 0 AS id) LEFT JOIN incarnation i USING (id) "
+                               "LEFT JOIN offsets o ON true").fetchall()
+        out: dict[str, dict[int, int]] = {}
+        for topic, partition, nxt, _, _ in rows:
+            if topic is not None:
+                out.setdefault(topic, {})[partition] = nxt
+        _, _, _, cluster_id, epoch = rows[0]
+        return out, cluster_id, epoch if epoch is not None else 0
+
     def incarnation(self) -> tuple[str | None, int]:
         """(cluster id the recorded offsets belong to, rebase epoch); (None, 0) before the first record."""
         row = self.db.execute("SELECT cluster_id, epoch FROM incarnation WHERE id = 0").fetchone()

@@ -117,3 +117,13 @@ def test_a_file_with_only_the_latest_policy_version_and_unversioned_revocations_
         # Revoked before revocations carried a version: as of the principal's version then.
         assert store.db.execute("SELECT delegation_version FROM revoked").fetchall() == [(3,)]
         store.close()
+
+
+def test_position_is_the_offsets_and_incarnation_in_one_read(store):
+    assert store.position() == ({}, None, 0) == (store.next_offsets(), *store.incarnation())
+    store.record_cluster("c1")
+    assert store.position() == ({}, "c1", 0)
+    with store.transaction():
+        store.save_offsets({("revocations", 0): 9, ("source-changes", 1): 3, ("source-changes", 0): 4})
+    assert store.position() == ({"revocations": {0: 9}, "source-changes": {0: 4, 1: 3}}, "c1", 0)
+    assert store.position() == (store.next_offsets(), *store.incarnation())
