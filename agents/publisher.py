@@ -163,22 +163,25 @@ class Publisher:
         results: list = [None] * len(rows)
 
         async def send_partition(batches: list[Batch]) -> None:
-            # One partition's batches go in order; aiokafka keeps one of them in flight at a time.
-            acks, failed = [], None
+            # One partition's batches go in order, each once the last is acknowledged (aiokafka has
+            # one in flight per partition anyway): a batch sent behind one the broker then refuses
+            # would land ahead of that batch's records when they are sent again.
+            failed = None
             for batch in batches:
-                try:
-                    if failed is None:  # after a refusal the rest waits too: records keep their order
-                        acks.append((batch, await producer.send_batch(batch.builder, batch.topic,
-                                                                      partition=batch.partition)))
+                if failed is None:  # after a refusal the rest waits too: records keep their order
+                    try:
+                        ack = await producer.send_batch(batch.builder, batch.topic, partition=batch.partition)
+                    except Exception as exc:  # noqa: BLE001 - not queued: these records stay for the next flush
+                        failed = exc
+                    else:
+                        outcome = (await asyncio.gather(ack, return_exceptions=True))[0]
+                        for i in batch.rows:
+                            results[i] = outcome
+                        if isinstance(outcome, BaseException):
+                            failed = outcome
                         continue
-                except Exception as exc:  # noqa: BLE001 - not queued: these records stay for the next flush
-                    failed = exc
                 for i in batch.rows:
                     results[i] = failed
-            for (batch, _), outcome in zip(acks, await asyncio.gather(*(a for _, a in acks),
-                                                                      return_exceptions=True), strict=True):
-                for i in batch.rows:
-                    results[i] = outcome
 
         await asyncio.gather(*(send_partition(b) for b in plan.batches.values()))
         # A batch refused for its size holds a record too large for the broker: find it record by record.

@@ -244,3 +244,19 @@ async def test_a_fan_out_is_announced_through_the_broker_on_the_partitions_its_k
 
 async def _outbox_empty(worker) -> bool:
     return (await worker.get("/healthz"))["outbox"] == 0
+
+
+@pytest.mark.timeout(10)
+async def test_records_of_a_batch_refused_at_acknowledgement_stay_ahead_of_the_partition_s_later_records(batching):
+    # One key, one partition: a plan's older record must not land after its newer one (compaction keeps the last).
+    state, broker, app, publisher = batching
+    rows = [("plans", b"plan-1", b"%05d" % i + b"x" * (20_000 if i == 10 else 300)) for i in range(600)]
+    state.outbox.add_many(rows)
+    await publisher.publish()
+    await publisher.publish()  # whatever the first flush left queued
+    assert state.outbox.size() == 0
+    log = [r for t, _, records in broker.batches if t == "plans" and all(len(v) <= broker.limit for _, v in records)
+           for r in records]
+    log += [(k, v) for t, k, v in app.producer.sent if t == "plans" and len(v) <= broker.limit]
+    assert len(broker.batches[0][2]) < len(rows)  # the round was framed in several batches, the first refused
+    assert log == [(k, v) for i, (_, k, v) in enumerate(rows) if i != 10]
