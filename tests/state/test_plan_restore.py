@@ -154,6 +154,25 @@ def test_one_hundred_thousand_plans_are_taken_over_in_bulk(compiled, tmp_path, c
         taker.close()
 
 
+def test_a_receipt_whose_ids_are_not_strings_is_stored_by_neither_restore(compiled, tmp_path):
+    # The parked path compared the ids as extracted text: a receipt with plan_id 41 and receipt_id 42
+    # (numbers) passed for a record of plan "41", receipt "42", and was stored and served as that plan's.
+    _, _, _, record = compiled
+    mine = plan_partition(record["entity_id"], 4)
+    poisoned = dict(record, plan_id="41", plan_key="pk-9", receipt_id="42",
+                    receipt=dict(record["receipt"], receipt_id=42, plan_id=41))
+    by_records, _ = _loaded(tmp_path / "records.duckdb")
+    in_place, _ = _loaded(tmp_path / "parked.duckdb")
+    try:
+        restore(by_records.store, [poisoned], [mine], partitions=4, compiled_at=by_records.store.now())
+        ParkedPlans(in_place.store, 4).park([poisoned])
+        assert restore_parked(in_place.store, [mine], in_place.store.now()).restored == 1
+        assert _rows(in_place)["receipts"] == _rows(by_records)["receipts"] == []
+    finally:
+        by_records.close()
+        in_place.close()
+
+
 def test_restoring_parked_plans_in_place_writes_what_restoring_their_records_does(compiled, tmp_path):
     _, _, _, record = compiled
     mine = plan_partition(record["entity_id"], 4)
