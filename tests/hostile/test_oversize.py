@@ -69,3 +69,19 @@ async def test_a_record_that_cannot_fit_even_compact_is_dead_lettered(worker):
         await asyncio.sleep(0.1)
     assert health["outbox"] == 0 and health["counters"]["dead_letters.record_too_large"] >= 1
     assert worker.proc.poll() is None
+
+
+async def test_a_plan_dependencies_record_too_large_with_its_receipt_is_published_whole_without_it(worker):
+    # Atlas: plans and receipts records fit 5,000 bytes; the plan-dependencies record carrying the receipt
+    # does not, even compact. Without its receipt it fits, and a worker taking the plan over can restore it.
+    worker.stop()
+    worker.env["FRESHPLAN_MAX_RECORD_BYTES"] = "5000"
+    await worker.restart()
+    loaded = await worker.load("atlas.jsonl")
+    plan = await worker.select(ATLAS_REQUEST, loaded)
+    internal = await worker.records("plan-dependencies", lambda rs: any(r.get("plan_id") == plan["plan_id"]
+                                                                         for r in rs), timeout=20)
+    [record] = [r for r in internal if r.get("plan_id") == plan["plan_id"]]
+    assert "receipt" not in record and not any(item.get("content_omitted") for item in record["admitted"])
+    health = await worker.get("/healthz")
+    assert health["counters"].get("dead_letters.record_too_large", 0) == 0

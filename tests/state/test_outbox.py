@@ -41,3 +41,23 @@ def test_an_outbox_from_before_scale_out_is_migrated_with_its_rows_due(tmp_path)
     assert [(t, v) for _, t, _, v in state.outbox.pending()] == [("t", b"v")]
     assert state.outbox.standby_size() == 0
     state.close()
+
+
+def test_a_plan_dependencies_record_too_large_with_its_receipt_goes_out_whole_without_it(tmp_path):
+    import orjson
+
+    from schemas.outbound import RECORD_OVERHEAD_BYTES
+    from state.outbox import OutboundLimit
+
+    # The receipt (on `receipts` too) doubled the record: compacting cannot shrink it, so it was dead-lettered,
+    # and a worker taking the plan over had no record of it to restore.
+    plan = {"plan_id": "p1", "plan_key": "pk-1", "admitted": [{"resource_id": "r1", "content": "c" * 100}],
+            "dependencies": [f"resource:r{i}" for i in range(100)]}
+    record = orjson.dumps(dict(plan, receipt=dict(plan, receipt_id="rcpt-1")))
+    state = LocalState.open(tmp_path / "f.duckdb")
+    state.outbox.limit = OutboundLimit(len(orjson.dumps(plan)) + 4 + RECORD_OVERHEAD_BYTES, "dead-letters",
+                                       frozenset({"plan-dependencies"}))
+    state.outbox.add_many([("plan-dependencies", b"pk-1", record)])
+    [(_, topic, _, value)] = state.outbox.pending()
+    assert topic == "plan-dependencies" and orjson.loads(value) == plan  # whole (restorable), without the receipt
+    state.close()
