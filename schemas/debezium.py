@@ -73,7 +73,11 @@ def from_debezium(doc: dict[str, Any], mapping: CdcMapping | None = None) -> dic
     which = "after" if op == "upsert" else "before"
     row = doc.get(which)
     row = dict(row) if isinstance(row, dict) else {}
-    source = doc.get("source") or {}
+    source = doc.get("source")
+    if source is not None and not isinstance(source, dict):
+        raise InvalidEvent("schema_violation", "Debezium envelope whose `source` is not an object; the connector's "
+                           "source block names the table and position of the change")
+    source = source or {}
     table = table_name(source)
     columns = connect_types.row_fields(schema, which)
     try:

@@ -100,3 +100,11 @@ def test_a_debezium_like_op_of_the_wrong_type_is_a_schema_violation(op):
     assert caught.value.error_class == "schema_violation"
     with pytest.raises(InvalidEvent):
         decode("source-changes", b"k", orjson.dumps({"schema": {"name": []}, "payload": {"op": op, "after": {}}}))
+
+
+@pytest.mark.parametrize("source", ["s", [1], 7, True])
+def test_a_debezium_envelope_whose_source_is_not_an_object_is_a_schema_violation(source):
+    # It once raised AttributeError past decode's error handling (the batch was retried one by one).
+    with pytest.raises(InvalidEvent) as caught:
+        decode("source-changes", b"k", orjson.dumps({"op": "c", "after": {"id": "x"}, "source": source, "ts_ms": 1}))
+    assert caught.value.error_class == "schema_violation"
