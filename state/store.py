@@ -13,6 +13,8 @@ import duckdb
 import orjson
 import pyarrow as pa
 
+from state.head_cache import HeadCache
+
 log = logging.getLogger(__name__)
 
 # dependency_index_key stays although it costs a bulk take-over: at 100,000 plans / 4M edges it
@@ -91,6 +93,13 @@ class Store:
         # defaults after a kill -9, and then the file does not open at all.
         self.db.execute("CHECKPOINT")
         self._depth = 0
+        self.heads = HeadCache()  # shared with views: what cached selects read instead of the file
+        self._heads_writer = True  # views read only: their transactions never publish the writer's changes
+
+    def heads_changed(self) -> None:
+        """A write outside any transaction changed heads: it committed, so repeat its removals now."""
+        if not self._depth and self._heads_writer:
+            self.heads.committed()
 
     def _migrate(self) -> None:
         """Bring files written by earlier versions up to the current schema."""
@@ -145,6 +154,7 @@ class Store:
         other = copy.copy(self)
         other.db = self.db.cursor()
         other._depth = 0
+        other._heads_writer = False
         return other
 
     def close(self) -> None:
@@ -166,10 +176,19 @@ class Store:
         try:
             yield self.db
         except BaseException:
+            if self._heads_writer:
+                self.heads.rolled_back()
             self.db.rollback()
             raise
         else:
-            self.db.commit()
+            try:
+                self.db.commit()
+            except BaseException:
+                if self._heads_writer:
+                    self.heads.rolled_back()
+                raise
+            if self._heads_writer:
+                self.heads.committed()
         finally:
             self._depth = 0
 

@@ -1,0 +1,173 @@
+"""Fresh plan heads and entity names held in memory, so a cached select reads no DuckDB."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+MAX_HEADS = 200_000  # past this, the oldest entries go: a miss only costs a DuckDB read
+MAX_NAMES = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A plan key's current plan while it is fresh."""
+
+    plan_id: str
+    """The plan's id."""
+    plan: dict[str, Any]
+    """The stored plan document (never mutated: answers copy it)."""
+
+
+class HeadCache:
+    """What the DuckDB file says a cached select finds, without reading it.
+
+    One writer thread changes the file; the event loop reads this. The rules that keep a hit
+    no fresher than the file:
+
+    - Whatever can make a head stale or a name resolve otherwise (an invalidation, a dropped
+      or replaced head, an entity write) removes it *before* its transaction commits, and again
+      right after (a fill from a snapshot read in between would otherwise bring it back).
+    - A plan the writer stores becomes visible only once its transaction commits; a removal in
+      the same transaction cancels it.
+    - A fill by a reader (after a DuckDB read) is refused if anything was removed since the
+      reader noted `generation` before its read.
+    """
+
+    def __init__(self, max_heads: int = MAX_HEADS, max_names: int = MAX_NAMES) -> None:
+        self._lock = threading.Lock()  # a fill's check-and-set against the writer's removals
+        self._heads: dict[str, Head] = {}  # plan key -> head
+        self._keys_by_id: dict[str, str] = {}  # plan id -> plan key, to remove by plan id
+        self._names: dict[str, str] = {}  # entity name as requested -> canonical entity id
+        self._pending: dict[str, Head] = {}  # stored in the open transaction, shown at commit
+        self._removed: set[str] = set()  # keys removed in the open transaction, removed again at commit
+        self._removed_ids: set[str] = set()  # plan ids made stale in it, removed again at commit
+        self._names_removed = False
+        self._all_removed = False
+        self.generation = 0  # bumped by every removal; a reader's fill names the one it read under
+        self.version = 0  # bumped by every change: a consistency check skips a lookup that raced one
+        self.max_heads, self.max_names = max_heads, max_names
+
+    # -- the event loop's side ---------------------------------------------------------------
+
+    def head(self, plan_key: str) -> Head | None:
+        """The key's fresh head, if known here."""
+        return self._heads.get(plan_key)
+
+    def entity(self, name: str) -> str | None:
+        """The one canonical entity id this requested name resolved to, if known here."""
+        return self._names.get(name)
+
+    def fill(self, generation: int, plan_key: str | None = None, head: Head | None = None,
+             name: str | None = None, entity_id: str | None = None) -> bool:
+        """Remember what a read under `generation` found; refused if anything was removed since."""
+        with self._lock:
+            if generation != self.generation:
+                return False
+            if plan_key is not None and head is not None:
+                self._put(plan_key, head)
+            if name is not None and entity_id is not None:
+                if len(self._names) >= self.max_names:
+                    self._names.pop(next(iter(self._names)))
+                self._names[name] = entity_id
+            self.version += 1
+            return True
+
+    # -- the writer's side -------------------------------------------------------------------
+
+    def stored(self, plan_key: str, plan_id: str, plan: dict[str, Any]) -> None:
+        """The writer stored this plan as the key's head: shown once the transaction commits."""
+        self._pending[plan_key] = Head(plan_id, plan)
+
+    def remove_keys(self, plan_keys: Iterable[str]) -> None:
+        """These keys' heads changed or went stale."""
+        keys = set(plan_keys)
+        if keys:
+            with self._lock:
+                self._remove(keys)
+                self._removed |= keys
+
+    def remove_plans(self, plan_ids: Iterable[str]) -> None:
+        """These plans went stale (whatever keys they head)."""
+        ids = set(plan_ids)
+        if ids:
+            with self._lock:
+                keys = {self._keys_by_id[i] for i in ids if i in self._keys_by_id}
+                keys |= {k for k, h in self._pending.items() if h.plan_id in ids}
+                self._remove(keys)  # bumps the generation even when none is held: a fill may be reading it
+                self._removed_ids |= ids
+
+    def remove_all(self) -> None:
+        """Anything may have changed (a take-over, a hand-back, a bulk invalidation)."""
+        with self._lock:
+            self._clear_heads()
+            self._pending.clear()
+            self._all_removed = True
+
+    def remove_names(self) -> None:
+        """An entity or alias changed: every name may resolve otherwise now."""
+        with self._lock:
+            self._names.clear()
+            self.generation += 1
+            self.version += 1
+            self._names_removed = True
+
+    def committed(self) -> None:
+        """The writer's transaction committed: repeat its removals, then show what it stored."""
+        with self._lock:
+            if self._all_removed:
+                self._clear_heads()
+            elif self._removed or self._removed_ids:
+                self._remove(self._removed | {self._keys_by_id[i] for i in self._removed_ids if i in self._keys_by_id},
+                             pending=False)  # what it stored after a removal stands
+            if self._names_removed:
+                self._names.clear()
+                self.generation += 1
+            for key, head in self._pending.items():
+                self._put(key, head)
+            self.version += 1
+            self._reset()
+
+    def rolled_back(self) -> None:
+        """The writer's transaction rolled back: what it stored never happened."""
+        with self._lock:
+            self._reset()
+
+    def sizes(self) -> dict[str, int]:
+        """Entries held, for /healthz."""
+        return {"heads": len(self._heads), "names": len(self._names)}
+
+    # -- under the lock ----------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._pending.clear()
+        self._removed.clear()
+        self._removed_ids.clear()
+        self._names_removed = self._all_removed = False
+
+    def _put(self, plan_key: str, head: Head) -> None:
+        old = self._heads.pop(plan_key, None)
+        if old is not None:
+            self._keys_by_id.pop(old.plan_id, None)
+        if len(self._heads) >= self.max_heads:
+            oldest = next(iter(self._heads))
+            self._keys_by_id.pop(self._heads.pop(oldest).plan_id, None)
+        self._heads[plan_key] = head
+        self._keys_by_id[head.plan_id] = plan_key
+
+    def _remove(self, keys: set[str], pending: bool = True) -> None:
+        for key in keys:
+            if pending:
+                self._pending.pop(key, None)
+            old = self._heads.pop(key, None)
+            if old is not None:
+                self._keys_by_id.pop(old.plan_id, None)
+        self.generation += 1
+        self.version += 1
+
+    def _clear_heads(self) -> None:
+        self._heads.clear()
+        self._keys_by_id.clear()
+        self.generation += 1
+        self.version += 1
