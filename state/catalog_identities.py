@@ -75,9 +75,11 @@ def apply_identities(store: Store, items: Sequence[Identity],
             "delegation_version": pa.array([r[6] for r in rows], pa.int64())}))
     if changed_e:
         rows = [(eid, *entities[eid]) for eid in sorted(changed_e)]
+        store.heads.remove_names()  # a name held for cached selects may resolve otherwise now
         store.insert_rows("entities", pa.table({
             "id": [r[0] for r in rows], "aliases": pa.array([list(r[1] or ()) for r in rows], _STRINGS),
             "deleted": pa.array([bool(r[2]) for r in rows], pa.bool_())}))
+        store.heads_changed()
     return out
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
-MAX_HEADS = 200_000  # past this, the oldest entries go: a miss only costs a DuckDB read
+MAX_HEADS = 50_000  # past this, the oldest entries go: a miss only costs a DuckDB read (about 3 KB each)
 MAX_NAMES = 100_000
 
 
@@ -16,8 +16,8 @@ class Head:
 
     plan_id: str
     """The plan's id."""
-    plan: dict[str, Any]
-    """The stored plan document (never mutated: answers copy it)."""
+    plan: bytes
+    """The stored plan document, as JSON (parsed per answer: smaller than the parsed form, never shared)."""
 
 
 class HeadCache:
@@ -76,7 +76,7 @@ class HeadCache:
 
     # -- the writer's side -------------------------------------------------------------------
 
-    def stored(self, plan_key: str, plan_id: str, plan: dict[str, Any]) -> None:
+    def stored(self, plan_key: str, plan_id: str, plan: bytes) -> None:
         """The writer stored this plan as the key's head: shown once the transaction commits."""
         self._pending[plan_key] = Head(plan_id, plan)
 
@@ -93,10 +93,10 @@ class HeadCache:
         ids = set(plan_ids)
         if ids:
             with self._lock:
-                keys = {self._keys_by_id[i] for i in ids if i in self._keys_by_id}
-                keys |= {k for k, h in self._pending.items() if h.plan_id in ids}
-                self._remove(keys)  # bumps the generation even when none is held: a fill may be reading it
-                self._removed_ids |= ids
+                for key in [k for k, h in self._pending.items() if h.plan_id in ids]:
+                    del self._pending[key]  # a successor stored for the same key stands
+                self._remove({self._keys_by_id[i] for i in ids if i in self._keys_by_id}, pending=False)
+                self._removed_ids |= ids  # (the generation moves even when none is held: a fill may be reading one)
 
     def remove_all(self) -> None:
         """Anything may have changed (a take-over, a hand-back, a bulk invalidation)."""

@@ -39,12 +39,15 @@ class PlanStore:
         when = pa.timestamp("us", tz="UTC")
         n = len(plans)
         nulls = pa.array([None] * n, pa.string())
+        texts = [orjson.dumps(p.plan) for p in plans]
+        for p, text in zip(plans, texts):
+            self.store.heads.stored(p.plan_key, p.plan_id, text)  # shown to cached selects once this commits
         self.store.insert_rows("plans", pa.table({
             "plan_id": [p.plan_id for p in plans], "plan_key": [p.plan_key for p in plans],
             "status": ["fresh"] * n, "live": pa.array([p.request.live for p in plans], pa.bool_()),
             "valid_until": pa.array([p.valid_until for p in plans], when),
             "request": [orjson.dumps(p.request.as_dict()).decode() for p in plans],
-            "plan": [orjson.dumps(p.plan).decode() for p in plans], "receipt_id": [p.receipt_id for p in plans],
+            "plan": [text.decode() for text in texts], "receipt_id": [p.receipt_id for p in plans],
             "reason": nulls, "cause": nulls, "successor_plan_id": nulls,
             "compiled_at": pa.array([compiled_at] * n, when), "invalidated_at": pa.array([None] * n, when)}))
         self.store.insert_rows("plan_heads", pa.table({
@@ -55,6 +58,7 @@ class PlanStore:
             "receipt_id": [p.receipt_id for p in plans], "plan_id": [p.plan_id for p in plans],
             "receipt": [orjson.dumps(p.receipt).decode() for p in plans],
             "stored_at": pa.array([compiled_at] * n, when)}))  # retention counts from here
+        self.store.heads_changed()
 
     def heads(self, plan_keys: list[str], parse: bool = True) -> dict[str, tuple[str, Any, str]]:
         """Current plan id, request document (JSON text unless `parse`) and status of each plan key."""
@@ -136,6 +140,7 @@ class PlanStore:
         """Mark plans invalidated: (plan id, reason, cause, successor plan id)."""
         if not invalidated:
             return
+        self.store.heads.remove_plans([i[0] for i in invalidated])
         rows = pa.table({"plan_id": [i[0] for i in invalidated], "reason": [i[1] for i in invalidated],
                          "cause": [orjson.dumps(i[2]).decode() for i in invalidated],
                          "successor": pa.array([i[3] for i in invalidated], pa.string())})
@@ -148,11 +153,14 @@ class PlanStore:
                             "WHERE plans.plan_id = i.plan_id", [at])
         finally:
             self.db.unregister("_invalidated")
+        self.store.heads_changed()
 
     def drop_heads(self, plan_keys: list[str]) -> None:
         """These keys have no current plan any more."""
         if plan_keys:
+            self.store.heads.remove_keys(plan_keys)
             self.db.execute("DELETE FROM plan_heads WHERE plan_key IN (SELECT unnest(?))", [plan_keys])
+            self.store.heads_changed()
 
     def status(self, plan_id: str) -> dict[str, Any] | None:
         """Public status of a plan id: the latest invalidation, and every one in `history`, oldest first."""

@@ -7,7 +7,7 @@ import asyncio
 import orjson
 
 from tests.catalog_double import SCENARIOS
-from tests.conftest import ATLAS_REQUEST
+from tests.conftest import ATLAS_REQUEST, launch
 from tests.events import envelope, resource, tick
 
 SCREENING = orjson.loads((SCENARIOS / "screening-request.json").read_bytes())
@@ -114,3 +114,48 @@ async def test_a_plan_id_that_comes_back_keeps_each_invalidation(worker):
     assert latest["status"] == "invalidated" and latest["cause"]["event_id"] == second[1]["event_id"]
     assert [h["cause"]["event_id"] for h in latest["history"]] == [first[1]["event_id"], second[1]["event_id"]]
     assert latest["history"][0]["successor_plan_id"] == b["plan_id"]
+
+
+async def test_a_plan_held_in_memory_never_outlives_its_invalidation(worker):
+    fresh = await worker.load("atlas.jsonl")
+    plan = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    for version in range(2, 12):
+        again = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+        assert again["plan_id"] == plan["plan_id"]  # held: answered from memory
+        # An admitted record changes; a select as fresh as the change must not get the held plan.
+        fresh = await worker.publish_events(resource("waiver-W2", version=version, content=f"Waiver v{version}."))
+        after = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+        assert after["plan_id"] != plan["plan_id"]
+        assert (await worker.get(f"/v1/plans/{plan['plan_id']}"))["status"] == "invalidated"
+        plan = after
+    counters = (await worker.get("/healthz"))["counters"]
+    assert counters.get("selects.held", 0) >= 10
+    assert counters.get("head_cache_disagreements", 0) == 0
+
+
+async def test_a_name_held_in_memory_follows_an_alias_change(worker):
+    fresh = await worker.load("atlas.jsonl")
+    canonical = dict(ATLAS_REQUEST, entity="ATLAS-IN-01")  # its plan survives the alias change below
+    by_alias = dict(ATLAS_REQUEST, entity="Atlas")  # an alias of ATLAS-IN-01: the same plan key
+    first = await asyncio.wait_for(worker.select(canonical, fresh), 30)
+    assert (await worker.select(by_alias, fresh))["plan_id"] == first["plan_id"]
+    assert (await worker.select(by_alias, fresh))["plan_id"] == first["plan_id"]  # name and plan held
+    fresh = await worker.publish_events(("source-changes", envelope(kind="entity", op="upsert",
+                                                                    entity={"id": "ATLAS-IN-01",
+                                                                            "aliases": ["Atlas India"]})))
+    assert (await asyncio.wait_for(worker.select(canonical, fresh), 30))["plan_id"]  # the key has a head
+    refused = await asyncio.wait_for(worker.select(by_alias, fresh, expect=404), 30)
+    assert refused["error"]["code"] == "unknown_entity"
+
+
+async def test_a_plan_announced_before_its_successor_is_not_served_from_memory(broker, tmp_path):
+    async with launch(broker, tmp_path, FRESHPLAN_EAGER_RECOMPILE_LIMIT="0") as worker:  # announce first, always
+        fresh = await worker.load("atlas.jsonl")
+        plan = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+        for version in range(2, 6):
+            assert (await worker.select(ATLAS_REQUEST, fresh))["plan_id"] == plan["plan_id"]
+            fresh = await worker.publish_events(resource("waiver-W2", version=version, content=f"Waiver v{version}."))
+            after = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+            assert after["plan_id"] != plan["plan_id"]
+            plan = after
+        assert (await worker.get("/healthz"))["counters"].get("selects.held", 0) >= 4
