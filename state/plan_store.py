@@ -40,7 +40,7 @@ class PlanStore:
         n = len(plans)
         nulls = pa.array([None] * n, pa.string())
         texts = [orjson.dumps(p.plan) for p in plans]
-        for p, text in zip(plans, texts):
+        for p, text in zip(plans, texts, strict=True):
             self.store.heads.stored(p.plan_key, p.plan_id, text)  # shown to cached selects once this commits
         self.store.insert_rows("plans", pa.table({
             "plan_id": [p.plan_id for p in plans], "plan_key": [p.plan_key for p in plans],
