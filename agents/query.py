@@ -201,7 +201,8 @@ class QueryService:
             entity_id, plan = None, None
         if self.state.store.heads.version != version:
             return True
-        if entity_id == found.entity_id and plan is not None and plan.get("plan_id") == plan_id:
+        # The whole document: a recompilation with the same outcome keeps the plan id, not its valid_until.
+        if entity_id == found.entity_id and plan == found.plan:
             return True
         self.selects["head_cache_disagreements"] += 1
         log.error("head cache disagrees with the state file: key %s held plan %s, the file has %s for entity %s",

@@ -31,8 +31,9 @@ class HeadCache:
       right after (a fill from a snapshot read in between would otherwise bring it back).
     - A plan the writer stores becomes visible only once its transaction commits; a removal in
       the same transaction cancels it.
-    - A fill by a reader (after a DuckDB read) is refused if anything was removed since the
-      reader noted `generation` before its read.
+    - A fill by a reader (after a DuckDB read) is refused if anything was removed or stored since
+      the reader noted `generation` before its read (a recompilation with the same outcome keeps
+      the plan id but replaces its document).
     """
 
     def __init__(self, max_heads: int = MAX_HEADS, max_names: int = MAX_NAMES) -> None:
@@ -126,6 +127,8 @@ class HeadCache:
                 self.generation += 1
             for key, head in self._pending.items():
                 self._put(key, head)
+            if self._pending:  # a fill read before this commit may hold a document it replaced (same plan id)
+                self.generation += 1
             self.version += 1
             self._reset()
 

@@ -167,3 +167,16 @@ def test_invalidating_the_old_plan_after_storing_its_successor_keeps_the_success
     assert cache.head("k") is None
     cache.committed()
     assert cache.head("k").plan_id == "p2"
+
+
+def test_a_fill_read_before_a_commit_that_stored_the_key_never_replaces_what_it_stored():
+    # A recompilation with the same outcome keeps the plan id but stores a new document (its
+    # decision_time, valid_until and receipt_id move): no removal, yet a snapshot read before
+    # the commit holds the document the file replaced.
+    old, new = b'{"plan_id": "p1", "valid_until": "old"}', b'{"plan_id": "p1", "valid_until": "new"}'
+    cache = HeadCache()
+    generation = cache.generation  # a reader starts; its snapshot shows the old document
+    cache.stored("k", "p1", new)
+    cache.committed()
+    assert not cache.fill(generation, "k", Head("p1", old))
+    assert cache.head("k").plan == new
