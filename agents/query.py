@@ -134,15 +134,19 @@ class QueryService:
     def _held(self, request, degraded: list[str]) -> "Found | None":
         """The answer from the head cache alone, if it holds the name and the key (no DuckDB read).
 
-        The applied offsets are read before the head: a head held now was fresh at every state
-        committed so far, so the token can only name a state before the plan's, never one it is
-        stale at (see `HeadCache`).
+        The token names the position the cache published with its last commit, read before the
+        head and only when the cache did not change until the head was read: the head was then
+        fresh at it (see `HeadCache`). The replica's offsets reach the loop after the heads of
+        their batch: until they match that position, the file answers.
         """
         if self.position is None:
             return None
         heads = self.state.store.heads
         version = heads.version
+        published = heads.position
         offsets = self.position()
+        if published is None or (offsets is not published[0] and offsets != published[0]):
+            return None
         entity_id = heads.entity(request.entity)
         if entity_id is None:
             return None
@@ -151,9 +155,9 @@ class QueryService:
             raise NotOwner(entity_id, partition)
         key = plan_key(request, entity_id)
         head = heads.head(key)
-        if head is None:
+        if head is None or heads.version != version:
             return None
-        found = Found(request, key, orjson.loads(head.plan), self._token_at(offsets), "cache", degraded,
+        found = Found(request, key, orjson.loads(head.plan), self._token_at(published), "cache", degraded,
                       entity_id=entity_id)
         if self.check_heads and not self._check_hit(found, head.plan_id, version):
             return None
@@ -178,12 +182,11 @@ class QueryService:
         store.heads.fill(generation, key if head else None, head, request.entity, entity_id)
         return Found(request, key, plan, token, "cache", degraded, entity_id=entity_id)
 
-    def _token_at(self, offsets: dict[str, dict[int, int]]) -> str:
-        """The token of these applied offsets (the incarnation is read once per new offsets, not per select)."""
+    def _token_at(self, position: tuple[dict[str, dict[int, int]], str | None, int]) -> str:
+        """The token of a published position (encoded once per position, not per select)."""
         cached = self._token_cache
-        if cached is None or cached[0] is not offsets:
-            cluster_id, epoch = self.state.store.incarnation()
-            cached = self._token_cache = (offsets, encode_token(offsets, cluster_id, epoch))
+        if cached is None or cached[0] is not position:
+            cached = self._token_cache = (position, encode_token(*position))
         return cached[1]
 
     def _check_hit(self, found: "Found", plan_id: str, version: int) -> bool:

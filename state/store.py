@@ -95,11 +95,22 @@ class Store:
         self._depth = 0
         self.heads = HeadCache()  # shared with views: what cached selects read instead of the file
         self._heads_writer = True  # views read only: their transactions never publish the writer's changes
+        self._moved = False  # offsets or incarnation written in the open transaction: published at commit
+        self.heads.position = self.position()
 
     def heads_changed(self) -> None:
         """A write outside any transaction changed heads: it committed, so repeat its removals now."""
         if not self._depth and self._heads_writer:
-            self.heads.committed()
+            self.heads.committed(self._moved_position())
+
+    def _moved_position(self) -> tuple[dict[str, dict[int, int]], str | None, int] | None:
+        """The committed position, if offsets or incarnation moved since it was last published."""
+        moved, self._moved = self._moved, False
+        return self.position() if moved else None
+
+    def _position_moved(self) -> None:
+        self._moved = True
+        self.heads_changed()  # outside a transaction (autocommit) it is published at once
 
     def _migrate(self) -> None:
         """Bring files written by earlier versions up to the current schema."""
@@ -177,18 +188,22 @@ class Store:
             yield self.db
         except BaseException:
             if self._heads_writer:
+                self._moved = False
                 self.heads.rolled_back()
             self.db.rollback()
             raise
         else:
             try:
+                if self._heads_writer:
+                    self.heads.committing()
                 self.db.commit()
             except BaseException:
                 if self._heads_writer:
+                    self._moved = False
                     self.heads.rolled_back()
                 raise
             if self._heads_writer:
-                self.heads.committed()
+                self.heads.committed(self._moved_position())
         finally:
             self._depth = 0
 
@@ -240,6 +255,7 @@ class Store:
             self.insert_rows("offset_marks", rows, verb="INSERT INTO", on_conflict=(
                 "ON CONFLICT (topic, partition) DO UPDATE SET record_offset = excluded.record_offset, "
                 "mark = excluded.mark WHERE excluded.record_offset >= offset_marks.record_offset"))
+        self._position_moved()
 
     def offset_marks(self) -> dict[tuple[str, int], tuple[int, str]]:
         """(topic, partition) -> (offset, mark) of the last record applied there."""
@@ -268,6 +284,7 @@ class Store:
     def record_cluster(self, cluster_id: str) -> None:
         """Remember the cluster whose offsets this file records (first contact only)."""
         self.db.execute("INSERT INTO incarnation VALUES (0, ?, 0, NULL) ON CONFLICT (id) DO NOTHING", [cluster_id])
+        self._position_moved()
 
     def rebase(self, cluster_id: str, topics: list[str]) -> int:
         """Forget offsets recorded against another incarnation of these topics; returns the new epoch.
@@ -288,6 +305,7 @@ class Store:
         # a loss is not, and the old positions can never be promoted by new events.
         self.db.execute("UPDATE outbox SET standby = false WHERE standby AND src_topic IN (SELECT unnest(?))",
                         [topics])
+        self._position_moved()
         return epoch
 
     def claim_events(self, events: list[tuple[str, str, str]]) -> list[str]:

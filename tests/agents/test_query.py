@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import orjson
 
+from agents.event_apply import EventApplier, RawMessage
+from agents.plan_writer import PlanWriter
+from agents.query import QueryService
+from schemas.freshness import read_token
+from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST, launch
 from tests.events import envelope, resource, tick
@@ -159,3 +165,37 @@ async def test_a_plan_announced_before_its_successor_is_not_served_from_memory(b
             assert after["plan_id"] != plan["plan_id"]
             plan = after
         assert (await worker.get("/healthz"))["counters"].get("selects.held", 0) >= 4
+
+
+def test_a_token_served_from_memory_never_names_a_state_the_plan_was_stale_at(tmp_path):
+    # Unit test of the worker's wiring: the replica's offsets reach the event loop only once its
+    # batch committed and the loop ran again, while the heads that batch stored are shown at once.
+    state = LocalState.open(tmp_path / "f.duckdb")
+    applier = EventApplier(state, PlanWriter(state, lambda name: name))
+    offsets = itertools.count()
+
+    def apply(*events):
+        applier.apply([RawMessage(topic, 0, next(offsets), b"k", orjson.dumps(event)) for topic, event in events])
+        return state.store.next_offsets()
+
+    try:
+        positions = [apply(*[(i["topic"], i["event"]) for i in
+                             map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines())])]
+        query = QueryService(state.reader(), applier.plans)
+        query.position = lambda: positions[0]
+        a = query.select(ATLAS_REQUEST)
+        positions[0] = apply(resource("approved-waiver-W2"))  # a replaced by b
+        b = query.select(ATLAS_REQUEST)
+        assert b["plan_id"] != a["plan_id"] and query.select(ATLAS_REQUEST)["plan_id"] == b["plan_id"]
+        stale_at = positions[0]
+        # The deletion brings a back; the loop has not yet taken the batch's offsets.
+        after = apply(("source-changes", envelope(kind="resource", op="delete", resource={"id": "approved-waiver-W2"})))
+        again = query.select(ATLAS_REQUEST)
+        assert again["plan_id"] == a["plan_id"]
+        assert read_token(again["freshness_token"]).offsets == after != stale_at
+        positions[0] = after
+        held = query.select(ATLAS_REQUEST)
+        assert held["plan_id"] == a["plan_id"] and read_token(held["freshness_token"]).offsets == after
+        assert query.selects["selects.held"] >= 2
+    finally:
+        state.close()

@@ -180,3 +180,28 @@ def test_a_fill_read_before_a_commit_that_stored_the_key_never_replaces_what_it_
     cache.committed()
     assert not cache.fill(generation, "k", Head("p1", old))
     assert cache.head("k").plan == new
+
+
+def test_a_fill_while_a_commit_is_in_flight_is_refused():
+    cache = HeadCache()
+    cache.remove_plans(["p2"])  # the writer brings p1 back: p2 invalidated, p1 stored again
+    cache.stored("k", "p1", PLAN)
+    generation = cache.generation  # a reader starts after the removal; its snapshot may show the commit
+    cache.committing()
+    assert not cache.fill(generation, "k", Head("p1", PLAN))  # `position` still names the state p1 was stale at
+    cache.committed(({"source-changes": {0: 2}}, "c", 0))
+    assert cache.head("k").plan_id == "p1" and cache.position == ({"source-changes": {0: 2}}, "c", 0)
+
+
+def test_the_store_publishes_the_position_its_commit_moved(state):
+    with state.store.transaction():
+        state.store.save_offsets({("clock", 0): 5})
+        assert state.store.heads.position[0] == {}  # not before the commit
+    assert state.store.heads.position == state.store.position()
+    with pytest.raises(RuntimeError):
+        with state.store.transaction():
+            state.store.save_offsets({("clock", 0): 9})
+            raise RuntimeError("boom")
+    assert state.store.heads.position[0] == {"clock": {0: 5}}
+    state.store.save_offsets({("clock", 0): 7})  # outside a transaction: committed at once
+    assert state.store.heads.position[0] == {"clock": {0: 7}}
