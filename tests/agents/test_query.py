@@ -126,17 +126,14 @@ async def test_a_plan_held_in_memory_never_outlives_its_invalidation(worker):
     fresh = await worker.load("atlas.jsonl")
     plan = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
     for version in range(2, 12):
-        again = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
-        assert again["plan_id"] == plan["plan_id"]  # held: answered from memory
+        await asyncio.wait_for(_held_in_memory(worker, ATLAS_REQUEST, fresh, plan["plan_id"]), 60)
         # An admitted record changes; a select as fresh as the change must not get the held plan.
         fresh = await worker.publish_events(resource("waiver-W2", version=version, content=f"Waiver v{version}."))
         after = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
         assert after["plan_id"] != plan["plan_id"]
         assert (await worker.get(f"/v1/plans/{plan['plan_id']}"))["status"] == "invalidated"
         plan = after
-    counters = (await worker.get("/healthz"))["counters"]
-    assert counters.get("selects.held", 0) >= 10
-    assert counters.get("head_cache_disagreements", 0) == 0
+    assert (await worker.get("/healthz"))["counters"].get("head_cache_disagreements", 0) == 0
 
 
 async def test_a_name_held_in_memory_follows_an_alias_change(worker):
@@ -159,12 +156,21 @@ async def test_a_plan_announced_before_its_successor_is_not_served_from_memory(b
         fresh = await worker.load("atlas.jsonl")
         plan = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
         for version in range(2, 6):
-            assert (await worker.select(ATLAS_REQUEST, fresh))["plan_id"] == plan["plan_id"]
+            await asyncio.wait_for(_held_in_memory(worker, ATLAS_REQUEST, fresh, plan["plan_id"]), 60)
             fresh = await worker.publish_events(resource("waiver-W2", version=version, content=f"Waiver v{version}."))
             after = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
             assert after["plan_id"] != plan["plan_id"]
             plan = after
-        assert (await worker.get("/healthz"))["counters"].get("selects.held", 0) >= 4
+
+
+async def _held_in_memory(worker, request: dict, fresh: str, plan_id: str) -> None:
+    """Select until an answer comes from memory (a fill or the position can lag a commit), always this plan."""
+    before = (await worker.get("/healthz"))["counters"].get("selects.held", 0)
+    for _ in range(50):
+        assert (await worker.select(request, fresh))["plan_id"] == plan_id
+        if (await worker.get("/healthz"))["counters"].get("selects.held", 0) > before:
+            return
+    raise AssertionError("no select was answered from memory")
 
 
 def test_a_token_served_from_memory_never_names_a_state_the_plan_was_stale_at(tmp_path):
