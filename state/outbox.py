@@ -95,13 +95,8 @@ class Outbox:
             "src_partition": pa.array([s and s[1] for s in sources], pa.int32()),
             "src_offset": pa.array([s and s[2] for s in sources], pa.int64()),
             "standby": pa.array([standby and s is not None for s in sources], pa.bool_())})
-        self.db.register("_outbox_rows", table)
-        try:
-            # rowid order of the Arrow scan is the list order, so seq keeps publication order.
-            self.db.execute("INSERT INTO outbox (topic, key, value, src_topic, src_partition, src_offset, standby) "
-                            "SELECT * FROM _outbox_rows")
-        finally:
-            self.db.unregister("_outbox_rows")
+        # Row order (VALUES or the Arrow scan's rowids) is the list order, so seq keeps publication order.
+        self.store.insert_rows("outbox", table, verb="INSERT INTO", columns=True)
 
     def add_selected(self, select: str, params: list, standby: bool, largest: int) -> None:
         """Queue the rows a query selects, as (topic, key, value, src_topic, src_partition, src_offset).

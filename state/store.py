@@ -208,21 +208,22 @@ class Store:
             self._depth = 0
 
     def insert_rows(self, table: str, rows: pa.Table, *, verb: str = "INSERT OR REPLACE INTO",
-                    on_conflict: str = "") -> None:
-        """Write many rows in one statement (the hot paths batch through here)."""
+                    on_conflict: str = "", columns: bool = False) -> None:
+        """Write many rows in one statement (the hot paths batch through here); `columns`: name them."""
         if rows.num_rows == 0:
             return
+        target = f"{table} ({', '.join(rows.column_names)})" if columns else table
         if rows.num_rows <= SMALL_INSERT_ROWS:
             # A few rows: a parameterised statement costs half of registering an Arrow scan.
-            columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
+            values = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
             row = f"({', '.join('?' * rows.num_columns)})"
-            self.db.execute(f"{verb} {table} VALUES {', '.join([row] * rows.num_rows)} {on_conflict}",
-                            [v for values in zip(*columns, strict=True) for v in values])
+            self.db.execute(f"{verb} {target} VALUES {', '.join([row] * rows.num_rows)} {on_conflict}",
+                            [v for value in zip(*values, strict=True) for v in value])
             return
         name = f"_rows_{table}"
         self.db.register(name, rows)
         try:
-            self.db.execute(f"{verb} {table} SELECT * FROM {name} {on_conflict}")
+            self.db.execute(f"{verb} {target} SELECT * FROM {name} {on_conflict}")
         finally:
             self.db.unregister(name)
 
