@@ -13,6 +13,7 @@ import orjson
 from agents.access import Access
 from agents.backlog import recompile_queued
 from agents.gate import Gate, api_routes
+from agents.duty import Duty
 from agents.event_apply import EventApplier
 from agents.plan_writer import PlanWriter
 from agents.query import QueryService
@@ -166,13 +167,16 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     query.served_by = str(app.conf.canonical_url)
     query.foreign_partition = ownership.foreign_partition
     query.foreign_partitions = lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ()))
-    publisher = Publisher(state, app, writer.run, lambda: worker.duty())
+    group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
+    duty = Duty(state, app, writer.run, inputs, group_offsets, kick=lambda: publisher.kick())
+    publisher = Publisher(state, app, writer.run, duty.owned)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership)
     replica.after_apply = publisher.publish_owned
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
+    _register_duty(app, duty)
 
     @app.task
     async def watch_revocations() -> None:
@@ -223,8 +227,6 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             if done:
                 await worker.publish_outbox()
             await asyncio.sleep(0 if done else 0.1)
-
-    group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
 
     @app.task
     async def close_on_stop() -> None:
@@ -283,7 +285,9 @@ def _register_input_agent(worker: Worker, name: str) -> None:
     settings = worker.settings
 
     async def consume(stream) -> None:
-        # The replica applies every partition; owning one means publishing what its events cause.
+        # The agent subscribes the group to the topic (the assignment is the duty); `Duty` keeps
+        # its partitions paused. It sees only what Faust fetches before they are paused again
+        # after a rebalance, and publishes it as the duty path did before `Duty` (then acks).
         # As large as the replica's catch-up batches: behind, one promotion per replica batch, not four.
         async for events in stream.take_events(settings.batch_size * CATCH_UP_BATCHES, within=settings.batch_window):
             spans: dict[int, tuple[int, int]] = {}
@@ -299,6 +303,24 @@ def _register_input_agent(worker: Worker, name: str) -> None:
     consume.__name__ = f"apply_{name.replace('-', '_')}"
     consume.__qualname__ = consume.__name__
     worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)
+
+
+def _register_duty(app: faust.App, duty: Duty) -> None:
+    @app.task
+    async def follow_duty() -> None:
+        while True:
+            await duty.follow()
+            await asyncio.sleep(0.2)
+
+    @app.timer(interval=1.0)
+    async def commit_duty() -> None:
+        await duty.commit()
+
+    @app.on_rebalance_complete.connect
+    async def pause_inputs(sender, **kwargs) -> None:
+        # Sent just before Faust resumes every assigned partition: pause the inputs again at the
+        # loop's next turn, before Faust resumes its flow of records.
+        asyncio.get_running_loop().call_soon(duty.pause_inputs)
 
 
 def _change_ownership(ownership: Ownership, assigned: frozenset[int]) -> None:
