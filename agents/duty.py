@@ -57,12 +57,20 @@ class Duty:
         self.kick = kick  # publish in the background
         self.floors: dict[Key, int] = {}  # partitions taken on -> the group's committed offset at the time
         self.committed: dict[Key, int] = {}  # what this worker committed since taking each on
+        self.delivered = 0  # input events Faust delivered anyway (fetched before a pause took effect)
 
     def owned(self) -> dict[str, dict[int, int]]:
         """Partitions taken on, by topic, with the offset from which their events are this worker's to publish."""
         out: dict[str, dict[int, int]] = {}
         for (topic, partition), floor in self.floors.items():
             out.setdefault(topic, {})[partition] = floor
+        return out
+
+    def committed_by_topic(self) -> dict[str, dict[int, int]]:
+        """The group's offsets this worker committed for the partitions it holds, by topic (for /healthz)."""
+        out: dict[str, dict[int, int]] = {}
+        for (topic, partition), offset in sorted(self.committed.items()):
+            out.setdefault(topic, {})[partition] = offset
         return out
 
     def assigned(self) -> set[Key] | None:

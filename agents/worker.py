@@ -66,6 +66,8 @@ class Worker:
     """Measures how long the event loop is kept from running."""
     ownership: Ownership
     """The plan partitions this worker owns: it alone indexes, recompiles and announces their plans."""
+    input_duty: Duty
+    """Takes input partitions on at the group's offset and commits the group's offsets to what was published."""
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -113,7 +115,8 @@ class Worker:
     def details(self) -> dict:
         """Health details of the worker itself: duty, standby outbox, who writes, how long the loop stalled."""
         owned = self.ownership.owned
-        return {"duty": self.duty(), "owned_partitions": None if owned is None else sorted(owned),
+        return {"duty": self.duty(), "duty_committed": self.input_duty.committed_by_topic(),
+                "inputs_from_faust": self.input_duty.delivered, "owned_partitions": None if owned is None else sorted(owned),
                 "parked_plans": self.reader.store.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0],
                 "standby_outbox": self.reader.outbox.standby_size(),
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict()}
@@ -171,7 +174,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     duty = Duty(state, app, writer.run, inputs, group_offsets, kick=lambda: publisher.kick())
     publisher = Publisher(state, app, writer.run, duty.owned)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
-                    replica, plan_feed, writer, reader, probe, ownership)
+                    replica, plan_feed, writer, reader, probe, ownership, duty)
     replica.after_apply = publisher.publish_owned
 
     for name in INPUT_TOPICS:
@@ -290,6 +293,7 @@ def _register_input_agent(worker: Worker, name: str) -> None:
         # after a rebalance, and publishes it as the duty path did before `Duty` (then acks).
         # As large as the replica's catch-up batches: behind, one promotion per replica batch, not four.
         async for events in stream.take_events(settings.batch_size * CATCH_UP_BATCHES, within=settings.batch_window):
+            worker.input_duty.delivered += len(events)
             spans: dict[int, tuple[int, int]] = {}
             for e in events:
                 p, o = e.message.partition, e.message.offset

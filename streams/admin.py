@@ -68,28 +68,19 @@ class GroupOffsets:
         self._lock = asyncio.Lock()  # one reader at a time on the one connection (pruning and take-overs share it)
 
     async def read(self, topics: dict[str, str]) -> dict[tuple[str, int], int]:
-        """Committed next offsets keyed by (logical topic, partition); `topics` maps broker names to logical.
-
-        An offset past the partition's end belongs to an earlier incarnation of the topic (it was
-        deleted and created again): the group's consumers start such a partition from its
-        beginning, so it is left out as if nothing had been committed.
-        """
+        """Committed next offsets keyed by (logical topic, partition); `topics` maps broker names to logical."""
         async with self._lock:
             if self._consumer is None:
                 consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=self.group,
                                             enable_auto_commit=False, **self.kafka)
                 await consumer.start()
                 self._consumer = consumer
-            consumer = self._consumer
-            committed = {}
-            for tp in await discover(consumer, topics, attempts=0):
-                offset = await consumer.committed(tp)
+            out: dict[tuple[str, int], int] = {}
+            for tp in await discover(self._consumer, topics, attempts=0):
+                offset = await self._consumer.committed(tp)
                 if offset is not None and offset >= 0:
-                    committed[tp] = offset
-            # After the commits: an end read later is never below a commit of the same incarnation.
-            ends = await consumer.end_offsets(list(committed)) if committed else {}
-            return {(topics[tp.topic], tp.partition): offset for tp, offset in committed.items()
-                    if offset <= ends.get(tp, offset)}
+                    out[(topics[tp.topic], tp.partition)] = offset
+            return out
 
     async def close(self) -> None:
         """Close the connection."""
