@@ -1,8 +1,7 @@
-"""Input-partition duty without Faust deliveries: take a partition on at the group's offset, commit what was published."""
+"""Input duty without Faust deliveries: take a partition on at the group's offset, commit what was published."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Awaitable, Callable
 

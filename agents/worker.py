@@ -24,7 +24,7 @@ from agents.forward import forward_request, owner_url
 from agents.ownership import Ownership
 from agents.plan_feed import PlanFeed
 from agents.publisher import Publisher
-from agents.replica import CATCH_UP_BATCHES, Replica
+from agents.replica import Replica
 from agents.retention import BATCH, RetentionTimer
 from agents.routes import Api, register_routes
 from agents.writer import Writer
@@ -116,7 +116,8 @@ class Worker:
         """Health details of the worker itself: duty, standby outbox, who writes, how long the loop stalled."""
         owned = self.ownership.owned
         return {"duty": self.duty(), "duty_committed": self.input_duty.committed_by_topic(),
-                "inputs_from_faust": self.input_duty.delivered, "owned_partitions": None if owned is None else sorted(owned),
+                "inputs_from_faust": self.input_duty.delivered,
+                "owned_partitions": None if owned is None else sorted(owned),
                 "parked_plans": self.reader.store.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0],
                 "standby_outbox": self.reader.outbox.standby_size(),
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict()}
@@ -284,25 +285,16 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
 
 def _register_input_agent(worker: Worker, name: str) -> None:
-    topic = worker.topics[name]
+    # Without acks Faust never commits these topics: only `Duty` does, to what was published.
+    topic = worker.topics[name].clone(acks=False)
     settings = worker.settings
 
     async def consume(stream) -> None:
-        # The agent subscribes the group to the topic (the assignment is the duty); `Duty` keeps
-        # its partitions paused. It sees only what Faust fetches before they are paused again
-        # after a rebalance, and publishes it as the duty path did before `Duty` (then acks).
-        # As large as the replica's catch-up batches: behind, one promotion per replica batch, not four.
-        async for events in stream.take_events(settings.batch_size * CATCH_UP_BATCHES, within=settings.batch_window):
+        # The agent subscribes the group to the topic: the assignment is the duty, which `Duty`
+        # serves from the replica, keeping these partitions paused. What Faust fetched before a
+        # pause took effect is counted and dropped (the replica applies it, `Duty` publishes it).
+        async for events in stream.take_events(settings.batch_size, within=settings.batch_window):
             worker.input_duty.delivered += len(events)
-            spans: dict[int, tuple[int, int]] = {}
-            for e in events:
-                p, o = e.message.partition, e.message.offset
-                first, last = spans.get(p, (o, o))
-                spans[p] = (min(first, o), max(last, o))
-            for p, (_, last) in spans.items():
-                await worker.replica.wait_applied(name, p, last)
-            await worker.writer.run(worker.publisher.promote, {(name, p): span for p, span in spans.items()})
-            await worker.publish_outbox()
 
     consume.__name__ = f"apply_{name.replace('-', '_')}"
     consume.__qualname__ = consume.__name__

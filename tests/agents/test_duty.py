@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 
 import pytest
@@ -16,7 +15,6 @@ from state.local_state import LocalState
 from streams.admin import GroupOffsets
 from streams.settings import INPUT_TOPICS
 from tests.conftest import eventually, start_peer
-from tests.events import resource
 
 pytestmark = pytest.mark.timeout(120)
 
