@@ -7,8 +7,6 @@ import signal
 import pytest
 
 from agents.duty import Duty, commit_targets
-from agents.event_apply import RawMessage
-from agents.publisher import Publisher
 from agents.writer import inline
 from faust.types import TP
 from state.local_state import LocalState
@@ -160,14 +158,6 @@ async def test_only_the_input_partitions_are_kept_from_faust(state):
     duty = _duty(state, {TP("t-source-changes", 0), TP("t-revocations", 1), TP("app-__assignor-__leader", 0)})
     duty.pause_inputs()
     assert duty.app.consumer.paused == {TP("t-source-changes", 0), TP("t-revocations", 1)}
-
-
-async def test_the_replica_s_batches_are_promoted_from_the_offset_a_partition_was_taken_on_at(state):
-    _applied(state, 0, 9, caused=[2, 7])
-    publisher = Publisher(state, App(set()), inline, lambda: {SC: {0: 5}})
-    publisher.kick = lambda: None
-    await publisher.publish_owned([RawMessage(SC, 0, 2, b"k", b"{}"), RawMessage(SC, 0, 7, b"k", b"{}")])
-    assert _rows(state) == [(0, 2, True), (0, 7, False)]
 
 
 # Through the broker ------------------------------------------------------------------------------------------
