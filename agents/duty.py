@@ -38,11 +38,12 @@ class Duty:
     """The input partitions the consumer group gave this worker, served from the replica's batches.
 
     Faust's consumer keeps the group membership (and so the assignment) but is kept from
-    fetching the input partitions: the replica already reads them all, and Faust's stream
-    machinery cost as much CPU per event again. A partition is taken on at the group's committed
-    offset (what was published before it, by whoever owned it, is left alone; everything this
-    replica applied from there on is promoted), and the group's offset is then committed here to
-    what the broker acknowledged, never further.
+    fetching the input partitions: the replica already reads them all, and delivering them through
+    Faust's streams as well took about an eighth of a worker's CPU (some 25 us per event on the
+    bench). A partition is taken on at the group's committed offset (what was published before
+    it, by whoever owned it, is left alone; everything this replica applied from there on is
+    promoted), and the group's offset is then committed here to what the broker acknowledged,
+    never further.
     """
 
     def __init__(self, state: LocalState, app, run: Callable[..., Awaitable[Any]], topics: dict[str, str],
