@@ -45,11 +45,11 @@ class Publisher:
     """Sends the outbox through the app's producer; the outbox itself is read and written on the writer thread."""
 
     def __init__(self, state: LocalState, app, run: Callable[..., Awaitable[Any]],
-                 duty: Callable[[], dict[str, list[int]]]) -> None:
+                 duty: Callable[[], dict[str, list[int]] | dict[str, dict[int, int]]]) -> None:
         self.state = state  # the read-write state: touched only through `run`
         self.app = app
         self.run_writes = run
-        self.duty = duty  # input partitions the consumer group gave this worker
+        self.duty = duty  # input partitions this worker publishes for (see `publish_owned`)
         self.lock = asyncio.Lock()  # one flush at a time: records leave in outbox order
         self._again = False  # promoted records wait for a flush that has not read the outbox yet
         self._flushing: asyncio.Task | None = None
@@ -57,14 +57,15 @@ class Publisher:
     async def publish_owned(self, messages) -> None:
         """Publish at once what the replica's batch caused on partitions this worker owns.
 
-        Faust's group consumer long-polls for up to 1.5 s per fetch, so waiting for it to deliver
-        the same events would add that much latency; it still promotes (and commits) later, which
-        keeps a hand-over lossless. Duplicates after a hand-over carry the same cause.
+        `duty` gives the owned partitions by topic; where it maps each to an offset (`Duty.owned`:
+        the group's committed offset when it was taken on), earlier events stay on standby, as
+        their previous owner published what they caused.
         """
         duty = self.duty()
         spans: Spans = {}
         for m in messages:
-            if m.partition in duty.get(m.topic, ()):
+            owned = duty.get(m.topic, ())
+            if m.partition in owned and (not isinstance(owned, dict) or m.offset >= owned[m.partition]):
                 first, last = spans.get((m.topic, m.partition), (m.offset, m.offset))
                 spans[(m.topic, m.partition)] = (min(first, m.offset), max(last, m.offset))
         if spans:

@@ -13,6 +13,7 @@ import orjson
 from agents.access import Access
 from agents.backlog import recompile_queued
 from agents.gate import Gate, api_routes
+from agents.duty import Duty
 from agents.event_apply import EventApplier
 from agents.plan_writer import PlanWriter
 from agents.query import QueryService
@@ -23,7 +24,7 @@ from agents.forward import forward_request, owner_url
 from agents.ownership import Ownership
 from agents.plan_feed import PlanFeed
 from agents.publisher import Publisher
-from agents.replica import CATCH_UP_BATCHES, Replica
+from agents.replica import Replica
 from agents.retention import BATCH, RetentionTimer
 from agents.routes import Api, register_routes
 from agents.writer import Writer
@@ -65,6 +66,8 @@ class Worker:
     """Measures how long the event loop is kept from running."""
     ownership: Ownership
     """The plan partitions this worker owns: it alone indexes, recompiles and announces their plans."""
+    input_duty: Duty
+    """Takes input partitions on at the group's offset and commits the group's offsets to what was published."""
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -112,7 +115,9 @@ class Worker:
     def details(self) -> dict:
         """Health details of the worker itself: duty, standby outbox, who writes, how long the loop stalled."""
         owned = self.ownership.owned
-        return {"duty": self.duty(), "owned_partitions": None if owned is None else sorted(owned),
+        return {"duty": self.duty(), "duty_committed": self.input_duty.committed_by_topic(),
+                "inputs_from_faust": self.input_duty.delivered,
+                "owned_partitions": None if owned is None else sorted(owned),
                 "parked_plans": self.reader.store.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0],
                 "standby_outbox": self.reader.outbox.standby_size(),
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict()}
@@ -168,13 +173,16 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     query.served_by = str(app.conf.canonical_url)
     query.foreign_partition = ownership.foreign_partition
     query.foreign_partitions = lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ()))
-    publisher = Publisher(state, app, writer.run, lambda: worker.duty())
+    group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
+    duty = Duty(state, app, writer.run, inputs, group_offsets, kick=lambda: publisher.kick())
+    publisher = Publisher(state, app, writer.run, duty.owned)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
-                    replica, plan_feed, writer, reader, probe, ownership)
+                    replica, plan_feed, writer, reader, probe, ownership, duty)
     replica.after_apply = publisher.publish_owned
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
+    _register_duty(app, duty)
 
     @app.task
     async def watch_revocations() -> None:
@@ -225,8 +233,6 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             if done:
                 await worker.publish_outbox()
             await asyncio.sleep(0 if done else 0.1)
-
-    group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
 
     @app.task
     async def close_on_stop() -> None:
@@ -281,26 +287,38 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
 
 def _register_input_agent(worker: Worker, name: str) -> None:
-    topic = worker.topics[name]
+    # Without acks Faust never commits these topics: only `Duty` does, to what was published.
+    topic = worker.topics[name].clone(acks=False)
     settings = worker.settings
 
     async def consume(stream) -> None:
-        # The replica applies every partition; owning one means publishing what its events cause.
-        # As large as the replica's catch-up batches: behind, one promotion per replica batch, not four.
-        async for events in stream.take_events(settings.batch_size * CATCH_UP_BATCHES, within=settings.batch_window):
-            spans: dict[int, tuple[int, int]] = {}
-            for e in events:
-                p, o = e.message.partition, e.message.offset
-                first, last = spans.get(p, (o, o))
-                spans[p] = (min(first, o), max(last, o))
-            for p, (_, last) in spans.items():
-                await worker.replica.wait_applied(name, p, last)
-            await worker.writer.run(worker.publisher.promote, {(name, p): span for p, span in spans.items()})
-            await worker.publish_outbox()
+        # The agent subscribes the group to the topic: the assignment is the duty, which `Duty`
+        # serves from the replica, keeping these partitions paused. What Faust fetched before a
+        # pause took effect is counted and dropped (the replica applies it, `Duty` publishes it).
+        async for events in stream.take_events(settings.batch_size, within=settings.batch_window):
+            worker.input_duty.delivered += len(events)
 
     consume.__name__ = f"apply_{name.replace('-', '_')}"
     consume.__qualname__ = consume.__name__
     worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)
+
+
+def _register_duty(app: faust.App, duty: Duty) -> None:
+    @app.task
+    async def follow_duty() -> None:
+        while True:
+            await duty.follow()
+            await asyncio.sleep(0.2)
+
+    @app.timer(interval=1.0)
+    async def commit_duty() -> None:
+        await duty.commit()
+
+    @app.on_rebalance_complete.connect
+    async def pause_inputs(sender, **kwargs) -> None:
+        # Sent just before Faust resumes every assigned partition: pause the inputs again at the
+        # loop's next turn, before Faust resumes its flow of records.
+        asyncio.get_running_loop().call_soon(duty.pause_inputs)
 
 
 def _change_ownership(ownership: Ownership, assigned: frozenset[int]) -> None:

@@ -65,23 +65,26 @@ class GroupOffsets:
         self.group = group
         self.kafka = kafka or {}
         self._consumer: AIOKafkaConsumer | None = None
+        self._lock = asyncio.Lock()  # one reader at a time on the one connection (pruning and take-overs share it)
 
     async def read(self, topics: dict[str, str]) -> dict[tuple[str, int], int]:
         """Committed next offsets keyed by (logical topic, partition); `topics` maps broker names to logical."""
-        if self._consumer is None:
-            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=self.group,
-                                        enable_auto_commit=False, **self.kafka)
-            await consumer.start()
-            self._consumer = consumer
-        out: dict[tuple[str, int], int] = {}
-        for tp in await discover(self._consumer, topics, attempts=0):
-            offset = await self._consumer.committed(tp)
-            if offset is not None and offset >= 0:
-                out[(topics[tp.topic], tp.partition)] = offset
-        return out
+        async with self._lock:
+            if self._consumer is None:
+                consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=self.group,
+                                            enable_auto_commit=False, **self.kafka)
+                await consumer.start()
+                self._consumer = consumer
+            out: dict[tuple[str, int], int] = {}
+            for tp in await discover(self._consumer, topics, attempts=0):
+                offset = await self._consumer.committed(tp)
+                if offset is not None and offset >= 0:
+                    out[(topics[tp.topic], tp.partition)] = offset
+            return out
 
     async def close(self) -> None:
         """Close the connection."""
-        if self._consumer is not None:
-            consumer, self._consumer = self._consumer, None
-            await stop_within(consumer)
+        async with self._lock:
+            if self._consumer is not None:
+                consumer, self._consumer = self._consumer, None
+                await stop_within(consumer)

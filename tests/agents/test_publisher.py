@@ -95,6 +95,19 @@ async def test_a_partition_this_worker_does_not_own_stays_on_standby(setup):
 
 
 @pytest.mark.timeout(10)
+async def test_events_before_the_offset_a_partition_was_taken_on_at_stay_on_standby(setup):
+    state, app, _ = setup
+    publisher = Publisher(state, app, inline, lambda: {"source-changes": {0: 5}})  # as `Duty.owned` gives it
+    early, late = _caused(state, 2), _caused(state, 7)
+    await publisher.publish_owned([early, late])
+    await _until(lambda: app.producer.sent)
+    app.producer.ack_all()
+    await publisher._flushing
+    assert app.producer.sent == [b"caused-by-7"]
+    assert state.outbox.size() == 0 and state.outbox.standby_size() == 1  # left to pruning
+
+
+@pytest.mark.timeout(10)
 async def test_records_due_at_once_are_published_before_the_group_assigns_anything(tmp_path):
     state = LocalState.open(tmp_path / "f.duckdb")
     try:
