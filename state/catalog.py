@@ -16,9 +16,14 @@ from compiler.policy import CompiledPolicy, compile_policy
 from schemas.codec import contract_from
 from schemas.errors import InvalidEvent
 from schemas.records import Contract, PolicyBundle, Principal, Resource, Revocation, SourceChange
-from state.catalog_identities import Identity, apply_identities
+from state.catalog_identities import IDENTITY_MEMO, Identity, apply_identities
 from state.policy_history import governing, keep_version, versions_of
 from state.store import Store
+
+# What the writer's store remembers for the catalog (`Store.cached`), by what makes it stale.
+POLICY_MEMO = ("catalog.rules", "catalog.policy_texts", "catalog.trusted", "catalog.versions",
+               "catalog.decision_types")
+MEMO_ENTRIES = 20_000
 
 _RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
                   "valid_from, valid_to, superseded_by, provenance_group, sensitivity, attributes, observed_at")
@@ -42,8 +47,6 @@ class Catalog:
         self.db = store.db
         self._policies: dict[tuple[str, int], CompiledPolicy] = {}
         self._contracts: dict[tuple[str, int, str], Contract] = {}  # versions never change once kept
-        self._policy_texts: list[str] | None = None  # Cedar texts of the stored bundles, read once per change
-        self._rules: dict[str, set[str]] | None = None  # source rules, read once per change
         self._migrate()
 
     def _migrate(self) -> None:
@@ -55,9 +58,8 @@ class Catalog:
             self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
 
     def forget_cached(self) -> None:
-        """Drop what was read inside a transaction that rolled back."""
-        self._policy_texts = None
-        self._rules = None
+        """Drop what was read inside a transaction that rolled back (the store drops it too, at the rollback)."""
+        self.store.forget(*POLICY_MEMO, *IDENTITY_MEMO)
 
     # -- applying events: each returns the dependency keys it touched ------------------
 
@@ -122,12 +124,12 @@ class Catalog:
 
     def _source_rules(self) -> dict[str, set[str]]:
         """Provenance group -> the evidence classes it may assert, read once per policy change."""
-        if self._rules is None:
+        def load() -> dict[str, set[str]]:
             rules: dict[str, set[str]] = {}
             for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
                 rules.setdefault(group, set()).update(classes)
-            self._rules = rules
-        return self._rules
+            return rules
+        return self.store.cached("catalog.rules", load)
 
     def apply_identities(self, items: Sequence[Identity]) -> list[list[str] | None]:
         """Apply principal and entity changes and revocations in order, in bulk (see `apply_identities`)."""
@@ -135,9 +137,8 @@ class Catalog:
 
     def _stored_policy_texts(self) -> list[str]:
         """Cedar texts of every kept bundle version, read once per policy change."""
-        if self._policy_texts is None:
-            self._policy_texts = [r[0] for r in self.db.execute("SELECT cedar FROM policy_versions").fetchall()]
-        return self._policy_texts
+        return self.store.cached("catalog.policy_texts", lambda: [
+            r[0] for r in self.db.execute("SELECT cedar FROM policy_versions").fetchall()])
 
     def apply_policy(self, bundle: PolicyBundle) -> list[str] | None:
         """Keep a newer bundle version whole; a bundle whose Cedar fails to parse is rejected whole.
@@ -170,7 +171,6 @@ class Catalog:
                                + ", ".join(f"{d} (bundle {b})" for d, b in sorted(owned))
                                + "; retire them there first; the previous version stays active")
         self._policies[(bundle.bundle_id, bundle.version)] = compiled
-        self._policy_texts = self._rules = None
         before = [r[0] for r in self.db.execute("SELECT decision_type FROM contracts WHERE bundle_id = ?",
                                                 [bundle.bundle_id]).fetchall()]
         self.db.execute("DELETE FROM contracts WHERE bundle_id = ?", [bundle.bundle_id])
@@ -184,6 +184,7 @@ class Catalog:
         self.db.execute("DELETE FROM source_rules WHERE bundle_id = ?", [bundle.bundle_id])
         for group, classes in bundle.sources.items():
             self.db.execute("INSERT INTO source_rules VALUES (?, ?, ?)", [bundle.bundle_id, group, list(classes)])
+        self.store.forget(*POLICY_MEMO)
         trust_after = self.trusted_sources()
         trust_keys = [dk.trust(c) for c in sorted(set(trust_before) | set(trust_after))
                       if trust_before.get(c) != trust_after.get(c)]
@@ -191,6 +192,7 @@ class Catalog:
                         [bundle.bundle_id, bundle.version, bundle.effective_at, bundle.cedar,
                          orjson.dumps(types).decode()])
         keep_version(self.db, bundle, types)
+        self.store.forget(*POLICY_MEMO)
         names = sorted(set(before) | set(types))
         return [dk.policy(bundle.bundle_id)] + [dk.contract(n) for n in names] + trust_keys
 
@@ -207,49 +209,64 @@ class Catalog:
 
     def entity_matches(self, name: str) -> Sequence[str]:
         """Canonical ids whose id equals `name` or which carry it as an alias (case-insensitive)."""
-        rows = self.db.execute(
-            "SELECT id FROM entities WHERE NOT deleted AND (id = ? OR list_contains("
-            "list_transform(aliases, a -> lower(a)), lower(?)))", [name, name]).fetchall()
-        return [r[0] for r in rows]
+        return self.entity_matches_many([name])[name]
 
     def entity_matches_many(self, names: Sequence[str]) -> dict[str, list[str]]:
-        """`entity_matches` for many names in one statement."""
-        rows = self.db.execute(
-            "SELECT n.name, e.id FROM (SELECT unnest(?) AS name) n JOIN entities e ON NOT e.deleted AND "
-            "(e.id = n.name OR list_contains(list_transform(e.aliases, a -> lower(a)), lower(n.name))) "
-            "ORDER BY e.id", [list(names)]).fetchall()
-        out: dict[str, list[str]] = {name: [] for name in names}
-        for name, entity_id in rows:
-            out[name].append(entity_id)
-        return out
+        """`entity_matches` for many names in one statement (none for names the writer remembers)."""
+        memo = self.store.cached("catalog.entity_matches", dict)
+        missing = sorted({n for n in names if n not in memo})
+        if missing:
+            found: dict[str, list[str]] = {name: [] for name in missing}
+            for name, entity_id in self.db.execute(
+                    "SELECT n.name, e.id FROM (SELECT unnest(?) AS name) n JOIN entities e ON NOT e.deleted AND "
+                    "(e.id = n.name OR list_contains(list_transform(e.aliases, a -> lower(a)), lower(n.name))) "
+                    "ORDER BY e.id", [missing]).fetchall():
+                found[name].append(entity_id)
+            _remember(memo, {n: tuple(ids) for n, ids in found.items()})
+        return {name: list(memo[name]) for name in names}
 
     def entities_named(self, names: Sequence[str]) -> dict[str, list[str]]:
-        """For each lower-cased name, the ids whose id or alias equals it in any case (one equi-join)."""
-        rows = self.db.execute(
-            "WITH n AS (SELECT DISTINCT unnest(?) AS name), k AS ("
-            "SELECT id, lower(id) AS name FROM entities WHERE NOT deleted UNION "
-            "SELECT id, lower(a) FROM (SELECT id, unnest(aliases) AS a FROM entities WHERE NOT deleted)) "
-            "SELECT n.name, k.id FROM n JOIN k USING (name) ORDER BY 1, 2", [list(names)]).fetchall()
-        out: dict[str, list[str]] = {}
-        for name, entity_id in rows:
-            out.setdefault(name, []).append(entity_id)
-        return out
+        """For each lower-cased name, the ids whose id or alias equals it in any case (one equi-join).
+
+        Names the writer remembers cost nothing: a hot plan's query asks for the same ones each batch.
+        """
+        memo = self.store.cached("catalog.entities_named", dict)
+        missing = sorted({n for n in names if n not in memo})
+        if missing:
+            found: dict[str, list[str]] = {name: [] for name in missing}
+            for name, entity_id in self.db.execute(
+                    "WITH n AS (SELECT DISTINCT unnest(?) AS name), k AS ("
+                    "SELECT id, lower(id) AS name FROM entities WHERE NOT deleted UNION "
+                    "SELECT id, lower(a) FROM (SELECT id, unnest(aliases) AS a FROM entities WHERE NOT deleted)) "
+                    "SELECT n.name, k.id FROM n JOIN k USING (name) ORDER BY 1, 2", [missing]).fetchall():
+                found[name].append(entity_id)
+            _remember(memo, {n: tuple(ids) for n, ids in found.items()})
+        return {name: list(memo[name]) for name in dict.fromkeys(names) if memo[name]}
 
     def trusted_sources(self) -> dict[str, frozenset[str]]:
         """Evidence class -> the provenance groups some bundle's source rules allow to assert it."""
-        out: dict[str, set[str]] = {}
-        for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
-            for cls in classes or ():
-                out.setdefault(cls, set()).add(group)
-        return {cls: frozenset(groups) for cls, groups in out.items()}
+        def load() -> dict[str, frozenset[str]]:
+            out: dict[str, set[str]] = {}
+            for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
+                for cls in classes or ():
+                    out.setdefault(cls, set()).add(group)
+            return {cls: frozenset(groups) for cls, groups in out.items()}
+        return dict(self.store.cached("catalog.trusted", load))
 
     def principal(self, principal_id: str) -> Principal | None:
         """The principal with revoked roles, grants, delegations and sessions taken away."""
         return self.principals_many([principal_id]).get(principal_id)
 
     def principals_many(self, principal_ids: Sequence[str]) -> dict[str, Principal]:
-        """`principal` for many ids in two statements; ids unknown or deleted are left out."""
-        ids = sorted(set(principal_ids))
+        """`principal` for many ids in two statements (none for ids the writer remembers); unknown or deleted left out."""
+        memo = self.store.cached("catalog.principals", dict)
+        missing = sorted({p for p in principal_ids if p not in memo})
+        if missing:
+            found = self._principals(missing)
+            _remember(memo, {pid: found.get(pid) for pid in missing})
+        return {pid: memo[pid] for pid in dict.fromkeys(principal_ids) if memo[pid] is not None}
+
+    def _principals(self, ids: list[str]) -> dict[str, Principal]:
         rows = self.db.execute("SELECT id, roles, attributes, delegation_version FROM principals "
                                "WHERE id IN (SELECT unnest(?)) AND NOT deleted", [ids]).fetchall()
         if not rows:
@@ -268,7 +285,14 @@ class Catalog:
 
     def contract(self, decision_type: str, at: datetime | None = None) -> tuple[Contract, CompiledPolicy] | None:
         """The contract of a decision type and the bundle version governing it at `at` (see `governing`)."""
-        return self.contract_in(decision_type, versions_of(self.db, decision_type), at)
+        return self.contract_in(decision_type, self.versions(decision_type), at)
+
+    def versions(self, decision_type: str) -> list[tuple]:
+        """`versions_of` the decision type (remembered by the writer until a policy changes)."""
+        memo = self.store.cached("catalog.versions", dict)
+        if decision_type not in memo:
+            _remember(memo, {decision_type: versions_of(self.db, decision_type)})
+        return memo[decision_type]
 
     def contract_in(self, decision_type: str, rows: list[tuple],
                     at: datetime | None) -> tuple[Contract, CompiledPolicy] | None:
@@ -292,7 +316,8 @@ class Catalog:
 
     def decision_types(self) -> Sequence[str]:
         """Every decision type in the current catalogue."""
-        return [r[0] for r in self.db.execute("SELECT decision_type FROM contracts ORDER BY 1").fetchall()]
+        return list(self.store.cached("catalog.decision_types", lambda: tuple(
+            r[0] for r in self.db.execute("SELECT decision_type FROM contracts ORDER BY 1").fetchall())))
 
     def candidates(self, entity_id: str, contract: Contract) -> Sequence[Resource]:
         """Resources of the entity whose class is accepted or whose claims touch the contract."""
@@ -316,6 +341,13 @@ class Catalog:
             "list_contains(?, evidence_class) OR list_has_any(supports, ?) OR list_has_any(contradicts, ?)) "
             "ORDER BY id", [entities, classes, props, props]).fetchall()
         return [_resource_row(r) for r in rows]
+
+
+def _remember(memo: dict, found: dict) -> None:
+    """Add lookups to a remembered map, starting it over past MEMO_ENTRIES (a miss only costs a read)."""
+    if len(memo) + len(found) > MEMO_ENTRIES:
+        memo.clear()
+    memo.update(found)
 
 
 def _principal(pid: str, roles, attributes: str | None, version: int | None,
