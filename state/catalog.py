@@ -18,7 +18,7 @@ from schemas.errors import InvalidEvent
 from schemas.records import Contract, PolicyBundle, Principal, Resource, Revocation, SourceChange
 from state.catalog_identities import IDENTITY_MEMO, Identity, apply_identities
 from state.policy_history import governing, keep_version, versions_of
-from state.store import Store
+from state.store import SMALL_INSERT_ROWS, Store
 
 # What the writer's store remembers for the catalog (`Store.cached`), by what makes it stale.
 POLICY_MEMO = ("catalog.rules", "catalog.policy_texts", "catalog.trusted", "catalog.versions",
@@ -27,6 +27,13 @@ MEMO_ENTRIES = 20_000
 
 _RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
                   "valid_from, valid_to, superseded_by, provenance_group, sensitivity, attributes, observed_at")
+
+
+_RESOURCE_TYPES = {"version": "BIGINT", "entity": "VARCHAR", "evidence_class": "VARCHAR", "tokens": "BIGINT",
+                   "title": "VARCHAR", "content": "VARCHAR", "supports": "VARCHAR[]", "contradicts": "VARCHAR[]",
+                   "valid_from": "TIMESTAMPTZ", "valid_to": "TIMESTAMPTZ", "superseded_by": "VARCHAR",
+                   "provenance_group": "VARCHAR", "sensitivity": "VARCHAR", "attributes": "VARCHAR",
+                   "deleted": "BOOLEAN", "observed_at": "TIMESTAMPTZ"}
 
 
 def _resource_row(row: tuple) -> Resource:
@@ -86,6 +93,7 @@ class Catalog:
             r[0]: r[1:] for r in self.db.execute(
                 "SELECT id, version, deleted, entity, evidence_class, supports, contradicts FROM resources "
                 "WHERE id IN (SELECT unnest(?))", [ids]).fetchall()}
+        stored = set(current)
         rules = self._source_rules()
         written: dict[str, Resource | None] = {}
         out: list[list[str] | InvalidEvent | None] = []
@@ -116,11 +124,27 @@ class Catalog:
             written[new.id] = new
             out.append(keys + dk.scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts))
         upserts = [r for r in written.values() if r is not None]
-        self.store.insert_rows("resources", _resource_table(upserts))
+        self._write_resources([r for r in upserts if r.id not in stored], [r for r in upserts if r.id in stored])
         deletes = [rid for rid, r in written.items() if r is None]
         if deletes:
             self.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
         return out
+
+    def _write_resources(self, new: list[Resource], stored: list[Resource]) -> None:
+        """Insert new resources and update stored ones in place: a few rows' upsert costs several times either."""
+        if len(stored) > SMALL_INSERT_ROWS:
+            self.store.insert_rows("resources", _resource_table(new + stored))
+            return
+        self.store.insert_rows("resources", _resource_table(new), verb="INSERT INTO")
+        if stored:
+            table = _resource_table(stored)
+            names = table.column_names
+            row = f"({', '.join('?' * len(names))})"
+            columns = [table.column(i).to_pylist() for i in range(len(names))]
+            self.db.execute(
+                f"UPDATE resources SET {', '.join(f'{c} = v.{c}::{_RESOURCE_TYPES[c]}' for c in names if c != 'id')} "
+                f"FROM (VALUES {', '.join([row] * len(stored))}) v({', '.join(names)}) WHERE resources.id = v.id",
+                [v for values in zip(*columns, strict=True) for v in values])
 
     def _source_rules(self) -> dict[str, set[str]]:
         """Provenance group -> the evidence classes it may assert, read once per policy change."""

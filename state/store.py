@@ -398,6 +398,9 @@ class Store:
         """
         if not events:
             return []
+        if self._memo is not None and not self.cached("legacy_event_ids", lambda: self.db.execute(
+                "SELECT count(*) > 0 FROM applied_events WHERE topic = ''").fetchone()[0]):
+            return self._claim_scoped(events)
         ids = list({e for _, e, _ in events})
         known: dict[tuple[str, str], str | None] = {}
         legacy: set[str] = set()
@@ -422,6 +425,38 @@ class Store:
         rows = pa.table({"topic": [t for t, _, _ in new], "event_id": [e for _, e, _ in new],
                          "content_hash": [d for _, _, d in new]})
         self.insert_rows("applied_events", rows, verb="INSERT INTO")
+        return verdicts
+
+    def _claim_scoped(self, events: list[tuple[str, str, str]]) -> list[str]:
+        """`claim_events` in one statement on a file with no legacy ids: insert the new, look up only the rest."""
+        first: dict[tuple[str, str], str] = {}
+        for topic, event_id, digest in events:
+            first.setdefault((topic, event_id), digest)
+        insert = "INSERT INTO applied_events {} ON CONFLICT DO NOTHING RETURNING topic, event_id"
+        if len(first) <= SMALL_INSERT_ROWS:
+            inserted = set(self.db.execute(insert.format("VALUES " + ", ".join(["(?, ?, ?)"] * len(first))),
+                                           [x for (t, e), d in first.items() for x in (t, e, d)]).fetchall())
+        else:
+            self.db.register("_rows_applied_events", pa.table({
+                "topic": [t for t, _ in first], "event_id": [e for _, e in first], "content_hash": list(first.values())}))
+            try:
+                inserted = set(self.db.execute(insert.format("SELECT * FROM _rows_applied_events")).fetchall())
+            finally:
+                self.db.unregister("_rows_applied_events")
+        known = dict(first)
+        seen = [k for k in first if k not in inserted]
+        if seen:  # ids applied before: compare their recorded content
+            known.update({(t, e): d for t, e, d in self.db.execute(
+                "SELECT topic, event_id, content_hash FROM applied_events WHERE event_id IN (SELECT unnest(?)) "
+                "AND topic IN (SELECT unnest(?))", [list({e for _, e in seen}), list({t for t, _ in seen})]).fetchall()
+                if (t, e) in known})
+        verdicts = []
+        for topic, event_id, digest in events:
+            if (topic, event_id) in inserted:
+                inserted.discard((topic, event_id))
+                verdicts.append("new")
+            else:
+                verdicts.append("duplicate" if known[(topic, event_id)] == digest else "conflict")
         return verdicts
 
     # -- clock -------------------------------------------------------------------------

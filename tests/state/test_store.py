@@ -181,3 +181,13 @@ def test_offsets_marks_and_counters_in_place_keep_their_rules(store):
     assert store.next_offsets() == {"a": {0: 5, 1: 9}}
     assert store.offset_marks() == {("a", 0): (4, "m4"), ("a", 1): (8, "m8")}
     assert store.counters() == {"x": 3, "y": 4, "z": 1}
+
+
+def test_a_large_batch_of_event_ids_is_claimed_like_a_small_one(store):
+    with store.transaction():
+        assert store.claim_events([("t", f"e{i}", "h") for i in range(20)]) == ["new"] * 20
+    batch = [("t", f"e{i}", "h" if i % 2 else "x") for i in range(10, 50)] + [("t", "e45", "h"), ("t", "e46", "y")]
+    with store.transaction():
+        verdicts = store.claim_events(batch)
+    expected = ["duplicate" if i % 2 else "conflict" for i in range(10, 20)] + ["new"] * 30 + ["duplicate", "conflict"]
+    assert verdicts == expected
