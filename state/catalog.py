@@ -88,11 +88,15 @@ class Catalog:
         A change is None when it is older than what is stored, and an InvalidEvent when its
         source may not assert its evidence class (the bundles' `sources` rules).
         """
-        ids = list({c.record_id for c in changes})
-        current: dict[str, tuple] = {
-            r[0]: r[1:] for r in self.db.execute(
+        # id -> (version, deleted, entity, evidence_class, supports, contradicts) of rows the writer
+        # read or wrote: a resource edited again (a hot one) needs no read. Only this path writes resources.
+        known = self.store.cached("catalog.resources", dict)
+        ids = {c.record_id for c in changes}
+        current: dict[str, tuple] = {i: known[i] for i in ids if i in known}
+        if len(current) < len(ids):
+            current.update((r[0], r[1:]) for r in self.db.execute(
                 "SELECT id, version, deleted, entity, evidence_class, supports, contradicts FROM resources "
-                "WHERE id IN (SELECT unnest(?))", [ids]).fetchall()}
+                "WHERE id IN (SELECT unnest(?))", [sorted(ids - set(current))]).fetchall())
         stored = set(current)
         rules = self._source_rules()
         written: dict[str, Resource | None] = {}
@@ -128,6 +132,7 @@ class Catalog:
         deletes = [rid for rid, r in written.items() if r is None]
         if deletes:
             self.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
+        _remember(known, {rid: current[rid] for rid in set(current) & ids})
         return out
 
     def _write_resources(self, new: list[Resource], stored: list[Resource]) -> None:

@@ -248,3 +248,17 @@ def test_a_reader_never_sees_catalog_writes_the_writer_has_not_committed(state):
         assert state.catalog.entities_named(["cinder foods"]) == {"cinder foods": ["CINDER-CA-03"]}
         assert reader.catalog.entities_named(["cinder foods"]) == {}
     assert reader.catalog.entities_named(["cinder foods"]) == {"cinder foods": ["CINDER-CA-03"]}
+
+
+def test_a_resource_written_in_a_rolled_back_transaction_is_written_again_whole(state):
+    assert apply(state, *resource("w", version=3, content="v3")) is not None
+    contract, _ = state.catalog.contract("credit.review.continuation")
+    assert _rolled_back(state, *resource("w", version=4, content="v4"), lambda: [
+        r.content for r in state.catalog.candidates("ATLAS-IN-01", contract) if r.id == "w"]) == ["v4"]
+    assert _rolled_back(state, *resource("w2", version=1, content="new"), lambda: [
+        r.content for r in state.catalog.candidates("ATLAS-IN-01", contract) if r.id == "w2"]) == ["new"]
+    assert apply(state, *resource("w", version=4, content="v4 again")) is not None  # not "older than stored"
+    assert apply(state, *resource("w2", version=1, content="new again")) is not None
+    assert {r.id: r.content for r in state.catalog.candidates("ATLAS-IN-01", contract) if r.id in ("w", "w2")} == {
+        "w": "v4 again", "w2": "new again"}
+    assert apply(state, *resource("w", version=4, content="repeat")) is None
