@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import duckdb
-import orjson
 import pyarrow as pa
 
 from state.head_cache import HeadCache
+from state.store_migrations import migrate
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,6 @@ CREATE TABLE IF NOT EXISTS recompile_queue (plan_key VARCHAR PRIMARY KEY, src_to
   src_offset BIGINT);
 CREATE TABLE IF NOT EXISTS offsets (topic VARCHAR, partition INTEGER, next_offset BIGINT,
   PRIMARY KEY (topic, partition));
-CREATE TABLE IF NOT EXISTS offset_marks (topic VARCHAR, partition INTEGER, record_offset BIGINT, mark VARCHAR,
-  PRIMARY KEY (topic, partition));
 CREATE TABLE IF NOT EXISTS incarnation (id INTEGER PRIMARY KEY, cluster_id VARCHAR, epoch BIGINT,
   rebased_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS applied_events (topic VARCHAR, event_id VARCHAR, content_hash VARCHAR,
@@ -75,6 +73,8 @@ CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 
 
 SMALL_INSERT_ROWS = 32  # up to this many rows are written as parameters, more through an Arrow scan
+UPDATE_ROWS = 64  # up to this many rows are updated in place by `CASE`, more by an upsert
+_LATER = "CAST({record_offset} AS BIGINT) >= coalesce(record_offset, -1)"  # a mark of a later record (or the first)
 
 
 class Store:
@@ -89,7 +89,7 @@ class Store:
         # events per CPU second with one in the bench's A/B), and a worker pinned to one core has no second.
         self.db.execute("SET threads = 1")
         self.db.execute(_DDL)
-        self._migrate()
+        migrate(self.db)
         # Schema changes must not wait in the WAL: DuckDB (1.x) can fail to replay DDL with
         # defaults after a kill -9, and then the file does not open at all.
         self.db.execute("CHECKPOINT")
@@ -106,54 +106,6 @@ class Store:
         """A write outside any transaction changed heads: it committed, so repeat its removals now."""
         if not self._depth and self._heads_writer:
             self.heads.committed()
-
-    def _migrate(self) -> None:
-        """Bring files written by earlier versions up to the current schema."""
-        columns = {r[0] for r in self.db.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'outbox'").fetchall()}
-        if "standby" not in columns:
-            # Outboxes before scale-out hold only records due for publication.
-            self.db.execute("ALTER TABLE outbox ADD COLUMN src_topic VARCHAR; "
-                            "ALTER TABLE outbox ADD COLUMN src_partition INTEGER; "
-                            "ALTER TABLE outbox ADD COLUMN src_offset BIGINT; "
-                            "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; UPDATE outbox SET standby = false")
-        self._migrate_event_ids()
-        self._migrate_policy_versions()
-
-    def _migrate_event_ids(self) -> None:
-        """Event ids were once global: keep them as ids of every topic (topic '') with no known content."""
-        columns = {r[0] for r in self.db.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'applied_events'").fetchall()}
-        if "topic" in columns:
-            return
-        self.db.execute("ALTER TABLE applied_events RENAME TO applied_events_global; "
-                        "CREATE TABLE applied_events (topic VARCHAR, event_id VARCHAR, content_hash VARCHAR, "
-                        "PRIMARY KEY (topic, event_id)); "
-                        "INSERT INTO applied_events SELECT '', event_id, NULL FROM applied_events_global; "
-                        "DROP TABLE applied_events_global")
-
-    def _migrate_policy_versions(self) -> None:
-        """Files that kept only each bundle's latest version: that version becomes its first kept one.
-
-        Revocations recorded before they carried a delegation version apply as of the
-        principal's version at migration (fail closed: at least as long as before).
-        """
-        columns = {r[0] for r in self.db.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'revoked'").fetchall()}
-        if "delegation_version" not in columns:
-            self.db.execute("ALTER TABLE revoked ADD COLUMN delegation_version BIGINT; "
-                            "UPDATE revoked SET delegation_version = p.delegation_version FROM principals p "
-                            "WHERE p.id = revoked.principal")
-        missing = self.db.execute(
-            "SELECT bundle_id, version, effective_at, cedar FROM policy_bundles b WHERE NOT EXISTS ("
-            "SELECT 1 FROM policy_versions v WHERE v.bundle_id = b.bundle_id AND v.version = b.version)").fetchall()
-        for bundle_id, version, effective_at, cedar in missing:
-            rules = dict(self.db.execute("SELECT provenance_group, classes FROM source_rules WHERE bundle_id = ?",
-                                         [bundle_id]).fetchall())
-            self.db.execute("INSERT INTO policy_versions VALUES (?, ?, ?, ?, ?)",
-                            [bundle_id, version, effective_at, cedar, orjson.dumps(rules).decode()])
-            self.db.execute("INSERT INTO contract_versions SELECT bundle_id, ?, decision_type, body FROM contracts "
-                            "WHERE bundle_id = ?", [version, bundle_id])
 
     def view(self) -> "Store":
         """A second connection to the same file, for reads from another thread (committed state only)."""
@@ -263,51 +215,40 @@ class Store:
 
     def save_offsets(self, offsets: dict[tuple[str, int], int],
                      marks: dict[tuple[str, int], tuple[int, str]] | None = None) -> None:
-        """Record many partitions' next offsets, with the mark of each last record read.
+        """Record many partitions' next offsets, with the mark of each last record read, in one statement.
 
         A mark (see `streams.incarnation.record_mark`) identifies the record at one offset, so
-        a later start can tell whether the broker still holds the topic these offsets belong to.
-        Partitions the writer knows to have rows are updated in place: an upsert costs about
-        twice an update in DuckDB, and this runs once per batch.
+        a later start can tell whether the broker still holds the topic these offsets belong to;
+        a mark never gives way to one of an earlier record. Partitions the writer knows to have
+        rows are updated in place: an upsert costs about twice an update in DuckDB.
         """
         if not offsets:
             return
+        marks = marks or {}
+        rows = [(t, p, nxt, *marks.get((t, p), (None, None))) for (t, p), nxt in offsets.items()]
         known = self._offsets() if self._memo is not None else {}
-        old = {pos: nxt for pos, nxt in offsets.items() if pos in known}
-        if old:
-            self._update_rows("offsets", ("topic", "partition"), ("next_offset",),
-                              [(t, p, n) for (t, p), n in old.items()], "next_offset = greatest(next_offset, {next_offset})")
-        new = {pos: nxt for pos, nxt in offsets.items() if pos not in old}
-        if new:
-            rows = pa.table({"topic": [t for t, _ in new], "partition": pa.array([p for _, p in new], pa.int32()),
-                             "next_offset": list(new.values())})
-            self.insert_rows("offsets", rows, verb="INSERT INTO", on_conflict="ON CONFLICT (topic, partition) DO "
-                             "UPDATE SET next_offset = greatest(offsets.next_offset, excluded.next_offset)")
+        old = [r for r in rows if (r[0], r[1]) in known]
+        if old and len(old) <= UPDATE_ROWS:
+            self._update_rows("offsets", ("topic", "partition"), ("next_offset", "record_offset", "mark"), old,
+                              "next_offset = greatest(next_offset, {next_offset}), "
+                              f"record_offset = CASE WHEN {_LATER} THEN {{record_offset}} ELSE record_offset END, "
+                              f"mark = CASE WHEN {_LATER} THEN {{mark}} ELSE mark END")
+            rows = [r for r in rows if (r[0], r[1]) not in known]
+        if rows:
+            self.insert_rows("offsets", pa.table({
+                "topic": [r[0] for r in rows], "partition": pa.array([r[1] for r in rows], pa.int32()),
+                "next_offset": pa.array([r[2] for r in rows], pa.int64()),
+                "record_offset": pa.array([r[3] for r in rows], pa.int64()),
+                "mark": pa.array([r[4] for r in rows], pa.string())}), verb="INSERT INTO", on_conflict=(
+                "ON CONFLICT (topic, partition) DO UPDATE SET "
+                "next_offset = greatest(offsets.next_offset, excluded.next_offset), "
+                "record_offset = CASE WHEN excluded.record_offset >= coalesce(offsets.record_offset, -1) "
+                "THEN excluded.record_offset ELSE offsets.record_offset END, "
+                "mark = CASE WHEN excluded.record_offset >= coalesce(offsets.record_offset, -1) "
+                "THEN excluded.mark ELSE offsets.mark END"))
         if self._memo is not None:
             for pos, nxt in offsets.items():
                 known[pos] = max(known.get(pos, nxt), nxt)
-        if marks:
-            self._save_marks(marks)
-
-    def _save_marks(self, marks: dict[tuple[str, int], tuple[int, str]]) -> None:
-        """Keep each partition's mark of its latest record (an older record never replaces a newer one's)."""
-        marked = self.cached("marked", lambda: set(self.db.execute(
-            "SELECT topic, partition FROM offset_marks").fetchall())) if self._memo is not None else set()
-        old = {pos: mark for pos, mark in marks.items() if pos in marked}
-        if old:
-            self._update_rows("offset_marks", ("topic", "partition"), ("record_offset", "mark"),
-                              [(t, p, o, m) for (t, p), (o, m) in old.items()],
-                              "record_offset = {record_offset}, mark = {mark}", "{record_offset} >= record_offset")
-        new = {pos: mark for pos, mark in marks.items() if pos not in old}
-        if new:
-            rows = pa.table({"topic": [t for t, _ in new], "partition": pa.array([p for _, p in new], pa.int32()),
-                             "record_offset": pa.array([o for o, _ in new.values()], pa.int64()),
-                             "mark": [m for _, m in new.values()]})
-            self.insert_rows("offset_marks", rows, verb="INSERT INTO", on_conflict=(
-                "ON CONFLICT (topic, partition) DO UPDATE SET record_offset = excluded.record_offset, "
-                "mark = excluded.mark WHERE excluded.record_offset >= offset_marks.record_offset"))
-            if self._memo is not None:
-                marked.update(new)
 
     def _update_rows(self, table: str, keys: tuple[str, ...], values: tuple[str, ...], rows: list[tuple],
                      assign: str, condition: str = "true") -> None:
@@ -338,7 +279,7 @@ class Store:
     def offset_marks(self) -> dict[tuple[str, int], tuple[int, str]]:
         """(topic, partition) -> (offset, mark) of the last record applied there."""
         return {(t, p): (o, m) for t, p, o, m in self.db.execute(
-            "SELECT topic, partition, record_offset, mark FROM offset_marks").fetchall()}
+            "SELECT topic, partition, record_offset, mark FROM offsets WHERE mark IS NOT NULL").fetchall()}
 
     # -- broker incarnation ------------------------------------------------------------
 
@@ -378,9 +319,8 @@ class Store:
                         "cluster_id = excluded.cluster_id, epoch = excluded.epoch, rebased_at = excluded.rebased_at",
                         [cluster_id, epoch])
         self.forget("incarnation")
-        for table in ("offsets", "offset_marks"):
-            self.db.execute(f"DELETE FROM {table} WHERE topic IN (SELECT unnest(?))", [topics])
-        self.forget("offsets", "marked")
+        self.db.execute("DELETE FROM offsets WHERE topic IN (SELECT unnest(?))", [topics])
+        self.forget("offsets")
         if "plans" in topics:
             self.db.execute("DELETE FROM plan_feed")
         # What old events caused but no owner published yet goes out now: a repeat is harmless,
@@ -504,6 +444,8 @@ class Store:
         names = self.cached("counter_names", lambda: {r[0] for r in self.db.execute(
             "SELECT name FROM counters").fetchall()}) if self._memo is not None else set()
         new = {k: v for k, v in counts.items() if k not in names}
+        if len(counts) - len(new) > UPDATE_ROWS:
+            new = counts
         if len(new) < len(counts):
             # The usual batch bumps counters that exist: an update costs half an upsert.
             self._update_rows("counters", ("name",), ("value",),

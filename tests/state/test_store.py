@@ -191,3 +191,23 @@ def test_a_large_batch_of_event_ids_is_claimed_like_a_small_one(store):
         verdicts = store.claim_events(batch)
     expected = ["duplicate" if i % 2 else "conflict" for i in range(10, 20)] + ["new"] * 30 + ["duplicate", "conflict"]
     assert verdicts == expected
+
+
+def test_a_file_with_marks_in_their_own_table_keeps_them_beside_its_offsets(tmp_path):
+    path = tmp_path / "f.duckdb"
+    old = duckdb.connect(str(path))
+    old.execute("CREATE TABLE offsets (topic VARCHAR, partition INTEGER, next_offset BIGINT, "
+                "PRIMARY KEY (topic, partition)); INSERT INTO offsets VALUES ('a', 0, 5), ('a', 1, 2); "
+                "CREATE TABLE offset_marks (topic VARCHAR, partition INTEGER, record_offset BIGINT, mark VARCHAR, "
+                "PRIMARY KEY (topic, partition)); INSERT INTO offset_marks VALUES ('a', 0, 4, 'm4')")
+    old.close()
+    store = Store(path)
+    try:
+        assert store.next_offsets() == {"a": {0: 5, 1: 2}}
+        assert store.offset_marks() == {("a", 0): (4, "m4")}
+        with store.transaction():
+            store.save_offsets({("a", 0): 6, ("a", 1): 3}, {("a", 0): (3, "old"), ("a", 1): (2, "m2")})
+        assert store.offset_marks() == {("a", 0): (4, "m4"), ("a", 1): (2, "m2")}
+        assert not store.db.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'offset_marks'").fetchone()
+    finally:
+        store.close()
