@@ -18,12 +18,13 @@ from schemas.errors import InvalidEvent
 from schemas.records import Contract, PolicyBundle, Principal, Resource, Revocation, SourceChange
 from state.catalog_identities import IDENTITY_MEMO, Identity, apply_identities
 from state.policy_history import governing, keep_version, versions_of
-from state.store import SMALL_INSERT_ROWS, Store
+from state.store import Store
 
 # What the writer's store remembers for the catalog (`Store.cached`), by what makes it stale.
 POLICY_MEMO = ("catalog.rules", "catalog.policy_texts", "catalog.trusted", "catalog.versions",
                "catalog.decision_types")
 MEMO_ENTRIES = 20_000
+UPDATE_RESOURCES = 8  # stored resources one batch updates in place; more are upserted (16 columns of CASE each)
 
 _RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
                   "valid_from, valid_to, superseded_by, provenance_group, sensitivity, attributes, observed_at")
@@ -137,19 +138,16 @@ class Catalog:
 
     def _write_resources(self, new: list[Resource], stored: list[Resource]) -> None:
         """Insert new resources and update stored ones in place: a few rows' upsert costs several times either."""
-        if len(stored) > SMALL_INSERT_ROWS:
+        if len(stored) > UPDATE_RESOURCES:
             self.store.insert_rows("resources", _resource_table(new + stored))
             return
         self.store.insert_rows("resources", _resource_table(new), verb="INSERT INTO")
         if stored:
             table = _resource_table(stored)
-            names = table.column_names
-            row = f"({', '.join('?' * len(names))})"
-            columns = [table.column(i).to_pylist() for i in range(len(names))]
-            self.db.execute(
-                f"UPDATE resources SET {', '.join(f'{c} = v.{c}::{_RESOURCE_TYPES[c]}' for c in names if c != 'id')} "
-                f"FROM (VALUES {', '.join([row] * len(stored))}) v({', '.join(names)}) WHERE resources.id = v.id",
-                [v for values in zip(*columns, strict=True) for v in values])
+            columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
+            names = tuple(table.column_names[1:])  # after the id
+            self.store.update_rows("resources", ("id",), names, list(zip(*columns, strict=True)),
+                                   ", ".join(f"{c} = CAST({{{c}}} AS {_RESOURCE_TYPES[c]})" for c in names))
 
     def _source_rules(self) -> dict[str, set[str]]:
         """Provenance group -> the evidence classes it may assert, read once per policy change."""

@@ -229,7 +229,7 @@ class Store:
         known = self._offsets() if self._memo is not None else {}
         old = [r for r in rows if (r[0], r[1]) in known]
         if old and len(old) <= UPDATE_ROWS:
-            self._update_rows("offsets", ("topic", "partition"), ("next_offset", "record_offset", "mark"), old,
+            self.update_rows("offsets", ("topic", "partition"), ("next_offset", "record_offset", "mark"), old,
                               "next_offset = greatest(next_offset, {next_offset}), "
                               f"record_offset = CASE WHEN {_LATER} THEN {{record_offset}} ELSE record_offset END, "
                               f"mark = CASE WHEN {_LATER} THEN {{mark}} ELSE mark END")
@@ -250,31 +250,30 @@ class Store:
             for pos, nxt in offsets.items():
                 known[pos] = max(known.get(pos, nxt), nxt)
 
-    def _update_rows(self, table: str, keys: tuple[str, ...], values: tuple[str, ...], rows: list[tuple],
-                     assign: str, condition: str = "true") -> None:
-        """Update rows matched on `keys` in one statement; `assign` and `condition` name each row's values as `{v}`.
+    def update_rows(self, table: str, keys: tuple[str, ...], values: tuple[str, ...], rows: list[tuple],
+                    assign: str) -> None:
+        """Update rows (key values, then values) matched on `keys` in one statement; `assign` names values as `{v}`.
 
-        Each value column becomes a `CASE` over the rows' keys: at a few rows that costs about
-        half of an upsert or of an `UPDATE ... FROM (VALUES ...)` join in DuckDB 1.x.
+        One row is a plain keyed update; more make each value a `CASE` over the rows' keys. At up
+        to `UPDATE_ROWS` rows either costs about half an upsert or an `UPDATE ... FROM (VALUES ...)`
+        join in DuckDB 1.x (a point update of a resource: 0.8 ms against 2.1 ms for the join).
         """
         match = " AND ".join(f"{k} = ?" for k in keys)
         width = len(keys)
         cases, case_params = {}, {}
         for i, name in enumerate(values):
-            cases[name] = "CASE " + " ".join([f"WHEN {match} THEN ?"] * len(rows)) + " END"
-            case_params[name] = [x for r in rows for x in (*r[:width], r[width + i])]
-        sql, params = [], []
-        for template in (assign, condition):
-            parts = re.split(r"\{(\w+)\}", template)
-            text, used = parts[0], []
-            for name, tail in zip(parts[1::2], parts[2::2], strict=True):
-                text += cases[name] + tail
-                used += case_params[name]
-            sql.append(text)
-            params.append(used)
+            if len(rows) == 1:
+                cases[name], case_params[name] = "?", [rows[0][width + i]]
+            else:
+                cases[name] = "CASE " + " ".join([f"WHEN {match} THEN ?"] * len(rows)) + " END"
+                case_params[name] = [x for r in rows for x in (*r[:width], r[width + i])]
+        parts = re.split(r"\{(\w+)\}", assign)
+        text, params = parts[0], []
+        for name, tail in zip(parts[1::2], parts[2::2], strict=True):
+            text += cases[name] + tail
+            params += case_params[name]
         where = " OR ".join([f"({match})"] * len(rows))
-        self.db.execute(f"UPDATE {table} SET {sql[0]} WHERE ({where}) AND {sql[1]}",
-                        params[0] + [x for r in rows for x in r[:width]] + params[1])
+        self.db.execute(f"UPDATE {table} SET {text} WHERE {where}", params + [x for r in rows for x in r[:width]])
 
     def offset_marks(self) -> dict[tuple[str, int], tuple[int, str]]:
         """(topic, partition) -> (offset, mark) of the last record applied there."""
@@ -448,7 +447,7 @@ class Store:
             new = counts
         if len(new) < len(counts):
             # The usual batch bumps counters that exist: an update costs half an upsert.
-            self._update_rows("counters", ("name",), ("value",),
+            self.update_rows("counters", ("name",), ("value",),
                               [(k, v) for k, v in counts.items() if k not in new], "value = value + {value}")
         if new:
             rows = pa.table({"name": list(new), "value": list(new.values())})
