@@ -33,7 +33,7 @@ DISCOVERABLE_ENTRIES = 20_000
 
 
 def discoverable_in(plan: dict) -> set[str]:
-    """Resource ids a plan's principal may learn of: what it admitted or rejected by name (as `PlanStore.discoverable`)."""
+    """Resource ids a plan's principal may learn of: what it admitted or rejected (as `PlanStore.discoverable`)."""
     return {item["resource_id"] for part in ("admitted", "rejected") for item in plan.get(part) or ()}
 
 

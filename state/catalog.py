@@ -249,8 +249,11 @@ class Catalog:
                     "(e.id = n.name OR list_contains(list_transform(e.aliases, a -> lower(a)), lower(n.name))) "
                     "ORDER BY e.id", [missing]).fetchall():
                 found[name].append(entity_id)
-            _remember(memo, {n: tuple(ids) for n, ids in found.items()})
-        return {name: list(memo[name]) for name in names}
+        else:
+            found = {}
+        known = {name: found[name] if name in found else memo[name] for name in names}
+        _remember(memo, {n: tuple(ids) for n, ids in found.items()})
+        return {name: list(ids) for name, ids in known.items()}
 
     def entities_named(self, names: Sequence[str]) -> dict[str, list[str]]:
         """For each lower-cased name, the ids whose id or alias equals it in any case (one equi-join).
@@ -267,8 +270,11 @@ class Catalog:
                     "SELECT id, lower(a) FROM (SELECT id, unnest(aliases) AS a FROM entities WHERE NOT deleted)) "
                     "SELECT n.name, k.id FROM n JOIN k USING (name) ORDER BY 1, 2", [missing]).fetchall():
                 found[name].append(entity_id)
-            _remember(memo, {n: tuple(ids) for n, ids in found.items()})
-        return {name: list(memo[name]) for name in dict.fromkeys(names) if memo[name]}
+        else:
+            found = {}
+        known = {name: found[name] if name in found else memo[name] for name in names}
+        _remember(memo, {n: tuple(ids) for n, ids in found.items()})
+        return {name: list(ids) for name, ids in known.items() if ids}
 
     def trusted_sources(self) -> dict[str, frozenset[str]]:
         """Evidence class -> the provenance groups some bundle's source rules allow to assert it."""
@@ -285,13 +291,16 @@ class Catalog:
         return self.principals_many([principal_id]).get(principal_id)
 
     def principals_many(self, principal_ids: Sequence[str]) -> dict[str, Principal]:
-        """`principal` for many ids in two statements (none for ids the writer remembers); unknown or deleted left out."""
+        """`principal` for many ids in two statements (none for ids the writer remembers); unknown or deleted left out.
+
+        Principals are frozen, so the writer hands the ones it remembers out as they are.
+        """
         memo = self.store.cached("catalog.principals", dict)
         missing = sorted({p for p in principal_ids if p not in memo})
-        if missing:
-            found = self._principals(missing)
-            _remember(memo, {pid: found.get(pid) for pid in missing})
-        return {pid: memo[pid] for pid in dict.fromkeys(principal_ids) if memo[pid] is not None}
+        found = self._principals(missing) if missing else {}
+        known = {pid: found.get(pid) if pid in missing else memo[pid] for pid in principal_ids}
+        _remember(memo, {pid: found.get(pid) for pid in missing})
+        return {pid: principal for pid, principal in known.items() if principal is not None}
 
     def _principals(self, ids: list[str]) -> dict[str, Principal]:
         rows = self.db.execute("SELECT id, roles, attributes, delegation_version FROM principals "
@@ -317,9 +326,11 @@ class Catalog:
     def versions(self, decision_type: str) -> list[tuple]:
         """`versions_of` the decision type (remembered by the writer until a policy changes)."""
         memo = self.store.cached("catalog.versions", dict)
-        if decision_type not in memo:
-            _remember(memo, {decision_type: versions_of(self.db, decision_type)})
-        return memo[decision_type]
+        rows = memo.get(decision_type)
+        if rows is None:
+            rows = versions_of(self.db, decision_type)
+            _remember(memo, {decision_type: rows})
+        return rows
 
     def contract_in(self, decision_type: str, rows: list[tuple],
                     at: datetime | None) -> tuple[Contract, CompiledPolicy] | None:

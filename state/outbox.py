@@ -93,8 +93,8 @@ class Outbox:
             # of one VALUES list are inserted in list order (one DuckDB thread), so seq keeps it.
             self.db.execute("INSERT INTO outbox (topic, key, value, src_topic, src_partition, src_offset, standby) "
                             "VALUES " + ", ".join(["(?, ?::BLOB, ?::BLOB, ?, ?, ?, ?)"] * len(rows)),
-                            [x for (topic, key, value), s in zip(rows, sources, strict=True)
-                             for x in (topic, key, value, s and s[0], s and s[1], s and s[2], standby and s is not None)])
+                            [x for (topic, key, value), src in zip(rows, sources, strict=True)
+                             for x in (topic, key, value, *(src or (None, None, None)), standby and src is not None)])
             return
         table = pa.table({
             "topic": [r[0] for r in rows], "key": pa.array([r[1] for r in rows], pa.binary()),

@@ -376,8 +376,8 @@ class Store:
             inserted = set(self.db.execute(insert.format("VALUES " + ", ".join(["(?, ?, ?)"] * len(first))),
                                            [x for (t, e), d in first.items() for x in (t, e, d)]).fetchall())
         else:
-            self.db.register("_rows_applied_events", pa.table({
-                "topic": [t for t, _ in first], "event_id": [e for _, e in first], "content_hash": list(first.values())}))
+            self.db.register("_rows_applied_events", pa.table({"topic": [t for t, _ in first], "event_id": [
+                e for _, e in first], "content_hash": list(first.values())}))
             try:
                 inserted = set(self.db.execute(insert.format("SELECT * FROM _rows_applied_events")).fetchall())
             finally:
