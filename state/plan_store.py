@@ -7,10 +7,11 @@ from typing import Any, Sequence
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from compiler.pipeline import CompiledPlan
 from schemas.timefmt import format_instant
-from state.store import Store
+from state.store import SMALL_INSERT_ROWS, Store
 
 # Every invalidation of a plan id, in order: after A -> B -> A the id returns, and the plans
 # row alone would keep only the latest cause.
@@ -33,28 +34,61 @@ class PlanStore:
             self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
 
     def save_many(self, plans: Sequence[CompiledPlan], compiled_at: datetime | None) -> None:
-        """Store compilations as their keys' current plans, with receipts, in three statements."""
+        """Store compilations as their keys' current plans, with receipts.
+
+        A few plans (an apply batch's) take four statements: one read of which rows exist, then
+        plain inserts of new rows and an update of existing heads; an upsert costs several times
+        either in DuckDB (a plan row: 1.9 ms against 0.5). Many take three upserts.
+        """
         if not plans:
             return
         when = pa.timestamp("us", tz="UTC")
         n = len(plans)
         nulls = pa.array([None] * n, pa.string())
-        self.store.insert_rows("plans", pa.table({
+        tables = {"plans": pa.table({
             "plan_id": [p.plan_id for p in plans], "plan_key": [p.plan_key for p in plans],
             "status": ["fresh"] * n, "live": pa.array([p.request.live for p in plans], pa.bool_()),
             "valid_until": pa.array([p.valid_until for p in plans], when),
             "request": [orjson.dumps(p.request.as_dict()).decode() for p in plans],
             "plan": [orjson.dumps(p.plan).decode() for p in plans], "receipt_id": [p.receipt_id for p in plans],
             "reason": nulls, "cause": nulls, "successor_plan_id": nulls,
-            "compiled_at": pa.array([compiled_at] * n, when), "invalidated_at": pa.array([None] * n, when)}))
-        self.store.insert_rows("plan_heads", pa.table({
-            "plan_key": [p.plan_key for p in plans], "plan_id": [p.plan_id for p in plans],
-            "live": pa.array([p.request.live for p in plans], pa.bool_()),
-            "valid_until": pa.array([p.valid_until for p in plans], when)}))
-        self.store.insert_rows("receipts", pa.table({
-            "receipt_id": [p.receipt_id for p in plans], "plan_id": [p.plan_id for p in plans],
-            "receipt": [orjson.dumps(p.receipt).decode() for p in plans],
-            "stored_at": pa.array([compiled_at] * n, when)}))  # retention counts from here
+            "compiled_at": pa.array([compiled_at] * n, when), "invalidated_at": pa.array([None] * n, when)}),
+            "plan_heads": pa.table({
+                "plan_key": [p.plan_key for p in plans], "plan_id": [p.plan_id for p in plans],
+                "live": pa.array([p.request.live for p in plans], pa.bool_()),
+                "valid_until": pa.array([p.valid_until for p in plans], when)}),
+            "receipts": pa.table({
+                "receipt_id": [p.receipt_id for p in plans], "plan_id": [p.plan_id for p in plans],
+                "receipt": [orjson.dumps(p.receipt).decode() for p in plans],
+                "stored_at": pa.array([compiled_at] * n, when)})}  # retention counts from here
+        ids = {"plans": [p.plan_id for p in plans], "plan_heads": [p.plan_key for p in plans],
+               "receipts": [p.receipt_id for p in plans]}
+        if n > SMALL_INSERT_ROWS or any(len(set(v)) < n for v in ids.values()):
+            for table, rows in tables.items():
+                self.store.insert_rows(table, rows)
+            return
+        held = self._held(ids)
+        for table, rows in tables.items():
+            old = pa.array([i in held[table] for i in ids[table]])
+            self.store.insert_rows(table, rows.filter(pc.invert(old)), verb="INSERT INTO")
+            if table == "plan_heads" and held[table]:
+                head = rows.filter(old)
+                self.store.update_rows("plan_heads", ("plan_key",), ("plan_id", "live", "valid_until"),
+                                       list(zip(*(head.column(i).to_pylist() for i in range(4)), strict=True)),
+                                       "plan_id = {plan_id}, live = CAST({live} AS BOOLEAN), "
+                                       "valid_until = CAST({valid_until} AS TIMESTAMPTZ)")
+            elif held[table]:  # a plan id compiled again (A -> B -> A), or a receipt repeated: rare
+                self.store.insert_rows(table, rows.filter(old))
+
+    def _held(self, ids: dict[str, list[str]]) -> dict[str, set[str]]:
+        """Which of these plan ids, plan keys and receipt ids have rows, in one read by their keys."""
+        key = {"plans": "plan_id", "plan_heads": "plan_key", "receipts": "receipt_id"}
+        held: dict[str, set[str]] = {table: set() for table in ids}
+        for table, found in self.db.execute(" UNION ALL ".join(
+                f"SELECT '{table}', {key[table]} FROM {table} WHERE {key[table]} IN ({', '.join('?' * len(v))})"
+                for table, v in ids.items()), [i for v in ids.values() for i in v]).fetchall():
+            held[table].add(found)
+        return held
 
     def heads(self, plan_keys: list[str], parse: bool = True) -> dict[str, tuple[str, Any, str]]:
         """Current plan id, request document (JSON text unless `parse`) and status of each plan key."""
@@ -135,6 +169,15 @@ class PlanStore:
     def invalidate_many(self, invalidated: list[tuple[str, str, dict, str | None]], at: datetime | None) -> None:
         """Mark plans invalidated: (plan id, reason, cause, successor plan id)."""
         if not invalidated:
+            return
+        if len(invalidated) <= SMALL_INSERT_ROWS and len({i[0] for i in invalidated}) == len(invalidated):
+            # An apply batch's few: parameters, and a keyed update (a third of a join with an Arrow scan).
+            rows = [(i[0], i[1], orjson.dumps(i[2]).decode(), i[3], at) for i in invalidated]
+            self.db.execute("INSERT INTO plan_history (plan_id, reason, cause, successor_plan_id, invalidated_at) "
+                            "VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * len(rows)), [x for r in rows for x in r])
+            self.store.update_rows("plans", ("plan_id",), ("reason", "cause", "successor", "at"), rows,
+                                   "status = 'invalidated', reason = {reason}, cause = {cause}, "
+                                   "successor_plan_id = {successor}, invalidated_at = CAST({at} AS TIMESTAMPTZ)")
             return
         rows = pa.table({"plan_id": [i[0] for i in invalidated], "reason": [i[1] for i in invalidated],
                          "cause": [orjson.dumps(i[2]).decode() for i in invalidated],
