@@ -141,7 +141,8 @@ class Catalog:
         if len(stored) > UPDATE_RESOURCES:
             self.store.insert_rows("resources", _resource_table(new + stored))
             return
-        self.store.insert_rows("resources", _resource_table(new), verb="INSERT INTO")
+        if new:
+            self.store.insert_rows("resources", _resource_table(new), verb="INSERT INTO")
         if stored:
             table = _resource_table(stored)
             columns = [table.column(i).to_pylist() for i in range(table.num_columns)]

@@ -166,11 +166,6 @@ class Store:
             value = memo[key] = load()
             return value
 
-    def remember(self, key: object, value: Any) -> None:
-        """Set what `cached(key)` answers on the writer (a write made it so); ignored on views."""
-        if self._memo is not None:
-            self._memo[key] = value
-
     def forget(self, *keys: object) -> None:
         """Drop these remembered values (all of them without keys): the next use reads the file."""
         if self._memo is None:
