@@ -11,7 +11,8 @@ import orjson
 import pyarrow as pa
 
 from schemas.outbound import compact_plan, fits, too_large_letter
-from state.store import SMALL_INSERT_ROWS, Store
+from state.row_writes import SMALL_INSERT_ROWS
+from state.store import Store
 
 log = logging.getLogger(__name__)
 

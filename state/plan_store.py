@@ -11,7 +11,8 @@ import pyarrow.compute as pc
 
 from compiler.pipeline import CompiledPlan
 from schemas.timefmt import format_instant
-from state.store import SMALL_INSERT_ROWS, Store
+from state.row_writes import SMALL_INSERT_ROWS
+from state.store import Store
 
 # Every invalidation of a plan id, in order: after A -> B -> A the id returns, and the plans
 # row alone would keep only the latest cause.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -13,7 +12,9 @@ from typing import Any, Callable, Iterator
 import duckdb
 import pyarrow as pa
 
+from state.event_ids import claim_any, claim_scoped
 from state.head_cache import HeadCache
+from state.row_writes import UPDATE_ROWS, insert_rows, update_rows
 from state.store_migrations import migrate
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,6 @@ CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 """
 
 
-SMALL_INSERT_ROWS = 32  # up to this many rows are written as parameters, more through an Arrow scan
-UPDATE_ROWS = 64  # up to this many rows are updated in place by `CASE`, more by an upsert
 _LATER = "CAST({record_offset} AS BIGINT) >= coalesce(record_offset, -1)"  # a mark of a later record (or the first)
 
 
@@ -177,22 +176,13 @@ class Store:
 
     def insert_rows(self, table: str, rows: pa.Table, *, verb: str = "INSERT OR REPLACE INTO",
                     on_conflict: str = "") -> None:
-        """Write many rows in one statement (the hot paths batch through here)."""
-        if rows.num_rows == 0:
-            return
-        if rows.num_rows <= SMALL_INSERT_ROWS:
-            # A few rows: a parameterised statement costs half of registering an Arrow scan.
-            columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
-            row = f"({', '.join('?' * rows.num_columns)})"
-            self.db.execute(f"{verb} {table} VALUES {', '.join([row] * rows.num_rows)} {on_conflict}",
-                            [v for values in zip(*columns, strict=True) for v in values])
-            return
-        name = f"_rows_{table}"
-        self.db.register(name, rows)
-        try:
-            self.db.execute(f"{verb} {table} SELECT * FROM {name} {on_conflict}")
-        finally:
-            self.db.unregister(name)
+        """Write many rows in one statement (the hot paths batch through here; see `row_writes.insert_rows`)."""
+        insert_rows(self.db, table, rows, verb=verb, on_conflict=on_conflict)
+
+    def update_rows(self, table: str, keys: tuple[str, ...], values: tuple[str, ...], rows: list[tuple],
+                    assign: str) -> None:
+        """Update rows matched on `keys` in one statement (see `row_writes.update_rows`)."""
+        update_rows(self.db, table, keys, values, rows, assign)
 
     # -- offsets and idempotence -------------------------------------------------------
 
@@ -244,31 +234,6 @@ class Store:
         if self._memo is not None:
             for pos, nxt in offsets.items():
                 known[pos] = max(known.get(pos, nxt), nxt)
-
-    def update_rows(self, table: str, keys: tuple[str, ...], values: tuple[str, ...], rows: list[tuple],
-                    assign: str) -> None:
-        """Update rows (key values, then values) matched on `keys` in one statement; `assign` names values as `{v}`.
-
-        One row is a plain keyed update; more make each value a `CASE` over the rows' keys. At up
-        to `UPDATE_ROWS` rows either costs about half an upsert or an `UPDATE ... FROM (VALUES ...)`
-        join in DuckDB 1.x (a point update of a resource: 0.8 ms against 2.1 ms for the join).
-        """
-        match = " AND ".join(f"{k} = ?" for k in keys)
-        width = len(keys)
-        cases, case_params = {}, {}
-        for i, name in enumerate(values):
-            if len(rows) == 1:
-                cases[name], case_params[name] = "?", [rows[0][width + i]]
-            else:
-                cases[name] = "CASE " + " ".join([f"WHEN {match} THEN ?"] * len(rows)) + " END"
-                case_params[name] = [x for r in rows for x in (*r[:width], r[width + i])]
-        parts = re.split(r"\{(\w+)\}", assign)
-        text, params = parts[0], []
-        for name, tail in zip(parts[1::2], parts[2::2], strict=True):
-            text += cases[name] + tail
-            params += case_params[name]
-        where = " OR ".join([f"({match})"] * len(rows))
-        self.db.execute(f"UPDATE {table} SET {text} WHERE {where}", params + [x for r in rows for x in r[:width]])
 
     def offset_marks(self) -> dict[tuple[str, int], tuple[int, str]]:
         """(topic, partition) -> (offset, mark) of the last record applied there."""
@@ -334,64 +299,8 @@ class Store:
             return []
         if self._memo is not None and not self.cached("legacy_event_ids", lambda: self.db.execute(
                 "SELECT count(*) > 0 FROM applied_events WHERE topic = ''").fetchone()[0]):
-            return self._claim_scoped(events)
-        ids = list({e for _, e, _ in events})
-        known: dict[tuple[str, str], str | None] = {}
-        legacy: set[str] = set()
-        for topic, event_id, digest in self.db.execute(
-                "SELECT topic, event_id, content_hash FROM applied_events WHERE event_id IN (SELECT unnest(?)) "
-                "AND topic IN (SELECT unnest(?))", [ids, list({t for t, _, _ in events} | {""})]).fetchall():
-            if topic == "":
-                legacy.add(event_id)
-            else:
-                known[(topic, event_id)] = digest
-        verdicts: list[str] = []
-        new: list[tuple[str, str, str]] = []
-        for topic, event_id, digest in events:
-            if (topic, event_id) not in known and event_id not in legacy:
-                known[(topic, event_id)] = digest
-                new.append((topic, event_id, digest))
-                verdicts.append("new")
-            elif event_id in legacy and (topic, event_id) not in known:
-                verdicts.append("duplicate")
-            else:
-                verdicts.append("duplicate" if known[(topic, event_id)] == digest else "conflict")
-        rows = pa.table({"topic": [t for t, _, _ in new], "event_id": [e for _, e, _ in new],
-                         "content_hash": [d for _, _, d in new]})
-        self.insert_rows("applied_events", rows, verb="INSERT INTO")
-        return verdicts
-
-    def _claim_scoped(self, events: list[tuple[str, str, str]]) -> list[str]:
-        """`claim_events` in one statement on a file with no legacy ids: insert the new, look up only the rest."""
-        first: dict[tuple[str, str], str] = {}
-        for topic, event_id, digest in events:
-            first.setdefault((topic, event_id), digest)
-        insert = "INSERT INTO applied_events {} ON CONFLICT DO NOTHING RETURNING topic, event_id"
-        if len(first) <= SMALL_INSERT_ROWS:
-            inserted = set(self.db.execute(insert.format("VALUES " + ", ".join(["(?, ?, ?)"] * len(first))),
-                                           [x for (t, e), d in first.items() for x in (t, e, d)]).fetchall())
-        else:
-            self.db.register("_rows_applied_events", pa.table({"topic": [t for t, _ in first], "event_id": [
-                e for _, e in first], "content_hash": list(first.values())}))
-            try:
-                inserted = set(self.db.execute(insert.format("SELECT * FROM _rows_applied_events")).fetchall())
-            finally:
-                self.db.unregister("_rows_applied_events")
-        known = dict(first)
-        seen = [k for k in first if k not in inserted]
-        if seen:  # ids applied before: compare their recorded content
-            known.update({(t, e): d for t, e, d in self.db.execute(
-                "SELECT topic, event_id, content_hash FROM applied_events WHERE event_id IN (SELECT unnest(?)) "
-                "AND topic IN (SELECT unnest(?))", [list({e for _, e in seen}), list({t for t, _ in seen})]).fetchall()
-                if (t, e) in known})
-        verdicts = []
-        for topic, event_id, digest in events:
-            if (topic, event_id) in inserted:
-                inserted.discard((topic, event_id))
-                verdicts.append("new")
-            else:
-                verdicts.append("duplicate" if known[(topic, event_id)] == digest else "conflict")
-        return verdicts
+            return claim_scoped(self.db, events)
+        return claim_any(self.db, events)
 
     # -- clock -------------------------------------------------------------------------
 
