@@ -17,7 +17,6 @@ from state.store import Store
 from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
 from streams.partitions import discover
-from streams.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +39,7 @@ class Replica:
                  batch_size: int = 500, batch_window: float = 0.05, fetch_bytes: int = 2_000_000,
                  after_apply: Callable[[list[RawMessage]], Awaitable[object]] | None = None,
                  auto_rebase: bool = False, kafka: dict | None = None,
-                 run: Callable[..., Awaitable[Any]] = inline, catch_up_batches: int = CATCH_UP_BATCHES,
-                 fetch_wait: float = Settings.fetch_wait) -> None:
+                 run: Callable[..., Awaitable[Any]] = inline, catch_up_batches: int = CATCH_UP_BATCHES) -> None:
         self.applier = applier
         self.store = store  # for reads beside the writer (its own cursor in a worker)
         self.run_writes = run  # runs a state write on the writer thread
@@ -50,7 +48,6 @@ class Replica:
         self.batch_size = batch_size
         self.catch_up_size = batch_size * max(1, catch_up_batches)  # records per batch while behind
         self.batch_window = batch_window
-        self.fetch_wait = fetch_wait  # the broker's hold of an empty fetch: an event arriving meanwhile waits for it
         self.fetch_bytes = fetch_bytes
         self.after_apply = after_apply
         self.positions: dict[str, dict[int, int]] = store.next_offsets()
@@ -192,7 +189,7 @@ class Replica:
         # No reset policy: a position the broker lost is an error to report, never a silent skip.
         return AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
                                 auto_offset_reset="none", max_partition_fetch_bytes=self.fetch_bytes,
-                                fetch_max_wait_ms=max(1, int(self.fetch_wait * 1000)), **self.kafka)
+                                fetch_max_wait_ms=int(self.batch_window * 1000), **self.kafka)
 
     async def _verify_incarnation(self, consumer: AIOKafkaConsumer) -> None:
         """Compare the recorded offsets with the broker's topics; rebase or block what was reset."""

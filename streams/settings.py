@@ -43,12 +43,6 @@ class Settings:
     """Most events one agent applies in one DuckDB transaction."""
     batch_window: float = 0.05
     """Seconds an agent waits to fill a batch before applying what it has."""
-    fetch_wait: float = 0.01
-    """Longest the broker holds an input fetch open while it has no records (Kafka's `fetch.max.wait.ms`).
-
-    An event that arrives during a held fetch waits for its end (some brokers hold it whole),
-    so this, not the batch window, bounds the wait of a quiet input; shorter costs idle fetches.
-    """
     freshness_wait: float = 5.0
     """Longest a select waits for `at_least_as_fresh` before refusing."""
     revocation_lag_bound: float = 5.0
@@ -159,7 +153,6 @@ class Settings:
             wall_clock_interval=get("WALL_CLOCK_INTERVAL", base.wall_clock_interval, float),
             batch_size=get("BATCH_SIZE", base.batch_size, int),
             batch_window=get("BATCH_WINDOW", base.batch_window, float),
-            fetch_wait=get("FETCH_WAIT", base.fetch_wait, float),
             freshness_wait=get("FRESHNESS_WAIT", base.freshness_wait, float),
             max_event_bytes=get("MAX_EVENT_BYTES", base.max_event_bytes, int),
             max_record_bytes=get("MAX_RECORD_BYTES", base.max_record_bytes, int),

@@ -58,14 +58,3 @@ async def test_a_fetch_error_after_records_were_taken_is_raised_on_the_next_fetc
     assert await replica._fetch(consumer) == {A: list(range(10))}  # applied first: they are consumed
     with pytest.raises(OffsetOutOfRangeError):
         await replica._fetch(consumer)
-
-
-async def test_the_broker_holds_an_empty_fetch_for_the_fetch_wait_not_the_batch_window():
-    replica = _replica(10)
-    replica.bootstrap_servers, replica.fetch_bytes, replica.kafka = "localhost:1", 1_000_000, {}
-    replica.batch_window, replica.fetch_wait = 0.05, 0.005
-    consumer = replica._new_consumer()
-    try:
-        assert consumer._fetch_max_wait_ms == 5
-    finally:
-        await consumer.stop()  # never started: releases the client without a connection

@@ -56,8 +56,3 @@ def test_retention_spans_are_iso_durations():
     assert settings.plan_retention == timedelta(hours=12) and settings.receipt_retention == timedelta(weeks=2)
     with pytest.raises(ValueError, match="ISO 8601 duration"):
         Settings.from_env({"FRESHPLAN_PLAN_RETENTION": "30 days"})
-
-
-def test_the_input_fetch_wait_is_its_own_setting_apart_from_the_batch_window():
-    assert (Settings.from_env({}).fetch_wait, Settings.from_env({}).batch_window) == (0.01, 0.05)
-    assert Settings.from_env({"FRESHPLAN_FETCH_WAIT": "0.005"}).fetch_wait == 0.005
