@@ -10,6 +10,7 @@ import pyarrow as pa
 from compiler import dependency_keys as dk
 from schemas.errors import InvalidEvent
 from schemas.records import Resource, SourceChange
+from state.row_writes import SMALL_INSERT_ROWS, insert_values
 from state.store import Store
 
 MEMO_ENTRIES = 20_000  # entries of one remembered lookup before it starts over
@@ -95,14 +96,20 @@ def _write(store: Store, new: list[Resource], stored: list[Resource]) -> None:
     if len(stored) > UPDATE_RESOURCES:
         store.insert_rows("resources", resource_table(new + stored))
         return
-    if new:
+    if len(new) > SMALL_INSERT_ROWS:
         store.insert_rows("resources", resource_table(new), verb="INSERT INTO")
+    elif new:
+        insert_values(store.db, "resources", [_values(r) for r in new], verb="INSERT INTO")
     if stored:
-        table = resource_table(stored)
-        columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
-        names = tuple(table.column_names[1:])  # after the id
-        store.update_rows("resources", ("id",), names, list(zip(*columns, strict=True)),
-                      ", ".join(f"{c} = CAST({{{c}}} AS {_RESOURCE_TYPES[c]})" for c in names))
+        store.update_rows("resources", ("id",), tuple(_RESOURCE_TYPES), [_values(r) for r in stored],
+                          ", ".join(f"{c} = CAST({{{c}}} AS {t})" for c, t in _RESOURCE_TYPES.items()))
+
+
+def _values(r: Resource) -> tuple:
+    """A resource's row in the column order of the resources table (as `resource_table`)."""
+    return (r.id, r.version, r.entity, r.evidence_class, r.tokens, r.title, r.content, list(r.supports),
+            list(r.contradicts), r.valid_from, r.valid_to, r.superseded_by, r.provenance_group, r.sensitivity,
+            orjson.dumps(dict(r.attributes)).decode(), False, r.observed_at)
 
 
 def resource_table(resources: Sequence[Resource]) -> pa.Table:

@@ -7,11 +7,10 @@ from typing import Any, Sequence
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from compiler.pipeline import CompiledPlan
 from schemas.timefmt import format_instant
-from state.row_writes import SMALL_INSERT_ROWS
+from state.row_writes import SMALL_INSERT_ROWS, insert_values
 from state.store import Store
 
 # Every invalidation of a plan id, in order: after A -> B -> A the id returns, and the plans
@@ -22,6 +21,18 @@ CREATE TABLE IF NOT EXISTS plan_history (seq BIGINT DEFAULT nextval('plan_histor
   reason VARCHAR, cause VARCHAR, successor_plan_id VARCHAR, invalidated_at TIMESTAMPTZ);
 CREATE INDEX IF NOT EXISTS plan_history_plan ON plan_history (plan_id);
 """
+
+
+_WHEN = pa.timestamp("us", tz="UTC")
+_SCHEMAS = {  # what `save_many` writes, in each table's column order
+    "plans": pa.schema([("plan_id", pa.string()), ("plan_key", pa.string()), ("status", pa.string()),
+                        ("live", pa.bool_()), ("valid_until", _WHEN), ("request", pa.string()), ("plan", pa.string()),
+                        ("receipt_id", pa.string()), ("reason", pa.string()), ("cause", pa.string()),
+                        ("successor_plan_id", pa.string()), ("compiled_at", _WHEN), ("invalidated_at", _WHEN)]),
+    "plan_heads": pa.schema([("plan_key", pa.string()), ("plan_id", pa.string()), ("live", pa.bool_()),
+                             ("valid_until", _WHEN)]),
+    "receipts": pa.schema([("receipt_id", pa.string()), ("plan_id", pa.string()), ("receipt", pa.string()),
+                           ("stored_at", _WHEN)])}
 
 
 class PlanStore:
@@ -43,43 +54,28 @@ class PlanStore:
         """
         if not plans:
             return
-        when = pa.timestamp("us", tz="UTC")
+        rows = {"plans": [(p.plan_id, p.plan_key, "fresh", p.request.live, p.valid_until,
+                           orjson.dumps(p.request.as_dict()).decode(), orjson.dumps(p.plan).decode(), p.receipt_id,
+                           None, None, None, compiled_at, None) for p in plans],
+                "plan_heads": [(p.plan_key, p.plan_id, p.request.live, p.valid_until) for p in plans],
+                # retention counts a receipt's age from stored_at
+                "receipts": [(p.receipt_id, p.plan_id, orjson.dumps(p.receipt).decode(), compiled_at) for p in plans]}
+        ids = {table: [r[0] for r in table_rows] for table, table_rows in rows.items()}
         n = len(plans)
-        nulls = pa.array([None] * n, pa.string())
-        tables = {"plans": pa.table({
-            "plan_id": [p.plan_id for p in plans], "plan_key": [p.plan_key for p in plans],
-            "status": ["fresh"] * n, "live": pa.array([p.request.live for p in plans], pa.bool_()),
-            "valid_until": pa.array([p.valid_until for p in plans], when),
-            "request": [orjson.dumps(p.request.as_dict()).decode() for p in plans],
-            "plan": [orjson.dumps(p.plan).decode() for p in plans], "receipt_id": [p.receipt_id for p in plans],
-            "reason": nulls, "cause": nulls, "successor_plan_id": nulls,
-            "compiled_at": pa.array([compiled_at] * n, when), "invalidated_at": pa.array([None] * n, when)}),
-            "plan_heads": pa.table({
-                "plan_key": [p.plan_key for p in plans], "plan_id": [p.plan_id for p in plans],
-                "live": pa.array([p.request.live for p in plans], pa.bool_()),
-                "valid_until": pa.array([p.valid_until for p in plans], when)}),
-            "receipts": pa.table({
-                "receipt_id": [p.receipt_id for p in plans], "plan_id": [p.plan_id for p in plans],
-                "receipt": [orjson.dumps(p.receipt).decode() for p in plans],
-                "stored_at": pa.array([compiled_at] * n, when)})}  # retention counts from here
-        ids = {"plans": [p.plan_id for p in plans], "plan_heads": [p.plan_key for p in plans],
-               "receipts": [p.receipt_id for p in plans]}
         if n > SMALL_INSERT_ROWS or any(len(set(v)) < n for v in ids.values()):
-            for table, rows in tables.items():
-                self.store.insert_rows(table, rows)
+            for table, table_rows in rows.items():
+                self.store.insert_rows(table, pa.table(list(zip(*table_rows, strict=True)), schema=_SCHEMAS[table]))
             return
         held = self._held(ids)
-        for table, rows in tables.items():
-            old = pa.array([i in held[table] for i in ids[table]])
-            self.store.insert_rows(table, rows.filter(pc.invert(old)), verb="INSERT INTO")
-            if table == "plan_heads" and held[table]:
-                head = rows.filter(old)
-                self.store.update_rows("plan_heads", ("plan_key",), ("plan_id", "live", "valid_until"),
-                                       list(zip(*(head.column(i).to_pylist() for i in range(4)), strict=True)),
+        for table, table_rows in rows.items():
+            insert_values(self.db, table, [r for r in table_rows if r[0] not in held[table]], verb="INSERT INTO")
+            old = [r for r in table_rows if r[0] in held[table]]
+            if old and table == "plan_heads":
+                self.store.update_rows("plan_heads", ("plan_key",), ("plan_id", "live", "valid_until"), old,
                                        "plan_id = {plan_id}, live = CAST({live} AS BOOLEAN), "
                                        "valid_until = CAST({valid_until} AS TIMESTAMPTZ)")
-            elif held[table]:  # a plan id compiled again (A -> B -> A), or a receipt repeated: rare
-                self.store.insert_rows(table, rows.filter(old))
+            elif old:  # a plan id compiled again (A -> B -> A), or a receipt repeated: rare
+                insert_values(self.db, table, old)
 
     def _held(self, ids: dict[str, list[str]]) -> dict[str, set[str]]:
         """Which of these plan ids, plan keys and receipt ids have rows, in one read by their keys."""

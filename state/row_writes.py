@@ -19,9 +19,7 @@ def insert_rows(db: duckdb.DuckDBPyConnection, table: str, rows: pa.Table, *, ve
     if rows.num_rows <= SMALL_INSERT_ROWS:
         # A few rows: a parameterised statement costs half of registering an Arrow scan.
         columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
-        row = f"({', '.join('?' * rows.num_columns)})"
-        db.execute(f"{verb} {table} VALUES {', '.join([row] * rows.num_rows)} {on_conflict}",
-                   [v for values in zip(*columns, strict=True) for v in values])
+        insert_values(db, table, list(zip(*columns, strict=True)), verb=verb, on_conflict=on_conflict)
         return
     name = f"_rows_{table}"
     db.register(name, rows)
@@ -29,6 +27,15 @@ def insert_rows(db: duckdb.DuckDBPyConnection, table: str, rows: pa.Table, *, ve
         db.execute(f"{verb} {table} SELECT * FROM {name} {on_conflict}")
     finally:
         db.unregister(name)
+
+
+def insert_values(db: duckdb.DuckDBPyConnection, table: str, rows: list[tuple], *,
+                  verb: str = "INSERT OR REPLACE INTO", on_conflict: str = "") -> None:
+    """Write a few rows given as tuples in the table's column order, as parameters of one statement."""
+    if rows:
+        row = f"({', '.join('?' * len(rows[0]))})"
+        db.execute(f"{verb} {table} VALUES {', '.join([row] * len(rows))} {on_conflict}",
+                   [v for values in rows for v in values])
 
 
 def update_rows(db: duckdb.DuckDBPyConnection, table: str, keys: tuple[str, ...], values: tuple[str, ...],
