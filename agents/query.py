@@ -8,12 +8,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
 import duckdb
+import orjson
 
 from compiler.errors import RequestError
 from compiler.request import Limits, parse_request, plan_key
 from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
 from agents.plan_writer import PlanWriter
+from state.head_cache import Head
 from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,10 @@ class QueryService:
         self.served_by: str | None = None  # this worker's URL, named in every answer it serves
         # plan partitions other workers own (all while the group has not assigned any); none: a lone worker
         self.foreign_partitions: Callable[[], list[int]] = lambda: []
+        # The input offsets applied and committed, kept in memory (the replica's); None: read them from the file.
+        self.position: Callable[[], dict[str, dict[int, int]]] | None = None
+        self.check_heads = False  # tests: compare every in-memory hit with the file (see `_check_hit`)
+        self._token_cache: tuple[object, str] | None = None
 
     def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
         """Record a failed read of the state file and return the refusal to send (never a 500)."""
@@ -111,7 +117,7 @@ class QueryService:
             raise self._unreadable_error()
 
     def _lookup(self, doc: Any) -> "Found":
-        """Parse, check the guard, resolve the entity and look for a fresh plan (on the reading cursor)."""
+        """Parse, check the guard, resolve the entity and look for a fresh plan: in memory, else in the file."""
         if isinstance(doc, dict):
             doc = {k: v for k, v in doc.items() if k != "at_least_as_fresh"}
         request = parse_request(doc, self.limits)
@@ -119,7 +125,49 @@ class QueryService:
         if self.guard is not None:
             self.guard.check()
             degraded = self.guard.degraded()
+        found = self._held(request, degraded)
+        if found is None:
+            found = self._read(request, degraded)
+        self.selected.add(found.key)
+        return found
+
+    def _held(self, request, degraded: list[str]) -> "Found | None":
+        """The answer from the head cache alone, if it holds the name and the key (no DuckDB read).
+
+        The token names the position the cache published with its last commit, read before the
+        head and only when the cache did not change until the head was read: the head was then
+        fresh at it (see `HeadCache`). The replica's offsets reach the loop after the heads of
+        their batch: until they match that position, the file answers.
+        """
+        if self.position is None:
+            return None
+        heads = self.state.store.heads
+        version = heads.version
+        published = heads.position
+        offsets = self.position()
+        if published is None or (offsets is not published[0] and offsets != published[0]):
+            return None
+        entity_id = heads.entity(request.entity)
+        if entity_id is None:
+            return None
+        partition = self.foreign_partition(entity_id)
+        if partition is not None:  # only the owner indexes its plans: a plan here may be stale
+            raise NotOwner(entity_id, partition)
+        key = plan_key(request, entity_id)
+        head = heads.head(key)
+        if head is None or heads.version != version:
+            return None
+        found = Found(request, key, orjson.loads(head.plan), self._token_at(published), "cache", degraded,
+                      entity_id=entity_id)
+        if self.check_heads and not self._check_hit(found, head.plan_id, version):
+            return None
+        self.selects["selects.held"] += 1  # answered from memory, without reading the file
+        return found
+
+    def _read(self, request, degraded: list[str]) -> "Found":
+        """Resolve and look the plan up in the file (one snapshot), and hold what was found."""
         store = self.state.store
+        generation = store.heads.generation  # noted before the snapshot: a removal since refuses the fill
         # One snapshot: the token must name the state the plan was read from, not a later one.
         with store.transaction():
             entity_id = resolve_entity(request.entity, self.state.catalog.entity_matches(request.entity))
@@ -129,8 +177,41 @@ class QueryService:
             key = plan_key(request, entity_id)
             plan = self.state.plans.fresh_plan(key)
             token = _token_of(store) if plan is not None else None
-        self.selected.add(key)
+        head = (Head(plan["plan_id"], orjson.dumps(plan)) if plan is not None and isinstance(plan.get("plan_id"), str)
+                else None)
+        store.heads.fill(generation, key if head else None, head, request.entity, entity_id)
         return Found(request, key, plan, token, "cache", degraded, entity_id=entity_id)
+
+    def _token_at(self, position: tuple[dict[str, dict[int, int]], str | None, int]) -> str:
+        """The token of a published position (encoded once per position, not per select)."""
+        cached = self._token_cache
+        if cached is None or cached[0] is not position:
+            cached = self._token_cache = (position, encode_token(*position))
+        return cached[1]
+
+    def _check_hit(self, found: "Found", plan_id: str, version: int) -> bool:
+        """Whether the file agrees with an in-memory hit; a disagreement is logged and counted (tests fail on it).
+
+        Only judged when the cache did not change from before the hit to after the read: then a
+        held head must be the key's fresh head in the file too.
+        """
+        try:
+            with self.state.store.transaction():
+                entity_id = resolve_entity(found.request.entity,
+                                           self.state.catalog.entity_matches(found.request.entity))
+                plan = self.state.plans.fresh_plan(found.key)
+        except RequestError:
+            entity_id, plan = None, None
+        if self.state.store.heads.version != version:
+            return True
+        # The whole document: a recompilation with the same outcome keeps the plan id, not its valid_until.
+        if entity_id == found.entity_id and plan == found.plan:
+            return True
+        self.selects["head_cache_disagreements"] += 1
+        log.error("head cache disagrees with the state file: key %s held plan %s, the file has %s for entity %s",
+                  found.key, plan_id, plan and plan.get("plan_id"), entity_id,
+                  extra={"error_class": "head_cache_disagreement"})
+        return False
 
     def _compile(self, found: "Found") -> "Found":
         """Compile and store a missing plan on the writer's connection (run on the writer thread)."""
@@ -215,6 +296,7 @@ class QueryService:
                 "applied_offsets": store.next_offsets(), "freshness_token": self.token(),
                 "plans": self.state.plans.counts(), "index_edges": self.state.index.size(),
                 "outbox": self.state.outbox.size(), "retention": self.state.retention.sizes(),
+                "head_cache": store.heads.sizes(),
                 "counters": dict(Counter(store.counters()) + self.selects),
                 "revocations": self.guard.status().as_dict() if self.guard else None,
                 "lag": self.guard.lags() if self.guard else {},

@@ -158,6 +158,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run)
     guard.paused, guard.blocked = replica.paused, replica.blocked
     guard.applied = lambda: replica.positions
+    query.position = lambda: replica.positions  # replaced (never changed in place) after each committed batch
+    query.check_heads = settings.check_head_cache
     parked = ParkedPlans(state.store, settings.partitions)
     ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
                           settings.topic("plan-dependencies"))

@@ -82,10 +82,12 @@ def apply_identities(store: Store, items: Sequence[Identity],
         store.forget(*PRINCIPAL_MEMO)
     if changed_e:
         rows = [(eid, *entities[eid]) for eid in sorted(changed_e)]
+        store.heads.remove_names()  # a name held for cached selects may resolve otherwise now
         store.insert_rows("entities", pa.table({
             "id": [r[0] for r in rows], "aliases": pa.array([list(r[1] or ()) for r in rows], _STRINGS),
             "deleted": pa.array([bool(r[2]) for r in rows], pa.bool_())}))
         store.forget(*ENTITY_MEMO)
+        store.heads_changed()
     return out
 
 

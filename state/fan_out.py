@@ -126,12 +126,14 @@ class FanOut:
         self.outbox.add_selected(rows, [invalidations_topic, receipts_topic], standby, self._largest(announced))
         self.db.execute("INSERT INTO plan_history (plan_id, reason, cause, successor_plan_id, invalidated_at) "
                         f"SELECT f.plan_id, g.reason, g.cause_text, NULL, ? FROM {plans}", [at])
+        self.store.heads.remove_all()  # a fan-out touches thousands of heads: held ones go (a miss reads the file)
         self.db.execute("UPDATE plans SET status = 'invalidated', reason = x.reason, cause = x.cause_text, "
                         "successor_plan_id = NULL, invalidated_at = ? "
                         f"FROM (SELECT f.plan_id, g.reason, g.cause_text FROM {plans}) x "
                         "WHERE plans.plan_id = x.plan_id", [at])
         self.db.execute("INSERT OR IGNORE INTO recompile_queue (plan_key, src_topic, src_partition, src_offset) "
                         f"SELECT f.plan_key, g.src_topic, g.src_partition, g.src_offset FROM {plans}")
+        self.store.heads_changed()
 
     def _largest(self, announced: list[Announcement]) -> int:
         """An upper bound on the framed size of any record `write` queues (ids escaped at worst)."""

@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-MAX_HEADS = 200_000  # past this, the oldest entries go: a miss only costs a DuckDB read
+MAX_HEADS = 50_000  # past this, the oldest entries go: a miss only costs a DuckDB read (about 3 KB each)
 MAX_NAMES = 100_000
 
 
@@ -16,8 +16,8 @@ class Head:
 
     plan_id: str
     """The plan's id."""
-    plan: dict[str, Any]
-    """The stored plan document (never mutated: answers copy it)."""
+    plan: bytes
+    """The stored plan document, as JSON (parsed per answer: smaller than the parsed form, never shared)."""
 
 
 class HeadCache:
@@ -31,8 +31,13 @@ class HeadCache:
       right after (a fill from a snapshot read in between would otherwise bring it back).
     - A plan the writer stores becomes visible only once its transaction commits; a removal in
       the same transaction cancels it.
-    - A fill by a reader (after a DuckDB read) is refused if anything was removed since the
-      reader noted `generation` before its read.
+    - A fill by a reader (after a DuckDB read) is refused if anything was removed or stored since
+      the reader noted `generation` before its read (a recompilation with the same outcome keeps
+      the plan id but replaces its document), and while a commit is in flight (its snapshot may
+      show that commit before `position` does).
+    - `position` (the input offsets and incarnation a token names) is published with the heads
+      of the commit that moved it, before them: a head held, read after it under an unchanged
+      `version`, is fresh at it.
     """
 
     def __init__(self, max_heads: int = MAX_HEADS, max_names: int = MAX_NAMES) -> None:
@@ -45,6 +50,8 @@ class HeadCache:
         self._removed_ids: set[str] = set()  # plan ids made stale in it, removed again at commit
         self._names_removed = False
         self._all_removed = False
+        self._committing = False  # between the writer's COMMIT and `committed`: fills refused
+        self.position: tuple[dict[str, dict[int, int]], Any, int] | None = None  # as of the last commit
         self.generation = 0  # bumped by every removal; a reader's fill names the one it read under
         self.version = 0  # bumped by every change: a consistency check skips a lookup that raced one
         self.max_heads, self.max_names = max_heads, max_names
@@ -63,7 +70,7 @@ class HeadCache:
              name: str | None = None, entity_id: str | None = None) -> bool:
         """Remember what a read under `generation` found; refused if anything was removed since."""
         with self._lock:
-            if generation != self.generation:
+            if generation != self.generation or self._committing:
                 return False
             if plan_key is not None and head is not None:
                 self._put(plan_key, head)
@@ -76,7 +83,7 @@ class HeadCache:
 
     # -- the writer's side -------------------------------------------------------------------
 
-    def stored(self, plan_key: str, plan_id: str, plan: dict[str, Any]) -> None:
+    def stored(self, plan_key: str, plan_id: str, plan: bytes) -> None:
         """The writer stored this plan as the key's head: shown once the transaction commits."""
         self._pending[plan_key] = Head(plan_id, plan)
 
@@ -93,10 +100,10 @@ class HeadCache:
         ids = set(plan_ids)
         if ids:
             with self._lock:
-                keys = {self._keys_by_id[i] for i in ids if i in self._keys_by_id}
-                keys |= {k for k, h in self._pending.items() if h.plan_id in ids}
-                self._remove(keys)  # bumps the generation even when none is held: a fill may be reading it
-                self._removed_ids |= ids
+                for key in [k for k, h in self._pending.items() if h.plan_id in ids]:
+                    del self._pending[key]  # a successor stored for the same key stands
+                self._remove({self._keys_by_id[i] for i in ids if i in self._keys_by_id}, pending=False)
+                self._removed_ids |= ids  # (the generation moves even when none is held: a fill may be reading one)
 
     def remove_all(self) -> None:
         """Anything may have changed (a take-over, a hand-back, a bulk invalidation)."""
@@ -113,9 +120,17 @@ class HeadCache:
             self.version += 1
             self._names_removed = True
 
-    def committed(self) -> None:
-        """The writer's transaction committed: repeat its removals, then show what it stored."""
+    def committing(self) -> None:
+        """The writer is about to commit: a snapshot read from now on may show what `position` does not yet."""
         with self._lock:
+            self._committing = True
+
+    def committed(self, position: tuple[dict[str, dict[int, int]], Any, int] | None = None) -> None:
+        """The writer's transaction committed: publish its `position` (if it moved), repeat its removals, then
+        show what it stored."""
+        with self._lock:
+            if position is not None:
+                self.position = position
             if self._all_removed:
                 self._clear_heads()
             elif self._removed or self._removed_ids:
@@ -126,6 +141,8 @@ class HeadCache:
                 self.generation += 1
             for key, head in self._pending.items():
                 self._put(key, head)
+            if self._pending:  # a fill read before this commit may hold a document it replaced (same plan id)
+                self.generation += 1
             self.version += 1
             self._reset()
 
@@ -144,7 +161,7 @@ class HeadCache:
         self._pending.clear()
         self._removed.clear()
         self._removed_ids.clear()
-        self._names_removed = self._all_removed = False
+        self._names_removed = self._all_removed = self._committing = False
 
     def _put(self, plan_key: str, head: Head) -> None:
         old = self._heads.pop(plan_key, None)

@@ -11,7 +11,6 @@ import orjson
 import pyarrow as pa
 
 from schemas.outbound import compact_plan, fits, too_large_letter
-from state.row_writes import SMALL_INSERT_ROWS
 from state.store import Store
 
 log = logging.getLogger(__name__)
@@ -89,14 +88,6 @@ class Outbox:
             return
         rows = self._fit(rows)
         sources = list(sources) if sources is not None else [None] * len(rows)
-        if len(rows) <= SMALL_INSERT_ROWS:
-            # A few records (one event's): parameters cost a third of registering an Arrow scan. Rows
-            # of one VALUES list are inserted in list order (one DuckDB thread), so seq keeps it.
-            self.db.execute("INSERT INTO outbox (topic, key, value, src_topic, src_partition, src_offset, standby) "
-                            "VALUES " + ", ".join(["(?, ?::BLOB, ?::BLOB, ?, ?, ?, ?)"] * len(rows)),
-                            [x for (topic, key, value), src in zip(rows, sources, strict=True)
-                             for x in (topic, key, value, *(src or (None, None, None)), standby and src is not None)])
-            return
         table = pa.table({
             "topic": [r[0] for r in rows], "key": pa.array([r[1] for r in rows], pa.binary()),
             "value": pa.array([r[2] for r in rows], pa.binary()),
@@ -104,13 +95,8 @@ class Outbox:
             "src_partition": pa.array([s and s[1] for s in sources], pa.int32()),
             "src_offset": pa.array([s and s[2] for s in sources], pa.int64()),
             "standby": pa.array([standby and s is not None for s in sources], pa.bool_())})
-        self.db.register("_outbox_rows", table)
-        try:
-            # rowid order of the Arrow scan is the list order, so seq keeps publication order.
-            self.db.execute("INSERT INTO outbox (topic, key, value, src_topic, src_partition, src_offset, standby) "
-                            "SELECT * FROM _outbox_rows")
-        finally:
-            self.db.unregister("_outbox_rows")
+        # Row order (VALUES or the Arrow scan's rowids) is the list order, so seq keeps publication order.
+        self.store.insert_rows("outbox", table, verb="INSERT INTO", columns=True)
 
     def add_selected(self, select: str, params: list, standby: bool, largest: int) -> None:
         """Queue the rows a query selects, as (topic, key, value, src_topic, src_partition, src_offset).

@@ -160,6 +160,7 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None)
             "plan_key": pa.array([r.plan_key for r in rows for _ in r.dependencies], pa.string())}),
     }
     db = store.db
+    store.heads.remove_all()  # restored heads replace held ones
     for name, table in tables.items():
         db.register(name, table)
     try:
@@ -181,6 +182,7 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None)
     finally:
         for name in tables:
             db.unregister(name)
+        store.heads_changed()
     stale_ids = set(stale)
     return [r.plan_id for r in rows if r.plan_id not in stale_ids], [r.plan_id for r in rows if r.plan_id in stale_ids]
 
@@ -216,9 +218,11 @@ def restore_parked(store: Store, partitions: Collection[int], compiled_at: datet
                "AND json_type(record, '$.receipt.plan_id') = 'VARCHAR' "
                "AND receipt_id NOT IN (SELECT receipt_id FROM receipts)", [owned, compiled_at])
     current = f"{mine} AND plan_id NOT IN (SELECT unnest($2::VARCHAR[]))"
+    store.heads.remove_all()  # restored heads replace held ones
     db.execute(f"INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM {current}",
                [owned, stale])
     db.execute(f"DELETE FROM dependency_index WHERE plan_key IN (SELECT plan_key FROM {current})", [owned, stale])
     db.execute(f"INSERT INTO dependency_index SELECT unnest(from_json(deps, '[\"VARCHAR\"]')), plan_key FROM {current}",
                [owned, stale])
+    store.heads_changed()
     return ParkedRestore(considered, considered - unrestorable - len(stale), unrestorable, stale)

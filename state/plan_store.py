@@ -54,14 +54,21 @@ class PlanStore:
         """
         if not plans:
             return
+        texts = [orjson.dumps(p.plan) for p in plans]
+        for p, text in zip(plans, texts, strict=True):
+            self.store.heads.stored(p.plan_key, p.plan_id, text)  # shown to cached selects once this commits
         rows = {"plans": [(p.plan_id, p.plan_key, "fresh", p.request.live, p.valid_until,
-                           orjson.dumps(p.request.as_dict()).decode(), orjson.dumps(p.plan).decode(), p.receipt_id,
-                           None, None, None, compiled_at, None) for p in plans],
+                           orjson.dumps(p.request.as_dict()).decode(), text.decode(), p.receipt_id,
+                           None, None, None, compiled_at, None) for p, text in zip(plans, texts, strict=True)],
                 "plan_heads": [(p.plan_key, p.plan_id, p.request.live, p.valid_until) for p in plans],
                 # retention counts a receipt's age from stored_at
                 "receipts": [(p.receipt_id, p.plan_id, orjson.dumps(p.receipt).decode(), compiled_at) for p in plans]}
+        self._write(rows)
+        self.store.heads_changed()
+
+    def _write(self, rows: dict[str, list[tuple]]) -> None:
         ids = {table: [r[0] for r in table_rows] for table, table_rows in rows.items()}
-        n = len(plans)
+        n = len(ids["plans"])
         if n > SMALL_INSERT_ROWS or any(len(set(v)) < n for v in ids.values()):
             for table, table_rows in rows.items():
                 self.store.insert_rows(table, pa.table(list(zip(*table_rows, strict=True)), schema=_SCHEMAS[table]))
@@ -167,6 +174,7 @@ class PlanStore:
         """Mark plans invalidated: (plan id, reason, cause, successor plan id)."""
         if not invalidated:
             return
+        self.store.heads.remove_plans([i[0] for i in invalidated])
         if len(invalidated) <= SMALL_INSERT_ROWS and len({i[0] for i in invalidated}) == len(invalidated):
             # An apply batch's few: parameters, and a keyed update (a third of a join with an Arrow scan).
             rows = [(i[0], i[1], orjson.dumps(i[2]).decode(), i[3], at) for i in invalidated]
@@ -175,7 +183,11 @@ class PlanStore:
             self.store.update_rows("plans", ("plan_id",), ("reason", "cause", "successor", "at"), rows,
                                    "status = 'invalidated', reason = {reason}, cause = {cause}, "
                                    "successor_plan_id = {successor}, invalidated_at = CAST({at} AS TIMESTAMPTZ)")
-            return
+        else:
+            self._invalidate_set(invalidated, at)
+        self.store.heads_changed()
+
+    def _invalidate_set(self, invalidated: list[tuple[str, str, dict, str | None]], at: datetime | None) -> None:
         rows = pa.table({"plan_id": [i[0] for i in invalidated], "reason": [i[1] for i in invalidated],
                          "cause": [orjson.dumps(i[2]).decode() for i in invalidated],
                          "successor": pa.array([i[3] for i in invalidated], pa.string())})
@@ -192,7 +204,9 @@ class PlanStore:
     def drop_heads(self, plan_keys: list[str]) -> None:
         """These keys have no current plan any more."""
         if plan_keys:
+            self.store.heads.remove_keys(plan_keys)
             self.db.execute("DELETE FROM plan_heads WHERE plan_key IN (SELECT unnest(?))", [plan_keys])
+            self.store.heads_changed()
 
     def status(self, plan_id: str) -> dict[str, Any] | None:
         """Public status of a plan id: the latest invalidation, and every one in `history`, oldest first."""

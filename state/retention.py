@@ -180,6 +180,7 @@ class Retention:
         """Remove evicted keys' heads, plan rows, edges, queue entries and stamps; remember the ids."""
         keys = [k for k, _ in due]
         ids = [p for _, p in due]
+        self.store.heads.remove_keys(keys)
         self.store.insert_rows("evicted_plans", pa.table({
             "plan_id": ids, "plan_key": keys, "evicted_at": pa.array([now] * len(ids), pa.timestamp("us", tz="UTC")),
             "cause": [orjson.dumps(cause).decode()] * len(ids)}))
@@ -188,6 +189,7 @@ class Retention:
                                       ("dependency_index", "plan_key", keys), ("recompile_queue", "plan_key", keys),
                                       ("plan_selected", "plan_key", keys)):
             self.db.execute(f"DELETE FROM {table} WHERE {column} IN (SELECT unnest(?))", [values])
+        self.store.heads_changed()
 
     def _expire_plan_rows(self, cutoff: datetime, limit: int) -> int:
         """Delete invalidated plan rows (never a key's head) and eviction markers older than `cutoff`."""

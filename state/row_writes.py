@@ -12,26 +12,27 @@ UPDATE_ROWS = 64  # up to this many rows are updated in place by `CASE`, more by
 
 
 def insert_rows(db: duckdb.DuckDBPyConnection, table: str, rows: pa.Table, *, verb: str = "INSERT OR REPLACE INTO",
-                on_conflict: str = "") -> None:
-    """Write many rows in one statement (the hot paths batch through here)."""
+                on_conflict: str = "", columns: bool = False) -> None:
+    """Write many rows in one statement (the hot paths batch through here); `columns`: name them."""
     if rows.num_rows == 0:
         return
+    target = f"{table} ({', '.join(rows.column_names)})" if columns else table
     if rows.num_rows <= SMALL_INSERT_ROWS:
         # A few rows: a parameterised statement costs half of registering an Arrow scan.
-        columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
-        insert_values(db, table, list(zip(*columns, strict=True)), verb=verb, on_conflict=on_conflict)
+        values = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
+        insert_values(db, target, list(zip(*values, strict=True)), verb=verb, on_conflict=on_conflict)
         return
     name = f"_rows_{table}"
     db.register(name, rows)
     try:
-        db.execute(f"{verb} {table} SELECT * FROM {name} {on_conflict}")
+        db.execute(f"{verb} {target} SELECT * FROM {name} {on_conflict}")
     finally:
         db.unregister(name)
 
 
 def insert_values(db: duckdb.DuckDBPyConnection, table: str, rows: list[tuple], *,
                   verb: str = "INSERT OR REPLACE INTO", on_conflict: str = "") -> None:
-    """Write a few rows given as tuples in the table's column order, as parameters of one statement."""
+    """Write a few rows given as tuples in the table's column order (or `table (columns)`), as one statement."""
     if rows:
         row = f"({', '.join('?' * len(rows[0]))})"
         db.execute(f"{verb} {table} VALUES {', '.join([row] * len(rows))} {on_conflict}",

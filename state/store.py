@@ -100,11 +100,25 @@ class Store:
         # back, so it never holds an uncommitted value past its transaction; None on views, which
         # always read the file (they must never see the writer's uncommitted values).
         self._memo: dict | None = {}
+        self._moved = False  # offsets or incarnation written in the open transaction: published at commit
+        self.heads.position = self.position()
 
     def heads_changed(self) -> None:
         """A write outside any transaction changed heads: it committed, so repeat its removals now."""
         if not self._depth and self._heads_writer:
-            self.heads.committed()
+            self.heads.committed(self._moved_position())
+
+    def _moved_position(self) -> tuple[dict[str, dict[int, int]], str | None, int] | None:
+        """The committed position, if offsets or incarnation moved since it was last published."""
+        moved, self._moved = self._moved, False
+        if not moved:
+            return None
+        # The writer remembers what it committed: no read (views never publish a position).
+        return (self.next_offsets(), *self.incarnation()) if self._memo is not None else self.position()
+
+    def _position_moved(self) -> None:
+        self._moved = True
+        self.heads_changed()  # outside a transaction (autocommit) it is published at once
 
     def view(self) -> "Store":
         """A second connection to the same file, for reads from another thread (committed state only)."""
@@ -135,20 +149,24 @@ class Store:
             yield self.db
         except BaseException:
             if self._heads_writer:
+                self._moved = False
                 self.heads.rolled_back()
             self.forget()
             self.db.rollback()
             raise
         else:
             try:
+                if self._heads_writer:
+                    self.heads.committing()
                 self.db.commit()
             except BaseException:
                 if self._heads_writer:
+                    self._moved = False
                     self.heads.rolled_back()
                 self.forget()
                 raise
             if self._heads_writer:
-                self.heads.committed()
+                self.heads.committed(self._moved_position())
         finally:
             self._depth = 0
 
@@ -175,9 +193,9 @@ class Store:
             self._memo.pop(key, None)
 
     def insert_rows(self, table: str, rows: pa.Table, *, verb: str = "INSERT OR REPLACE INTO",
-                    on_conflict: str = "") -> None:
+                    on_conflict: str = "", columns: bool = False) -> None:
         """Write many rows in one statement (the hot paths batch through here; see `row_writes.insert_rows`)."""
-        insert_rows(self.db, table, rows, verb=verb, on_conflict=on_conflict)
+        insert_rows(self.db, table, rows, verb=verb, on_conflict=on_conflict, columns=columns)
 
     def update_rows(self, table: str, keys: tuple[str, ...], values: tuple[str, ...], rows: list[tuple],
                     assign: str) -> None:
@@ -234,6 +252,7 @@ class Store:
         if self._memo is not None:
             for pos, nxt in offsets.items():
                 known[pos] = max(known.get(pos, nxt), nxt)
+        self._position_moved()
 
     def offset_marks(self) -> dict[tuple[str, int], tuple[int, str]]:
         """(topic, partition) -> (offset, mark) of the last record applied there."""
@@ -265,6 +284,7 @@ class Store:
         """Remember the cluster whose offsets this file records (first contact only)."""
         self.db.execute("INSERT INTO incarnation VALUES (0, ?, 0, NULL) ON CONFLICT (id) DO NOTHING", [cluster_id])
         self.forget("incarnation")
+        self._position_moved()
 
     def rebase(self, cluster_id: str, topics: list[str]) -> int:
         """Forget offsets recorded against another incarnation of these topics; returns the new epoch.
@@ -286,6 +306,7 @@ class Store:
         # a loss is not, and the old positions can never be promoted by new events.
         self.db.execute("UPDATE outbox SET standby = false WHERE standby AND src_topic IN (SELECT unnest(?))",
                         [topics])
+        self._position_moved()
         return epoch
 
     def claim_events(self, events: list[tuple[str, str, str]]) -> list[str]:

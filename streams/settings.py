@@ -77,6 +77,8 @@ class Settings:
     """Seconds between retention passes (each removes a bounded batch)."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
+    check_head_cache: bool = False
+    """Read the file on every in-memory select hit as well and log any disagreement (the test suite's check)."""
     kafka: KafkaSecurity = field(default_factory=KafkaSecurity)
     """TLS and SASL settings every Kafka client of the process uses."""
     token: str | None = field(default=None, repr=False)
@@ -181,6 +183,7 @@ class Settings:
             plan_retention=get("PLAN_RETENTION", base.plan_retention, parse_duration),
             receipt_retention=get("RECEIPT_RETENTION", base.receipt_retention, parse_duration),
             retention_interval=get("RETENTION_INTERVAL", base.retention_interval, float),
+            check_head_cache=get("CHECK_HEAD_CACHE", base.check_head_cache, bool),
         )
 
 

@@ -229,7 +229,8 @@ async def launch(broker, directory: Path, wait: bool = True, **extra: str):
                FRESHPLAN_TOPIC_PREFIX=f"t{tag}-", FRESHPLAN_APP_ID=f"freshplan-{tag}",
                FRESHPLAN_STATE_DIR=str(directory / "state"), FRESHPLAN_WEB_PORT=str(port),
                FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10",
-               FRESHPLAN_REVOCATION_LAG_BOUND="1", FRESHPLAN_TOKEN=secrets.token_urlsafe(32))
+               FRESHPLAN_REVOCATION_LAG_BOUND="1", FRESHPLAN_TOKEN=secrets.token_urlsafe(32),
+               FRESHPLAN_CHECK_HEAD_CACHE="1")
     env.update(extra)
     settings = Settings.from_env(env)
     log_path = directory / "worker.log"
@@ -248,6 +249,9 @@ async def launch(broker, directory: Path, wait: bool = True, **extra: str):
         except subprocess.TimeoutExpired:
             running.proc.kill()
             running.proc.wait()
+        # Every worker here compares its in-memory select hits with the file (FRESHPLAN_CHECK_HEAD_CACHE).
+        if log_path.exists() and b"head cache disagrees" in log_path.read_bytes():
+            raise AssertionError(f"the head cache disagreed with the state file; see {log_path}")
 
 
 @pytest.fixture

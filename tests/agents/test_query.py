@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import orjson
 
+from agents.event_apply import EventApplier, RawMessage
+from agents.plan_writer import PlanWriter
+from agents.query import QueryService
+from schemas.freshness import read_token
+from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
-from tests.conftest import ATLAS_REQUEST
+from tests.conftest import ATLAS_REQUEST, launch
 from tests.events import envelope, resource, tick
 
 SCREENING = orjson.loads((SCENARIOS / "screening-request.json").read_bytes())
@@ -114,3 +120,88 @@ async def test_a_plan_id_that_comes_back_keeps_each_invalidation(worker):
     assert latest["status"] == "invalidated" and latest["cause"]["event_id"] == second[1]["event_id"]
     assert [h["cause"]["event_id"] for h in latest["history"]] == [first[1]["event_id"], second[1]["event_id"]]
     assert latest["history"][0]["successor_plan_id"] == b["plan_id"]
+
+
+async def test_a_plan_held_in_memory_never_outlives_its_invalidation(worker):
+    fresh = await worker.load("atlas.jsonl")
+    plan = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    for version in range(2, 12):
+        await asyncio.wait_for(_held_in_memory(worker, ATLAS_REQUEST, fresh, plan["plan_id"]), 60)
+        # An admitted record changes; a select as fresh as the change must not get the held plan.
+        fresh = await worker.publish_events(resource("waiver-W2", version=version, content=f"Waiver v{version}."))
+        after = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+        assert after["plan_id"] != plan["plan_id"]
+        assert (await worker.get(f"/v1/plans/{plan['plan_id']}"))["status"] == "invalidated"
+        plan = after
+    assert (await worker.get("/healthz"))["counters"].get("head_cache_disagreements", 0) == 0
+
+
+async def test_a_name_held_in_memory_follows_an_alias_change(worker):
+    fresh = await worker.load("atlas.jsonl")
+    canonical = dict(ATLAS_REQUEST, entity="ATLAS-IN-01")  # its plan survives the alias change below
+    by_alias = dict(ATLAS_REQUEST, entity="Atlas")  # an alias of ATLAS-IN-01: the same plan key
+    first = await asyncio.wait_for(worker.select(canonical, fresh), 30)
+    assert (await worker.select(by_alias, fresh))["plan_id"] == first["plan_id"]
+    assert (await worker.select(by_alias, fresh))["plan_id"] == first["plan_id"]  # name and plan held
+    fresh = await worker.publish_events(("source-changes", envelope(kind="entity", op="upsert",
+                                                                    entity={"id": "ATLAS-IN-01",
+                                                                            "aliases": ["Atlas India"]})))
+    assert (await asyncio.wait_for(worker.select(canonical, fresh), 30))["plan_id"]  # the key has a head
+    refused = await asyncio.wait_for(worker.select(by_alias, fresh, expect=404), 30)
+    assert refused["error"]["code"] == "unknown_entity"
+
+
+async def test_a_plan_announced_before_its_successor_is_not_served_from_memory(broker, tmp_path):
+    async with launch(broker, tmp_path, FRESHPLAN_EAGER_RECOMPILE_LIMIT="0") as worker:  # announce first, always
+        fresh = await worker.load("atlas.jsonl")
+        plan = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+        for version in range(2, 6):
+            await asyncio.wait_for(_held_in_memory(worker, ATLAS_REQUEST, fresh, plan["plan_id"]), 60)
+            fresh = await worker.publish_events(resource("waiver-W2", version=version, content=f"Waiver v{version}."))
+            after = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+            assert after["plan_id"] != plan["plan_id"]
+            plan = after
+
+
+async def _held_in_memory(worker, request: dict, fresh: str, plan_id: str) -> None:
+    """Select until an answer comes from memory (a fill or the position can lag a commit), always this plan."""
+    before = (await worker.get("/healthz"))["counters"].get("selects.held", 0)
+    for _ in range(50):
+        assert (await worker.select(request, fresh))["plan_id"] == plan_id
+        if (await worker.get("/healthz"))["counters"].get("selects.held", 0) > before:
+            return
+    raise AssertionError("no select was answered from memory")
+
+
+def test_a_token_served_from_memory_never_names_a_state_the_plan_was_stale_at(tmp_path):
+    # Unit test of the worker's wiring: the replica's offsets reach the event loop only once its
+    # batch committed and the loop ran again, while the heads that batch stored are shown at once.
+    state = LocalState.open(tmp_path / "f.duckdb")
+    applier = EventApplier(state, PlanWriter(state, lambda name: name))
+    offsets = itertools.count()
+
+    def apply(*events):
+        applier.apply([RawMessage(topic, 0, next(offsets), b"k", orjson.dumps(event)) for topic, event in events])
+        return state.store.next_offsets()
+
+    try:
+        positions = [apply(*[(i["topic"], i["event"]) for i in
+                             map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines())])]
+        query = QueryService(state.reader(), applier.plans)
+        query.position = lambda: positions[0]
+        a = query.select(ATLAS_REQUEST)
+        positions[0] = apply(resource("approved-waiver-W2"))  # a replaced by b
+        b = query.select(ATLAS_REQUEST)
+        assert b["plan_id"] != a["plan_id"] and query.select(ATLAS_REQUEST)["plan_id"] == b["plan_id"]
+        stale_at = positions[0]
+        # The deletion brings a back; the loop has not yet taken the batch's offsets.
+        after = apply(("source-changes", envelope(kind="resource", op="delete", resource={"id": "approved-waiver-W2"})))
+        again = query.select(ATLAS_REQUEST)
+        assert again["plan_id"] == a["plan_id"]
+        assert read_token(again["freshness_token"]).offsets == after != stale_at
+        positions[0] = after
+        held = query.select(ATLAS_REQUEST)
+        assert held["plan_id"] == a["plan_id"] and read_token(held["freshness_token"]).offsets == after
+        assert query.selects["selects.held"] >= 2
+    finally:
+        state.close()

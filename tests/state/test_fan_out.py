@@ -1,4 +1,4 @@
-"""A fan-out beyond the eager limit, built column-wise: the same rows the plan-by-plan path wrote, in a few statements."""
+"""A fan-out beyond the eager limit, built column-wise: the plan-by-plan path's rows, in a few statements."""
 
 from __future__ import annotations
 
@@ -108,7 +108,8 @@ def test_a_column_wise_fan_out_writes_what_the_plan_by_plan_path_wrote(tmp_path,
 def test_records_over_the_outbound_limit_are_fitted_as_the_plan_by_plan_path_fitted_them(tmp_path, monkeypatch):
     new, reference = (_fan_out(tmp_path, monkeypatch, "withheld resource deleted", reference, limit=880)
                       for reference in (False, True))
-    assert {t for t, *_ in new["outbox"]} == {"x-plan-invalidations", "x-dead-letters"}  # receipts (375 B + framing) do not fit
+    # Receipts (375 B + framing) do not fit.
+    assert {t for t, *_ in new["outbox"]} == {"x-plan-invalidations", "x-dead-letters"}
     assert new == reference
 
 
@@ -122,7 +123,7 @@ def test_the_withheld_resource_is_named_to_auditors_only(tmp_path, monkeypatch):
     assert len({a["receipt_id"] for a in audits}) == len(audits)
 
 
-def test_a_fan_out_builds_one_announcement_per_group_not_per_plan(setup, monkeypatch):
+def test_a_fan_out_builds_one_announcement_per_group_not_per_plan(setup, monkeypatch):  # noqa: F811
     state, inv, query = setup
     plans = _atlas_plans(query)
     inv.plans.eager_limit = 0
@@ -141,7 +142,7 @@ def test_a_fan_out_builds_one_announcement_per_group_not_per_plan(setup, monkeyp
     assert 1 <= built["caused"] <= 2 < len(announced)  # the policy key and the contract key, at most
 
 
-def test_successors_compiled_later_are_recorded_on_each_plan_and_its_latest_history_entry(setup):
+def test_successors_compiled_later_are_recorded_on_each_plan_and_its_latest_history_entry(setup):  # noqa: F811
     from agents.backlog import recompile_queued
 
     state, inv, query = setup
