@@ -28,6 +28,22 @@ Source = tuple[str, int, int]  # (input topic, partition, offset) of the event a
 Touched = dict[str, tuple[str, dict]]  # plan key -> (dependency key, cause) of the event that touched it
 
 
+DISCOVERABLE_MEMO = "plans.discoverable"  # plan id -> resource ids its principal may learn of (`Store.cached`)
+DISCOVERABLE_ENTRIES = 20_000
+
+
+def discoverable_in(plan: dict) -> set[str]:
+    """Resource ids a plan's principal may learn of: what it admitted or rejected (as `PlanStore.discoverable`)."""
+    return {item["resource_id"] for part in ("admitted", "rejected") for item in plan.get(part) or ()}
+
+
+def _remember_discoverable(state: LocalState, found: dict[str, set[str]]) -> None:
+    known = state.store.cached(DISCOVERABLE_MEMO, dict)
+    if len(known) + len(found) > DISCOVERABLE_ENTRIES:
+        known.clear()
+    known.update(found)
+
+
 def wall_now() -> str:
     """Wall-clock time for `invalidated_at` stamps (latency is measured against it)."""
     return format_instant(datetime.now(timezone.utc))
@@ -105,6 +121,7 @@ class PlanWriter:
             return
         state = self.state
         state.plans.save_many(plans, now)
+        _remember_discoverable(state, {p.plan_id: discoverable_in(p.plan) for p in plans})
         state.index.replace_many({p.plan_key: p.dependencies for p in plans})
         as_of = state.store.next_offsets()
         cluster_id = state.store.incarnation()[0]
@@ -236,9 +253,14 @@ class PlanWriter:
 
     def _discoverable(self, touched: Touched, heads: dict) -> dict[str, set[str]]:
         """For plans touched through a resource key: the resource ids their principal may learn of."""
-        by_resource = [heads[k][0] for k, (dep_key, _) in touched.items()
-                       if k in heads and dep_key.startswith("resource:")]
-        return self.state.plans.discoverable(by_resource)
+        by_resource = {heads[k][0] for k, (dep_key, _) in touched.items()
+                       if k in heads and dep_key.startswith("resource:")}
+        # A plan id digests what it admitted and rejected, so what the writer stored needs no read.
+        known = self.state.store.cached(DISCOVERABLE_MEMO, dict)
+        missing = sorted(by_resource - set(known))
+        if missing:
+            _remember_discoverable(self.state, self.state.plans.discoverable(missing))
+        return {plan_id: known[plan_id] for plan_id in by_resource if plan_id in known}
 
     def _announce_first(self, touched: Touched, now: datetime | None, counts: Counter[str], standby: bool) -> bool:
         """A fan-out larger than `eager_limit`: announce every plan now, compile successors later.

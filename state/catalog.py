@@ -7,7 +7,6 @@ from datetime import datetime
 from typing import Sequence
 
 import orjson
-import pyarrow as pa
 
 from compiler import dependency_keys as dk
 from compiler.errors import PolicyError
@@ -16,23 +15,14 @@ from compiler.policy import CompiledPolicy, compile_policy
 from schemas.codec import contract_from
 from schemas.errors import InvalidEvent
 from schemas.records import Contract, PolicyBundle, Principal, Resource, Revocation, SourceChange
-from state.catalog_identities import Identity, apply_identities
+from state.catalog_identities import IDENTITY_MEMO, Identity, apply_identities
+from state.catalog_resources import RESOURCE_COLS, apply_resources, remember, resource_row
 from state.policy_history import governing, keep_version, versions_of
 from state.store import Store
 
-_RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
-                  "valid_from, valid_to, superseded_by, provenance_group, sensitivity, attributes, observed_at")
-
-
-def _resource_row(row: tuple) -> Resource:
-    (rid, version, entity, cls, tokens, title, content, supports, contradicts, vf, vt, sup_by, group,
-     sensitivity, attributes, observed_at) = row
-    return Resource(id=rid, version=version, entity=entity, evidence_class=cls, tokens=tokens,
-                    title=title or "", content=content or "", supports=tuple(supports or ()),
-                    contradicts=tuple(contradicts or ()), valid_from=vf, valid_to=vt,
-                    superseded_by=sup_by, provenance_group=group, sensitivity=sensitivity or "internal",
-                    attributes=orjson.loads(attributes or "{}"), observed_at=observed_at)
-
+# What the writer's store remembers for the catalog (`Store.cached`), by what makes it stale.
+POLICY_MEMO = ("catalog.rules", "catalog.policy_texts", "catalog.trusted", "catalog.versions",
+               "catalog.decision_types")
 
 class Catalog:
     """Resources, principals, entities and policy bundles; implements the compiler's CatalogView."""
@@ -42,8 +32,6 @@ class Catalog:
         self.db = store.db
         self._policies: dict[tuple[str, int], CompiledPolicy] = {}
         self._contracts: dict[tuple[str, int, str], Contract] = {}  # versions never change once kept
-        self._policy_texts: list[str] | None = None  # Cedar texts of the stored bundles, read once per change
-        self._rules: dict[str, set[str]] | None = None  # source rules, read once per change
         self._migrate()
 
     def _migrate(self) -> None:
@@ -55,9 +43,8 @@ class Catalog:
             self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
 
     def forget_cached(self) -> None:
-        """Drop what was read inside a transaction that rolled back."""
-        self._policy_texts = None
-        self._rules = None
+        """Drop what was read inside a transaction that rolled back (the store drops it too, at the rollback)."""
+        self.store.forget(*POLICY_MEMO, *IDENTITY_MEMO)
 
     # -- applying events: each returns the dependency keys it touched ------------------
 
@@ -74,60 +61,17 @@ class Catalog:
         return result
 
     def apply_resources(self, changes: Sequence[SourceChange]) -> list[list[str] | InvalidEvent | None]:
-        """Apply resource upserts and deletes in order with one read and one write; keys per change.
-
-        A change is None when it is older than what is stored, and an InvalidEvent when its
-        source may not assert its evidence class (the bundles' `sources` rules).
-        """
-        ids = list({c.record_id for c in changes})
-        current: dict[str, tuple] = {
-            r[0]: r[1:] for r in self.db.execute(
-                "SELECT id, version, deleted, entity, evidence_class, supports, contradicts FROM resources "
-                "WHERE id IN (SELECT unnest(?))", [ids]).fetchall()}
-        rules = self._source_rules()
-        written: dict[str, Resource | None] = {}
-        out: list[list[str] | InvalidEvent | None] = []
-        for change in changes:
-            old = current.get(change.record_id)
-            keys = [dk.resource(change.record_id)]
-            if old is not None:
-                keys += dk.scope_keys(old[2], old[3], list(old[4] or ()) + list(old[5] or ()))
-            new: Resource | None = change.record  # type: ignore[assignment]
-            if new is None:
-                if old is None or old[1]:
-                    out.append(None)
-                    continue
-                current[change.record_id] = (old[0], True) + old[2:]
-                written[change.record_id] = None
-                out.append(keys)
-                continue
-            if old is not None and new.version <= old[0]:
-                out.append(None)
-                continue
-            allowed = rules.get(new.provenance_group or "")
-            if allowed is not None and new.evidence_class not in allowed:
-                out.append(InvalidEvent("class_not_allowed_for_source", "the resource's provenance_group may not "
-                                        "assert its evidence_class (see the policy bundle's sources); "
-                                        "the resource is not applied"))
-                continue
-            current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts)
-            written[new.id] = new
-            out.append(keys + dk.scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts))
-        upserts = [r for r in written.values() if r is not None]
-        self.store.insert_rows("resources", _resource_table(upserts))
-        deletes = [rid for rid, r in written.items() if r is None]
-        if deletes:
-            self.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
-        return out
+        """Apply resource upserts and deletes in order in one write; keys per change (see `apply_resources`)."""
+        return apply_resources(self.store, changes, self._source_rules())
 
     def _source_rules(self) -> dict[str, set[str]]:
         """Provenance group -> the evidence classes it may assert, read once per policy change."""
-        if self._rules is None:
+        def load() -> dict[str, set[str]]:
             rules: dict[str, set[str]] = {}
             for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
                 rules.setdefault(group, set()).update(classes)
-            self._rules = rules
-        return self._rules
+            return rules
+        return self.store.cached("catalog.rules", load)
 
     def apply_identities(self, items: Sequence[Identity]) -> list[list[str] | None]:
         """Apply principal and entity changes and revocations in order, in bulk (see `apply_identities`)."""
@@ -135,9 +79,8 @@ class Catalog:
 
     def _stored_policy_texts(self) -> list[str]:
         """Cedar texts of every kept bundle version, read once per policy change."""
-        if self._policy_texts is None:
-            self._policy_texts = [r[0] for r in self.db.execute("SELECT cedar FROM policy_versions").fetchall()]
-        return self._policy_texts
+        return self.store.cached("catalog.policy_texts", lambda: [
+            r[0] for r in self.db.execute("SELECT cedar FROM policy_versions").fetchall()])
 
     def apply_policy(self, bundle: PolicyBundle) -> list[str] | None:
         """Keep a newer bundle version whole; a bundle whose Cedar fails to parse is rejected whole.
@@ -170,7 +113,6 @@ class Catalog:
                                + ", ".join(f"{d} (bundle {b})" for d, b in sorted(owned))
                                + "; retire them there first; the previous version stays active")
         self._policies[(bundle.bundle_id, bundle.version)] = compiled
-        self._policy_texts = self._rules = None
         before = [r[0] for r in self.db.execute("SELECT decision_type FROM contracts WHERE bundle_id = ?",
                                                 [bundle.bundle_id]).fetchall()]
         self.db.execute("DELETE FROM contracts WHERE bundle_id = ?", [bundle.bundle_id])
@@ -184,6 +126,7 @@ class Catalog:
         self.db.execute("DELETE FROM source_rules WHERE bundle_id = ?", [bundle.bundle_id])
         for group, classes in bundle.sources.items():
             self.db.execute("INSERT INTO source_rules VALUES (?, ?, ?)", [bundle.bundle_id, group, list(classes)])
+        self.store.forget(*POLICY_MEMO)
         trust_after = self.trusted_sources()
         trust_keys = [dk.trust(c) for c in sorted(set(trust_before) | set(trust_after))
                       if trust_before.get(c) != trust_after.get(c)]
@@ -191,6 +134,7 @@ class Catalog:
                         [bundle.bundle_id, bundle.version, bundle.effective_at, bundle.cedar,
                          orjson.dumps(types).decode()])
         keep_version(self.db, bundle, types)
+        self.store.forget(*POLICY_MEMO)
         names = sorted(set(before) | set(types))
         return [dk.policy(bundle.bundle_id)] + [dk.contract(n) for n in names] + trust_keys
 
@@ -207,49 +151,73 @@ class Catalog:
 
     def entity_matches(self, name: str) -> Sequence[str]:
         """Canonical ids whose id equals `name` or which carry it as an alias (case-insensitive)."""
-        rows = self.db.execute(
-            "SELECT id FROM entities WHERE NOT deleted AND (id = ? OR list_contains("
-            "list_transform(aliases, a -> lower(a)), lower(?)))", [name, name]).fetchall()
-        return [r[0] for r in rows]
+        return self.entity_matches_many([name])[name]
 
     def entity_matches_many(self, names: Sequence[str]) -> dict[str, list[str]]:
-        """`entity_matches` for many names in one statement."""
-        rows = self.db.execute(
-            "SELECT n.name, e.id FROM (SELECT unnest(?) AS name) n JOIN entities e ON NOT e.deleted AND "
-            "(e.id = n.name OR list_contains(list_transform(e.aliases, a -> lower(a)), lower(n.name))) "
-            "ORDER BY e.id", [list(names)]).fetchall()
-        out: dict[str, list[str]] = {name: [] for name in names}
-        for name, entity_id in rows:
-            out[name].append(entity_id)
-        return out
+        """`entity_matches` for many names in one statement (none for names the writer remembers)."""
+        memo = self.store.cached("catalog.entity_matches", dict)
+        missing = sorted({n for n in names if n not in memo})
+        if missing:
+            found: dict[str, list[str]] = {name: [] for name in missing}
+            for name, entity_id in self.db.execute(
+                    "SELECT n.name, e.id FROM (SELECT unnest(?) AS name) n JOIN entities e ON NOT e.deleted AND "
+                    "(e.id = n.name OR list_contains(list_transform(e.aliases, a -> lower(a)), lower(n.name))) "
+                    "ORDER BY e.id", [missing]).fetchall():
+                found[name].append(entity_id)
+        else:
+            found = {}
+        known = {name: found[name] if name in found else memo[name] for name in names}
+        remember(memo, {n: tuple(ids) for n, ids in found.items()})
+        return {name: list(ids) for name, ids in known.items()}
 
     def entities_named(self, names: Sequence[str]) -> dict[str, list[str]]:
-        """For each lower-cased name, the ids whose id or alias equals it in any case (one equi-join)."""
-        rows = self.db.execute(
-            "WITH n AS (SELECT DISTINCT unnest(?) AS name), k AS ("
-            "SELECT id, lower(id) AS name FROM entities WHERE NOT deleted UNION "
-            "SELECT id, lower(a) FROM (SELECT id, unnest(aliases) AS a FROM entities WHERE NOT deleted)) "
-            "SELECT n.name, k.id FROM n JOIN k USING (name) ORDER BY 1, 2", [list(names)]).fetchall()
-        out: dict[str, list[str]] = {}
-        for name, entity_id in rows:
-            out.setdefault(name, []).append(entity_id)
-        return out
+        """For each lower-cased name, the ids whose id or alias equals it in any case (one equi-join).
+
+        Names the writer remembers cost nothing: a hot plan's query asks for the same ones each batch.
+        """
+        memo = self.store.cached("catalog.entities_named", dict)
+        missing = sorted({n for n in names if n not in memo})
+        if missing:
+            found: dict[str, list[str]] = {name: [] for name in missing}
+            for name, entity_id in self.db.execute(
+                    "WITH n AS (SELECT DISTINCT unnest(?) AS name), k AS ("
+                    "SELECT id, lower(id) AS name FROM entities WHERE NOT deleted UNION "
+                    "SELECT id, lower(a) FROM (SELECT id, unnest(aliases) AS a FROM entities WHERE NOT deleted)) "
+                    "SELECT n.name, k.id FROM n JOIN k USING (name) ORDER BY 1, 2", [missing]).fetchall():
+                found[name].append(entity_id)
+        else:
+            found = {}
+        known = {name: found[name] if name in found else memo[name] for name in names}
+        remember(memo, {n: tuple(ids) for n, ids in found.items()})
+        return {name: list(ids) for name, ids in known.items() if ids}
 
     def trusted_sources(self) -> dict[str, frozenset[str]]:
         """Evidence class -> the provenance groups some bundle's source rules allow to assert it."""
-        out: dict[str, set[str]] = {}
-        for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
-            for cls in classes or ():
-                out.setdefault(cls, set()).add(group)
-        return {cls: frozenset(groups) for cls, groups in out.items()}
+        def load() -> dict[str, frozenset[str]]:
+            out: dict[str, set[str]] = {}
+            for group, classes in self.db.execute("SELECT provenance_group, classes FROM source_rules").fetchall():
+                for cls in classes or ():
+                    out.setdefault(cls, set()).add(group)
+            return {cls: frozenset(groups) for cls, groups in out.items()}
+        return dict(self.store.cached("catalog.trusted", load))
 
     def principal(self, principal_id: str) -> Principal | None:
         """The principal with revoked roles, grants, delegations and sessions taken away."""
         return self.principals_many([principal_id]).get(principal_id)
 
     def principals_many(self, principal_ids: Sequence[str]) -> dict[str, Principal]:
-        """`principal` for many ids in two statements; ids unknown or deleted are left out."""
-        ids = sorted(set(principal_ids))
+        """`principal` for many ids in two statements (none for ids the writer remembers); unknown or deleted left out.
+
+        Principals are frozen, so the writer hands the ones it remembers out as they are.
+        """
+        memo = self.store.cached("catalog.principals", dict)
+        missing = sorted({p for p in principal_ids if p not in memo})
+        found = self._principals(missing) if missing else {}
+        known = {pid: found.get(pid) if pid in missing else memo[pid] for pid in principal_ids}
+        remember(memo, {pid: found.get(pid) for pid in missing})
+        return {pid: principal for pid, principal in known.items() if principal is not None}
+
+    def _principals(self, ids: list[str]) -> dict[str, Principal]:
         rows = self.db.execute("SELECT id, roles, attributes, delegation_version FROM principals "
                                "WHERE id IN (SELECT unnest(?)) AND NOT deleted", [ids]).fetchall()
         if not rows:
@@ -268,7 +236,16 @@ class Catalog:
 
     def contract(self, decision_type: str, at: datetime | None = None) -> tuple[Contract, CompiledPolicy] | None:
         """The contract of a decision type and the bundle version governing it at `at` (see `governing`)."""
-        return self.contract_in(decision_type, versions_of(self.db, decision_type), at)
+        return self.contract_in(decision_type, self.versions(decision_type), at)
+
+    def versions(self, decision_type: str) -> list[tuple]:
+        """`versions_of` the decision type (remembered by the writer until a policy changes)."""
+        memo = self.store.cached("catalog.versions", dict)
+        rows = memo.get(decision_type)
+        if rows is None:
+            rows = versions_of(self.db, decision_type)
+            remember(memo, {decision_type: rows})
+        return rows
 
     def contract_in(self, decision_type: str, rows: list[tuple],
                     at: datetime | None) -> tuple[Contract, CompiledPolicy] | None:
@@ -292,7 +269,8 @@ class Catalog:
 
     def decision_types(self) -> Sequence[str]:
         """Every decision type in the current catalogue."""
-        return [r[0] for r in self.db.execute("SELECT decision_type FROM contracts ORDER BY 1").fetchall()]
+        return list(self.store.cached("catalog.decision_types", lambda: tuple(
+            r[0] for r in self.db.execute("SELECT decision_type FROM contracts ORDER BY 1").fetchall())))
 
     def candidates(self, entity_id: str, contract: Contract) -> Sequence[Resource]:
         """Resources of the entity whose class is accepted or whose claims touch the contract."""
@@ -312,10 +290,10 @@ class Catalog:
         # disjunction in the same WHERE it falls back to a full scan (16 ms at 100k resources).
         rows = self.db.execute(
             f"WITH e AS MATERIALIZED (SELECT * FROM resources WHERE {entity_filter}) "
-            f"SELECT {_RESOURCE_COLS} FROM e WHERE NOT deleted AND ("
+            f"SELECT {RESOURCE_COLS} FROM e WHERE NOT deleted AND ("
             "list_contains(?, evidence_class) OR list_has_any(supports, ?) OR list_has_any(contradicts, ?)) "
             "ORDER BY id", [entities, classes, props, props]).fetchall()
-        return [_resource_row(r) for r in rows]
+        return [resource_row(r) for r in rows]
 
 
 def _principal(pid: str, roles, attributes: str | None, version: int | None,
@@ -330,28 +308,6 @@ def _principal(pid: str, roles, attributes: str | None, version: int | None,
     attrs["revoked_sessions"] = sorted(v for k, v in revoked if k == "session")
     return Principal(id=pid, roles=tuple(r for r in roles or () if r not in gone_roles),
                      attributes=attrs, delegation_version=version or 0)
-
-
-def _resource_table(resources: Sequence[Resource]) -> pa.Table:
-    """Arrow rows in the column order of the resources table."""
-    strings = pa.list_(pa.string())
-    when = pa.timestamp("us", tz="UTC")
-    return pa.table({
-        "id": [r.id for r in resources], "version": pa.array([r.version for r in resources], pa.int64()),
-        "entity": [r.entity for r in resources], "evidence_class": [r.evidence_class for r in resources],
-        "tokens": pa.array([r.tokens for r in resources], pa.int64()), "title": [r.title for r in resources],
-        "content": [r.content for r in resources],
-        "supports": pa.array([list(r.supports) for r in resources], strings),
-        "contradicts": pa.array([list(r.contradicts) for r in resources], strings),
-        "valid_from": pa.array([r.valid_from for r in resources], when),
-        "valid_to": pa.array([r.valid_to for r in resources], when),
-        "superseded_by": pa.array([r.superseded_by for r in resources], pa.string()),
-        "provenance_group": pa.array([r.provenance_group for r in resources], pa.string()),
-        "sensitivity": [r.sensitivity for r in resources],
-        "attributes": [orjson.dumps(dict(r.attributes)).decode() for r in resources],
-        "deleted": pa.array([False] * len(resources), pa.bool_()),
-        "observed_at": pa.array([r.observed_at for r in resources], when),
-    })
 
 
 def _contract_doc(contract: Contract) -> dict:

@@ -18,6 +18,11 @@ _STRINGS = pa.list_(pa.string())
 
 Identity = SourceChange | Revocation  # a principal or entity change, or a revocation
 
+# What the writer's store remembers of these tables for the catalog (`Store.cached`); a write here drops it.
+PRINCIPAL_MEMO = ("catalog.principals",)
+ENTITY_MEMO = ("catalog.entity_matches", "catalog.entities_named")
+IDENTITY_MEMO = PRINCIPAL_MEMO + ENTITY_MEMO
+
 
 def apply_identities(store: Store, items: Sequence[Identity],
                      policy_texts: Callable[[], list[str]]) -> list[list[str] | None]:
@@ -73,12 +78,15 @@ def apply_identities(store: Store, items: Sequence[Identity],
                                                                                           pa.string()),
             "event_id": pa.array([r[5] for r in rows], pa.string()),
             "delegation_version": pa.array([r[6] for r in rows], pa.int64())}))
+    if changed_p or changed_r:
+        store.forget(*PRINCIPAL_MEMO)
     if changed_e:
         rows = [(eid, *entities[eid]) for eid in sorted(changed_e)]
         store.heads.remove_names()  # a name held for cached selects may resolve otherwise now
         store.insert_rows("entities", pa.table({
             "id": [r[0] for r in rows], "aliases": pa.array([list(r[1] or ()) for r in rows], _STRINGS),
             "deleted": pa.array([bool(r[2]) for r in rows], pa.bool_())}))
+        store.forget(*ENTITY_MEMO)
         store.heads_changed()
     return out
 

@@ -12,7 +12,6 @@ from compiler.policy import CompiledPolicy
 from schemas.records import Contract, Principal, Resource
 from schemas.timefmt import parse_instant
 from state.catalog import Catalog
-from state.policy_history import versions_of
 
 
 class CatalogSnapshot:
@@ -41,7 +40,7 @@ class CatalogSnapshot:
 
     def contract(self, decision_type: str, at: datetime | None = None) -> tuple[Contract, CompiledPolicy] | None:
         """As `Catalog.contract`, memoised per decision type and time."""
-        rows = self._get(("versions", decision_type), lambda: versions_of(self.catalog.db, decision_type))
+        rows = self._get(("versions", decision_type), lambda: self.catalog.versions(decision_type))
         return self._get(("contract", decision_type, at), lambda: self.catalog.contract_in(decision_type, rows, at))
 
     def policy_took_over(self, dep_key: str, request: dict | str, now: datetime | None) -> bool:
@@ -70,7 +69,7 @@ class CatalogSnapshot:
         return self._get(("candidates", entity_id, id(contract)), lambda: self.catalog.candidates(entity_id, contract))
 
     def entities_named(self, names: Sequence[str]) -> dict[str, list[str]]:
-        """As `Catalog.entities_named` (query text varies too much to memoise)."""
+        """As `Catalog.entities_named` (which the writer's store remembers by name)."""
         return self.catalog.entities_named(names)
 
     def trusted_sources(self) -> dict[str, frozenset[str]]:

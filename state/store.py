@@ -7,13 +7,15 @@ import logging
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import duckdb
-import orjson
 import pyarrow as pa
 
+from state.event_ids import claim_any, claim_scoped
 from state.head_cache import HeadCache
+from state.row_writes import UPDATE_ROWS, insert_rows, update_rows
+from state.store_migrations import migrate
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,6 @@ CREATE TABLE IF NOT EXISTS recompile_queue (plan_key VARCHAR PRIMARY KEY, src_to
   src_offset BIGINT);
 CREATE TABLE IF NOT EXISTS offsets (topic VARCHAR, partition INTEGER, next_offset BIGINT,
   PRIMARY KEY (topic, partition));
-CREATE TABLE IF NOT EXISTS offset_marks (topic VARCHAR, partition INTEGER, record_offset BIGINT, mark VARCHAR,
-  PRIMARY KEY (topic, partition));
 CREATE TABLE IF NOT EXISTS incarnation (id INTEGER PRIMARY KEY, cluster_id VARCHAR, epoch BIGINT,
   rebased_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS applied_events (topic VARCHAR, event_id VARCHAR, content_hash VARCHAR,
@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 """
 
 
-SMALL_INSERT_ROWS = 32  # up to this many rows are written as parameters, more through an Arrow scan
+_LATER = "CAST({record_offset} AS BIGINT) >= coalesce(record_offset, -1)"  # a mark of a later record (or the first)
 
 
 class Store:
@@ -88,13 +88,18 @@ class Store:
         # events per CPU second with one in the bench's A/B), and a worker pinned to one core has no second.
         self.db.execute("SET threads = 1")
         self.db.execute(_DDL)
-        self._migrate()
+        migrate(self.db)
         # Schema changes must not wait in the WAL: DuckDB (1.x) can fail to replay DDL with
         # defaults after a kill -9, and then the file does not open at all.
         self.db.execute("CHECKPOINT")
         self._depth = 0
         self.heads = HeadCache()  # shared with views: what cached selects read instead of the file
         self._heads_writer = True  # views read only: their transactions never publish the writer's changes
+        # The writer's copy of what it read or wrote and rarely changes (offsets, clock, incarnation,
+        # catalog lookups): each saves a statement per batch. Dropped whenever a transaction rolls
+        # back, so it never holds an uncommitted value past its transaction; None on views, which
+        # always read the file (they must never see the writer's uncommitted values).
+        self._memo: dict | None = {}
         self._moved = False  # offsets or incarnation written in the open transaction: published at commit
         self.heads.position = self.position()
 
@@ -106,59 +111,14 @@ class Store:
     def _moved_position(self) -> tuple[dict[str, dict[int, int]], str | None, int] | None:
         """The committed position, if offsets or incarnation moved since it was last published."""
         moved, self._moved = self._moved, False
-        return self.position() if moved else None
+        if not moved:
+            return None
+        # The writer remembers what it committed: no read (views never publish a position).
+        return (self.next_offsets(), *self.incarnation()) if self._memo is not None else self.position()
 
     def _position_moved(self) -> None:
         self._moved = True
         self.heads_changed()  # outside a transaction (autocommit) it is published at once
-
-    def _migrate(self) -> None:
-        """Bring files written by earlier versions up to the current schema."""
-        columns = {r[0] for r in self.db.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'outbox'").fetchall()}
-        if "standby" not in columns:
-            # Outboxes before scale-out hold only records due for publication.
-            self.db.execute("ALTER TABLE outbox ADD COLUMN src_topic VARCHAR; "
-                            "ALTER TABLE outbox ADD COLUMN src_partition INTEGER; "
-                            "ALTER TABLE outbox ADD COLUMN src_offset BIGINT; "
-                            "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; UPDATE outbox SET standby = false")
-        self._migrate_event_ids()
-        self._migrate_policy_versions()
-
-    def _migrate_event_ids(self) -> None:
-        """Event ids were once global: keep them as ids of every topic (topic '') with no known content."""
-        columns = {r[0] for r in self.db.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'applied_events'").fetchall()}
-        if "topic" in columns:
-            return
-        self.db.execute("ALTER TABLE applied_events RENAME TO applied_events_global; "
-                        "CREATE TABLE applied_events (topic VARCHAR, event_id VARCHAR, content_hash VARCHAR, "
-                        "PRIMARY KEY (topic, event_id)); "
-                        "INSERT INTO applied_events SELECT '', event_id, NULL FROM applied_events_global; "
-                        "DROP TABLE applied_events_global")
-
-    def _migrate_policy_versions(self) -> None:
-        """Files that kept only each bundle's latest version: that version becomes its first kept one.
-
-        Revocations recorded before they carried a delegation version apply as of the
-        principal's version at migration (fail closed: at least as long as before).
-        """
-        columns = {r[0] for r in self.db.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'revoked'").fetchall()}
-        if "delegation_version" not in columns:
-            self.db.execute("ALTER TABLE revoked ADD COLUMN delegation_version BIGINT; "
-                            "UPDATE revoked SET delegation_version = p.delegation_version FROM principals p "
-                            "WHERE p.id = revoked.principal")
-        missing = self.db.execute(
-            "SELECT bundle_id, version, effective_at, cedar FROM policy_bundles b WHERE NOT EXISTS ("
-            "SELECT 1 FROM policy_versions v WHERE v.bundle_id = b.bundle_id AND v.version = b.version)").fetchall()
-        for bundle_id, version, effective_at, cedar in missing:
-            rules = dict(self.db.execute("SELECT provenance_group, classes FROM source_rules WHERE bundle_id = ?",
-                                         [bundle_id]).fetchall())
-            self.db.execute("INSERT INTO policy_versions VALUES (?, ?, ?, ?, ?)",
-                            [bundle_id, version, effective_at, cedar, orjson.dumps(rules).decode()])
-            self.db.execute("INSERT INTO contract_versions SELECT bundle_id, ?, decision_type, body FROM contracts "
-                            "WHERE bundle_id = ?", [version, bundle_id])
 
     def view(self) -> "Store":
         """A second connection to the same file, for reads from another thread (committed state only)."""
@@ -166,6 +126,7 @@ class Store:
         other.db = self.db.cursor()
         other._depth = 0
         other._heads_writer = False
+        other._memo = None
         return other
 
     def close(self) -> None:
@@ -190,6 +151,7 @@ class Store:
             if self._heads_writer:
                 self._moved = False
                 self.heads.rolled_back()
+            self.forget()
             self.db.rollback()
             raise
         else:
@@ -201,67 +163,101 @@ class Store:
                 if self._heads_writer:
                     self._moved = False
                     self.heads.rolled_back()
+                self.forget()
                 raise
             if self._heads_writer:
                 self.heads.committed(self._moved_position())
         finally:
             self._depth = 0
 
+    # -- the writer's memo --------------------------------------------------------------
+
+    def cached(self, key: object, load: Callable[[], Any]) -> Any:
+        """`load()`, remembered under `key` on the writer until a rollback or `forget(key)` (views: always loaded)."""
+        memo = self._memo
+        if memo is None:
+            return load()
+        try:
+            return memo[key]
+        except KeyError:
+            value = memo[key] = load()
+            return value
+
+    def forget(self, *keys: object) -> None:
+        """Drop these remembered values (all of them without keys): the next use reads the file."""
+        if self._memo is None:
+            return
+        if not keys:
+            self._memo.clear()
+        for key in keys:
+            self._memo.pop(key, None)
+
     def insert_rows(self, table: str, rows: pa.Table, *, verb: str = "INSERT OR REPLACE INTO",
                     on_conflict: str = "", columns: bool = False) -> None:
-        """Write many rows in one statement (the hot paths batch through here); `columns`: name them."""
-        if rows.num_rows == 0:
-            return
-        target = f"{table} ({', '.join(rows.column_names)})" if columns else table
-        if rows.num_rows <= SMALL_INSERT_ROWS:
-            # A few rows: a parameterised statement costs half of registering an Arrow scan.
-            values = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
-            row = f"({', '.join('?' * rows.num_columns)})"
-            self.db.execute(f"{verb} {target} VALUES {', '.join([row] * rows.num_rows)} {on_conflict}",
-                            [v for value in zip(*values, strict=True) for v in value])
-            return
-        name = f"_rows_{table}"
-        self.db.register(name, rows)
-        try:
-            self.db.execute(f"{verb} {target} SELECT * FROM {name} {on_conflict}")
-        finally:
-            self.db.unregister(name)
+        """Write many rows in one statement (the hot paths batch through here; see `row_writes.insert_rows`)."""
+        insert_rows(self.db, table, rows, verb=verb, on_conflict=on_conflict, columns=columns)
+
+    def update_rows(self, table: str, keys: tuple[str, ...], values: tuple[str, ...], rows: list[tuple],
+                    assign: str) -> None:
+        """Update rows matched on `keys` in one statement (see `row_writes.update_rows`)."""
+        update_rows(self.db, table, keys, values, rows, assign)
 
     # -- offsets and idempotence -------------------------------------------------------
 
     def next_offsets(self) -> dict[str, dict[int, int]]:
         """For each input topic and partition, the next offset not yet applied."""
         out: dict[str, dict[int, int]] = {}
-        for topic, partition, nxt in self.db.execute("SELECT topic, partition, next_offset FROM offsets").fetchall():
+        for (topic, partition), nxt in self._offsets().items():
             out.setdefault(topic, {})[partition] = nxt
         return out
 
+    def _offsets(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> next offset (the writer's remembered copy: never mutate it on a view)."""
+        return self.cached("offsets", lambda: {(t, p): n for t, p, n in self.db.execute(
+            "SELECT topic, partition, next_offset FROM offsets").fetchall()})
+
     def save_offsets(self, offsets: dict[tuple[str, int], int],
                      marks: dict[tuple[str, int], tuple[int, str]] | None = None) -> None:
-        """Record many partitions' next offsets in one statement, with the mark of each last record read.
+        """Record many partitions' next offsets, with the mark of each last record read, in one statement.
 
         A mark (see `streams.incarnation.record_mark`) identifies the record at one offset, so
-        a later start can tell whether the broker still holds the topic these offsets belong to.
+        a later start can tell whether the broker still holds the topic these offsets belong to;
+        a mark never gives way to one of an earlier record. Partitions the writer knows to have
+        rows are updated in place: an upsert costs about twice an update in DuckDB.
         """
         if not offsets:
             return
-        rows = pa.table({"topic": [t for t, _ in offsets], "partition": pa.array([p for _, p in offsets], pa.int32()),
-                         "next_offset": list(offsets.values())})
-        self.insert_rows("offsets", rows, verb="INSERT INTO", on_conflict="ON CONFLICT (topic, partition) DO UPDATE "
-                         "SET next_offset = greatest(offsets.next_offset, excluded.next_offset)")
-        if marks:
-            rows = pa.table({"topic": [t for t, _ in marks], "partition": pa.array([p for _, p in marks], pa.int32()),
-                             "record_offset": pa.array([o for o, _ in marks.values()], pa.int64()),
-                             "mark": [m for _, m in marks.values()]})
-            self.insert_rows("offset_marks", rows, verb="INSERT INTO", on_conflict=(
-                "ON CONFLICT (topic, partition) DO UPDATE SET record_offset = excluded.record_offset, "
-                "mark = excluded.mark WHERE excluded.record_offset >= offset_marks.record_offset"))
+        marks = marks or {}
+        rows = [(t, p, nxt, *marks.get((t, p), (None, None))) for (t, p), nxt in offsets.items()]
+        known = self._offsets() if self._memo is not None else {}
+        old = [r for r in rows if (r[0], r[1]) in known]
+        if old and len(old) <= UPDATE_ROWS:
+            self.update_rows("offsets", ("topic", "partition"), ("next_offset", "record_offset", "mark"), old,
+                              "next_offset = greatest(next_offset, {next_offset}), "
+                              f"record_offset = CASE WHEN {_LATER} THEN {{record_offset}} ELSE record_offset END, "
+                              f"mark = CASE WHEN {_LATER} THEN {{mark}} ELSE mark END")
+            rows = [r for r in rows if (r[0], r[1]) not in known]
+        if rows:
+            self.insert_rows("offsets", pa.table({
+                "topic": [r[0] for r in rows], "partition": pa.array([r[1] for r in rows], pa.int32()),
+                "next_offset": pa.array([r[2] for r in rows], pa.int64()),
+                "record_offset": pa.array([r[3] for r in rows], pa.int64()),
+                "mark": pa.array([r[4] for r in rows], pa.string())}), verb="INSERT INTO", on_conflict=(
+                "ON CONFLICT (topic, partition) DO UPDATE SET "
+                "next_offset = greatest(offsets.next_offset, excluded.next_offset), "
+                "record_offset = CASE WHEN excluded.record_offset >= coalesce(offsets.record_offset, -1) "
+                "THEN excluded.record_offset ELSE offsets.record_offset END, "
+                "mark = CASE WHEN excluded.record_offset >= coalesce(offsets.record_offset, -1) "
+                "THEN excluded.mark ELSE offsets.mark END"))
+        if self._memo is not None:
+            for pos, nxt in offsets.items():
+                known[pos] = max(known.get(pos, nxt), nxt)
         self._position_moved()
 
     def offset_marks(self) -> dict[tuple[str, int], tuple[int, str]]:
         """(topic, partition) -> (offset, mark) of the last record applied there."""
         return {(t, p): (o, m) for t, p, o, m in self.db.execute(
-            "SELECT topic, partition, record_offset, mark FROM offset_marks").fetchall()}
+            "SELECT topic, partition, record_offset, mark FROM offsets WHERE mark IS NOT NULL").fetchall()}
 
     # -- broker incarnation ------------------------------------------------------------
 
@@ -279,12 +275,15 @@ class Store:
 
     def incarnation(self) -> tuple[str | None, int]:
         """(cluster id the recorded offsets belong to, rebase epoch); (None, 0) before the first record."""
-        row = self.db.execute("SELECT cluster_id, epoch FROM incarnation WHERE id = 0").fetchone()
-        return (row[0], row[1]) if row else (None, 0)
+        def load() -> tuple[str | None, int]:
+            row = self.db.execute("SELECT cluster_id, epoch FROM incarnation WHERE id = 0").fetchone()
+            return (row[0], row[1]) if row else (None, 0)
+        return self.cached("incarnation", load)
 
     def record_cluster(self, cluster_id: str) -> None:
         """Remember the cluster whose offsets this file records (first contact only)."""
         self.db.execute("INSERT INTO incarnation VALUES (0, ?, 0, NULL) ON CONFLICT (id) DO NOTHING", [cluster_id])
+        self.forget("incarnation")
         self._position_moved()
 
     def rebase(self, cluster_id: str, topics: list[str]) -> int:
@@ -298,8 +297,9 @@ class Store:
         self.db.execute("INSERT INTO incarnation VALUES (0, ?, ?, now()) ON CONFLICT (id) DO UPDATE SET "
                         "cluster_id = excluded.cluster_id, epoch = excluded.epoch, rebased_at = excluded.rebased_at",
                         [cluster_id, epoch])
-        for table in ("offsets", "offset_marks"):
-            self.db.execute(f"DELETE FROM {table} WHERE topic IN (SELECT unnest(?))", [topics])
+        self.forget("incarnation")
+        self.db.execute("DELETE FROM offsets WHERE topic IN (SELECT unnest(?))", [topics])
+        self.forget("offsets")
         if "plans" in topics:
             self.db.execute("DELETE FROM plan_feed")
         # What old events caused but no owner published yet goes out now: a repeat is harmless,
@@ -318,38 +318,16 @@ class Store:
         """
         if not events:
             return []
-        ids = list({e for _, e, _ in events})
-        known: dict[tuple[str, str], str | None] = {}
-        legacy: set[str] = set()
-        for topic, event_id, digest in self.db.execute(
-                "SELECT topic, event_id, content_hash FROM applied_events WHERE event_id IN (SELECT unnest(?)) "
-                "AND topic IN (SELECT unnest(?))", [ids, list({t for t, _, _ in events} | {""})]).fetchall():
-            if topic == "":
-                legacy.add(event_id)
-            else:
-                known[(topic, event_id)] = digest
-        verdicts: list[str] = []
-        new: list[tuple[str, str, str]] = []
-        for topic, event_id, digest in events:
-            if (topic, event_id) not in known and event_id not in legacy:
-                known[(topic, event_id)] = digest
-                new.append((topic, event_id, digest))
-                verdicts.append("new")
-            elif event_id in legacy and (topic, event_id) not in known:
-                verdicts.append("duplicate")
-            else:
-                verdicts.append("duplicate" if known[(topic, event_id)] == digest else "conflict")
-        rows = pa.table({"topic": [t for t, _, _ in new], "event_id": [e for _, e, _ in new],
-                         "content_hash": [d for _, _, d in new]})
-        self.insert_rows("applied_events", rows, verb="INSERT INTO")
-        return verdicts
+        if self._memo is not None and not self.cached("legacy_event_ids", lambda: self.db.execute(
+                "SELECT count(*) > 0 FROM applied_events WHERE topic = ''").fetchone()[0]):
+            return claim_scoped(self.db, events)
+        return claim_any(self.db, events)
 
     # -- clock -------------------------------------------------------------------------
 
     def now(self) -> datetime | None:
         """The service's event-time now: the latest tick applied on any clock partition."""
-        row = self.db.execute("SELECT max(now) FROM clock").fetchone()
-        return row[0] if row else None
+        return max(self._clocks().values(), default=None)
 
     def advance_clock(self, instant: datetime, partition: int = 0) -> bool | None:
         """Record a tick of one clock partition.
@@ -358,22 +336,27 @@ class Store:
         when it would move the partition backwards (ticks on different partitions may
         interleave in any order, so only a partition's own history can call a tick stale).
         """
-        row = self.db.execute("SELECT now FROM clock WHERE id = ?", [partition]).fetchone()
-        if row is not None and instant <= row[0]:
-            return False if instant == row[0] else None
+        last = self._clocks().get(partition)
+        if last is not None and instant <= last:
+            return False if instant == last else None
         self.db.execute("INSERT INTO clock VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET now = excluded.now",
                         [partition, instant])
+        self.forget("clocks")  # read back as DuckDB returns it (in UTC), not as the tick spelled it
         return True
 
     def clocks(self) -> dict[int, datetime]:
         """Each clock partition's last tick (a batch of ticks plays over these, then `set_clocks`)."""
-        return dict(self.db.execute("SELECT id, now FROM clock").fetchall())
+        return dict(self._clocks())
+
+    def _clocks(self) -> dict[int, datetime]:
+        return self.cached("clocks", lambda: dict(self.db.execute("SELECT id, now FROM clock").fetchall()))
 
     def set_clocks(self, ticks: dict[int, datetime]) -> None:
         """Record clock partitions' new last ticks in one statement (their order was checked by the caller)."""
         if ticks:
             self.insert_rows("clock", pa.table({"id": pa.array(list(ticks), pa.int32()),
                                                 "now": pa.array(list(ticks.values()), pa.timestamp("us", tz="UTC"))}))
+            self.forget("clocks")
 
     # -- counters ----------------------------------------------------------------------
 
@@ -382,9 +365,21 @@ class Store:
         counts = {k: v for k, v in counts.items() if v}
         if not counts:
             return
-        rows = pa.table({"name": list(counts), "value": list(counts.values())})
-        self.insert_rows("counters", rows, verb="INSERT INTO",
-                         on_conflict="ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value")
+        names = self.cached("counter_names", lambda: {r[0] for r in self.db.execute(
+            "SELECT name FROM counters").fetchall()}) if self._memo is not None else set()
+        new = {k: v for k, v in counts.items() if k not in names}
+        if len(counts) - len(new) > UPDATE_ROWS:
+            new = counts
+        if len(new) < len(counts):
+            # The usual batch bumps counters that exist: an update costs half an upsert.
+            self.update_rows("counters", ("name",), ("value",),
+                              [(k, v) for k, v in counts.items() if k not in new], "value = value + {value}")
+        if new:
+            rows = pa.table({"name": list(new), "value": list(new.values())})
+            self.insert_rows("counters", rows, verb="INSERT INTO",
+                             on_conflict="ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value")
+            if self._memo is not None:
+                names.update(new)
 
     def counters(self) -> dict[str, int]:
         """Every counter with its value."""

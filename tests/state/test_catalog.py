@@ -185,3 +185,80 @@ def test_entity_names_and_source_trust_announce_what_plans_depend_on(state):
     keys = apply(state, "policy-versions", dict(first, event_id="v3", version=3,
                                                 sources={"credit-committee": ["approved_waiver"]}))
     assert not any(k.startswith("trust:") for k in keys)  # the same rules: nobody's trust changed
+
+
+class Boom(Exception):
+    pass
+
+
+def _rolled_back(st: LocalState, topic: str, event: dict, read) -> object:
+    """Apply an event and read through the catalog inside a transaction that then rolls back."""
+    payload = decode(topic, None, orjson.dumps(event)).payload
+    with pytest.raises(Boom), st.store.transaction():
+        if topic == "policy-versions":
+            st.catalog.apply_policy(payload)
+        elif topic == "revocations":
+            st.catalog.apply_revocation(payload)
+        else:
+            st.catalog.apply_source_change(payload)
+        seen = read()
+        raise Boom
+    return seen
+
+
+def test_catalog_lookups_the_writer_remembers_never_outlive_a_rolled_back_transaction(state):
+    cinder = {"event_id": "e-cinder", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z", "kind": "entity",
+              "op": "upsert", "entity": {"id": "CINDER-CA-03", "aliases": ["Cinder Foods"]}}
+    names = (["cinder foods"], ["Cinder Foods"])
+    assert (state.catalog.entities_named(names[0]), state.catalog.entity_matches_many(names[1])) == (
+        {}, {"Cinder Foods": []})
+    assert _rolled_back(state, "source-changes", cinder, lambda: (
+        state.catalog.entities_named(names[0]), state.catalog.entity_matches_many(names[1]))) == (
+        {"cinder foods": ["CINDER-CA-03"]}, {"Cinder Foods": ["CINDER-CA-03"]})
+    assert (state.catalog.entities_named(names[0]), state.catalog.entity_matches_many(names[1])) == (
+        {}, {"Cinder Foods": []})
+
+    first = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    before = (state.catalog.trusted_sources(), state.catalog.decision_types(),
+              state.catalog.versions("credit.review.continuation"))
+    v2 = dict(first, event_id="v2", version=2, sources={"credit-committee": ["approved_waiver"]},
+              decision_types=dict(first["decision_types"],
+                                  **{"credit.other": first["decision_types"]["credit.review.continuation"]}))
+    inside = _rolled_back(state, "policy-versions", v2, lambda: (
+        state.catalog.trusted_sources(), state.catalog.decision_types(),
+        state.catalog.versions("credit.review.continuation")))
+    assert inside != before and "credit.other" in inside[1]
+    assert (state.catalog.trusted_sources(), state.catalog.decision_types(),
+            state.catalog.versions("credit.review.continuation")) == before
+
+    maya = state.catalog.principal("maya")
+    assert maya is not None and "credit_analyst" in maya.roles
+    assert "credit_analyst" not in _rolled_back(state, *revoke_role("maya", "credit_analyst"),
+                                                lambda: state.catalog.principal("maya").roles)
+    assert "credit_analyst" in state.catalog.principal("maya").roles
+
+
+def test_a_reader_never_sees_catalog_writes_the_writer_has_not_committed(state):
+    reader = state.reader()
+    assert reader.catalog.entities_named(["cinder foods"]) == {}
+    with state.store.transaction():
+        apply(state, "source-changes", {"event_id": "e-cinder", "schema_version": 1,
+                                        "occurred_at": "2026-08-30T00:00:00Z", "kind": "entity", "op": "upsert",
+                                        "entity": {"id": "CINDER-CA-03", "aliases": ["Cinder Foods"]}})
+        assert state.catalog.entities_named(["cinder foods"]) == {"cinder foods": ["CINDER-CA-03"]}
+        assert reader.catalog.entities_named(["cinder foods"]) == {}
+    assert reader.catalog.entities_named(["cinder foods"]) == {"cinder foods": ["CINDER-CA-03"]}
+
+
+def test_a_resource_written_in_a_rolled_back_transaction_is_written_again_whole(state):
+    assert apply(state, *resource("w", version=3, content="v3")) is not None
+    contract, _ = state.catalog.contract("credit.review.continuation")
+    assert _rolled_back(state, *resource("w", version=4, content="v4"), lambda: [
+        r.content for r in state.catalog.candidates("ATLAS-IN-01", contract) if r.id == "w"]) == ["v4"]
+    assert _rolled_back(state, *resource("w2", version=1, content="new"), lambda: [
+        r.content for r in state.catalog.candidates("ATLAS-IN-01", contract) if r.id == "w2"]) == ["new"]
+    assert apply(state, *resource("w", version=4, content="v4 again")) is not None  # not "older than stored"
+    assert apply(state, *resource("w2", version=1, content="new again")) is not None
+    assert {r.id: r.content for r in state.catalog.candidates("ATLAS-IN-01", contract) if r.id in ("w", "w2")} == {
+        "w": "v4 again", "w2": "new again"}
+    assert apply(state, *resource("w", version=4, content="repeat")) is None

@@ -37,3 +37,10 @@ def test_replacing_a_plan_keys_edges_drops_the_old_ones(index):
     index.drop_many(["pk-7", "pk-6"])
     assert index.affected_pairs(["principal:m", "resource:r7"]) == []
     assert len(index.affected_pairs(["policy:p"])) == 1_198
+
+
+def test_edges_written_from_lists_or_through_arrow_are_the_same(index, monkeypatch):
+    monkeypatch.setattr(dependency_index, "LIST_INSERT", 2)
+    index.replace_many({"pk-7": ["principal:m", "policy:p", "resource:x"], "pk-9000": ["principal:m"]})
+    assert sorted(index.affected_pairs(["principal:m", "resource:x"])) == [
+        ("pk-7", "principal:m"), ("pk-7", "resource:x"), ("pk-9000", "principal:m")]

@@ -61,3 +61,15 @@ def test_a_plan_dependencies_record_too_large_with_its_receipt_goes_out_whole_wi
     [(_, topic, _, value)] = state.outbox.pending()
     assert topic == "plan-dependencies" and orjson.loads(value) == plan  # whole (restorable), without the receipt
     state.close()
+
+
+def test_records_are_queued_in_order_whether_few_or_many(tmp_path):
+    state = LocalState.open(tmp_path / "f.duckdb")
+    few, many = _rows(3), [("out", f"m{i}".encode(), f"w{i}".encode()) for i in range(40)]
+    state.outbox.add_many(few, [("clock", 0, 1), None, ("clock", 0, 2)], standby=True)
+    state.outbox.add_many(many)
+    state.outbox.add_many(few[:1])
+    assert [v for *_, v in state.outbox.pending()] == [b"v1"] + [v for *_, v in many] + [b"v0"]  # no source: due
+    assert state.outbox.promote("clock", 0, 1, 2) == 2
+    assert [v for *_, v in state.outbox.pending()] == [b"v0", b"v1", b"v2"] + [v for *_, v in many] + [b"v0"]
+    state.close()

@@ -127,3 +127,87 @@ def test_position_is_the_offsets_and_incarnation_in_one_read(store):
         store.save_offsets({("revocations", 0): 9, ("source-changes", 1): 3, ("source-changes", 0): 4})
     assert store.position() == ({"revocations": {0: 9}, "source-changes": {0: 4, 1: 3}}, "c1", 0)
     assert store.position() == (store.next_offsets(), *store.incarnation())
+
+
+class Boom(Exception):
+    pass
+
+
+def test_nothing_the_writer_remembers_from_a_rolled_back_transaction_survives_it(store):
+    from datetime import datetime, timezone
+    t0, t1 = datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 1, 2, tzinfo=timezone.utc)
+    with store.transaction():
+        store.record_cluster("c1")
+        store.set_clocks({0: t0})
+        store.save_offsets({("a", 0): 1}, {("a", 0): (0, "m0")})
+        store.bump_many({"seen": 1})
+    with pytest.raises(Boom), store.transaction():
+        store.rebase("c2", ["a"])
+        store.set_clocks({0: t1})
+        store.save_offsets({("a", 0): 7, ("b", 0): 3}, {("a", 0): (6, "m6"), ("b", 0): (2, "m2")})
+        store.bump_many({"seen": 1, "fresh": 2})
+        assert (store.incarnation(), store.now(), store.next_offsets()) == (("c2", 1), t1, {"a": {0: 7}, "b": {0: 3}})
+        raise Boom
+    assert (store.incarnation(), store.now(), store.next_offsets()) == (("c1", 0), t0, {"a": {0: 1}})
+    # Rows the rolled-back transaction created are written again, not updated in place (a no-op).
+    with store.transaction():
+        store.save_offsets({("b", 0): 4}, {("b", 0): (3, "m3")})
+        store.bump_many({"fresh": 5})
+    assert store.offset_marks() == {("a", 0): (0, "m0"), ("b", 0): (3, "m3")}
+    assert store.counters() == {"fresh": 5, "seen": 1}
+    assert store.db.execute("SELECT topic, next_offset FROM offsets ORDER BY 1").fetchall() == [("a", 1), ("b", 4)]
+
+
+def test_a_view_reads_committed_offsets_clock_and_incarnation_while_the_writer_holds_newer(store):
+    from datetime import datetime, timezone
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    view = store.view()
+    with store.transaction():
+        store.record_cluster("c1")
+        store.set_clocks({0: t0})
+        store.save_offsets({("a", 0): 1})
+        assert (store.incarnation(), store.now(), store.next_offsets()) == (("c1", 0), t0, {"a": {0: 1}})
+        assert (view.incarnation(), view.now(), view.next_offsets()) == ((None, 0), None, {})
+    assert (view.incarnation(), view.now(), view.next_offsets()) == (("c1", 0), t0, {"a": {0: 1}})
+
+
+def test_offsets_marks_and_counters_in_place_keep_their_rules(store):
+    with store.transaction():
+        store.save_offsets({("a", 0): 5, ("a", 1): 2}, {("a", 0): (4, "m4"), ("a", 1): (1, "m1")})
+        store.bump_many({"x": 1, "y": 1})
+    with store.transaction():  # both partitions known now: updated in place, never moved back
+        store.save_offsets({("a", 0): 3, ("a", 1): 9}, {("a", 0): (2, "m2"), ("a", 1): (8, "m8")})
+        store.bump_many({"x": 2, "y": 3, "z": 1})
+    assert store.next_offsets() == {"a": {0: 5, 1: 9}}
+    assert store.offset_marks() == {("a", 0): (4, "m4"), ("a", 1): (8, "m8")}
+    assert store.counters() == {"x": 3, "y": 4, "z": 1}
+
+
+def test_a_large_batch_of_event_ids_is_claimed_like_a_small_one(store):
+    with store.transaction():
+        assert store.claim_events([("t", f"e{i}", "h") for i in range(20)]) == ["new"] * 20
+    batch = [("t", f"e{i}", "h" if i % 2 else "x") for i in range(10, 50)] + [("t", "e45", "h"), ("t", "e46", "y")]
+    with store.transaction():
+        verdicts = store.claim_events(batch)
+    expected = ["duplicate" if i % 2 else "conflict" for i in range(10, 20)] + ["new"] * 30 + ["duplicate", "conflict"]
+    assert verdicts == expected
+
+
+def test_a_file_with_marks_in_their_own_table_keeps_them_beside_its_offsets(tmp_path):
+    path = tmp_path / "f.duckdb"
+    old = duckdb.connect(str(path))
+    old.execute("CREATE TABLE offsets (topic VARCHAR, partition INTEGER, next_offset BIGINT, "
+                "PRIMARY KEY (topic, partition)); INSERT INTO offsets VALUES ('a', 0, 5), ('a', 1, 2); "
+                "CREATE TABLE offset_marks (topic VARCHAR, partition INTEGER, record_offset BIGINT, mark VARCHAR, "
+                "PRIMARY KEY (topic, partition)); INSERT INTO offset_marks VALUES ('a', 0, 4, 'm4')")
+    old.close()
+    store = Store(path)
+    try:
+        assert store.next_offsets() == {"a": {0: 5, 1: 2}}
+        assert store.offset_marks() == {("a", 0): (4, "m4")}
+        with store.transaction():
+            store.save_offsets({("a", 0): 6, ("a", 1): 3}, {("a", 0): (3, "old"), ("a", 1): (2, "m2")})
+        assert store.offset_marks() == {("a", 0): (4, "m4"), ("a", 1): (2, "m2")}
+        assert not store.db.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'offset_marks'").fetchone()
+    finally:
+        store.close()

@@ -1,0 +1,141 @@
+"""Resource upserts and deletes applied in bulk, and resources as rows: what the writer remembers needs no read."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import orjson
+import pyarrow as pa
+
+from compiler import dependency_keys as dk
+from schemas.errors import InvalidEvent
+from schemas.records import Resource, SourceChange
+from state.row_writes import SMALL_INSERT_ROWS, insert_values
+from state.store import Store
+
+MEMO_ENTRIES = 20_000  # entries of one remembered lookup before it starts over
+UPDATE_RESOURCES = 8  # stored resources one batch updates in place; more are upserted (16 columns of CASE each)
+
+RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
+                 "valid_from, valid_to, superseded_by, provenance_group, sensitivity, attributes, observed_at")
+
+_RESOURCE_TYPES = {"version": "BIGINT", "entity": "VARCHAR", "evidence_class": "VARCHAR", "tokens": "BIGINT",
+                   "title": "VARCHAR", "content": "VARCHAR", "supports": "VARCHAR[]", "contradicts": "VARCHAR[]",
+                   "valid_from": "TIMESTAMPTZ", "valid_to": "TIMESTAMPTZ", "superseded_by": "VARCHAR",
+                   "provenance_group": "VARCHAR", "sensitivity": "VARCHAR", "attributes": "VARCHAR",
+                   "deleted": "BOOLEAN", "observed_at": "TIMESTAMPTZ"}
+
+
+def resource_row(row: tuple) -> Resource:
+    """A resource from a row of `RESOURCE_COLS`."""
+    (rid, version, entity, cls, tokens, title, content, supports, contradicts, vf, vt, sup_by, group,
+     sensitivity, attributes, observed_at) = row
+    return Resource(id=rid, version=version, entity=entity, evidence_class=cls, tokens=tokens,
+                    title=title or "", content=content or "", supports=tuple(supports or ()),
+                    contradicts=tuple(contradicts or ()), valid_from=vf, valid_to=vt,
+                    superseded_by=sup_by, provenance_group=group, sensitivity=sensitivity or "internal",
+                    attributes=orjson.loads(attributes or "{}"), observed_at=observed_at)
+
+
+def apply_resources(store: Store, changes: Sequence[SourceChange],
+                    rules: dict[str, set[str]]) -> list[list[str] | InvalidEvent | None]:
+    """Apply resource upserts and deletes in order with one read and one write; keys per change.
+
+    A change is None when it is older than what is stored, and an InvalidEvent when its
+    source may not assert its evidence class (the bundles' `sources` rules).
+    """
+    # id -> (version, deleted, entity, evidence_class, supports, contradicts) of rows the writer
+    # read or wrote: a resource edited again (a hot one) needs no read. Only this path writes resources.
+    known = store.cached("catalog.resources", dict)
+    ids = {c.record_id for c in changes}
+    current: dict[str, tuple] = {i: known[i] for i in ids if i in known}
+    if len(current) < len(ids):
+        current.update((r[0], r[1:]) for r in store.db.execute(
+            "SELECT id, version, deleted, entity, evidence_class, supports, contradicts FROM resources "
+            "WHERE id IN (SELECT unnest(?))", [sorted(ids - set(current))]).fetchall())
+    stored = set(current)
+    written: dict[str, Resource | None] = {}
+    out: list[list[str] | InvalidEvent | None] = []
+    for change in changes:
+        old = current.get(change.record_id)
+        keys = [dk.resource(change.record_id)]
+        if old is not None:
+            keys += dk.scope_keys(old[2], old[3], list(old[4] or ()) + list(old[5] or ()))
+        new: Resource | None = change.record  # type: ignore[assignment]
+        if new is None:
+            if old is None or old[1]:
+                out.append(None)
+                continue
+            current[change.record_id] = (old[0], True) + old[2:]
+            written[change.record_id] = None
+            out.append(keys)
+            continue
+        if old is not None and new.version <= old[0]:
+            out.append(None)
+            continue
+        allowed = rules.get(new.provenance_group or "")
+        if allowed is not None and new.evidence_class not in allowed:
+            out.append(InvalidEvent("class_not_allowed_for_source", "the resource's provenance_group may not "
+                                    "assert its evidence_class (see the policy bundle's sources); "
+                                    "the resource is not applied"))
+            continue
+        current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts)
+        written[new.id] = new
+        out.append(keys + dk.scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts))
+    upserts = [r for r in written.values() if r is not None]
+    _write(store, [r for r in upserts if r.id not in stored], [r for r in upserts if r.id in stored])
+    deletes = [rid for rid, r in written.items() if r is None]
+    if deletes:
+        store.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
+    remember(known, {rid: current[rid] for rid in set(current) & ids})
+    return out
+
+
+def _write(store: Store, new: list[Resource], stored: list[Resource]) -> None:
+    """Insert new resources and update stored ones in place: a few rows' upsert costs several times either."""
+    if len(stored) > UPDATE_RESOURCES:
+        store.insert_rows("resources", resource_table(new + stored))
+        return
+    if len(new) > SMALL_INSERT_ROWS:
+        store.insert_rows("resources", resource_table(new), verb="INSERT INTO")
+    elif new:
+        insert_values(store.db, "resources", [_values(r) for r in new], verb="INSERT INTO")
+    if stored:
+        store.update_rows("resources", ("id",), tuple(_RESOURCE_TYPES), [_values(r) for r in stored],
+                          ", ".join(f"{c} = CAST({{{c}}} AS {t})" for c, t in _RESOURCE_TYPES.items()))
+
+
+def _values(r: Resource) -> tuple:
+    """A resource's row in the column order of the resources table (as `resource_table`)."""
+    return (r.id, r.version, r.entity, r.evidence_class, r.tokens, r.title, r.content, list(r.supports),
+            list(r.contradicts), r.valid_from, r.valid_to, r.superseded_by, r.provenance_group, r.sensitivity,
+            orjson.dumps(dict(r.attributes)).decode(), False, r.observed_at)
+
+
+def resource_table(resources: Sequence[Resource]) -> pa.Table:
+    """Arrow rows in the column order of the resources table."""
+    strings = pa.list_(pa.string())
+    when = pa.timestamp("us", tz="UTC")
+    return pa.table({
+        "id": [r.id for r in resources], "version": pa.array([r.version for r in resources], pa.int64()),
+        "entity": [r.entity for r in resources], "evidence_class": [r.evidence_class for r in resources],
+        "tokens": pa.array([r.tokens for r in resources], pa.int64()), "title": [r.title for r in resources],
+        "content": [r.content for r in resources],
+        "supports": pa.array([list(r.supports) for r in resources], strings),
+        "contradicts": pa.array([list(r.contradicts) for r in resources], strings),
+        "valid_from": pa.array([r.valid_from for r in resources], when),
+        "valid_to": pa.array([r.valid_to for r in resources], when),
+        "superseded_by": pa.array([r.superseded_by for r in resources], pa.string()),
+        "provenance_group": pa.array([r.provenance_group for r in resources], pa.string()),
+        "sensitivity": [r.sensitivity for r in resources],
+        "attributes": [orjson.dumps(dict(r.attributes)).decode() for r in resources],
+        "deleted": pa.array([False] * len(resources), pa.bool_()),
+        "observed_at": pa.array([r.observed_at for r in resources], when),
+    })
+
+
+def remember(memo: dict, found: dict) -> None:
+    """Add lookups to a remembered map, starting it over past MEMO_ENTRIES (a miss only costs a read)."""
+    if len(memo) + len(found) > MEMO_ENTRIES:
+        memo.clear()
+    memo.update(found)

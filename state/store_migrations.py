@@ -1,0 +1,70 @@
+"""Bring DuckDB files written by earlier versions up to the store's current schema."""
+
+from __future__ import annotations
+
+import duckdb
+import orjson
+
+
+def migrate(db: duckdb.DuckDBPyConnection) -> None:
+    """Bring files written by earlier versions up to the current schema."""
+    columns = {r[0] for r in db.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'outbox'").fetchall()}
+    if "standby" not in columns:
+        # Outboxes before scale-out hold only records due for publication.
+        db.execute("ALTER TABLE outbox ADD COLUMN src_topic VARCHAR; "
+                   "ALTER TABLE outbox ADD COLUMN src_partition INTEGER; "
+                   "ALTER TABLE outbox ADD COLUMN src_offset BIGINT; "
+                   "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; UPDATE outbox SET standby = false")
+    _event_ids(db)
+    _policy_versions(db)
+    _offset_marks(db)
+
+
+def _event_ids(db: duckdb.DuckDBPyConnection) -> None:
+    """Event ids were once global: keep them as ids of every topic (topic '') with no known content."""
+    columns = {r[0] for r in db.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'applied_events'").fetchall()}
+    if "topic" in columns:
+        return
+    db.execute("ALTER TABLE applied_events RENAME TO applied_events_global; "
+               "CREATE TABLE applied_events (topic VARCHAR, event_id VARCHAR, content_hash VARCHAR, "
+               "PRIMARY KEY (topic, event_id)); "
+               "INSERT INTO applied_events SELECT '', event_id, NULL FROM applied_events_global; "
+               "DROP TABLE applied_events_global")
+
+
+def _policy_versions(db: duckdb.DuckDBPyConnection) -> None:
+    """Files that kept only each bundle's latest version: that version becomes its first kept one.
+
+    Revocations recorded before they carried a delegation version apply as of the
+    principal's version at migration (fail closed: at least as long as before).
+    """
+    columns = {r[0] for r in db.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'revoked'").fetchall()}
+    if "delegation_version" not in columns:
+        db.execute("ALTER TABLE revoked ADD COLUMN delegation_version BIGINT; "
+                   "UPDATE revoked SET delegation_version = p.delegation_version FROM principals p "
+                   "WHERE p.id = revoked.principal")
+    missing = db.execute(
+        "SELECT bundle_id, version, effective_at, cedar FROM policy_bundles b WHERE NOT EXISTS ("
+        "SELECT 1 FROM policy_versions v WHERE v.bundle_id = b.bundle_id AND v.version = b.version)").fetchall()
+    for bundle_id, version, effective_at, cedar in missing:
+        rules = dict(db.execute("SELECT provenance_group, classes FROM source_rules WHERE bundle_id = ?",
+                                [bundle_id]).fetchall())
+        db.execute("INSERT INTO policy_versions VALUES (?, ?, ?, ?, ?)",
+                   [bundle_id, version, effective_at, cedar, orjson.dumps(rules).decode()])
+        db.execute("INSERT INTO contract_versions SELECT bundle_id, ?, decision_type, body FROM contracts "
+                   "WHERE bundle_id = ?", [version, bundle_id])
+
+
+def _offset_marks(db: duckdb.DuckDBPyConnection) -> None:
+    """Marks once had a table of their own: they move beside their offsets, written in the same statement."""
+    columns = {r[0] for r in db.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'offsets'").fetchall()}
+    if "mark" in columns:
+        return
+    db.execute("ALTER TABLE offsets ADD COLUMN record_offset BIGINT; ALTER TABLE offsets ADD COLUMN mark VARCHAR")
+    if db.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'offset_marks'").fetchone():
+        db.execute("UPDATE offsets SET record_offset = m.record_offset, mark = m.mark FROM offset_marks m "
+                   "WHERE offsets.topic = m.topic AND offsets.partition = m.partition; DROP TABLE offset_marks")

@@ -1,0 +1,58 @@
+"""Plans, heads and receipts: few or many at a time, new or stored before, the same rows."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+import pytest
+
+from state import plan_store
+from state.local_state import LocalState
+
+AT = datetime(2026, 8, 30, tzinfo=timezone.utc)
+
+
+def _plan(plan_id: str, key: str, receipt: str) -> SimpleNamespace:
+    request = SimpleNamespace(live=True, as_dict=lambda: {"entity": key})
+    return SimpleNamespace(plan_id=plan_id, plan_key=key, request=request, valid_until=AT, plan={"id": plan_id},
+                           receipt_id=receipt, receipt={"receipt_id": receipt})
+
+
+def _rows(state: LocalState) -> tuple:
+    db = state.store.db
+    return (db.execute("SELECT plan_id, plan_key, status, reason, successor_plan_id, invalidated_at FROM plans "
+                       "ORDER BY 1").fetchall(),
+            db.execute("SELECT * FROM plan_heads ORDER BY 1").fetchall(),
+            db.execute("SELECT receipt_id, plan_id FROM receipts ORDER BY 1").fetchall(),
+            db.execute("SELECT plan_id, reason, successor_plan_id FROM plan_history ORDER BY seq").fetchall())
+
+
+def _flip_flop(state: LocalState) -> tuple:
+    plans = state.plans
+    with state.store.transaction():
+        plans.save_many([_plan("A", "k1", "rA"), _plan("X", "k2", "rX")], AT)
+    with state.store.transaction():
+        plans.invalidate_many([("A", "resource_changed", {"e": 1}, "B")], AT)
+        plans.save_many([_plan("B", "k1", "rB")], AT)
+    with state.store.transaction():  # back to A: its row, head and receipt were stored before
+        plans.invalidate_many([("B", "resource_changed", {"e": 2}, "A"), ("X", "policy_changed", {}, None)], AT)
+        plans.save_many([_plan("A", "k1", "rA"), _plan("Y", "k3", "rY")], AT)
+    return _rows(state)
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_a_plan_id_compiled_again_is_fresh_again_with_its_head_whichever_way_it_is_written(tmp_path, monkeypatch,
+                                                                                        small):
+    if not small:
+        monkeypatch.setattr(plan_store, "SMALL_INSERT_ROWS", 0)  # every write as the many-plans upserts
+    state = LocalState.open(tmp_path / "f.duckdb")
+    try:
+        plans, heads, receipts, history = _flip_flop(state)
+    finally:
+        state.close()
+    assert plans == [("A", "k1", "fresh", None, None, None), ("B", "k1", "invalidated", "resource_changed", "A", AT),
+                     ("X", "k2", "invalidated", "policy_changed", None, AT), ("Y", "k3", "fresh", None, None, None)]
+    assert heads == [("k1", "A", True, AT), ("k2", "X", True, AT), ("k3", "Y", True, AT)]
+    assert receipts == [("rA", "A"), ("rB", "B"), ("rX", "X"), ("rY", "Y")]
+    assert history == [("A", "resource_changed", "B"), ("B", "resource_changed", "A"), ("X", "policy_changed", None)]
