@@ -170,18 +170,22 @@ def next_steps(result: dict) -> list[str]:
     compile_share = shares.get("compiling (passes 1-6, incl. catalog reads)", 0)
     steps = []
     if any(m.startswith(("events/s per worker", "subscriber p99")) for m in missed):
-        steps.append(f"Recompiling dominates the apply path ({compile_share:.0%} of it here): one Cedar batch per "
-                     "apply batch, entity documents built once, repeated changes to one plan coalesced (step 4).")
+        steps.append(f"The writer thread is the bottleneck of the apply path (compiling is {compile_share:.0%} of it "
+                     "here): a small batch still costs about 17 DuckDB statements and a commit, and promoting, "
+                     "forgetting what was sent and parking this worker's own plan-dependencies records are "
+                     "transactions of their own on the same thread; fold them into the apply transaction (step 4).")
     if any(m.startswith("select p99") for m in missed):
-        steps.append("Cached selects wait behind applying and compiling on the HTTP event loop: run those in a "
-                     "worker thread or process with their own DuckDB cursor, or slice them (step 4).")
+        steps.append("A cached select reads no DuckDB (the head cache): its tail is the event loop waiting for the "
+                     "interpreter lock and a core while the writer applies; serve HTTP from a process of its own, or "
+                     "move the writer's long native calls (Cedar batches) out of the process (step 4).")
     if any(m.startswith("100,000-plan") for m in missed):
         steps.append("Fan-out time grows with the plans handled one by one before the announcements go out; build "
                      "large fan-outs column-wise and publish them in pre-built batches (step 4).")
     if any(m.startswith(("total recompilations", "recompilations of the busiest", "events/s, 2 workers"))
            for m in missed):
-        steps.append("Every worker recompiles every plan, so a second worker adds no capacity: own plans by the "
-                     "partition of their entity and recompile only owned plans (step 2).")
+        steps.append("Plans are owned by partition, but every worker still applies every event to its replicated "
+                     "catalog (most of a worker's CPU once recompiling is split), and on two cores the broker and "
+                     "the bench share the pinned cores: make the replicated apply cheaper than decode (step 2).")
     if any(m.startswith("take-over of") for m in missed):
         phases = result.get("takeover", {}).get("phases", {})
         slowest = max(phases, key=phases.get) if phases else "n/a"
