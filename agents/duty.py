@@ -47,7 +47,8 @@ class Duty:
     """
 
     def __init__(self, state: LocalState, app, run: Callable[..., Awaitable[Any]], topics: dict[str, str],
-                 offsets: GroupOffsets, kick: Callable[[], None]) -> None:
+                 offsets: GroupOffsets, kick: Callable[[], None],
+                 verified: Callable[[], bool] = lambda: True) -> None:
         self.state = state  # the read-write state: touched only through `run`
         self.app = app
         self.run_writes = run
@@ -55,6 +56,9 @@ class Duty:
         self.logical = {v: k for k, v in topics.items()}
         self.offsets = offsets
         self.kick = kick  # publish in the background
+        # Whether the replica's offsets belong to this broker's topics: until it rebased them, or while
+        # a reset topic is blocked, they name another incarnation's events and must never be committed.
+        self.verified = verified
         self.floors: dict[Key, int] = {}  # partitions taken on -> the group's committed offset at the time
         self.committed: dict[Key, int] = {}  # what this worker committed since taking each on
         self.delivered = 0  # input events Faust delivered anyway (fetched before a pause took effect)
@@ -97,7 +101,7 @@ class Duty:
         """Take gained partitions on, forget lost ones, keep Faust's consumer off the inputs."""
         self.pause_inputs()
         assigned = self.assigned()
-        if assigned is None:
+        if assigned is None or not self.verified():
             return
         for key in set(self.floors) - assigned:
             del self.floors[key]
@@ -122,7 +126,7 @@ class Duty:
     async def commit(self) -> dict[Key, int]:
         """Commit the group's offsets of the partitions taken on up to what was published; what was committed."""
         floors = dict(self.floors)
-        if not floors:
+        if not floors or not self.verified():
             return {}
         targets = await self.run_writes(_targets, self.state, floors)
         due = {key: offset for key, offset in targets.items()

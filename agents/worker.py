@@ -174,7 +174,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     query.foreign_partition = ownership.foreign_partition
     query.foreign_partitions = lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ()))
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
-    duty = Duty(state, app, writer.run, inputs, group_offsets, kick=lambda: publisher.kick())
+    duty = Duty(state, app, writer.run, inputs, group_offsets, kick=lambda: publisher.kick(),
+                verified=lambda: replica.ready.is_set() and not replica.blocked)
     publisher = Publisher(state, app, writer.run, duty.owned)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty)
@@ -244,7 +245,10 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
     @app.timer(interval=5.0)
     async def prune_standby() -> None:
-        # Standby rows of partitions this worker never owns would otherwise pile up.
+        # Standby rows of partitions this worker never owns would otherwise pile up. Not before the
+        # replica's offsets are this broker's: rows of an older incarnation are the rebase's to release.
+        if not duty.verified():
+            return
         try:
             committed = await group_offsets.read({settings.topic(n): n for n in INPUT_TOPICS})
         except Exception as exc:  # noqa: BLE001 - pruning is housekeeping; it must never stop the worker

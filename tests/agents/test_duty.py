@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import pytest
 
 from agents.duty import Duty, commit_targets
+from agents.loader import publish
 from agents.writer import inline
 from faust.types import TP
 from state.local_state import LocalState
 from streams.admin import GroupOffsets
-from streams.settings import INPUT_TOPICS
-from tests.conftest import eventually, start_peer
+from streams.broker import EmbeddedBroker
+from streams.settings import INPUT_TOPICS, Settings
+from tests.conftest import ATLAS_REQUEST, WorkerProcess, auth_header, eventually, start_peer
+from tests.hostile.test_input_reset import _spawn, _stop, _wait_health
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,9 +68,10 @@ def state(tmp_path):
     opened.close()
 
 
-def _duty(state: LocalState, assigned: set[TP], committed: dict | None = None) -> Duty:
+def _duty(state: LocalState, assigned: set[TP], committed: dict | None = None, verified=lambda: True) -> Duty:
     kicks = []
-    duty = Duty(state, App(assigned), inline, TOPICS, Committed(committed or {}), kick=lambda: kicks.append(1))
+    duty = Duty(state, App(assigned), inline, TOPICS, Committed(committed or {}), kick=lambda: kicks.append(1),
+                verified=verified)
     duty.kicks = kicks
     return duty
 
@@ -154,6 +159,22 @@ async def test_a_partition_lost_is_forgotten_and_a_refused_commit_is_tried_again
     assert await duty.commit() == {(SC, 1): 6}
 
 
+async def test_offsets_of_another_broker_incarnation_are_never_taken_on_or_committed(state):
+    _applied(state, 0, 40, caused=[3])  # offsets recorded against topics since reset (not rebased yet, or blocked)
+    verified = False
+    duty = _duty(state, {TP("t-source-changes", 0)}, verified=lambda: verified)
+    await duty.follow()
+    assert duty.owned() == {} and await duty.commit() == {} and duty.app.consumer.commits == []
+    assert _rows(state) == [(0, 3, True)]
+    verified = True
+    await duty.follow()
+    assert duty.owned() == {SC: {0: 0}} and await duty.commit() == {(SC, 0): 3}
+    duty.floors[(SC, 1)] = 0
+    verified = False  # a topic blocked later (its position lost): its offsets are no longer this broker's
+    _acknowledged(state)
+    assert await duty.commit() == {}
+
+
 async def test_only_the_input_partitions_are_kept_from_faust(state):
     duty = _duty(state, {TP("t-source-changes", 0), TP("t-revocations", 1), TP("app-__assignor-__leader", 0)})
     duty.pause_inputs()
@@ -211,3 +232,38 @@ async def test_the_group_offsets_follow_what_was_published_and_a_kill_9_loses_no
             if w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGCONT)
         peer.stop()
+
+
+async def test_a_worker_blocked_on_reset_topics_commits_none_of_its_old_offsets(worker, tmp_path):
+    """Offsets of the old topics committed to the new ones would make `--rebase` leave events below them unpublished."""
+    await worker.select(ATLAS_REQUEST, await worker.load("atlas.jsonl"))
+    assert _offsets(await worker.get("/healthz"))
+    worker.stop()
+    with EmbeddedBroker() as other:  # the same cluster address coming back empty
+        env = dict(worker.env, KAFKA_BOOTSTRAP_SERVERS=other.bootstrap_servers)
+        settings = Settings.from_env(env)
+        log_path = tmp_path / "reset.log"
+        proc = _spawn(env, log_path)
+        try:
+            await _wait_health(worker.url, proc, log_path, "reset", auth_header(env))
+            blocked = WorkerProcess(settings, other.bootstrap_servers, worker.url, proc, log_path, worker.http, env)
+
+            async def assigned():
+                return (await blocked.get("/healthz"))["duty"].get(SC)
+            await eventually(assigned, what="the blocked worker holding input partitions")
+            await asyncio.sleep(3)  # commits run every second: give a wrong one its chance
+            assert (await blocked.get("/healthz"))["duty_committed"] == {}
+            assert await _committed(blocked) == {}
+        finally:
+            _stop(proc)
+
+        bad = [("source-changes", f"bad-{i}".encode(), b"{not json") for i in range(8)]
+        await publish(settings, other.bootstrap_servers, bad)
+        proc = _spawn(env, log_path, "--rebase")
+        try:
+            await _wait_health(worker.url, proc, log_path, "ok", auth_header(env))
+            moved = WorkerProcess(settings, other.bootstrap_servers, worker.url, proc, log_path, worker.http, env)
+            letters = await moved.records("dead-letters", lambda rs: {r["_key"] for r in rs} >= {k for _, k, _ in bad})
+            assert all(r["error_class"] == "malformed_json" for r in letters)
+        finally:
+            _stop(proc)
