@@ -155,19 +155,10 @@ class Catalog:
 
     def entity_matches_many(self, names: Sequence[str]) -> dict[str, list[str]]:
         """`entity_matches` for many names in one statement (none for names the writer remembers)."""
-        memo = self.store.cached("catalog.entity_matches", dict)
-        missing = sorted({n for n in names if n not in memo})
-        if missing:
-            found: dict[str, list[str]] = {name: [] for name in missing}
-            for name, entity_id in self.db.execute(
-                    "SELECT n.name, e.id FROM (SELECT unnest(?) AS name) n JOIN entities e ON NOT e.deleted AND "
-                    "(e.id = n.name OR list_contains(list_transform(e.aliases, a -> lower(a)), lower(n.name))) "
-                    "ORDER BY e.id", [missing]).fetchall():
-                found[name].append(entity_id)
-        else:
-            found = {}
-        known = {name: found[name] if name in found else memo[name] for name in names}
-        remember(memo, {n: tuple(ids) for n, ids in found.items()})
+        known = self._ids_by_name("catalog.entity_matches", names, (
+            "SELECT n.name, e.id FROM (SELECT unnest(?) AS name) n JOIN entities e ON NOT e.deleted AND "
+            "(e.id = n.name OR list_contains(list_transform(e.aliases, a -> lower(a)), lower(n.name))) "
+            "ORDER BY e.id"))
         return {name: list(ids) for name, ids in known.items()}
 
     def entities_named(self, names: Sequence[str]) -> dict[str, list[str]]:
@@ -175,21 +166,24 @@ class Catalog:
 
         Names the writer remembers cost nothing: a hot plan's query asks for the same ones each batch.
         """
-        memo = self.store.cached("catalog.entities_named", dict)
-        missing = sorted({n for n in names if n not in memo})
-        if missing:
-            found: dict[str, list[str]] = {name: [] for name in missing}
-            for name, entity_id in self.db.execute(
-                    "WITH n AS (SELECT DISTINCT unnest(?) AS name), k AS ("
-                    "SELECT id, lower(id) AS name FROM entities WHERE NOT deleted UNION "
-                    "SELECT id, lower(a) FROM (SELECT id, unnest(aliases) AS a FROM entities WHERE NOT deleted)) "
-                    "SELECT n.name, k.id FROM n JOIN k USING (name) ORDER BY 1, 2", [missing]).fetchall():
-                found[name].append(entity_id)
-        else:
-            found = {}
-        known = {name: found[name] if name in found else memo[name] for name in names}
-        remember(memo, {n: tuple(ids) for n, ids in found.items()})
+        known = self._ids_by_name("catalog.entities_named", names, (
+            "WITH n AS (SELECT DISTINCT unnest(?) AS name), k AS ("
+            "SELECT id, lower(id) AS name FROM entities WHERE NOT deleted UNION "
+            "SELECT id, lower(a) FROM (SELECT id, unnest(aliases) AS a FROM entities WHERE NOT deleted)) "
+            "SELECT n.name, k.id FROM n JOIN k USING (name) ORDER BY 1, 2"))
         return {name: list(ids) for name, ids in known.items() if ids}
+
+    def _ids_by_name(self, memo_name: str, names: Sequence[str], sql: str) -> dict[str, tuple[str, ...]]:
+        """Entity ids per name: remembered ones from the writer's memo, the rest by `sql` (one `?`: the names)."""
+        memo = self.store.cached(memo_name, dict)
+        missing = sorted({n for n in names if n not in memo})
+        found: dict[str, list[str]] = {name: [] for name in missing}
+        if missing:
+            for name, entity_id in self.db.execute(sql, [missing]).fetchall():
+                found[name].append(entity_id)
+        known = {name: tuple(found[name]) if name in found else memo[name] for name in names}
+        remember(memo, {n: tuple(ids) for n, ids in found.items()})
+        return known
 
     def trusted_sources(self) -> dict[str, frozenset[str]]:
         """Evidence class -> the provenance groups some bundle's source rules allow to assert it."""
