@@ -6,7 +6,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-MAX_HEADS = 50_000  # past this, the oldest entries go: a miss only costs a DuckDB read (about 3 KB each)
+MAX_HEADS = 50_000  # past this, the oldest entries go: a miss only costs a DuckDB read
+MAX_HEAD_BYTES = 64 * 1024 * 1024  # and past this many bytes of plan documents (a plan carries what it admits)
 MAX_NAMES = 100_000
 
 
@@ -40,7 +41,8 @@ class HeadCache:
       `version`, is fresh at it.
     """
 
-    def __init__(self, max_heads: int = MAX_HEADS, max_names: int = MAX_NAMES) -> None:
+    def __init__(self, max_heads: int = MAX_HEADS, max_names: int = MAX_NAMES,
+                 max_bytes: int = MAX_HEAD_BYTES) -> None:
         self._lock = threading.Lock()  # a fill's check-and-set against the writer's removals
         self._heads: dict[str, Head] = {}  # plan key -> head
         self._keys_by_id: dict[str, str] = {}  # plan id -> plan key, to remove by plan id
@@ -54,7 +56,8 @@ class HeadCache:
         self.position: tuple[dict[str, dict[int, int]], Any, int] | None = None  # as of the last commit
         self.generation = 0  # bumped by every removal; a reader's fill names the one it read under
         self.version = 0  # bumped by every change: a consistency check skips a lookup that raced one
-        self.max_heads, self.max_names = max_heads, max_names
+        self.max_heads, self.max_names, self.max_bytes = max_heads, max_names, max_bytes
+        self._bytes = 0  # plan document bytes held
 
     # -- the event loop's side ---------------------------------------------------------------
 
@@ -153,7 +156,7 @@ class HeadCache:
 
     def sizes(self) -> dict[str, int]:
         """Entries held, for /healthz."""
-        return {"heads": len(self._heads), "names": len(self._names)}
+        return {"heads": len(self._heads), "names": len(self._names), "bytes": self._bytes}
 
     # -- under the lock ----------------------------------------------------------------------
 
@@ -164,27 +167,32 @@ class HeadCache:
         self._names_removed = self._all_removed = self._committing = False
 
     def _put(self, plan_key: str, head: Head) -> None:
+        self._drop(plan_key)
+        if len(head.plan) > self.max_bytes:
+            return  # never held: its selects read the file
+        while self._heads and (len(self._heads) >= self.max_heads or self._bytes + len(head.plan) > self.max_bytes):
+            self._drop(next(iter(self._heads)))  # the oldest
+        self._heads[plan_key] = head
+        self._keys_by_id[head.plan_id] = plan_key
+        self._bytes += len(head.plan)
+
+    def _drop(self, plan_key: str) -> None:
         old = self._heads.pop(plan_key, None)
         if old is not None:
             self._keys_by_id.pop(old.plan_id, None)
-        if len(self._heads) >= self.max_heads:
-            oldest = next(iter(self._heads))
-            self._keys_by_id.pop(self._heads.pop(oldest).plan_id, None)
-        self._heads[plan_key] = head
-        self._keys_by_id[head.plan_id] = plan_key
+            self._bytes -= len(old.plan)
 
     def _remove(self, keys: set[str], pending: bool = True) -> None:
         for key in keys:
             if pending:
                 self._pending.pop(key, None)
-            old = self._heads.pop(key, None)
-            if old is not None:
-                self._keys_by_id.pop(old.plan_id, None)
+            self._drop(key)
         self.generation += 1
         self.version += 1
 
     def _clear_heads(self) -> None:
         self._heads.clear()
         self._keys_by_id.clear()
+        self._bytes = 0
         self.generation += 1
         self.version += 1

@@ -205,3 +205,17 @@ def test_the_store_publishes_the_position_its_commit_moved(state):
     assert state.store.heads.position[0] == {"clock": {0: 5}}
     state.store.save_offsets({("clock", 0): 7})  # outside a transaction: committed at once
     assert state.store.heads.position[0] == {"clock": {0: 7}}
+
+
+def test_the_oldest_heads_go_past_the_byte_bound_and_a_larger_one_is_never_held():
+    cache = HeadCache(max_bytes=3 * len(PLAN))
+    for i in range(4):
+        cache.stored(f"k{i}", f"p{i}", _plan(f"p{i}"))
+    cache.stored("huge", "ph", b"x" * (4 * len(PLAN)))
+    cache.committed()
+    assert cache.head("k0") is None and cache.head("huge") is None
+    assert all(cache.head(f"k{i}") is not None for i in (1, 2, 3))
+    assert cache.sizes()["bytes"] == sum(len(_plan(f"p{i}")) for i in (1, 2, 3))
+    cache.remove_keys(["k1"])
+    cache.remove_all()
+    assert cache.sizes()["bytes"] == 0
