@@ -138,7 +138,7 @@ class Ownership:
         store = self.state.store
         now = store.now()
         stale = self.key_changes.stale_plans([PlanPosition.of(r) for r in mine], now, store.incarnation()[0])
-        result = restore(store, mine, owned, partitions=self.partitions, compiled_at=now)
+        result = restore(store, mine, owned, partitions=self.partitions, compiled_at=now, keep_fresh_heads=True)
         return self._settle(mine, stale, set(result.restored), result.known_invalidated, len(mine),
                             len(result.restored), started, now)
 

@@ -74,7 +74,7 @@ class ParkedRestore:
 
 
 def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions: Collection[int], *,
-            partitions: int, compiled_at: datetime | None) -> RestoreResult:
+            partitions: int, compiled_at: datetime | None, keep_fresh_heads: bool = False) -> RestoreResult:
     """Make these `plans` records the current plans of their keys, in a constant number of statements.
 
     Only records of entities owned here (by `plan_partition`) count. Of several records of one
@@ -82,6 +82,10 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
     judge staleness (`KeyChanges.stale_plans`) before or after: this writes what was published,
     it decides nothing. The caller holds the transaction. A record's receipt (on `plan-dependencies`,
     not on `plans`) is stored with it, so the new owner can show what it serves.
+
+    With `keep_fresh_heads`, a record of a key that has a fresh plan here is not made current: an
+    owner keeps its own heads current (its index sees every change), and an older record read
+    late (a restart re-reading the feed) would replace a newer plan only to be found stale.
     """
     owned = set(owned_partitions)
     chosen: dict[str, PreparedPlan] = {}
@@ -103,6 +107,11 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
         held = chosen.get(row.plan_key)
         if held is None or row.rank >= held.rank:
             chosen[row.plan_key] = row
+    if keep_fresh_heads and chosen:
+        current = {key for (key,) in store.db.execute(
+            "SELECT h.plan_key FROM plan_heads h JOIN plans p USING (plan_id) WHERE p.status = 'fresh' "
+            "AND h.plan_key IN (SELECT unnest(?::VARCHAR[]))", [list(chosen)]).fetchall()}
+        chosen = {key: row for key, row in chosen.items() if key not in current}
     restored, invalidated = _write(store, list(chosen.values()), compiled_at)
     return RestoreResult(restored, not_owned, unrestorable, invalidated)
 

@@ -212,3 +212,21 @@ async def test_two_workers_split_the_plans_and_a_kill_9_loses_no_invalidation(wo
 
 async def _owns_all(w) -> bool:
     return await _owned(w) == list(range(w.settings.partitions))
+
+
+def test_an_older_record_read_late_does_not_replace_the_fresh_plan_of_its_key(nodes):
+    """A restart re-reads the feed: the key's old plan comes back after its successor is current here."""
+    a, _ = nodes
+    a.own(0, 1)
+    old = a.query.select(ATLAS_REQUEST)
+    [record] = a.published("plan-dependencies")
+    a.apply(_event(resource("approved-waiver-W2")))  # the plan changes: its successor is current
+    new = a.query.select(ATLAS_REQUEST)
+    assert new["plan_id"] != old["plan_id"]
+    with a.state.store.transaction():
+        a.state.store.db.execute("DELETE FROM plans WHERE plan_id = ?", [old["plan_id"]])  # as after a replay
+        taken = a.ownership.adopt([record])
+    assert taken.stale == [old["plan_id"]]  # still judged, and announced stale
+    served = a.query.select(ATLAS_REQUEST)
+    assert served["plan_id"] == new["plan_id"] and served["served_from"] == "cache"
+    assert a.state.queue.size() == 0  # nothing to recompile
