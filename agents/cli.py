@@ -78,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             async def on_startup_finished(self) -> None:
                 await super().on_startup_finished()
                 await worker.guard.wait_checked()  # ready means revocation lag is known
+                worker.collector.settle()  # what start-up built is long-lived: out of every later full collection
                 # Written only once the HTTP API answers, so `load`/`select` can rely on it.
                 write_run_file(settings.run_file, run_info)
                 where = (f"the secret is in {settings.run_file}" if access.local_token

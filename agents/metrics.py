@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
+    from agents.collector import Collector
     from agents.lag import LagWatcher
     from agents.loop_probe import LoopProbe
     from agents.query import QueryService
@@ -20,7 +21,7 @@ class Metrics:
     """A registry per worker (injected, not the process-global one) plus a collector over local state."""
 
     def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher",
-                 probe: "LoopProbe | None" = None) -> None:
+                 probe: "LoopProbe | None" = None, collector: "Collector | None" = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.event_to_invalidation = Histogram(
             "freshplan_event_to_invalidation_seconds", "Broker timestamp of an input event to its invalidation",
@@ -28,7 +29,7 @@ class Metrics:
         self.compile_seconds = Histogram(
             "freshplan_compile_seconds", "Time to compile one plan", ["path"], buckets=LATENCY_BUCKETS,
             registry=self.registry)
-        self.registry.register(_StateCollector(state, query, lag, probe))
+        self.registry.register(_StateCollector(state, query, lag, probe, collector))
 
     def render(self) -> bytes:
         """The exposition text."""
@@ -39,8 +40,8 @@ class _StateCollector:
     """Reads counters and sizes from DuckDB and the lag watcher at scrape time."""
 
     def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher",
-                 probe: "LoopProbe | None") -> None:
-        self.state, self.query, self.lag, self.probe = state, query, lag, probe
+                 probe: "LoopProbe | None", collector: "Collector | None") -> None:
+        self.state, self.query, self.lag, self.probe, self.gc = state, query, lag, probe, collector
 
     def describe(self) -> list:
         return []
@@ -70,6 +71,12 @@ class _StateCollector:
         if self.probe is not None:
             yield GaugeMetricFamily("freshplan_loop_stall_max_seconds", "Longest time the HTTP event loop was kept "
                                     "from running since start", value=self.probe.max_stall)
+        if self.gc is not None:
+            pauses = GaugeMetricFamily("freshplan_gc_pause_max_seconds", "Longest garbage collection pause since "
+                                       "start (it holds every thread, the HTTP loop included)", labels=["generation"])
+            for generation, pause in enumerate(self.gc.pause_max):
+                pauses.add_metric([str(generation)], pause)
+            yield pauses
         yield GaugeMetricFamily("freshplan_recompile_queue", "Announced plans whose successors are not compiled yet",
                                 value=self.state.queue.size())
         for name, help_text in (("invalidations", "Invalidations announced"),

@@ -18,6 +18,7 @@ from agents.event_apply import EventApplier
 from agents.plan_writer import PlanWriter
 from agents.query import QueryService
 from agents.lag import LagWatcher
+from agents.collector import Collector
 from agents.loop_probe import LoopProbe
 from agents.metrics import Metrics
 from agents.forward import forward_request, owner_url
@@ -68,6 +69,8 @@ class Worker:
     """The plan partitions this worker owns: it alone indexes, recompiles and announces their plans."""
     input_duty: Duty
     """Takes input partitions on at the group's offset and commits the group's offsets to what was published."""
+    collector: Collector
+    """Freezes what start-up built out of garbage collection, and measures every collection's pause."""
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -120,11 +123,13 @@ class Worker:
                 "owned_partitions": None if owned is None else sorted(owned),
                 "parked_plans": self.reader.store.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0],
                 "standby_outbox": self.reader.outbox.standby_size(),
-                "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict()}
+                "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict(),
+                "gc": self.collector.as_dict()}
 
     def close(self) -> None:
         """Let the writer finish its job, then close the file (after the app has stopped)."""
         self.writer.close()
+        self.collector.remove()
         self.reader.store.close()
         self.state.close()
 
@@ -142,7 +147,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                                        frozenset({settings.topic("plans"), settings.topic("receipts"),
                                                   settings.topic("plan-dependencies")}))
     reader = state.reader()
-    writer, probe = Writer(), LoopProbe()
+    writer, probe, collector = Writer(), LoopProbe(), Collector(settings.gc_freeze).install()
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
                            cdc=cdc)
@@ -152,7 +157,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     query.last_events = applier.last_event
     query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
                           calls=settings.max_budget_calls)
-    metrics = Metrics(reader, query, guard, probe)
+    metrics = Metrics(reader, query, guard, probe, collector)
     plan_writer.on_latency = metrics.event_to_invalidation.observe
     plan_writer.on_compile = metrics.compile_seconds.labels("recompile").observe
     query.on_compile = metrics.compile_seconds.labels("select").observe
@@ -178,7 +183,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                 verified=lambda: replica.ready.is_set() and not replica.blocked)
     publisher = Publisher(state, app, writer.run, duty.owned)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
-                    replica, plan_feed, writer, reader, probe, ownership, duty)
+                    replica, plan_feed, writer, reader, probe, ownership, duty, collector)
     replica.after_apply = publisher.publish_owned
 
     for name in INPUT_TOPICS:

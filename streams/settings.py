@@ -79,6 +79,8 @@ class Settings:
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
     check_head_cache: bool = False
     """Read the file on every in-memory select hit as well and log any disagreement (the test suite's check)."""
+    gc_freeze: bool = True
+    """Once ready, take what start-up built out of garbage collection (full collections stop pausing selects)."""
     kafka: KafkaSecurity = field(default_factory=KafkaSecurity)
     """TLS and SASL settings every Kafka client of the process uses."""
     token: str | None = field(default=None, repr=False)
@@ -184,6 +186,7 @@ class Settings:
             receipt_retention=get("RECEIPT_RETENTION", base.receipt_retention, parse_duration),
             retention_interval=get("RETENTION_INTERVAL", base.retention_interval, float),
             check_head_cache=get("CHECK_HEAD_CACHE", base.check_head_cache, bool),
+            gc_freeze=get("GC_FREEZE", base.gc_freeze, bool),
         )
 
 

@@ -1,0 +1,77 @@
+"""The garbage collector's policy: start-up objects frozen out of full collections, every pause measured."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from agents.collector import Collector
+from tests.conftest import ATLAS_REQUEST, eventually, launch
+
+
+@pytest.fixture
+def unfrozen():
+    """Whatever a test freezes goes back to the collector afterwards (the test process is shared)."""
+    yield
+    gc.unfreeze()
+
+
+def test_settle_takes_what_exists_out_of_full_collections(unfrozen):
+    collector = Collector()
+    scanned_before = len(gc.get_objects())
+    frozen = collector.settle()
+    assert frozen == gc.get_freeze_count() == collector.frozen > 0
+    # A full collection walks what gc.get_objects() lists; the frozen objects are no longer in it.
+    assert len(gc.get_objects()) < scanned_before / 10
+    made_later = [[i] for i in range(1000)]
+    assert sum(1 for o in gc.get_objects() if o is made_later) == 1  # new objects are collected as before
+    assert collector.as_dict()["frozen"] == frozen
+
+
+def test_a_disabled_collector_freezes_nothing(unfrozen):
+    collector = Collector(enabled=False)
+    assert collector.settle() == 0 and gc.get_freeze_count() == 0 and collector.frozen == 0
+
+
+def test_pauses_are_measured_by_generation_until_removed():
+    collector = Collector().install()
+    try:
+        collector.install()  # twice is once
+        assert gc.callbacks.count(collector._observe) == 1
+        gc.collect(2)
+        gc.collect(0)
+        assert collector.collections[2] >= 1 and collector.collections[0] >= 1
+        assert collector.pause_max[2] > 0 and collector.pause_total >= collector.pause_max[2]
+    finally:
+        collector.remove()
+    seen = list(collector.collections)
+    gc.collect(2)
+    assert collector.collections == seen and collector._observe not in gc.callbacks
+
+
+async def test_a_ready_worker_has_frozen_its_start_up_and_reports_its_pauses(worker):
+    fresh = await worker.load("atlas.jsonl")
+    await worker.select(ATLAS_REQUEST, fresh)
+    # HTTP answers before start-up has finished: the freeze comes with the ready line.
+    health = await eventually(lambda: _frozen(worker), what="start-up frozen")
+    assert health["gc"]["frozen"] > 10_000  # modules, the Faust app, schemas: tens of thousands of objects
+    assert len(health["gc"]["collections"]) == 3 and health["gc"]["collections"][0] > 0
+    async with worker.http.get(f"{worker.url}/metrics") as resp:
+        text = await resp.text()
+    assert 'freshplan_gc_pause_max_seconds{generation="2"}' in text
+
+
+async def _frozen(worker) -> dict | None:
+    health = await worker.get("/healthz")
+    return health if health["gc"]["frozen"] else None
+
+
+async def test_the_setting_turns_freezing_off(broker, tmp_path):
+    async with launch(broker, tmp_path / "w", FRESHPLAN_GC_FREEZE="0") as running:
+        async def ready() -> bool:  # the run file is written once start-up has finished (after the freeze)
+            return running.settings.run_file.exists()
+
+        await eventually(ready, what="worker ready")
+        health = await running.get("/healthz")
+    assert health["gc"]["frozen"] == 0 and health["gc"]["collections"][0] > 0
