@@ -33,6 +33,10 @@ def targets(result: dict) -> list[dict]:
     take = result.get("takeover")
     if take:
         rows.append(parked_takeover_row(take))
+    history = result.get("history")
+    if history:
+        rows.append(_row(f"apply batch with {history['history']:,} event ids and key changes recorded vs a new file",
+                         "<= 1.5x", max(history["ratio_history_vs_fresh"].values()), 1.5, "<=", "{:.2f}x"))
     index = result.get("index")
     if index:
         rows.append(_row("index bytes per plan (on disk)", "< 1 KiB", index["memory_per_plan"]["file_bytes_per_plan"],

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from bench import cache_contenders, index_cost, invalidation_path, quality, scale_out, takeover
+from bench import cache_contenders, history_cost, index_cost, invalidation_path, quality, scale_out, takeover
 from bench.profile import profile_apply
 from bench.report import plots, targets, write_json
 from bench.summary import markdown
@@ -53,6 +53,8 @@ class BenchOptions:
     """Plans in the index-memory measurement."""
     restart_plans: int = 1_000_000
     """Plans in the restart measurement."""
+    history_events: int = 1_000_000
+    """Event ids and key changes recorded before the apply batch is timed again (a long-running worker's file)."""
     seed: int = 7
     """Seed of the generated workload."""
 
@@ -60,8 +62,8 @@ class BenchOptions:
     def quick(cls) -> "BenchOptions":
         """Small enough for a test run; same code paths."""
         return cls(events=300, plans=30, rates=(100,), rate_seconds=1.0, fanout_plans=600, cache_events=150,
-                   index_plans=2_000, restart_plans=20_000, takeover_plans=10_000, select_rates=(0, 200),
-                   select_rate=20.0, takeover_timeout=60.0, session_timeout=4.0)
+                   index_plans=2_000, restart_plans=20_000, history_events=20_000, takeover_plans=10_000,
+                   select_rates=(0, 200), select_rate=20.0, takeover_timeout=60.0, session_timeout=4.0)
 
 
 def environment() -> dict:
@@ -111,6 +113,9 @@ def run(options: BenchOptions, out_dir: Path, say: Callable[[str], None] | None 
     step("index memory per plan and restart time")
     result["index"] = index_cost.measure(options.index_plans, options.restart_plans)
     result["index"]["stored_plan"] = index_cost.stored_plan_bytes(workload)
+
+    step(f"apply batch cost with {options.history_events:,} event ids and key changes recorded")
+    result["history"] = history_cost.measure(options.history_events)
 
     step(f"take-over of {options.takeover_plans:,} parked plans (in process)")
     result["takeover"] = takeover.measure(options.takeover_plans)

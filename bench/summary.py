@@ -135,6 +135,18 @@ def markdown(result: dict, images: list[str]) -> str:
         lines += [f"freshplan announces an invalidation only when the recompiled plan differs, so none of its "
                   f"announcements was unnecessary; {fp['identical_share_of_triggered']:.1%} of the recompilations "
                   "its index triggered came out identical (work, not announcements).", ""]
+    history = result.get("history")
+    if history:
+        f, g, c = history["fresh_file_ms"], history["with_history_ms"], history["composite_keys_baseline_ms"]
+        big = str(history["history"])
+        lines += ["## Apply cost as the ledgers grow", "",
+                  f"One batch of {history['batch_events']} hot-plan events (median of {history['batches']}): "
+                  f"{f['new_events']} ms on a new file, {g['new_events']} ms with {history['history']:,} event ids "
+                  f"and key changes recorded; a batch repeating applied events {f['repeated_events']} vs "
+                  f"{g['repeated_events']} ms. Baseline, the same ledger statements on the composite keys used "
+                  f"before (DuckDB scans for a composite key): repeated ids {c['1000']['repeated_ids']} ms with "
+                  f"1,000 recorded vs {c[big]['repeated_ids']} ms, key changes {c['1000']['key_changes']} vs "
+                  f"{c[big]['key_changes']} ms.", ""]
     index = result.get("index")
     if index:
         m, r = index["memory_per_plan"], index["restart"]

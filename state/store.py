@@ -66,8 +66,8 @@ CREATE TABLE IF NOT EXISTS offsets (topic VARCHAR, partition INTEGER, next_offse
   PRIMARY KEY (topic, partition));
 CREATE TABLE IF NOT EXISTS incarnation (id INTEGER PRIMARY KEY, cluster_id VARCHAR, epoch BIGINT,
   rebased_at TIMESTAMPTZ);
-CREATE TABLE IF NOT EXISTS applied_events (topic VARCHAR, event_id VARCHAR, content_hash VARCHAR,
-  PRIMARY KEY (topic, event_id));
+CREATE TABLE IF NOT EXISTS applied_events (event_key VARCHAR PRIMARY KEY, topic VARCHAR, event_id VARCHAR,
+  content_hash VARCHAR);
 CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY, now TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 """

@@ -7,7 +7,17 @@ import orjson
 
 
 def migrate(db: duckdb.DuckDBPyConnection) -> None:
-    """Bring files written by earlier versions up to the current schema."""
+    """Bring files written by earlier versions up to the current schema, all of it or none (one transaction)."""
+    db.execute("BEGIN TRANSACTION")
+    try:
+        _migrate(db)
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _migrate(db: duckdb.DuckDBPyConnection) -> None:
     columns = {r[0] for r in db.execute(
         "SELECT column_name FROM duckdb_columns() WHERE table_name = 'outbox'").fetchall()}
     if "standby" not in columns:
@@ -22,16 +32,22 @@ def migrate(db: duckdb.DuckDBPyConnection) -> None:
 
 
 def _event_ids(db: duckdb.DuckDBPyConnection) -> None:
-    """Event ids were once global: keep them as ids of every topic (topic '') with no known content."""
+    """Give the event-id ledger its one-column key (see `event_ids.event_key`).
+
+    Ids were once global: they are kept as ids of every topic (topic '') with no known content.
+    Later files keyed them by (topic, event id), which DuckDB can only look up by scanning.
+    """
     columns = {r[0] for r in db.execute(
         "SELECT column_name FROM duckdb_columns() WHERE table_name = 'applied_events'").fetchall()}
-    if "topic" in columns:
+    if "event_key" in columns:
         return
-    db.execute("ALTER TABLE applied_events RENAME TO applied_events_global; "
-               "CREATE TABLE applied_events (topic VARCHAR, event_id VARCHAR, content_hash VARCHAR, "
-               "PRIMARY KEY (topic, event_id)); "
-               "INSERT INTO applied_events SELECT '', event_id, NULL FROM applied_events_global; "
-               "DROP TABLE applied_events_global")
+    topic, digest = ("topic", "content_hash") if "topic" in columns else ("''", "NULL")
+    db.execute("ALTER TABLE applied_events RENAME TO applied_events_before; "
+               "CREATE TABLE applied_events (event_key VARCHAR PRIMARY KEY, topic VARCHAR, event_id VARCHAR, "
+               "content_hash VARCHAR); "
+               f"INSERT INTO applied_events SELECT {topic} || chr(31) || event_id, {topic}, event_id, {digest} "
+               "FROM applied_events_before; "
+               "DROP TABLE applied_events_before")
 
 
 def _policy_versions(db: duckdb.DuckDBPyConnection) -> None:

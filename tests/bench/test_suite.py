@@ -21,6 +21,7 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert "caches: 150/150 events" in out.stderr          # progress while it runs
     [result_file] = [p for p in tmp_path.glob("*.json") if not p.name.endswith("-quality.json")]
     result = orjson.loads(result_file.read_bytes())
+    assert result["history"]["history"] == 20_000 and result["history"]["with_history_ms"]["new_events"] > 0
     path = result["invalidation_path"]
     assert path["throughput"]["ceiling_bare_faust"]["events_per_second"] > 0
     assert path["throughput"]["freshplan"]["events"] == 300 and path["throughput"]["ratio_to_ceiling"] > 0

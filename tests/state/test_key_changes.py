@@ -160,3 +160,27 @@ def test_parked_plans_are_judged_in_place_like_the_records_they_came_from(store)
         r["plan_id"]: why for r in records if plan_partition(r["entity_id"], 4) in some
         for why in [expected.get(r["plan_id"])] if why}
     assert changes.stale_parked([], NOW, "c1") == {}
+
+
+def test_a_file_with_changes_keyed_by_three_columns_is_rekeyed_on_one(tmp_path):
+    # DuckDB scans the table to find rows of a composite key: the per-batch upsert grew with every key recorded.
+    store = Store(tmp_path / "old.duckdb")
+    try:
+        store.db.execute("CREATE TABLE key_changes (dep_key VARCHAR, topic VARCHAR, partition INTEGER, "
+                         "change_offset BIGINT, PRIMARY KEY (dep_key, topic, partition)); "
+                         "CREATE TABLE key_changes_from (topic VARCHAR, partition INTEGER, from_offset BIGINT, "
+                         "PRIMARY KEY (topic, partition)); "
+                         "INSERT INTO key_changes VALUES ('resource:a', 'source-changes', 1, 7), "
+                         "('resource:a', 'source-changes', 2, 3)")
+        changes = KeyChanges(store)
+        assert store.db.execute("SELECT constraint_column_names FROM duckdb_constraints() WHERE table_name = "
+                                "'key_changes' AND constraint_type = 'PRIMARY KEY'").fetchone()[0] == ["change_key"]
+        assert changes.last_change("resource:a") == {("source-changes", 1): 7, ("source-changes", 2): 3}
+        with store.transaction():  # an older position never moves a key's last change back
+            changes.record({("source-changes", 1, 5): ["resource:a"], ("source-changes", 2, 9): ["resource:a"]},
+                           {("source-changes", 2, 9): "e9"})
+        assert changes.last_change("resource:a") == {("source-changes", 1): 7, ("source-changes", 2): 9}
+        stale = changes.stale_plans([plan("p", ["resource:a"], {"source-changes": {"1": 8, "2": 9}})], NOW, "c1")
+        assert stale == {"p": Staleness("resource:a", "source-changes", 2, 9, "e9")}
+    finally:
+        store.close()

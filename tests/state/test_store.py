@@ -211,3 +211,63 @@ def test_a_file_with_marks_in_their_own_table_keeps_them_beside_its_offsets(tmp_
         assert not store.db.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'offset_marks'").fetchone()
     finally:
         store.close()
+
+
+def _primary_key(db, table: str) -> list[str]:
+    return db.execute("SELECT constraint_column_names FROM duckdb_constraints() WHERE table_name = ? "
+                      "AND constraint_type = 'PRIMARY KEY'", [table]).fetchone()[0]
+
+
+def test_a_file_with_event_ids_keyed_by_topic_and_id_is_rekeyed_on_one_column(tmp_path):
+    # DuckDB scans the table to find rows of a composite key: a duplicate batch cost 62 ms at 2M ids.
+    path = tmp_path / "composite.duckdb"
+    db = duckdb.connect(str(path))
+    db.execute("CREATE TABLE applied_events (topic VARCHAR, event_id VARCHAR, content_hash VARCHAR, "
+               "PRIMARY KEY (topic, event_id)); "
+               "INSERT INTO applied_events VALUES ('revocations', 'e1', 'a'), ('', 'legacy', NULL), "
+               "('clock', 'odd\x1fid', 'c')")
+    db.close()
+    store = Store(path)
+    try:
+        assert _primary_key(store.db, "applied_events") == ["event_key"]
+        assert store.claim_events([("revocations", "e1", "a"), ("revocations", "e1", "b"), ("clock", "e1", "a"),
+                                   ("source-changes", "legacy", "x"), ("clock", "odd\x1fid", "c"),
+                                   ("clock", "odd", "c")]) == [
+            "duplicate", "conflict", "new", "duplicate", "duplicate", "new"]
+    finally:
+        store.close()
+
+
+def test_a_new_file_keys_event_ids_on_one_column_and_ids_with_the_separator_stay_apart(store):
+    assert _primary_key(store.db, "applied_events") == ["event_key"]
+    # A topic never holds the separator, so an id that does cannot pose as another topic's id.
+    assert store.claim_events([("a", "b\x1fc", "h"), ("a", "b", "h"), ("b", "c", "h")]) == ["new", "new", "new"]
+    assert store.claim_events([("a", "b\x1fc", "z")]) == ["conflict"]
+    with pytest.raises(ValueError, match="separator"):
+        store.claim_events([("a\x1fb", "c", "h")])
+
+
+def test_a_migration_that_fails_half_way_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    import state.store_migrations as migrations
+
+    path = tmp_path / "old.duckdb"
+    db = duckdb.connect(str(path))
+    db.execute("CREATE TABLE applied_events (event_id VARCHAR PRIMARY KEY); INSERT INTO applied_events VALUES ('x')")
+    db.close()
+
+    def broken(db):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(migrations, "_offset_marks", broken)  # runs after the event ids were rekeyed
+    with pytest.raises(RuntimeError):
+        Store(path)
+    monkeypatch.undo()
+    db = duckdb.connect(str(path))
+    assert [r[0] for r in db.execute("SELECT column_name FROM duckdb_columns() "
+                                     "WHERE table_name = 'applied_events'").fetchall()] == ["event_id"]
+    db.close()
+    store = Store(path)  # the next start migrates all of it
+    try:
+        assert store.claim_events([("revocations", "x", "a")]) == ["duplicate"]
+    finally:
+        store.close()
