@@ -70,6 +70,27 @@ class Ownership:
         """Whether this worker owns the entity's plans now."""
         return self.owned is not None and self.partition_of(entity_id) in self.owned
 
+    def follow(self, assigned: Collection[int]) -> tuple[TakeOver, int]:
+        """Move to the group's assignment in a transaction of its own: all of it, or nothing (`owned` included).
+
+        `owned` changes before the take-over (which reads it), so a take-over that fails must put
+        it back: the assignment then still differs from `owned` and the next round tries again,
+        where a kept `owned` would leave the gained partitions' parked plans unjudged for good.
+        """
+        previous = self.owned
+        try:
+            with self.state.store.transaction():
+                if previous is None:
+                    # The first assignment since start: the file may hold heads and index edges of partitions
+                    # owned before a restart; a peer owns those now and announces their changes alone.
+                    foreign = frozenset(range(self.partitions)) - frozenset(assigned)
+                    if foreign:
+                        self.hand_back(foreign)
+                return self.change(assigned)
+        except BaseException:
+            self.owned = previous
+            raise
+
     def change(self, assigned: Collection[int]) -> tuple[TakeOver, int]:
         """Move to a new assignment: hand back lost partitions, take over gained ones."""
         before = self._held if self.owned is None else self.owned

@@ -221,7 +221,12 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             if app.rebalancing_count and not app.rebalancing:
                 assigned = frozenset(worker.duty().get("source-changes", ()))
                 if assigned != ownership.owned:
-                    await writer.run(_change_ownership, ownership, assigned)
+                    try:
+                        await writer.run(ownership.follow, assigned)
+                    except Exception:  # noqa: BLE001 - nothing changed (see `Ownership.follow`): try again
+                        log.exception("following the assignment %s failed; retrying in 1 s", sorted(assigned))
+                        await asyncio.sleep(1.0)
+                        continue
                     await worker.publish_outbox()
             await asyncio.sleep(0.2)
 
@@ -328,17 +333,6 @@ def _register_duty(app: faust.App, duty: Duty) -> None:
         # Sent just before Faust resumes every assigned partition: pause the inputs again at the
         # loop's next turn, before Faust resumes its flow of records.
         asyncio.get_running_loop().call_soon(duty.pause_inputs)
-
-
-def _change_ownership(ownership: Ownership, assigned: frozenset[int]) -> None:
-    with ownership.state.store.transaction():
-        if ownership.owned is None:
-            # The first assignment since start: the file may hold heads and index edges of partitions
-            # owned before a restart; a peer owns those now and announces their changes alone.
-            foreign = frozenset(range(ownership.partitions)) - assigned
-            if foreign:
-                ownership.hand_back(foreign)
-        ownership.change(assigned)
 
 
 def _prune(state: LocalState, committed: dict[tuple[str, int], int]) -> None:

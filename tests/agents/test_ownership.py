@@ -230,3 +230,25 @@ def test_an_older_record_read_late_does_not_replace_the_fresh_plan_of_its_key(no
     served = a.query.select(ATLAS_REQUEST)
     assert served["plan_id"] == new["plan_id"] and served["served_from"] == "cache"
     assert a.state.queue.size() == 0  # nothing to recompile
+
+
+def test_a_take_over_that_fails_changes_nothing_and_the_next_round_takes_the_plans_over(nodes, monkeypatch):
+    a, b = nodes
+    a.own(0, 1)
+    plan = a.query.select(ATLAS_REQUEST)
+    b.parked.park(a.published("plan-dependencies"))
+    b.apply(_event(revoke_role("maya", "credit_analyst")))  # the dead owner never announced it
+    b.ownership.follow([])
+
+    def broken(partitions):
+        raise RuntimeError("IO Error: could not write the file")
+
+    monkeypatch.setattr(b.ownership, "take_over", broken)
+    with pytest.raises(RuntimeError):
+        b.ownership.follow([0, 1])
+    assert b.ownership.owned == frozenset()  # still differs from the assignment: the next round retries
+    assert b.published("plan-invalidations") == []
+    monkeypatch.undo()
+    b.ownership.follow([0, 1])
+    [announced] = b.published("plan-invalidations")
+    assert announced["plan_id"] == plan["plan_id"] and b.ownership.owned == frozenset({0, 1})
