@@ -9,6 +9,7 @@ import orjson
 import pyarrow as pa
 
 from compiler import dependency_keys as dk
+from compiler.policy import Unrepresentable, cedar_value
 from schemas.records import Entity, Principal, Revocation, SourceChange
 from state.store import Store
 
@@ -128,10 +129,21 @@ def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     if not changed:
         return False
+    if not (_representable(before) and _representable(after)):
+        # A principal Cedar cannot hold is denied everything, whatever the policies read.
+        return True
     if changed & {"grants", "delegations", "sessions"}:
         return True
     texts = policy_texts()
     return any(re.search(rf"\b{re.escape(name)}\b", text) for name in changed for text in texts)
+
+
+def _representable(attributes: dict) -> bool:
+    try:
+        cedar_value(attributes)
+    except Unrepresentable:
+        return False
+    return True
 
 
 def _revoke(revocation: Revocation, principals: dict, revoked: dict, changed: set,

@@ -145,6 +145,21 @@ def test_a_principal_attribute_invalidates_only_when_some_policy_reads_it(setup)
     assert "approved-waiver-W2" not in {a["resource_id"] for a in after["admitted"]}
 
 
+def test_an_unread_principal_attribute_cedar_cannot_hold_still_invalidates(setup):
+    # Cedar's integers are signed 64-bit: the recompiled plan denies everything, so the cached one must go.
+    state, inv, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    assert plan["admitted"]
+    before = len(outbox(state, "plan-invalidations"))
+    inv.apply([raw(*_maya(phone=2**63))])
+    [announced] = outbox(state, "plan-invalidations")[before:]
+    assert announced["plan_id"] == plan["plan_id"] and announced["reason"] == "principal_changed"
+    assert query.select(ATLAS_REQUEST)["admitted"] == []
+    inv.apply([raw(*_maya(phone="555-0100"))])  # representable again: the plan comes back
+    assert len(outbox(state, "plan-invalidations")) == before + 2
+    assert query.select(ATLAS_REQUEST)["admitted"]
+
+
 LIVE_REQUEST = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
 
 
