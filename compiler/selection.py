@@ -43,23 +43,37 @@ def select(typed: Sequence[tuple[Resource, frozenset[str]]], relevance: dict[str
     spent = Cost()
     budget_hit = False
 
+    # `chosen` changes only between rounds, so within one round (a sort over every remaining
+    # item, then the pick) each proposition's openness and seen groups are computed once.
+    is_open: dict[str, bool] = {}
+    seen_groups: dict[tuple[str, bool], set[str]] = {}
+
     def open_(p: str) -> bool:
-        support, _, groups = aggregate(chosen[p], props[p])
-        return support < threshold_of(props[p], contract) or groups < props[p].min_independent
+        if p not in is_open:
+            support, _, groups = aggregate(chosen[p], props[p])
+            is_open[p] = support < threshold_of(props[p], contract) or groups < props[p].min_independent
+        return is_open[p]
+
+    def seen(p: str, positive: bool) -> set[str]:
+        key = (p, positive)
+        if key not in seen_groups:
+            seen_groups[key] = {group_of(r) for r in chosen[p] if (contribution(r, p) > 0) == positive}
+        return seen_groups[key]
 
     def gain(item: tuple[Resource, frozenset[str]]) -> set[str]:
         resource, claims = item
         out = set()
         for p in claims:
             weight = contribution(resource, p)
-            seen = {group_of(r) for r in chosen[p] if (contribution(r, p) > 0) == (weight > 0)}
-            if group_of(resource) in seen or weight == 0:
+            if weight == 0 or group_of(resource) in seen(p, weight > 0):
                 continue
             if weight < 0 or open_(p):
                 out.add(p)
         return out
 
     while remaining:
+        is_open.clear()
+        seen_groups.clear()
         remaining.sort(key=lambda it: (-len(gain(it)), -relevance.get(it[0].id, 0.0),
                                        it[0].tokens, it[0].id))
         resource, claims = remaining.pop(0)
