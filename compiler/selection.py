@@ -54,17 +54,26 @@ def select(typed: Sequence[tuple[Resource, frozenset[str]]], relevance: dict[str
             is_open[p] = support < threshold_of(props[p], contract) or groups < props[p].min_independent
         return is_open[p]
 
+    # (id of a resource, proposition) -> its contribution; `typed` holds every resource throughout
+    weights: dict[tuple[int, str], float] = {}
+
+    def weight_of(resource: Resource, p: str) -> float:
+        key = (id(resource), p)
+        if key not in weights:
+            weights[key] = contribution(resource, p)
+        return weights[key]
+
     def seen(p: str, positive: bool) -> set[str]:
         key = (p, positive)
         if key not in seen_groups:
-            seen_groups[key] = {group_of(r) for r in chosen[p] if (contribution(r, p) > 0) == positive}
+            seen_groups[key] = {group_of(r) for r in chosen[p] if (weight_of(r, p) > 0) == positive}
         return seen_groups[key]
 
     def gain(item: tuple[Resource, frozenset[str]]) -> set[str]:
         resource, claims = item
         out = set()
         for p in claims:
-            weight = contribution(resource, p)
+            weight = weight_of(resource, p)
             if weight == 0 or group_of(resource) in seen(p, weight > 0):
                 continue
             if weight < 0 or open_(p):
