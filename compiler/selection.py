@@ -90,12 +90,13 @@ def select(typed: Sequence[tuple[Resource, frozenset[str]]], relevance: dict[str
         if not covered:
             remaining.insert(0, (resource, claims))
             break
-        if not fits(spent, cost_of(resource), budget):
+        cost = cost_of(resource)
+        if not fits(spent, cost, budget):
             skipped.append((resource.id, BUDGET_EXCEEDED))
             budget_hit = True
             continue
         admitted.append(resource)
-        spent = spent + cost_of(resource)
+        spent = spent + cost
         for p in covered:
             chosen[p].append(resource)
     skipped.extend((r.id, NOT_NEEDED) for r, _ in remaining)
