@@ -13,6 +13,7 @@ import orjson
 
 from compiler.errors import RequestError
 from compiler.batch import compile_many
+from compiler.cedar_batch import SharedEntities
 from compiler.pipeline import CompiledPlan, compile_request
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
@@ -76,10 +77,11 @@ class PlanWriter:
         Chunks keep each Cedar call (which holds the GIL) short, so the HTTP loop is not starved.
         """
         out: dict[str, CompiledPlan | None] = {}
+        shared = SharedEntities()  # the chunks share principals and resources: convert and parse each once
         for start in range(0, len(items), COMPILE_CHUNK):
             chunk = items[start:start + COMPILE_CHUNK]
             started = time.perf_counter()
-            results = compile_many([request for _, request in chunk], view, now)
+            results = compile_many([request for _, request in chunk], view, now, shared)
             if self.on_compile:
                 each = (time.perf_counter() - started) / len(chunk)
                 for _ in chunk:

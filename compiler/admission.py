@@ -62,9 +62,10 @@ def typed_propositions(resource: Resource, contract: Contract) -> frozenset[str]
                      if p.id in claims and resource.evidence_class in p.accepted_classes)
 
 
-def fresh_propositions(resource: Resource, contract: Contract, when: datetime) -> frozenset[str]:
-    """The typed propositions whose own `max_age` the resource's age does not exceed."""
-    typed = typed_propositions(resource, contract)
+def fresh_propositions(resource: Resource, contract: Contract, when: datetime,
+                       typed: frozenset[str] | None = None) -> frozenset[str]:
+    """The typed propositions whose own `max_age` the resource's age does not exceed (`typed`: if known)."""
+    typed = typed_propositions(resource, contract) if typed is None else typed
     since = aged_from(resource)
     if since is None:
         return typed
@@ -95,9 +96,11 @@ def _gate(resource: Resource, entity_id: str, contract: Contract, when: datetime
         return WRONG_SUBJECT
     if not applicable_at(resource, when):
         return NOT_APPLICABLE
-    if is_stale(resource, contract, when):
+    # As `is_stale`, with the typed and fresh propositions worked out once.
+    typed = typed_propositions(resource, contract)
+    props = fresh_propositions(resource, contract, when, typed)
+    if typed and not props:
         return STALE
-    props = fresh_propositions(resource, contract, when)
     # Under an EVSI contract an observation model also makes a source usable (it may
     # inform belief without being accepted to establish a proposition).
     if props or resource.evidence_class in (contract.observations or {}):

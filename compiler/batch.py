@@ -5,15 +5,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Sequence
 
-from compiler.cedar_batch import Ask, authorise_many
+from compiler.cedar_batch import Ask, SharedEntities, authorise_many
 from compiler.errors import RequestError
 from compiler.pipeline import CatalogView, CompiledPlan, Resolved, check_plan, compile_resolved, resolve_request
 
 
-def compile_many(docs: Sequence[Any], view: CatalogView, now: datetime | None) -> list[CompiledPlan | RequestError]:
+def compile_many(docs: Sequence[Any], view: CatalogView, now: datetime | None,
+                 shared: SharedEntities | None = None) -> list[CompiledPlan | RequestError]:
     """Per request, in order, the plan `compile_request(doc, view, now)` returns or the RequestError it raises.
 
-    Other exceptions propagate, as they would from `compile_request`.
+    Other exceptions propagate, as they would from `compile_request`. `shared` keeps Cedar
+    entities across the calls that compile one batch against one unchanged `view`.
     """
     staged: list[Resolved | RequestError] = []
     for doc in docs:
@@ -27,7 +29,7 @@ def compile_many(docs: Sequence[Any], view: CatalogView, now: datetime | None) -
     # Only a known principal's in-scope candidates are put to Cedar (as `admit` does).
     asking = [(i, r) for i, r in enumerate(staged)
               if isinstance(r, Resolved) and r.known_principal and not r.scoped_out]
-    answers = authorise_many([_ask(r) for _, r in asking])
+    answers = authorise_many([_ask(r) for _, r in asking], shared)
     verdicts = {i: answer for (i, _), answer in zip(asking, answers, strict=True)}
     out: list[CompiledPlan | RequestError] = []
     for i, item in enumerate(staged):

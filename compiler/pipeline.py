@@ -198,9 +198,10 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
                       "policy": [policy.bundle_id, policy.version, policy.digest],
                       "slots": [(s.proposition, s.state) for s in slots], "rejected": rejected,
                       "withheld": len(withheld), "state": state, "stop": stop}, prefix="plan-")
+    decided_at = format_instant(when)
     receipt = tidy_all({
         "schema_version": 1, "plan_id": plan_id, "request": request.as_dict(),
-        "entity_id": entity_id, "decision_time": format_instant(when),
+        "entity_id": entity_id, "decision_time": decided_at,
         "policy": {"bundle_id": policy.bundle_id, "version": policy.version, "hash": policy.digest},
         "admitted": [{"resource_id": r.id, "version": r.version, "content_hash": content_hash(r)}
                      for r in chosen.admitted],
@@ -215,7 +216,7 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
     # Dependency keys name withheld resources, so they live in the receipt, not the plan.
     plan = tidy_all({
         "schema_version": 1, "plan_id": plan_id, "plan_key": key, "state": state,
-        "request": request.as_dict(), "entity_id": entity_id, "decision_time": format_instant(when),
+        "request": request.as_dict(), "entity_id": entity_id, "decision_time": decided_at,
         "policy": {"bundle_id": policy.bundle_id, "version": policy.version},
         "admitted": [{"resource_id": r.id, "version": r.version, "evidence_class": r.evidence_class,
                       "tokens": r.tokens, "content": r.content} for r in chosen.admitted],

@@ -256,6 +256,7 @@ def verdicts(count: int, usable: Sequence[int], results: Sequence[Any]) -> Autho
     """Cedar's results for the usable candidates; the others are denied as errors."""
     allowed, errors = [False] * count, [True] * count
     for i, result in zip(usable, results, strict=True):
-        errors[i] = bool(result.diagnostics.errors) or result.decision == cedarpy.Decision.NoDecision
-        allowed[i] = result.decision == cedarpy.Decision.Allow and not errors[i]
+        decision = result.decision  # a property that looks the enum up on every read
+        errors[i] = bool(result.diagnostics.errors) or decision == cedarpy.Decision.NoDecision
+        allowed[i] = decision == cedarpy.Decision.Allow and not errors[i]
     return Authorisation(tuple(allowed), tuple(errors))

@@ -43,23 +43,46 @@ def select(typed: Sequence[tuple[Resource, frozenset[str]]], relevance: dict[str
     spent = Cost()
     budget_hit = False
 
+    # `chosen` changes only between rounds, so within one round (a sort over every remaining
+    # item, then the pick) each proposition's openness and seen groups are computed once.
+    is_open: dict[str, bool] = {}
+    seen_groups: dict[tuple[str, bool], set[str]] = {}
+
     def open_(p: str) -> bool:
-        support, _, groups = aggregate(chosen[p], props[p])
-        return support < threshold_of(props[p], contract) or groups < props[p].min_independent
+        if p not in is_open:
+            support, _, groups = aggregate(chosen[p], props[p])
+            is_open[p] = support < threshold_of(props[p], contract) or groups < props[p].min_independent
+        return is_open[p]
+
+    # (id of a resource, proposition) -> its contribution; `typed` holds every resource throughout
+    weights: dict[tuple[int, str], float] = {}
+
+    def weight_of(resource: Resource, p: str) -> float:
+        key = (id(resource), p)
+        if key not in weights:
+            weights[key] = contribution(resource, p)
+        return weights[key]
+
+    def seen(p: str, positive: bool) -> set[str]:
+        key = (p, positive)
+        if key not in seen_groups:
+            seen_groups[key] = {group_of(r) for r in chosen[p] if (weight_of(r, p) > 0) == positive}
+        return seen_groups[key]
 
     def gain(item: tuple[Resource, frozenset[str]]) -> set[str]:
         resource, claims = item
         out = set()
         for p in claims:
-            weight = contribution(resource, p)
-            seen = {group_of(r) for r in chosen[p] if (contribution(r, p) > 0) == (weight > 0)}
-            if group_of(resource) in seen or weight == 0:
+            weight = weight_of(resource, p)
+            if weight == 0 or group_of(resource) in seen(p, weight > 0):
                 continue
             if weight < 0 or open_(p):
                 out.add(p)
         return out
 
     while remaining:
+        is_open.clear()
+        seen_groups.clear()
         remaining.sort(key=lambda it: (-len(gain(it)), -relevance.get(it[0].id, 0.0),
                                        it[0].tokens, it[0].id))
         resource, claims = remaining.pop(0)
@@ -67,12 +90,13 @@ def select(typed: Sequence[tuple[Resource, frozenset[str]]], relevance: dict[str
         if not covered:
             remaining.insert(0, (resource, claims))
             break
-        if not fits(spent, cost_of(resource), budget):
+        cost = cost_of(resource)
+        if not fits(spent, cost, budget):
             skipped.append((resource.id, BUDGET_EXCEEDED))
             budget_hit = True
             continue
         admitted.append(resource)
-        spent = spent + cost_of(resource)
+        spent = spent + cost
         for p in covered:
             chosen[p].append(resource)
     skipped.extend((r.id, NOT_NEEDED) for r, _ in remaining)

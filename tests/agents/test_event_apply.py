@@ -67,9 +67,9 @@ def compiled_docs(monkeypatch) -> list[dict]:
     seen: list[dict] = []
     real = plan_writer_module.compile_many
 
-    def counting(docs, view, now):
+    def counting(docs, view, now, *shared):
         seen.extend(docs)
-        return real(docs, view, now)
+        return real(docs, view, now, *shared)
 
     monkeypatch.setattr(plan_writer_module, "compile_many", counting)
     return seen

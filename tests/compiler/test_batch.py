@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compiler.batch import compile_many
+from compiler.cedar_batch import SharedEntities
 from compiler.errors import RequestError
 from compiler.pipeline import compile_request
 from compiler.policy import compile_policy
@@ -139,3 +140,13 @@ def test_a_batch_shares_no_entity_with_a_policy_that_names_one():
     view.contracts["credit.review.continuation"] = (contract, naming)
     docs = [BASE["atlas"], dict(BASE["atlas"], principal="omar")]
     assert [outcome(x) for x in compile_many(docs, view, NOW)] == [outcome(x) for x in one_by_one(docs, view, NOW)]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(range(len(REQUESTS))), max_size=16), st.integers(1, 5))
+def test_a_batch_compiled_in_chunks_sharing_entities_compiles_as_one_request_at_a_time(view, picks, size):
+    docs = [REQUESTS[i] for i in picks]
+    shared = SharedEntities()
+    chunked = [x for start in range(0, len(docs), size) for x in compile_many(docs[start:start + size], view, NOW,
+                                                                               shared)]
+    assert [outcome(x) for x in chunked] == [outcome(x) for x in one_by_one(docs, view, NOW)]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 import cedarpy
 
-from compiler.cedar_batch import Ask, authorise_many
+from compiler import cedar_batch
+from compiler.cedar_batch import Ask, SharedEntities, authorise_many
 from compiler.policy import authorise, compile_policy, self_contained
 from schemas.records import PolicyBundle, Principal, Resource
 
@@ -101,3 +103,59 @@ def test_self_contained_reads_conditions_only():
     assert not self_contained('permit(principal, action, resource) unless { Resource::"x".secret };')
     assert not self_contained('permit(principal == ?principal, action, resource);')
     assert not self_contained("permit(")
+
+
+def parsed(monkeypatch) -> list[list[str]]:
+    """The entity ids of every document Cedar parses from now on, per parse."""
+    seen: list[list[str]] = []
+    for name in ("from_json_str", "with_added_json_str"):
+        real = getattr(cedarpy.Entities, name)
+
+        def wrapper(*args, real=real, **kwargs):
+            seen.append([doc["uid"]["id"] for doc in json.loads(args[-1])])
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(cedarpy.Entities, name, staticmethod(wrapper) if name == "from_json_str" else wrapper)
+    return seen
+
+
+def test_calls_sharing_entities_parse_each_document_once_and_answer_as_alone(monkeypatch):
+    p = policy(LEVEL)
+    first = [ask(p, MAYA, item("a", level=5), item("b", level=1)), ask(p, OMAR, item("a", level=5))]
+    second = [ask(p, MAYA, item("a", level=5), item("c", level=9)), ask(p, OMAR, item("b", level=1))]
+    seen = parsed(monkeypatch)
+    shared = SharedEntities()
+    assert authorise_many(first, shared) == alone(first)
+    assert authorise_many(second, shared) == alone(second)
+    assert seen == [["maya", "a", "b", "omar"], ["c"]]  # the second call parses only what is new
+
+
+def test_a_document_refused_by_cedar_fails_only_the_calls_carrying_it(monkeypatch):
+    p = policy(LEVEL)
+    real = cedar_batch.resource_entity
+
+    def refused(resource):  # a document Cedar will not parse (the conversion normally prevents it)
+        doc = real(resource)
+        return dict(doc, parents="none") if resource.id == "bad" else doc
+
+    monkeypatch.setattr(cedar_batch, "resource_entity", refused)
+    shared = SharedEntities()
+    first = [ask(p, MAYA, item("a", level=5), item("bad", level=9))]
+    assert authorise_many(first, shared) == alone(first)  # asked alone, by `authorise`
+    assert shared.store == {} and shared.entities is None
+    second = [ask(p, OMAR, item("a", level=5))]
+    assert authorise_many(second, shared) == alone(second) and set(shared.store) == {
+        ("User", "omar"), ("Resource", "a")}
+
+
+def test_a_shared_store_past_its_bound_starts_afresh(monkeypatch):
+    monkeypatch.setattr(cedar_batch, "SHARED_ENTITIES", 3)
+    p = policy(LEVEL)
+    shared = SharedEntities()
+    calls = [[ask(p, MAYA, item("a", level=5), item("b", level=1))], [ask(p, MAYA, item("c", level=7))],
+             [ask(p, OMAR, item("a", level=5), item("d", level=4))]]
+    seen = parsed(monkeypatch)
+    for asks in calls:
+        assert authorise_many(asks, shared) == alone(asks)
+    assert seen == [["maya", "a", "b"], ["maya", "c"], ["omar", "a", "d"]]
+    assert set(shared.store) == {("User", "omar"), ("Resource", "a"), ("Resource", "d")}
