@@ -129,7 +129,8 @@ def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -
     if new.delegation_version != old[2] or sorted(new.roles) != sorted(old[0] or ()):
         return True
     before, after = orjson.loads(old[1] or "{}"), dict(new.attributes)
-    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    # Compared as JSON, not by ==: Python holds 1 == 1.0 == True, where Cedar has a Long, a decimal and a Bool.
+    changed = {k for k in set(before) | set(after) if _json(before.get(k)) != _json(after.get(k))}
     if not changed:
         return False
     if not (_representable(before) and _representable(after)):
@@ -140,6 +141,10 @@ def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -
     texts = [spelt for text in policy_texts() for spelt in (text, _unescaped(text))]
     # Not \b: a name that starts or ends with a non-word character ("level!") has no word boundary there.
     return any(re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) for name in changed for text in texts)
+
+
+def _json(value: object) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def _unescaped(text: str) -> str:

@@ -193,6 +193,22 @@ def test_a_principal_attribute_a_policy_reads_by_any_spelling_invalidates(setup,
     assert "approved-waiver-W2" not in {a["resource_id"] for a in query.select(ATLAS_REQUEST)["admitted"]}
 
 
+@pytest.mark.parametrize("old, new, literal", [(1, True, "true"), (0, False, "false"),
+                                                (1, 1.0, 'decimal("1.0")'), ([1], [True], "[true]")])
+def test_a_read_principal_attribute_changing_type_but_not_python_equality_invalidates(setup, old, new, literal):
+    # Python holds 1 == True == 1.0; Cedar does not (a Long, a Bool, a decimal): the forbid rule now applies.
+    state, inv, query = setup
+    inv.apply([raw("policy-versions", _forbid_waivers_when(f"principal has blocked && principal.blocked == {literal}")),
+               raw(*_maya_with({"blocked": old})), raw(*resource("approved-waiver-W2"))])
+    plan = query.select(ATLAS_REQUEST)
+    assert "approved-waiver-W2" in {a["resource_id"] for a in plan["admitted"]}
+    before = len(outbox(state, "plan-invalidations"))
+    inv.apply([raw(*_maya_with({"blocked": new}))])
+    [announced] = outbox(state, "plan-invalidations")[before:]
+    assert announced["plan_id"] == plan["plan_id"] and announced["reason"] == "principal_changed"
+    assert "approved-waiver-W2" not in {a["resource_id"] for a in query.select(ATLAS_REQUEST)["admitted"]}
+
+
 def test_an_unread_principal_attribute_too_deep_for_cedar_still_invalidates(setup):
     # Cedar's entity parser stops at 128 levels of nesting: the principal is denied everything on recompile.
     state, inv, query = setup
