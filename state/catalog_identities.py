@@ -133,14 +133,14 @@ def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -
     changed = {k for k in set(before) | set(after) if _json(before.get(k)) != _json(after.get(k))}
     if not changed:
         return False
-    if not (_representable(before) and _representable(after)):
-        # A principal Cedar cannot hold is denied everything, whatever the policies read.
-        return True
     if changed & {"grants", "delegations", "sessions"}:
         return True
     texts = [spelt for text in policy_texts() for spelt in (text, _unescaped(text))]
     # Not \b: a name that starts or ends with a non-word character ("level!") has no word boundary there.
-    return any(re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) for name in changed for text in texts)
+    if any(re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) for name in changed for text in texts):
+        return True
+    # A principal Cedar cannot hold is denied everything, whatever the policies read (asked last: it costs a call).
+    return not (_representable(before) and _representable(after))
 
 
 def _json(value: object) -> bytes:
