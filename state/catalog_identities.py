@@ -147,6 +147,7 @@ def _json(value: object) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
+@functools.lru_cache(maxsize=1024)  # the stored texts change rarely; principal updates come often
 def _unescaped(text: str) -> str:
     """The text with Cedar's string escapes resolved: `principal["\\u{61}ge"]` reads `age`."""
     def one(m: re.Match) -> str:
