@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Callable, Sequence
 
+import cedarpy
 import orjson
 import pyarrow as pa
 
 from compiler import dependency_keys as dk
-from compiler.policy import Unrepresentable, cedar_value
+from compiler.policy import Unrepresentable, principal_entity, use_request
 from schemas.records import Entity, Principal, Revocation, SourceChange
 from state.store import Store
 
@@ -119,31 +121,68 @@ def _principal(change: SourceChange, principals: dict, revoked: dict, changed: s
 def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -> bool:
     """Whether an upsert can change any plan: roles, delegation, or an attribute some policy reads.
 
-    Cedar reads attributes only by their literal names, so an attribute whose name appears in
-    no stored policy text cannot change an authorisation; the compiler itself reads only the
+    Cedar reads attributes only by name (an identifier, or a string literal that may spell it
+    with escapes), so an attribute whose name appears in no stored policy text, escapes
+    resolved, cannot change an authorisation; the compiler itself reads only the
     revocable lists. Anything else (a department rename, a phone number) invalidates nothing.
     """
     if new.delegation_version != old[2] or sorted(new.roles) != sorted(old[0] or ()):
         return True
     before, after = orjson.loads(old[1] or "{}"), dict(new.attributes)
-    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    # Compared as JSON, not by ==: Python holds 1 == 1.0 == True, where Cedar has a Long, a decimal and a Bool.
+    changed = {k for k in set(before) | set(after) if _json(before.get(k)) != _json(after.get(k))}
     if not changed:
         return False
-    if not (_representable(before) and _representable(after)):
-        # A principal Cedar cannot hold is denied everything, whatever the policies read.
-        return True
     if changed & {"grants", "delegations", "sessions"}:
         return True
-    texts = policy_texts()
-    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in changed for text in texts)
+    texts = [spelt for text in policy_texts() for spelt in (text, _unescaped(text))]
+    # Not \b: a name that starts or ends with a non-word character ("level!") has no word boundary there.
+    if any(re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) for name in changed for text in texts):
+        return True
+    # A principal Cedar cannot hold is denied everything, whatever the policies read (asked last: it costs a call).
+    return not (_representable(before) and _representable(after))
+
+
+def _json(value: object) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+@functools.lru_cache(maxsize=1024)  # the stored texts change rarely; principal updates come often
+def _unescaped(text: str) -> str:
+    """The text with Cedar's string escapes resolved: `principal["\\u{61}ge"]` reads `age`."""
+    def one(m: re.Match) -> str:
+        code = m.group(1)
+        if code.startswith("u{"):
+            try:
+                return chr(int(code[2:-1], 16))
+            except ValueError:
+                return m.group(0)
+        return _ESCAPED.get(code, code)
+    return _ESCAPE.sub(one, text)
+
+
+_ESCAPE = re.compile(r"\\(u\{[0-9a-fA-F]{1,6}\}|.)", re.DOTALL)
+_ESCAPED = {"n": "\n", "r": "\r", "t": "\t", "0": "\0"}
 
 
 def _representable(attributes: dict) -> bool:
+    """Whether Cedar accepts a principal with these attributes (its JSON parser also limits nesting depth)."""
     try:
-        cedar_value(attributes)
+        user = principal_entity(Principal("p", attributes=attributes))
     except Unrepresentable:
         return False
-    return True
+    resource = {"uid": {"type": "Resource", "id": "r"}, "attrs": {}, "parents": []}
+    try:
+        [result] = cedarpy.is_authorized_batch([use_request(user, "r", {})], _permit_all(), [user, resource])
+    except Exception:  # noqa: BLE001 - whatever the engine refuses, it cannot hold
+        return False
+    return result.decision == cedarpy.Decision.Allow and not result.diagnostics.errors
+
+
+@functools.cache
+def _permit_all() -> object:
+    """A policy set that permits everything: any error comes from the entity itself."""
+    return cedarpy.PolicySet.from_str("permit(principal, action, resource);")
 
 
 def _revoke(revocation: Revocation, principals: dict, revoked: dict, changed: set,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from datetime import timedelta
 
@@ -158,6 +159,69 @@ def test_an_unread_principal_attribute_cedar_cannot_hold_still_invalidates(setup
     inv.apply([raw(*_maya(phone="555-0100"))])  # representable again: the plan comes back
     assert len(outbox(state, "plan-invalidations")) == before + 2
     assert query.select(ATLAS_REQUEST)["admitted"]
+
+
+def _maya_with(attributes: dict) -> tuple[str, dict]:
+    topic, event = _maya()
+    event["event_id"] = f"maya-{hashlib.sha256(orjson.dumps(attributes, option=orjson.OPT_SORT_KEYS)).hexdigest()}"
+    event["principal"]["attributes"] = dict(event["principal"]["attributes"], **attributes)
+    return topic, event
+
+
+def _forbid_waivers_when(condition: str) -> dict:
+    bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    return dict(bundle, event_id="v2", version=2, cedar=bundle["cedar"] + (
+        'forbid(principal, action == Action::"use", resource) when { resource.evidence_class == "approved_waiver" '
+        f'&& {condition} }};\n'))
+
+
+@pytest.mark.parametrize("name, condition", [
+    ("level!", 'principal has "level!" && principal["level!"] == "low"'),   # no word boundary after the name
+    ("-", 'principal has "-" && principal["-"] == "low"'),                  # no word character at all
+    ("clearance", 'principal has "\\u{63}learance" && principal["\\u{63}learance"] == "low"'),  # spelt by an escape
+])
+def test_a_principal_attribute_a_policy_reads_by_any_spelling_invalidates(setup, name, condition):
+    state, inv, query = setup
+    inv.apply([raw("policy-versions", _forbid_waivers_when(condition)), raw(*_maya_with({name: "high"})),
+               raw(*resource("approved-waiver-W2"))])
+    plan = query.select(ATLAS_REQUEST)
+    assert "approved-waiver-W2" in {a["resource_id"] for a in plan["admitted"]}
+    before = len(outbox(state, "plan-invalidations"))
+    inv.apply([raw(*_maya_with({name: "low"}))])                   # read by the forbid rule
+    [announced] = outbox(state, "plan-invalidations")[before:]
+    assert announced["plan_id"] == plan["plan_id"] and announced["reason"] == "principal_changed"
+    assert "approved-waiver-W2" not in {a["resource_id"] for a in query.select(ATLAS_REQUEST)["admitted"]}
+
+
+@pytest.mark.parametrize("old, new, literal", [(1, True, "true"), (0, False, "false"),
+                                                (1, 1.0, 'decimal("1.0")'), ([1], [True], "[true]")])
+def test_a_read_principal_attribute_changing_type_but_not_python_equality_invalidates(setup, old, new, literal):
+    # Python holds 1 == True == 1.0; Cedar does not (a Long, a Bool, a decimal): the forbid rule now applies.
+    state, inv, query = setup
+    inv.apply([raw("policy-versions", _forbid_waivers_when(f"principal has blocked && principal.blocked == {literal}")),
+               raw(*_maya_with({"blocked": old})), raw(*resource("approved-waiver-W2"))])
+    plan = query.select(ATLAS_REQUEST)
+    assert "approved-waiver-W2" in {a["resource_id"] for a in plan["admitted"]}
+    before = len(outbox(state, "plan-invalidations"))
+    inv.apply([raw(*_maya_with({"blocked": new}))])
+    [announced] = outbox(state, "plan-invalidations")[before:]
+    assert announced["plan_id"] == plan["plan_id"] and announced["reason"] == "principal_changed"
+    assert "approved-waiver-W2" not in {a["resource_id"] for a in query.select(ATLAS_REQUEST)["admitted"]}
+
+
+def test_an_unread_principal_attribute_too_deep_for_cedar_still_invalidates(setup):
+    # Cedar's entity parser stops at 128 levels of nesting: the principal is denied everything on recompile.
+    state, inv, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    assert plan["admitted"]
+    before = len(outbox(state, "plan-invalidations"))
+    deep: object = "555-0100"
+    for _ in range(125):  # short of orjson's limit (1024) and the event size bound
+        deep = {"n": deep}
+    inv.apply([raw(*_maya_with({"phone": deep}))])
+    [announced] = outbox(state, "plan-invalidations")[before:]
+    assert announced["plan_id"] == plan["plan_id"] and announced["reason"] == "principal_changed"
+    assert query.select(ATLAS_REQUEST)["admitted"] == []
 
 
 LIVE_REQUEST = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}

@@ -6,6 +6,8 @@ import orjson
 import pytest
 
 from schemas.codec import decode
+from schemas.records import Principal
+from state.catalog_identities import _matters
 from state.local_state import LocalState
 from tests.events import envelope, principal, revoke_role
 
@@ -93,3 +95,34 @@ def test_a_revocation_stored_before_its_principal_applies_as_of_the_first_versio
     versions = state.store.db.execute("SELECT value, delegation_version FROM revoked WHERE principal = 'late' "
                                       "ORDER BY value").fetchall()
     assert versions == [("auditor", 4), ("credit_analyst", 4)]
+
+
+_READS = 'permit(principal, action, resource) when {{ {} }};'
+
+
+@pytest.mark.parametrize("before, after, condition, matters", [
+    ({"desk": "d1"}, {"desk": "d2"}, 'principal.unit == "x"', False),                 # read by no policy
+    ({"unit": "x"}, {"unit": "y"}, 'principal.business_unit == "x"', False),         # another name
+    ({"unit": "x"}, {"unit": "y"}, 'principal.unit == "x"', True),
+    ({"level!": 1}, {"level!": 2}, 'principal["level!"] == 1', True),               # no word boundary
+    ({"é": 1}, {"é": 2}, 'principal["é"] == 1', True),
+    ({"unit": "x"}, {"unit": "y"}, 'principal["\\u{75}nit"] == "x"', True),          # spelt by escapes
+    ({"a\"b": 1}, {"a\"b": 2}, 'principal["a\\"b"] == 1', True),
+    ({"unit": 1}, {"unit": True}, 'principal.unit == true', True),                  # 1 == True in Python only
+    ({"unit": 1}, {"unit": 1.0}, 'principal.unit == 1', True),
+    ({"x": None}, {}, 'principal.x == 1', False),                                    # Cedar drops nulls
+    ({"phone": "1"}, {"phone": 2**63}, 'principal.unit == "x"', True),              # Cedar cannot hold it
+])
+def test_an_attribute_change_matters_when_a_policy_reads_it_by_any_spelling(before, after, condition, matters):
+    old = [["analyst"], orjson.dumps(before).decode(), 3, False]
+    new = Principal("p", roles=("analyst",), attributes=after, delegation_version=3)
+    assert _matters(old, new, lambda: [_READS.format(condition)]) is matters
+
+
+def test_an_attribute_nested_deeper_than_cedar_parses_matters_though_no_policy_reads_it():
+    deep: object = "x"
+    for _ in range(125):
+        deep = {"n": deep}
+    old = [["analyst"], orjson.dumps({"phone": "1"}).decode(), 3, False]
+    new = Principal("p", roles=("analyst",), attributes={"phone": deep}, delegation_version=3)
+    assert _matters(old, new, lambda: [_READS.format('principal.unit == "x"')]) is True
