@@ -50,6 +50,7 @@ class Ownership:
         self.partitions = partitions
         self.feed_topic = feed_topic  # broker-side `plan-dependencies`, named in causes it alone explains
         self.owned: frozenset[int] | None = None
+        self.failures = 0  # assignments this worker failed to follow (each rolled back and retried), for /healthz
         db = state.store.db
         if not db.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'owned_partitions'").fetchone():
             db.execute("CREATE TABLE owned_partitions (partition INTEGER PRIMARY KEY)")

@@ -121,6 +121,7 @@ class Worker:
         return {"duty": self.duty(), "duty_committed": self.input_duty.committed_by_topic(),
                 "inputs_from_faust": self.input_duty.delivered,
                 "owned_partitions": None if owned is None else sorted(owned),
+                "ownership_failures": self.ownership.failures,
                 "parked_plans": self.reader.store.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0],
                 "standby_outbox": self.reader.outbox.standby_size(),
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict(),
@@ -217,6 +218,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # Plans are owned with the input partition of the same number (the assignor co-partitions
         # them). Judging a take-over needs offsets verified against this broker incarnation.
         await replica.ready.wait()
+        backoff = 1.0
         while True:
             if app.rebalancing_count and not app.rebalancing:
                 assigned = frozenset(worker.duty().get("source-changes", ()))
@@ -224,9 +226,15 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                     try:
                         await writer.run(ownership.follow, assigned)
                     except Exception:  # noqa: BLE001 - nothing changed (see `Ownership.follow`): try again
-                        log.exception("following the assignment %s failed; retrying in 1 s", sorted(assigned))
-                        await asyncio.sleep(1.0)
+                        ownership.failures += 1
+                        log.exception("following the assignment %s failed (%d so far); retrying in %.0f s",
+                                      sorted(assigned), ownership.failures, backoff,
+                                      extra={"reason": "take_over_failed", "partitions": sorted(assigned)})
+                        # Each attempt reruns the whole take-over on the writer: a lasting fault must not starve it.
+                        await asyncio.sleep(backoff)
+                        backoff = min(2 * backoff, 60.0)
                         continue
+                    backoff = 1.0
                     await worker.publish_outbox()
             await asyncio.sleep(0.2)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, fields, is_dataclass
@@ -260,3 +261,27 @@ def verdicts(count: int, usable: Sequence[int], results: Sequence[Any]) -> Autho
         errors[i] = bool(result.diagnostics.errors) or decision == cedarpy.Decision.NoDecision
         allowed[i] = decision == cedarpy.Decision.Allow and not errors[i]
     return Authorisation(tuple(allowed), tuple(errors))
+
+
+def principal_representable(attributes: dict) -> bool:
+    """Whether Cedar accepts a principal with these attributes (its JSON parser also limits nesting depth).
+
+    A principal it cannot hold is denied everything, so a change into or out of that state
+    matters to every plan of the principal, whatever the policies read.
+    """
+    try:
+        user = principal_entity(Principal("p", attributes=attributes))
+    except Unrepresentable:
+        return False
+    resource = {"uid": {"type": "Resource", "id": "r"}, "attrs": {}, "parents": []}
+    try:
+        [result] = cedarpy.is_authorized_batch([use_request(user, "r", {})], _permit_all(), [user, resource])
+    except Exception:  # noqa: BLE001 - whatever the engine refuses, it cannot hold
+        return False
+    return result.decision == cedarpy.Decision.Allow and not result.diagnostics.errors
+
+
+@functools.cache
+def _permit_all() -> object:
+    """A policy set that permits everything: any error comes from the entity itself."""
+    return cedarpy.PolicySet.from_str("permit(principal, action, resource);")

@@ -6,12 +6,11 @@ import functools
 import re
 from typing import Callable, Sequence
 
-import cedarpy
 import orjson
 import pyarrow as pa
 
 from compiler import dependency_keys as dk
-from compiler.policy import Unrepresentable, principal_entity, use_request
+from compiler.policy import principal_representable
 from schemas.records import Entity, Principal, Revocation, SourceChange
 from state.store import Store
 
@@ -140,7 +139,7 @@ def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -
     if any(re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) for name in changed for text in texts):
         return True
     # A principal Cedar cannot hold is denied everything, whatever the policies read (asked last: it costs a call).
-    return not (_representable(before) and _representable(after))
+    return not (principal_representable(before) and principal_representable(after))
 
 
 def _json(value: object) -> bytes:
@@ -163,26 +162,6 @@ def _unescaped(text: str) -> str:
 
 _ESCAPE = re.compile(r"\\(u\{[0-9a-fA-F]{1,6}\}|.)", re.DOTALL)
 _ESCAPED = {"n": "\n", "r": "\r", "t": "\t", "0": "\0"}
-
-
-def _representable(attributes: dict) -> bool:
-    """Whether Cedar accepts a principal with these attributes (its JSON parser also limits nesting depth)."""
-    try:
-        user = principal_entity(Principal("p", attributes=attributes))
-    except Unrepresentable:
-        return False
-    resource = {"uid": {"type": "Resource", "id": "r"}, "attrs": {}, "parents": []}
-    try:
-        [result] = cedarpy.is_authorized_batch([use_request(user, "r", {})], _permit_all(), [user, resource])
-    except Exception:  # noqa: BLE001 - whatever the engine refuses, it cannot hold
-        return False
-    return result.decision == cedarpy.Decision.Allow and not result.diagnostics.errors
-
-
-@functools.cache
-def _permit_all() -> object:
-    """A policy set that permits everything: any error comes from the entity itself."""
-    return cedarpy.PolicySet.from_str("permit(principal, action, resource);")
 
 
 def _revoke(revocation: Revocation, principals: dict, revoked: dict, changed: set,
