@@ -60,6 +60,7 @@ class Replica:
         self.ready = asyncio.Event()  # set once offsets are known to belong to the broker's topics
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
         self._deferred: Exception | None = None  # a fetch error met after records were taken, raised next
+        self.applied_at = 0.0  # loop time of the last batch applied (idle checkpoints wait for a quiet second)
 
     def applied(self, topic: str, partition: int, offset: int) -> bool:
         """Whether the event at this position has been applied (or skipped) locally."""
@@ -150,6 +151,7 @@ class Replica:
                             for tp, records in batch.items() for m in records]
                 if messages:
                     self.positions = await self.run_writes(self._apply, messages)
+                    self.applied_at = asyncio.get_running_loop().time()
                     async with self._progress:
                         self._progress.notify_all()
                     if self.after_apply:

@@ -43,6 +43,8 @@ from streams.topics import Topics, declare_topics
 
 log = logging.getLogger(__name__)
 
+IDLE_SECONDS = 1.0  # no input batch applied for this long: the writer may checkpoint the file
+
 @dataclass
 class Worker:
     """One freshplan worker: its app, topics, local state and services."""
@@ -125,7 +127,7 @@ class Worker:
                 "parked_plans": self.reader.store.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0],
                 "standby_outbox": self.reader.outbox.standby_size(),
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict(),
-                "gc": self.collector.as_dict()}
+                "gc": self.collector.as_dict(), "checkpoints": self.state.store.checkpoints.as_dict()}
 
     def close(self) -> None:
         """Let the writer finish its job, then close the file (after the app has stopped)."""
@@ -147,6 +149,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
                                        frozenset({settings.topic("plans"), settings.topic("receipts"),
                                                   settings.topic("plan-dependencies")}))
+    state.store.checkpoints.limit(settings.wal_limit_mb * 2**20)
     reader = state.reader()
     writer, probe, collector = Writer(), LoopProbe(), Collector(settings.gc_freeze).install()
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
@@ -286,6 +289,13 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         result = await retention.run(writer.run)
         if result is not None and result.evicted:
             await worker.publish_outbox()
+
+    @app.timer(interval=1.0)
+    async def checkpoint_when_idle() -> None:
+        # A checkpoint stops the writer for as long as it rewrites the file's indexes (see
+        # state.checkpoints): taken after a quiet second, it delays no event that was waiting.
+        if asyncio.get_running_loop().time() - replica.applied_at >= IDLE_SECONDS:
+            await writer.run(state.store.checkpoints.when_idle)
 
     @app.timer(interval=1.0)
     async def flush_outbox() -> None:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 import duckdb
 import pyarrow as pa
 
+from state.checkpoints import Checkpoints
 from state.event_ids import claim_any, claim_scoped
 from state.head_cache import HeadCache
 from state.row_writes import UPDATE_ROWS, insert_rows, update_rows
@@ -92,6 +93,7 @@ class Store:
         # Schema changes must not wait in the WAL: DuckDB (1.x) can fail to replay DDL with
         # defaults after a kill -9, and then the file does not open at all.
         self.db.execute("CHECKPOINT")
+        self.checkpoints = Checkpoints(self.db, self.path)  # shared with views, which only read its figures
         self._depth = 0
         self.heads = HeadCache()  # shared with views: what cached selects read instead of the file
         self._heads_writer = True  # views read only: their transactions never publish the writer's changes

@@ -79,6 +79,8 @@ class Settings:
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
     check_head_cache: bool = False
     """Read the file on every in-memory select hit as well and log any disagreement (the test suite's check)."""
+    wal_limit_mb: int = 64
+    """Write-ahead log (MB) from which DuckDB checkpoints at a commit even while events apply (idle comes first)."""
     gc_freeze: bool = True
     """Once ready, take what start-up built out of garbage collection (full collections stop pausing selects)."""
     kafka: KafkaSecurity = field(default_factory=KafkaSecurity)
@@ -187,6 +189,7 @@ class Settings:
             retention_interval=get("RETENTION_INTERVAL", base.retention_interval, float),
             check_head_cache=get("CHECK_HEAD_CACHE", base.check_head_cache, bool),
             gc_freeze=get("GC_FREEZE", base.gc_freeze, bool),
+            wal_limit_mb=get("WAL_LIMIT_MB", base.wal_limit_mb, int),
         )
 
 

@@ -248,3 +248,22 @@ async def test_a_revoked_role_comes_back_only_with_a_higher_delegation_version(w
     status = await worker.get(f"/v1/plans/{revoked['plan_id']}")
     assert status["status"] == "invalidated" and status["reason"] == "principal_changed"
     assert status["successor_plan_id"] == regranted["plan_id"]
+
+
+async def test_an_idle_worker_checkpoints_its_file_and_says_so(broker, tmp_path):
+    from tests.conftest import eventually, launch
+
+    # A 1 MB cap makes the idle threshold 64 KB: the Atlas scenario, a compile and 60 waivers write more.
+    async with launch(broker, tmp_path / "w", FRESHPLAN_WAL_LIMIT_MB="1") as running:
+        await running.select(ATLAS_REQUEST, await running.load("atlas.jsonl"))
+        fresh = await running.publish_events(*[resource(f"approved-waiver-W{i}", version=1) for i in range(2, 62)])
+        await running.select(ATLAS_REQUEST, fresh)
+
+        async def checkpointed() -> dict | None:
+            shown = (await running.get("/healthz"))["checkpoints"]
+            return shown if shown["idle_checkpoints"] else None
+
+        shown = await eventually(checkpointed, timeout=30, what="an idle checkpoint")
+        assert shown["wal_limit_bytes"] == 2**20 and shown["wal_bytes"] < 2**16
+        again = await running.select(ATLAS_REQUEST, fresh)  # the file reads back after it
+        assert again["served_from"] == "cache"
