@@ -290,12 +290,17 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         if result is not None and result.evicted:
             await worker.publish_outbox()
 
+    checkpointing: list[asyncio.Future] = []
+
     @app.timer(interval=1.0)
     async def checkpoint_when_idle() -> None:
         # A checkpoint stops the writer for as long as it rewrites the file's indexes (see
         # state.checkpoints): taken after a quiet second, it delays no event that was waiting.
+        # Not awaited here: behind a long writer job the timer would overrun its interval.
+        if checkpointing and not checkpointing[0].done():
+            return
         if asyncio.get_running_loop().time() - replica.applied_at >= IDLE_SECONDS:
-            await writer.run(state.store.checkpoints.when_idle)
+            checkpointing[:] = [asyncio.ensure_future(_checkpoint(writer, state))]
 
     @app.timer(interval=1.0)
     async def flush_outbox() -> None:
@@ -316,6 +321,13 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
     register_routes(app, worker.api(), access)
     return worker
+
+
+async def _checkpoint(writer: Writer, state: LocalState) -> None:
+    try:
+        await writer.run(state.store.checkpoints.when_idle)
+    except Exception:  # noqa: BLE001 - housekeeping: a failure must never stop the worker; the next second retries
+        log.exception("checkpointing the state file failed; retrying when idle")
 
 
 def _register_input_agent(worker: Worker, name: str) -> None:

@@ -30,6 +30,7 @@ class Checkpoints:
         self.db = db
         self.wal = Path(f"{path}.wal")
         self.idle_runs = 0  # checkpoints taken while idle
+        self.refused = 0  # idle checkpoints postponed because another connection was writing
         self.last_seconds = 0.0  # how long the last one held the file
         self.limit(wal_limit)
 
@@ -51,7 +52,14 @@ class Checkpoints:
         if self.wal_bytes() < (self.wal_limit // IDLE_SHARE if at_least is None else at_least):
             return False
         started = time.perf_counter()
-        self.db.execute("CHECKPOINT")
+        try:
+            self.db.execute("CHECKPOINT")
+        except duckdb.TransactionException as exc:
+            # Another connection's write transaction is open (a view's registered scan counts): the
+            # next idle second tries again. FORCE CHECKPOINT would abort it instead.
+            self.refused += 1
+            log.debug("idle checkpoint postponed: %s", exc)
+            return False
         self.last_seconds = time.perf_counter() - started
         self.idle_runs += 1
         log.debug("checkpointed the state file while idle in %.0f ms", self.last_seconds * 1000)
@@ -60,4 +68,5 @@ class Checkpoints:
     def as_dict(self) -> dict:
         """Shape shown in /healthz."""
         return {"wal_bytes": self.wal_bytes(), "wal_limit_bytes": self.wal_limit, "idle_checkpoints": self.idle_runs,
+                "idle_checkpoints_postponed": self.refused,
                 "last_idle_checkpoint_seconds": round(self.last_seconds, 3)}

@@ -54,3 +54,18 @@ def test_a_checkpoint_runs_beside_an_open_read_transaction(tmp_path):
         view.db.execute("COMMIT")
     finally:
         store.close()
+
+
+def test_an_idle_checkpoint_beside_another_write_transaction_is_postponed_not_raised(tmp_path):
+    store = Store(tmp_path / "f.duckdb")
+    other = store.db.cursor()
+    try:
+        _grow_log(store, 100)
+        other.execute("BEGIN")
+        other.execute("UPDATE receipts SET plan_id = 'q' WHERE receipt_id LIKE 'r-1-%'")  # left open
+        assert not store.checkpoints.when_idle(at_least=1)
+        assert store.checkpoints.refused == 1 and store.checkpoints.idle_runs == 0
+        other.execute("COMMIT")
+        assert store.checkpoints.when_idle(at_least=1) and store.checkpoints.as_dict()["idle_checkpoints_postponed"] == 1
+    finally:
+        store.close()
