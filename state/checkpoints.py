@@ -36,7 +36,8 @@ class Checkpoints:
 
     def limit(self, wal_limit: int) -> None:
         """Let DuckDB checkpoint at a commit only from this many bytes of log on (a database-wide setting)."""
-        self.wal_limit = int(wal_limit)
+        # At least 1 MB: a zero or negative FRESHPLAN_WAL_LIMIT_MB would checkpoint at every commit or fail to start.
+        self.wal_limit = max(2**20, int(wal_limit))
         self.db.execute(f"SET checkpoint_threshold = '{self.wal_limit}B'")
 
     def wal_bytes(self) -> int:

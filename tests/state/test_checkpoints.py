@@ -66,6 +66,18 @@ def test_an_idle_checkpoint_beside_another_write_transaction_is_postponed_not_ra
         assert not store.checkpoints.when_idle(at_least=1)
         assert store.checkpoints.refused == 1 and store.checkpoints.idle_runs == 0
         other.execute("COMMIT")
-        assert store.checkpoints.when_idle(at_least=1) and store.checkpoints.as_dict()["idle_checkpoints_postponed"] == 1
+        assert store.checkpoints.when_idle(at_least=1)
+        assert store.checkpoints.as_dict()["idle_checkpoints_postponed"] == 1
+    finally:
+        store.close()
+
+
+def test_a_limit_below_one_megabyte_is_raised_to_one(tmp_path):
+    store = Store(tmp_path / "f.duckdb")
+    try:
+        for hostile in (0, -5):
+            store.checkpoints.limit(hostile)
+            assert store.checkpoints.wal_limit == 2**20
+            assert store.db.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0] == "1.0 MiB"
     finally:
         store.close()
