@@ -28,9 +28,9 @@ def resource(rid: str, *, entity: str = "ATLAS-IN-01", version: int = 1, cls: st
     return "source-changes", envelope(kind="resource", op="upsert", resource=body)
 
 
-def revoke_role(principal: str, role: str) -> tuple[str, dict]:
+def revoke_role(principal: str, role: str, **extra) -> tuple[str, dict]:
     return "revocations", envelope(principal=principal, revoke="role", value=role,
-                                   effective_at=T0, issued_by="iam")
+                                   effective_at=T0, issued_by="iam", **extra)
 
 
 def tick(now: str) -> tuple[str, dict]:
