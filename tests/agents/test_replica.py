@@ -1,6 +1,9 @@
-"""The replica's batching: one fetch while up to date, up to `catch_up_size` records while behind."""
+"""The replica's batching: one fetch while up to date (topped up when it was buffered), up to
+`catch_up_size` records while behind."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from aiokafka import TopicPartition
@@ -14,15 +17,23 @@ A, B = TopicPartition("in", 0), TopicPartition("in", 1)
 class _Consumer:
     """Hands out pre-fetched records as aiokafka's getmany does: at most max_records per call."""
 
-    def __init__(self, ready: dict[TopicPartition, list[int]], error_after: int | None = None) -> None:
+    def __init__(self, ready: dict[TopicPartition, list[int]], error_after: int | None = None,
+                 in_flight: dict[TopicPartition, list[int]] | None = None, wait: float = 0.0) -> None:
         self.ready = {tp: list(offsets) for tp, offsets in ready.items()}
+        self.in_flight = in_flight or {}  # records the fetch sent after the first getmany brings
         self.calls = 0
         self.error_after = error_after
+        self.wait = wait  # seconds the first getmany waits for a fetch (0: it was buffered)
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict:
         self.calls += 1
+        if self.calls == 1 and self.wait:
+            await asyncio.sleep(self.wait)
         if self.error_after is not None and self.calls > self.error_after:
             raise OffsetOutOfRangeError({A: 0})
+        if self.calls == 2:
+            for tp, offsets in self.in_flight.items():
+                self.ready.setdefault(tp, []).extend(offsets)
         out, left = {}, max_records
         for tp, offsets in self.ready.items():
             if offsets and left:
@@ -34,7 +45,7 @@ class _Consumer:
 def _replica(batch_size: int, catch_up_batches: int = 4) -> Replica:
     replica = Replica.__new__(Replica)  # only the batching is exercised: no store, no broker
     replica.batch_size, replica.catch_up_size = batch_size, batch_size * catch_up_batches
-    replica.batch_window, replica._deferred = 0.0, None
+    replica.batch_window, replica._deferred, replica.top_up = 0.0, None, 0.005
     return replica
 
 
@@ -56,5 +67,33 @@ async def test_a_fetch_error_after_records_were_taken_is_raised_on_the_next_fetc
     replica = _replica(10)
     consumer = _Consumer({A: list(range(40))}, error_after=1)
     assert await replica._fetch(consumer) == {A: list(range(10))}  # applied first: they are consumed
+    with pytest.raises(OffsetOutOfRangeError):
+        await replica._fetch(consumer)
+
+
+async def test_a_batch_handed_over_from_the_buffer_takes_what_the_fetch_in_flight_brings():
+    # aiokafka fetched those while the last batch applied: the records sent since are a round trip away.
+    consumer = _Consumer({A: [0, 1]}, in_flight={A: [2, 3], B: [0]})
+    assert await _replica(10)._fetch(consumer) == {A: [0, 1, 2, 3], B: [0]}
+
+
+async def test_a_batch_the_replica_waited_for_is_applied_as_it_came():
+    consumer = _Consumer({A: [0, 1]}, in_flight={A: [2]}, wait=0.02)
+    assert await _replica(10)._fetch(consumer) == {A: [0, 1]}
+    assert consumer.calls == 1
+
+
+async def test_a_full_or_empty_batch_is_not_topped_up():
+    full = _Consumer({A: list(range(10))}, in_flight={B: [0]})
+    replica = _replica(10, catch_up_batches=1)
+    assert await replica._fetch(full) == {A: list(range(10))} and full.calls == 1
+    empty = _Consumer({}, in_flight={A: [0]})
+    assert await replica._fetch(empty) == {} and empty.calls == 1
+
+
+async def test_an_error_while_topping_up_is_raised_after_the_records_taken_are_applied():
+    replica = _replica(10)
+    consumer = _Consumer({A: [0, 1, 2]}, error_after=1)
+    assert await replica._fetch(consumer) == {A: [0, 1, 2]}
     with pytest.raises(OffsetOutOfRangeError):
         await replica._fetch(consumer)
