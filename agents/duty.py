@@ -120,7 +120,13 @@ class Duty:
         floors = {key: committed.get(key, 0) for key in gained}
         # Known before promoting: a replica batch applied meanwhile is promoted by `Publisher.publish_owned`.
         self.floors.update(floors)
-        await self.run_writes(_promote_from, self.state, floors)
+        try:
+            await self.run_writes(_promote_from, self.state, floors)
+        except BaseException:
+            # Not taken on: the next round finds them gained again and retries (see `Chores`).
+            for key in floors:
+                self.floors.pop(key, None)
+            raise
         self.kick()
 
     async def commit(self) -> dict[Key, int]:

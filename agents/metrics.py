@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
+    from agents.chores import Chores
     from agents.collector import Collector
     from agents.lag import LagWatcher
     from agents.loop_probe import LoopProbe
@@ -21,7 +22,8 @@ class Metrics:
     """A registry per worker (injected, not the process-global one) plus a collector over local state."""
 
     def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher",
-                 probe: "LoopProbe | None" = None, collector: "Collector | None" = None) -> None:
+                 probe: "LoopProbe | None" = None, collector: "Collector | None" = None,
+                 chores: "Chores | None" = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.event_to_invalidation = Histogram(
             "freshplan_event_to_invalidation_seconds", "Broker timestamp of an input event to its invalidation",
@@ -29,7 +31,7 @@ class Metrics:
         self.compile_seconds = Histogram(
             "freshplan_compile_seconds", "Time to compile one plan", ["path"], buckets=LATENCY_BUCKETS,
             registry=self.registry)
-        self.registry.register(_StateCollector(state, query, lag, probe, collector))
+        self.registry.register(_StateCollector(state, query, lag, probe, collector, chores))
 
     def render(self) -> bytes:
         """The exposition text."""
@@ -40,8 +42,9 @@ class _StateCollector:
     """Reads counters and sizes from DuckDB and the lag watcher at scrape time."""
 
     def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher",
-                 probe: "LoopProbe | None", collector: "Collector | None") -> None:
+                 probe: "LoopProbe | None", collector: "Collector | None", chores: "Chores | None" = None) -> None:
         self.state, self.query, self.lag, self.probe, self.gc = state, query, lag, probe, collector
+        self.chores = chores
 
     def describe(self) -> list:
         return []
@@ -77,6 +80,12 @@ class _StateCollector:
             for generation, pause in enumerate(self.gc.pause_max):
                 pauses.add_metric([str(generation)], pause)
             yield pauses
+        if self.chores is not None:
+            failed = CounterMetricFamily("freshplan_background_job_failures", "Failures of a timer or background "
+                                         "loop (each logged and retried after a backoff)", labels=["job"])
+            for job, n in sorted(self.chores.failures.items()):
+                failed.add_metric([job], n)
+            yield failed
         yield GaugeMetricFamily("freshplan_recompile_queue", "Announced plans whose successors are not compiled yet",
                                 value=self.state.queue.size())
         for name, help_text in (("invalidations", "Invalidations announced"),

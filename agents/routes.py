@@ -251,12 +251,6 @@ def register_routes(app, api: Api, access: Access) -> None:
                              "partitions this worker owns; it is ready once the rebalance completes.", "ready")
             return self.json({"status": "ready"})
 
-    if access.reload is not None:
-        @app.timer(interval=1.0)
-        async def reload_callers() -> None:
-            # Polling a small file once a second applies an edit within the promised 5 s on any filesystem.
-            access.reload()
-
 
 async def _forwarded(api: Api, exc: NotOwner, body: Any, headers,
                      path: str = "/v1/select") -> tuple[int, dict[str, Any]]:

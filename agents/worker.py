@@ -12,6 +12,7 @@ import orjson
 
 from agents.access import Access
 from agents.backlog import recompile_queued
+from agents.chores import Chores
 from agents.gate import Gate, api_routes
 from agents.duty import Duty
 from agents.event_apply import EventApplier
@@ -73,6 +74,8 @@ class Worker:
     """Takes input partitions on at the group's offset and commits the group's offsets to what was published."""
     collector: Collector
     """Freezes what start-up built out of garbage collection, and measures every collection's pause."""
+    chores: Chores
+    """Runs the timers and background loops: a failing one is logged, counted and retried, never fatal."""
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -127,7 +130,8 @@ class Worker:
                 "parked_plans": self.reader.store.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0],
                 "standby_outbox": self.reader.outbox.standby_size(),
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict(),
-                "gc": self.collector.as_dict(), "checkpoints": self.state.store.checkpoints.as_dict()}
+                "gc": self.collector.as_dict(), "checkpoints": self.state.store.checkpoints.as_dict(),
+                "background_jobs": self.chores.as_dict()}
 
     def close(self) -> None:
         """Let the writer finish its job, then close the file (after the app has stopped)."""
@@ -152,6 +156,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     state.store.checkpoints.limit(settings.wal_limit_mb * 2**20)
     reader = state.reader()
     writer, probe, collector = Writer(), LoopProbe(), Collector(settings.gc_freeze).install()
+    chores = Chores()
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
                            cdc=cdc)
@@ -161,7 +166,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     query.last_events = applier.last_event
     query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
                           calls=settings.max_budget_calls)
-    metrics = Metrics(reader, query, guard, probe, collector)
+    metrics = Metrics(reader, query, guard, probe, collector, chores)
     plan_writer.on_latency = metrics.event_to_invalidation.observe
     plan_writer.on_compile = metrics.compile_seconds.labels("recompile").observe
     query.on_compile = metrics.compile_seconds.labels("select").observe
@@ -187,12 +192,12 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                 verified=lambda: replica.ready.is_set() and not replica.blocked)
     publisher = Publisher(state, app, writer.run, duty.owned)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
-                    replica, plan_feed, writer, reader, probe, ownership, duty, collector)
+                    replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores)
     replica.after_apply = publisher.publish_owned
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
-    _register_duty(app, duty)
+    _register_duty(app, duty, chores)
 
     @app.task
     async def watch_revocations() -> None:
@@ -204,9 +209,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         finally:
             await asyncio.to_thread(guard.stop_thread)
 
-    @app.task
-    async def probe_loop() -> None:
-        await probe.run()
+    app.task(chores.loop("probe_loop", probe.run))
 
     @app.task
     async def apply_replica() -> None:
@@ -241,20 +244,19 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                     await worker.publish_outbox()
             await asyncio.sleep(0.2)
 
-    @app.task
-    async def recompile_backlog() -> None:
+    async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
         # announcements still waiting in the outbox go out before any successor is compiled.
-        while True:
-            if reader.outbox.any_due():
-                await asyncio.sleep(0.05)
-                continue
-            # The queue holds plans of owned partitions only (a hand-back removes the rest).
-            done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True,
-                                    after_outbox=True)
-            if done:
-                await worker.publish_outbox()
-            await asyncio.sleep(0 if done else 0.1)
+        if reader.outbox.any_due():
+            return 0.05
+        # The queue holds plans of owned partitions only (a hand-back removes the rest).
+        done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True,
+                                after_outbox=True)
+        if done:
+            await worker.publish_outbox()
+        return 0 if done else 0.1
+
+    app.task(chores.loop("recompile_backlog", recompile_backlog))
 
     @app.task
     async def close_on_stop() -> None:
@@ -265,6 +267,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             await group_offsets.close()
 
     @app.timer(interval=5.0)
+    @chores.timer("prune_standby")
     async def prune_standby() -> None:
         # Standby rows of partitions this worker never owns would otherwise pile up. Not before the
         # replica's offsets are this broker's: rows of an older incarnation are the rebase's to release.
@@ -284,6 +287,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                                                settings.topic("clock"), settings.topic("plan-dependencies")))
 
     @app.timer(interval=settings.retention_interval)
+    @chores.timer("enforce_retention")
     async def enforce_retention() -> None:
         # Evictions are announced by the worker that makes them (see RetentionTimer).
         result = await retention.run(writer.run)
@@ -303,12 +307,14 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             checkpointing[:] = [asyncio.ensure_future(_checkpoint(writer, state))]
 
     @app.timer(interval=1.0)
+    @chores.timer("flush_outbox")
     async def flush_outbox() -> None:
         # Catches records left by a crash between commit and publish, and idle periods.
         await worker.publish_outbox()
 
     if settings.wall_clock:
         @app.timer(interval=settings.wall_clock_interval)
+        @chores.timer("wall_clock_tick")
         async def wall_clock_tick() -> None:
             now = format_instant(datetime.now(timezone.utc).replace(microsecond=0))
             value = orjson.dumps({"event_id": f"wall-{now}", "schema_version": 1,
@@ -318,6 +324,13 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             await asyncio.gather(*[await app.producer.send(clock.get_topic_name(), None, value, partition=p,
                                                            timestamp=None, headers=None)
                                    for p in worker.duty().get("clock", [])])
+
+    if access.reload is not None:
+        @app.timer(interval=1.0)
+        @chores.timer("reload_callers")
+        async def reload_callers() -> None:
+            # Polling a small file once a second applies an edit within the promised 5 s on any filesystem.
+            access.reload()
 
     register_routes(app, worker.api(), access)
     return worker
@@ -347,14 +360,15 @@ def _register_input_agent(worker: Worker, name: str) -> None:
     worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)
 
 
-def _register_duty(app: faust.App, duty: Duty) -> None:
-    @app.task
-    async def follow_duty() -> None:
-        while True:
-            await duty.follow()
-            await asyncio.sleep(0.2)
+def _register_duty(app: faust.App, duty: Duty, chores: Chores) -> None:
+    async def follow_duty() -> float:
+        await duty.follow()
+        return 0.2
+
+    app.task(chores.loop("follow_duty", follow_duty))
 
     @app.timer(interval=1.0)
+    @chores.timer("commit_duty")
     async def commit_duty() -> None:
         await duty.commit()
 

@@ -60,6 +60,9 @@ async def test_a_ready_worker_has_frozen_its_start_up_and_reports_its_pauses(wor
     async with worker.http.get(f"{worker.url}/metrics") as resp:
         text = await resp.text()
     assert 'freshplan_gc_pause_max_seconds{generation="2"}' in text
+    # Timers and background loops ran all along without failing (see agents/chores.py).
+    assert health["background_jobs"] == {"failures": {}, "last_error": {}, "failing_now": []}
+    assert "# TYPE freshplan_background_job_failures_total counter" in text
 
 
 async def _frozen(worker) -> dict | None:
