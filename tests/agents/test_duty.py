@@ -133,6 +133,24 @@ async def test_a_partition_is_taken_on_at_the_group_offset_and_what_came_before_
     assert await duty.commit() == {(SC, 0): 9}
 
 
+async def test_a_take_on_whose_promote_fails_is_retried_on_the_next_round(state):
+    _applied(state, 0, 9, caused=[7])
+    duty = _duty(state, {TP("t-source-changes", 0)}, committed={(SC, 0): 5})
+    failing = [True]
+
+    async def run(fn, *args):
+        if failing.pop() if failing else False:
+            raise OSError("the state file could not be written")
+        return await inline(fn, *args)
+
+    duty.run_writes = run
+    with pytest.raises(OSError):
+        await duty.follow()
+    assert duty.owned() == {} and _rows(state) == [(0, 7, True)]  # not taken on: nothing promoted
+    await duty.follow()
+    assert duty.owned() == {SC: {0: 5}} and _rows(state) == [(0, 7, False)]
+
+
 async def test_nothing_is_committed_before_the_replica_reaches_the_group_offset(state):
     _applied(state, 0, 3)
     duty = _duty(state, {TP("t-source-changes", 0)}, committed={(SC, 0): 5})
