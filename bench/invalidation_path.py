@@ -68,7 +68,9 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
             "latency_by_rate": latency, "selects_under_stream": selects, "hot_plan": hot, "fanout": fanout,
             "worker_counters": {k: v for k, v in health["counters"].items() if not k.startswith("selects")},
             # Pauses that held the worker's loop during the whole run (the tails above include them).
-            "worker_loop_stall_max_seconds": health.get("loop_stall_max_seconds"), "worker_gc": health.get("gc")}
+            "worker_loop_stall_max_seconds": health.get("loop_stall_max_seconds"), "worker_gc": health.get("gc"),
+            # A checkpoint stops the writer; one inside the hot-plan stream is its tail (see state/checkpoints.py).
+            "worker_checkpoints": health.get("checkpoints")}
 
 
 async def _throughput(worker: BenchWorker, workload: Workload) -> dict:
