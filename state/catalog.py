@@ -157,7 +157,7 @@ class Catalog:
         """`entity_matches` for many names in one statement (none for names the writer remembers)."""
         known = self._ids_by_name("catalog.entity_matches", names, (
             "SELECT n.name, e.id FROM (SELECT unnest(?) AS name) n JOIN entities e ON NOT e.deleted AND "
-            "(e.id = n.name OR list_contains(list_transform(e.aliases, a -> lower(a)), lower(n.name))) "
+            "(e.id = n.name OR list_contains(list_transform(e.aliases, lambda a: lower(a)), lower(n.name))) "
             "ORDER BY e.id"))
         return {name: list(ids) for name, ids in known.items()}
 
