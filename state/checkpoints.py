@@ -32,6 +32,7 @@ class Checkpoints:
         self.idle_runs = 0  # checkpoints taken while idle
         self.refused = 0  # idle checkpoints postponed because another connection was writing
         self.last_seconds = 0.0  # how long the last one held the file
+        self.last_refusal: str | None = None  # DuckDB's reason for the last postponement (it names no data)
         self.limit(wal_limit)
 
     def limit(self, wal_limit: int) -> None:
@@ -59,7 +60,9 @@ class Checkpoints:
             # Another connection's write transaction is open (a view's registered scan counts): the
             # next idle second tries again. FORCE CHECKPOINT would abort it instead.
             self.refused += 1
-            log.debug("idle checkpoint postponed: %s", exc)
+            if str(exc) != self.last_refusal:  # once per distinct reason: it repeats every idle second
+                log.info("idle checkpoint postponed, retrying in the next idle second: %s", exc)
+            self.last_refusal = str(exc)
             return False
         self.last_seconds = time.perf_counter() - started
         self.idle_runs += 1
@@ -69,5 +72,5 @@ class Checkpoints:
     def as_dict(self) -> dict:
         """Shape shown in /healthz."""
         return {"wal_bytes": self.wal_bytes(), "wal_limit_bytes": self.wal_limit, "idle_checkpoints": self.idle_runs,
-                "idle_checkpoints_postponed": self.refused,
+                "idle_checkpoints_postponed": self.refused, "last_postponed_because": self.last_refusal,
                 "last_idle_checkpoint_seconds": round(self.last_seconds, 3)}

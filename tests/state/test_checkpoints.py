@@ -65,6 +65,7 @@ def test_an_idle_checkpoint_beside_another_write_transaction_is_postponed_not_ra
         other.execute("UPDATE receipts SET plan_id = 'q' WHERE receipt_id LIKE 'r-1-%'")  # left open
         assert not store.checkpoints.when_idle(at_least=1)
         assert store.checkpoints.refused == 1 and store.checkpoints.idle_runs == 0
+        assert "other write transactions active" in store.checkpoints.as_dict()["last_postponed_because"]
         other.execute("COMMIT")
         assert store.checkpoints.when_idle(at_least=1)
         assert store.checkpoints.as_dict()["idle_checkpoints_postponed"] == 1
