@@ -57,6 +57,8 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
                                                                 rate_seconds, select_rate)
             say(f"hot plan on the Atlas scenario at {hot_rate:g} events/s for {rate_seconds:g}s")
             hot = await hot_plan(worker, hot_rate, rate_seconds)
+            # Before the fan-out restarts the worker (which starts its figures afresh).
+            streamed = await worker.health()
             say(f"fan-out: one policy version over {fanout_plans} plans")
             fanout = await _fanout(worker, fanout_plans)
             health = await worker.health()
@@ -70,7 +72,8 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
             # Pauses that held the worker's loop during the whole run (the tails above include them).
             "worker_loop_stall_max_seconds": health.get("loop_stall_max_seconds"), "worker_gc": health.get("gc"),
             # A checkpoint stops the writer; one inside the hot-plan stream is its tail (see state/checkpoints.py).
-            "worker_checkpoints": health.get("checkpoints")}
+            # As of the end of the hot-plan stream, for the worker that ran every stream above.
+            "worker_checkpoints": streamed.get("checkpoints")}
 
 
 async def _throughput(worker: BenchWorker, workload: Workload) -> dict:
