@@ -14,7 +14,7 @@ import orjson
 from compiler.errors import RequestError
 from compiler.batch import compile_many
 from compiler.cedar_batch import SharedEntities
-from compiler.pipeline import CompiledPlan, compile_request
+from compiler.pipeline import CompiledPlan, as_decided_at, compile_request
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
 from state.fan_out import Announcement, FanOut
@@ -125,6 +125,26 @@ class PlanWriter:
         state.plans.save_many(plans, now)
         _remember_discoverable(state, {p.plan_id: discoverable_in(p.plan) for p in plans})
         state.index.replace_many({p.plan_key: p.dependencies for p in plans})
+        self._queue_records(plans, publish, sources, standby, outbox)
+        counts["compilations"] += len(plans)
+        counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
+
+    def confirm(self, plans: Sequence[CompiledPlan], counts: Counter[str], outbox: list | None = None) -> None:
+        """Compilations identical to the stored current plans (same plan and receipt): nothing stored changes.
+
+        Only their `plan-dependencies` records are refreshed, so `compiled_as_of` moves past the
+        change that caused the recompilation (see `store`). Rewriting the rows would cost a plan,
+        a receipt and the index edges of each in the log (half of a 1,000/s batch's).
+        """
+        if plans:
+            self._queue_records(plans, False, None, False, outbox)
+            counts["compilations"] += len(plans)
+            counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
+
+    def _queue_records(self, plans: Sequence[CompiledPlan], publish: bool, sources: Sequence[Source | None] | None,
+                       standby: bool, outbox: list | None) -> None:
+        """The outbox records of stored compilations: `plans` and `receipts` if `publish`, `plan-dependencies` always."""
+        state = self.state
         as_of = state.store.next_offsets()
         cluster_id = state.store.incarnation()[0]
         rows, row_sources = [], []
@@ -145,8 +165,6 @@ class PlanWriter:
             outbox.append((rows, row_sources))
         else:
             state.outbox.add_many(rows, row_sources, standby=standby)
-        counts["compilations"] += len(plans)
-        counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
 
     # -- announce ----------------------------------------------------------------------
 
@@ -205,11 +223,12 @@ class PlanWriter:
         now = state.store.now()
         if len(touched) > self.eager_limit and self._announce_first(touched, now, counts, standby):
             return
-        heads = {k: (plan_id, orjson.loads(request), status)
-                 for k, (plan_id, request, status) in state.plans.heads(list(touched), parse=False).items()}
+        heads = {k: (plan_id, orjson.loads(request), *stored) for k, (plan_id, request, *stored)
+                 in state.plans.heads_stamped(list(touched), parse=False).items()}
         visible = self._discoverable(touched, heads)
-        view = self.snapshot([request for _, request, _ in heads.values()], now)
+        view = self.snapshot([head[1] for head in heads.values()], now)
         current: list[CompiledPlan] = []
+        settled: list[CompiledPlan] = []
         successors: list[CompiledPlan] = []
         announced: list[Invalidation] = []
         sources: list[Source] = []
@@ -221,12 +240,17 @@ class PlanWriter:
         for plan_key, (dep_key, cause) in touched.items():
             if plan_key not in heads:
                 continue
-            old_id, request, status = heads[plan_key]
+            old_id, request, status, receipt_id, compiled_at = heads[plan_key]
             compiled = compiled_all[plan_key]
             if compiled is not None and compiled.plan_id == old_id:
                 # Same outcome: refresh horizon and edges, announce nothing (over-invalidation).
-                current.append(compiled)
                 counts["unchanged_recompilations"] += 1
+                same = status == "fresh" and compiled_at is not None and as_decided_at(
+                    compiled, format_instant(compiled_at), receipt_id)
+                if same:  # horizon and edges too: the stored rows are this compilation's already
+                    settled.append(same)
+                else:
+                    current.append(compiled)
                 continue
             if compiled is None:
                 dropped.append(plan_key)
@@ -244,6 +268,7 @@ class PlanWriter:
         outbox: list = []  # announcements first, then successors: one outbox write for both
         self.announce(announced, sources, standby, outbox)
         self.store(successors, now, counts, publish=True, sources=successor_sources, standby=standby, outbox=outbox)
+        self.confirm(settled, counts, outbox)
         state.outbox.add_many([r for rows, _ in outbox for r in rows], [s for _, srcs in outbox for s in srcs],
                               standby=standby)
         self.store(current, now, counts, publish=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -71,6 +71,26 @@ class CompiledPlan:
     """For live plans, when the clock next changes the outcome."""
     request: DecisionRequest
     """The parsed request, to recompile from."""
+
+
+def as_decided_at(compiled: CompiledPlan, decision_time: str, receipt_id: str) -> CompiledPlan | None:
+    """This compilation dated `decision_time`, if that makes its receipt the one named `receipt_id`; else None.
+
+    A recompilation with the outcome, horizon and dependency keys of the stored plan differs
+    from it only in its decision time, which the receipt digests: equal digests prove the stored
+    plan and receipt are this compilation's, so they stay current as they are.
+    """
+    if compiled.receipt_id == receipt_id:
+        return compiled
+    receipt = {k: v for k, v in compiled.receipt.items() if k != "receipt_id"}
+    if "decision_time" not in receipt:
+        return None
+    receipt["decision_time"] = decision_time
+    if digest(receipt, prefix="rcpt-") != receipt_id:
+        return None
+    receipt["receipt_id"] = receipt_id
+    return replace(compiled, receipt_id=receipt_id, receipt=receipt,
+                   plan=dict(compiled.plan, decision_time=decision_time, receipt_id=receipt_id))
 
 
 class ClockUnknown(RequestError):

@@ -96,14 +96,19 @@ class PlanStore:
 
     def heads(self, plan_keys: list[str], parse: bool = True) -> dict[str, tuple[str, Any, str]]:
         """Current plan id, request document (JSON text unless `parse`) and status of each plan key."""
+        return {key: head[:3] for key, head in self.heads_stamped(plan_keys, parse).items()}
+
+    def heads_stamped(self, plan_keys: list[str], parse: bool = True,
+                      ) -> dict[str, tuple[str, Any, str, str, datetime | None]]:
+        """As `heads`, followed by each current plan's receipt id and the time it was compiled at."""
         if not plan_keys:
             return {}
-        rows = self.db.execute("SELECT h.plan_key, h.plan_id, p.request, p.status FROM plan_heads h "
-                               "JOIN plans p USING (plan_id) WHERE h.plan_key IN (SELECT unnest(?))",
+        rows = self.db.execute("SELECT h.plan_key, h.plan_id, p.request, p.status, p.receipt_id, p.compiled_at "
+                               "FROM plan_heads h JOIN plans p USING (plan_id) WHERE h.plan_key IN (SELECT unnest(?))",
                                [plan_keys]).fetchall()
         if not parse:
-            return {key: (plan_id, request, status) for key, plan_id, request, status in rows}
-        return {key: (plan_id, orjson.loads(request), status) for key, plan_id, request, status in rows}
+            return {row[0]: row[1:] for row in rows}
+        return {key: (plan_id, orjson.loads(request), *rest) for key, plan_id, request, *rest in rows}
 
     def discoverable(self, plan_ids: list[str]) -> dict[str, set[str]]:
         """Resource ids each plan's principal may learn of: what the plan admitted or rejected by name."""

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from compiler.errors import AdmitError, ResolveError, TypeCheckError
-from compiler.pipeline import ClockUnknown, compile_request
+from compiler.pipeline import ClockUnknown, as_decided_at, compile_request
 from tests.catalog_double import SCENARIOS, MemoryCatalog
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource
@@ -211,3 +211,17 @@ def test_an_evsi_plan_that_is_sufficient_says_its_contract_is_satisfied():
     request = dict(orjson.loads((SCENARIOS / "payment-request.json").read_bytes()), entity="PAYCHG-482")
     plan = compile_request(request, payments, None).plan
     assert plan["state"] == "SUFFICIENT" and plan["stop_reason"] == "contract_satisfied"
+
+
+def test_a_recompilation_later_in_time_is_the_stored_one_dated_back_unless_anything_else_differs(atlas):
+    live = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
+    stored = compile_request(live, atlas, NOW)
+    later = compile_request(live, atlas, NOW.replace(hour=10))
+    assert later.plan_id == stored.plan_id and later.receipt_id != stored.receipt_id
+    dated = as_decided_at(later, stored.plan["decision_time"], stored.receipt_id)
+    assert dated is not None and (dated.plan, dated.receipt) == (stored.plan, stored.receipt)
+    assert as_decided_at(stored, "2000-01-01T00:00:00Z", stored.receipt_id) is stored  # already the stored one
+    # Any other difference (here one dependency key) leaves a receipt no decision time can match.
+    other = replace(later, receipt=dict(later.receipt, dependencies=later.receipt["dependencies"][1:]))
+    assert as_decided_at(other, stored.plan["decision_time"], stored.receipt_id) is None
+    assert as_decided_at(later, "2026-08-30T09:00:01Z", stored.receipt_id) is None
