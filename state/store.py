@@ -74,37 +74,6 @@ CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 """
 
 
-# Rows per row group of the state file: DuckDB's smallest (one vector). A checkpoint after an
-# append rewrites each indexed table's last, partly filled row group; at the default 122,880
-# rows that grows with the history (receipts, plans, applied events), and the apply path waits
-# for it. Measured after a 5-event batch at 16k events of the bench workload (DuckDB 1.5.6):
-# 242 ms at the default, 70 ms at 2,048 rows; batches and scans cost the same. Files made with
-# the default take it on from their next row group. Needs 1.5.6: 1.5.5 replays a WAL holding
-# a row group written whole by one insert (frequent at this size) into a corrupt primary-key
-# index, and the file no longer opens (test_sigkill_mid_fan_out_loses_no_invalidation; fixed in 1.5.6,
-# apparently by duckdb#24744).
-ROW_GROUP_SIZE = 2048
-STATE_DATABASE = "state"  # the file's name in the connection (the default catalog stays empty)
-
-
-def open_state_file(path: Path) -> duckdb.DuckDBPyConnection:
-    """A connection whose default database is the state file, attached with `ROW_GROUP_SIZE`."""
-    db = duckdb.connect()
-    quoted = str(path).replace("'", "''")
-    db.execute(f"ATTACH '{quoted}' AS {STATE_DATABASE} (ROW_GROUP_SIZE {ROW_GROUP_SIZE})")
-    db.execute(f"USE {STATE_DATABASE}")
-    # Spills beside the file, as for a file opened directly (an in-memory default would use ./.tmp).
-    db.execute(f"SET temp_directory = '{quoted}.tmp'")
-    return db
-
-
-def cursor_on(db: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """Another connection to the same state file (a cursor starts in the empty default database)."""
-    other = db.cursor()
-    other.execute(f"USE {STATE_DATABASE}")
-    return other
-
-
 _LATER = "CAST({record_offset} AS BIGINT) >= coalesce(record_offset, -1)"  # a mark of a later record (or the first)
 
 
@@ -114,7 +83,7 @@ class Store:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = open_state_file(self.path)
+        self.db = duckdb.connect(str(self.path))
         self.db.execute("SET TimeZone = 'UTC'")
         # Statements here are small and many: a second DuckDB thread only adds hand-offs (about +10%
         # events per CPU second with one in the bench's A/B), and a worker pinned to one core has no second.
@@ -156,7 +125,7 @@ class Store:
     def view(self) -> "Store":
         """A second connection to the same file, for reads from another thread (committed state only)."""
         other = copy.copy(self)
-        other.db = cursor_on(self.db)
+        other.db = self.db.cursor()
         other._depth = 0
         other._heads_writer = False
         other._memo = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from state.checkpoints import DEFAULT_WAL_LIMIT, Checkpoints
-from state.store import Store, cursor_on
+from state.store import Store
 
 
 def _grow_log(store: Store, rows: int) -> None:
@@ -58,7 +58,7 @@ def test_a_checkpoint_runs_beside_an_open_read_transaction(tmp_path):
 
 def test_an_idle_checkpoint_beside_another_write_transaction_is_postponed_not_raised(tmp_path):
     store = Store(tmp_path / "f.duckdb")
-    other = cursor_on(store.db)
+    other = store.db.cursor()
     try:
         _grow_log(store, 100)
         other.execute("BEGIN")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from state.store import ROW_GROUP_SIZE, Store
+from state.store import Store
 
 
 @pytest.fixture
@@ -271,27 +271,3 @@ def test_a_migration_that_fails_half_way_leaves_the_file_as_it_was(tmp_path, mon
         assert store.claim_events([("revocations", "x", "a")]) == ["duplicate"]
     finally:
         store.close()
-
-
-def _row_groups(db, table: str) -> list[int]:
-    """Rows in each of a table's row groups, in order."""
-    return [n for (_, n) in db.execute(
-        f"SELECT row_group_id, max(start + count) - min(start) FROM pragma_storage_info('{table}') "
-        "WHERE column_id = 0 GROUP BY row_group_id ORDER BY row_group_id").fetchall()]
-
-
-def test_the_state_file_grows_in_small_row_groups_also_when_made_with_large_ones(tmp_path):
-    # A checkpoint rewrites the last row group of each table appended to: it must stay small.
-    path = tmp_path / "old.duckdb"
-    old = duckdb.connect(str(path))  # the default row group of 122,880 rows
-    old.execute("CREATE TABLE history (id VARCHAR PRIMARY KEY, body VARCHAR)")
-    old.execute("INSERT INTO history SELECT 'old-' || i, repeat('x', 100) FROM range(5000) t(i)")
-    old.close()
-    store = Store(path)
-    assert _row_groups(store.db, "history") == [5000]
-    store.db.execute("INSERT INTO history SELECT 'new-' || i, repeat('y', 100) FROM range(5000) t(i)")
-    store.db.execute("CHECKPOINT")
-    assert _row_groups(store.db, "history") == [5000, ROW_GROUP_SIZE, ROW_GROUP_SIZE, 5000 - 2 * ROW_GROUP_SIZE]
-    assert store.view().db.execute("SELECT count(*) FROM history").fetchone() == (10_000,)  # views see the file
-    store.close()
-    assert not (tmp_path / ".tmp").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["old.duckdb"]
