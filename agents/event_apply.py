@@ -62,6 +62,7 @@ class EventApplier:
         self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
         self.applied_in: str | None = None  # name of the thread that applied the last batch (the writer's)
         self._standby = False
+        self.held_on_standby = False  # whether the last batch queued records on standby (only dead letters do)
 
     def apply(self, messages: Sequence[RawMessage], standby: bool = False) -> None:
         """Apply a batch in one transaction; on an unexpected error, retry one by one.
@@ -70,6 +71,7 @@ class EventApplier:
         promote (see `Outbox`) instead of being published by this worker outright.
         """
         self._standby = standby
+        self.held_on_standby = False
         self.applied_in = threading.current_thread().name
         try:
             with self.state.store.transaction():
@@ -249,6 +251,7 @@ class EventApplier:
         record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value)
         self.state.outbox.add_many([(self.plans.topic_of("dead-letters"), m.key, record)],
                                    [(m.topic, m.partition, m.offset)], standby=self._standby)
+        self.held_on_standby = self.held_on_standby or self._standby
         counts[f"dead_letters.{error_class}"] += 1
         log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class,
                     extra={"topic": m.topic, "partition": m.partition, "offset": m.offset,

@@ -54,12 +54,13 @@ class Publisher:
         self._again = False  # promoted records wait for a flush that has not read the outbox yet
         self._flushing: asyncio.Task | None = None
 
-    async def publish_owned(self, messages) -> None:
+    async def publish_owned(self, messages, held: bool = True) -> None:
         """Publish at once what the replica's batch caused on partitions this worker owns.
 
         `duty` gives the owned partitions by topic; where it maps each to an offset (`Duty.owned`:
         the group's committed offset when it was taken on), earlier events stay on standby, as
-        their previous owner published what they caused.
+        their previous owner published what they caused. `held` False says the batch queued
+        nothing on standby (plans' records never are, only dead letters): nothing to promote.
         """
         duty = self.duty()
         spans: Spans = {}
@@ -68,7 +69,7 @@ class Publisher:
             if m.partition in owned and (not isinstance(owned, dict) or m.offset >= owned[m.partition]):
                 first, last = spans.get((m.topic, m.partition), (m.offset, m.offset))
                 spans[(m.topic, m.partition)] = (min(first, m.offset), max(last, m.offset))
-        if spans:
+        if spans and held:
             await self.run_writes(self.promote, spans, drop_earlier=False)
         # Plans of owned partitions are announced due at once (not on standby): after a restart,
         # before the group has assigned this worker anything, they must not wait for the timer.

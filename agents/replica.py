@@ -39,7 +39,7 @@ class Replica:
 
     def __init__(self, applier: EventApplier, store: Store, bootstrap_servers: str, topics: dict[str, str],
                  batch_size: int = 500, batch_window: float = 0.05, fetch_bytes: int = 2_000_000,
-                 after_apply: Callable[[list[RawMessage]], Awaitable[object]] | None = None,
+                 after_apply: Callable[..., Awaitable[object]] | None = None,
                  auto_rebase: bool = False, kafka: dict | None = None,
                  run: Callable[..., Awaitable[Any]] = inline, catch_up_batches: int = CATCH_UP_BATCHES,
                  top_up: float = TOP_UP) -> None:
@@ -159,7 +159,8 @@ class Replica:
                     async with self._progress:
                         self._progress.notify_all()
                     if self.after_apply:
-                        await self.after_apply(messages)
+                        # A writer job fewer per batch when nothing waits on standby to be promoted.
+                        await self.after_apply(messages, held=self.applier.held_on_standby)
         finally:
             self._consumer = None
             await stop_within(consumer)

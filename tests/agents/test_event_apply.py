@@ -128,3 +128,15 @@ def test_the_last_applied_event_of_each_topic_is_kept_for_operators(setup):
     last = inv.last_event["source-changes"]
     assert (last["offset"], last["partition"]) == (batch[-1].offset, 0)
     assert last["event_id"] == orjson.loads(batch[-1].value)["event_id"] and last["applied_at"].endswith("Z")
+
+
+def test_a_batch_says_whether_it_held_records_on_standby_for_the_partitions_owner(setup):
+    state, inv, query, _ = setup
+    query.select(ATLAS_REQUEST)
+    inv.apply([raw(*resource("approved-waiver-W2"))], standby=True)  # plans' records are never on standby
+    assert not inv.held_on_standby and state.outbox.standby_size() == 0 and state.outbox.size() > 0
+    broken = RawMessage("source-changes", 0, next(_offsets), b"k", b"not json")
+    inv.apply([broken], standby=True)  # its dead letter waits for the owner of its input partition
+    assert inv.held_on_standby and state.outbox.standby_size() == 1
+    inv.apply([RawMessage("source-changes", 0, next(_offsets), b"k", b"not json")])
+    assert not inv.held_on_standby and state.outbox.standby_size() == 1

@@ -273,3 +273,27 @@ async def test_records_of_a_batch_refused_at_acknowledgement_stay_ahead_of_the_p
     log += [(k, v) for t, k, v in app.producer.sent if t == "plans" and len(v) <= broker.limit]
     assert len(broker.batches[0][2]) < len(rows)  # the round was framed in several batches, the first refused
     assert log == [(k, v) for i, (_, k, v) in enumerate(rows) if i != 10]
+
+
+@pytest.mark.timeout(10)
+async def test_a_batch_that_held_nothing_on_standby_is_published_without_a_promotion(setup):
+    state, app, _ = setup
+    jobs: list[str] = []
+
+    async def run(fn, *args, **kwargs):
+        jobs.append(fn.__name__)
+        return fn(*args, **kwargs)
+
+    publisher = Publisher(state, app, run, lambda: {"source-changes": [0]})
+    with state.store.transaction():  # what a batch of owned plans queues: due at once
+        state.outbox.add_many([("out", b"k", b"announced")], [("source-changes", 0, 3)])
+    await publisher.publish_owned([RawMessage("source-changes", 0, 3, b"k", b"{}")], held=False)
+    await _until(lambda: app.producer.sent)
+    app.producer.ack_all()
+    await publisher._flushing
+    assert "promote" not in jobs and app.producer.sent == [b"announced"] and state.outbox.size() == 0
+    await publisher.publish_owned([_caused(state, 4)])  # a dead letter held on standby: promoted, then sent
+    await _until(lambda: len(app.producer.sent) == 2)
+    app.producer.ack_all()
+    await publisher._flushing
+    assert "promote" in jobs and app.producer.sent[-1] == b"caused-by-4"
