@@ -247,6 +247,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
         # announcements still waiting in the outbox go out before any successor is compiled.
+        if not plan_writer.queue_pending:  # set by every path that queues plans: no writer job, no read
+            return 0.1
         if reader.outbox.any_due():
             return 0.05
         # The queue holds plans of owned partitions only (a hand-back removes the rest).
