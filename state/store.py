@@ -13,6 +13,7 @@ import duckdb
 import pyarrow as pa
 
 from state.checkpoints import Checkpoints
+from state.drained import DrainedConnection
 from state.event_ids import claim_any, claim_scoped
 from state.head_cache import HeadCache
 from state.row_writes import UPDATE_ROWS, insert_rows, update_rows
@@ -125,7 +126,7 @@ class Store:
     def view(self) -> "Store":
         """A second connection to the same file, for reads from another thread (committed state only)."""
         other = copy.copy(self)
-        other.db = self.db.cursor()
+        other.db = DrainedConnection(self.db.cursor())  # see state.drained: no read may stay open
         other._depth = 0
         other._heads_writer = False
         other._memo = None

@@ -276,3 +276,20 @@ async def test_an_idle_worker_checkpoints_its_file_and_says_so(broker, tmp_path)
         assert shown["wal_limit_bytes"] == 2**20 and shown["wal_bytes"] < 2**16
         again = await running.select(ATLAS_REQUEST, fresh)  # the file reads back after it
         assert again["served_from"] == "cache"
+
+
+async def test_the_log_stays_near_its_cap_while_health_checks_read_between_batches(broker, tmp_path):
+    from tests.conftest import launch
+
+    # A read left open on the HTTP loop's connection (a health check's count) used to keep every
+    # UPDATE committed after it, and DuckDB then refused every checkpoint, at the cap too.
+    async with launch(broker, tmp_path / "w", FRESHPLAN_WAL_LIMIT_MB="1") as running:
+        fresh = await running.load("atlas.jsonl")
+        await running.select(ATLAS_REQUEST, fresh)
+        largest = 0
+        for round_ in range(12):
+            fresh = await running.publish_events(
+                *[resource(f"approved-waiver-W{round_}-{i}", version=1) for i in range(150)])
+            await running.select(ATLAS_REQUEST, fresh)
+            largest = max(largest, (await running.get("/healthz"))["checkpoints"]["wal_bytes"])
+        assert largest < 3 * 2**20, f"the log grew to {largest} bytes past a 1 MB cap: checkpoints were refused"
