@@ -45,6 +45,11 @@ def _remember_discoverable(state: LocalState, found: dict[str, set[str]]) -> Non
     known.update(found)
 
 
+def _count_compiled(plans: Sequence[CompiledPlan], counts: Counter[str]) -> None:
+    counts["compilations"] += len(plans)
+    counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
+
+
 def wall_now() -> str:
     """Wall-clock time for `invalidated_at` stamps (latency is measured against it)."""
     return format_instant(datetime.now(timezone.utc))
@@ -126,8 +131,7 @@ class PlanWriter:
         _remember_discoverable(state, {p.plan_id: discoverable_in(p.plan) for p in plans})
         state.index.replace_many({p.plan_key: p.dependencies for p in plans})
         self._queue_records(plans, publish, sources, standby, outbox)
-        counts["compilations"] += len(plans)
-        counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
+        _count_compiled(plans, counts)
 
     def confirm(self, plans: Sequence[CompiledPlan], counts: Counter[str], outbox: list | None = None) -> None:
         """Compilations identical to the stored current plans (same plan and receipt): nothing stored changes.
@@ -138,8 +142,7 @@ class PlanWriter:
         """
         if plans:
             self._queue_records(plans, False, None, False, outbox)
-            counts["compilations"] += len(plans)
-            counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
+            _count_compiled(plans, counts)
 
     def _queue_records(self, plans: Sequence[CompiledPlan], publish: bool, sources: Sequence[Source | None] | None,
                        standby: bool, outbox: list | None) -> None:

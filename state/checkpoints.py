@@ -13,9 +13,9 @@ log = logging.getLogger(__name__)
 DEFAULT_WAL_LIMIT = 64 * 2**20  # DuckDB checkpoints at a commit from this much log on, busy or not
 IDLE_SHARE = 16  # an idle writer checkpoints from a sixteenth of that on (4 MB of the default 64)
 # DuckDB also refuses a checkpoint while a read transaction that began before the last committed
-# UPDATE is still open (a select's snapshot, held for a millisecond or two). In the bench an idle
-# worker serving selects had 12 of 12 idle checkpoints refused, and its log reached the cap inside
-# the next stream. Retrying a few ms apart cut a reproduction's refusals from 6 to 2.
+# UPDATE is still open: a select's snapshot, for a millisecond or two, which a retry a few ms later
+# outlasts. (A read left open for good refused every checkpoint: views drain their results, see
+# state.drained.)
 ATTEMPTS = 4
 RETRY_PAUSE = 0.005  # seconds between attempts (the writer holds no transaction meanwhile)
 
