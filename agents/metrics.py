@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from state.local_state import LocalState
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# The apply path's stages take a few to a few tens of milliseconds: finer buckets there.
+STAGE_BUCKETS = (0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
+                 2.5, 5.0, 10.0, 30.0)
 
 
 class Metrics:
@@ -31,7 +34,20 @@ class Metrics:
         self.compile_seconds = Histogram(
             "freshplan_compile_seconds", "Time to compile one plan", ["path"], buckets=LATENCY_BUCKETS,
             registry=self.registry)
+        self.batch_wait = Histogram(
+            "freshplan_batch_wait_seconds", "Broker timestamp of the oldest event of an applied batch to the "
+            "batch's start on the writer (waiting for the fetch and the batch before)", buckets=STAGE_BUCKETS,
+            registry=self.registry)
+        self.batch_apply = Histogram(
+            "freshplan_batch_apply_seconds", "One batch of input events applied, its plans recompiled and "
+            "committed, as the replica awaited it on the writer", buckets=STAGE_BUCKETS, registry=self.registry)
         self.registry.register(_StateCollector(state, query, lag, probe, collector, chores))
+
+    def observe_batch(self, waited: float | None, took: float) -> None:
+        """One applied batch: how long its oldest event waited for it (None: no broker timestamps), how long it took."""
+        if waited is not None:
+            self.batch_wait.observe(waited)
+        self.batch_apply.observe(took)
 
     def render(self) -> bytes:
         """The exposition text."""

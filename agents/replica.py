@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -65,6 +66,8 @@ class Replica:
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
         self._deferred: Exception | None = None  # a fetch error met after records were taken, raised next
         self.applied_at = 0.0  # loop time of the last batch applied (idle checkpoints wait for a quiet second)
+        # Called with (seconds the oldest event waited for its batch, seconds the batch took) after each batch.
+        self.on_batch: Callable[[float | None, float], object] | None = None
 
     def applied(self, topic: str, partition: int, offset: int) -> bool:
         """Whether the event at this position has been applied (or skipped) locally."""
@@ -154,8 +157,13 @@ class Replica:
                                        m.timestamp / 1000 if m.timestamp else None)
                             for tp, records in batch.items() for m in records]
                 if messages:
+                    started, begun = time.time(), time.perf_counter()
                     self.positions = await self.run_writes(self._apply, messages)
                     self.applied_at = asyncio.get_running_loop().time()
+                    if self.on_batch is not None:
+                        stamps = [m.timestamp for m in messages if m.timestamp]
+                        self.on_batch(max(0.0, started - min(stamps)) if stamps else None,
+                                      time.perf_counter() - begun)
                     async with self._progress:
                         self._progress.notify_all()
                     if self.after_apply:

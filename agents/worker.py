@@ -176,6 +176,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run)
     guard.paused, guard.blocked = replica.paused, replica.blocked
+    replica.on_batch = metrics.observe_batch
     guard.applied = lambda: replica.positions
     query.position = lambda: replica.positions  # replaced (never changed in place) after each committed batch
     query.check_heads = settings.check_head_cache

@@ -57,6 +57,17 @@ class BenchWorker:
         async with self.http.get(f"{self.url}/healthz", headers=self.auth) as resp:
             return await resp.json()
 
+    async def metrics(self) -> dict[str, float]:
+        """GET /metrics as {series: value}."""
+        async with self.http.get(f"{self.url}/metrics", headers=self.auth) as resp:
+            text = await resp.text()
+        series = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                series[name] = float(value)
+        return series
+
     async def consumers(self, topic: str, action: str) -> None:
         """Pause or resume applying an input topic."""
         async with self.http.post(f"{self.url}/v1/admin/consumers", json={"topic": topic, "action": action},

@@ -108,3 +108,25 @@ def lost_invalidations(expected: Iterable[str], announced: Iterable[str]) -> lis
 def owns_all(duty: Mapping[str, Iterable[int]], topics: Iterable[str], partitions: int) -> bool:
     """Whether a worker's duty (input topic -> partitions) covers every partition of every input topic."""
     return all(set(duty.get(t, ())) >= set(range(partitions)) for t in topics)
+
+
+def histogram_delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> dict:
+    """What a Prometheus histogram (unlabelled) observed between two scrapes: count, mean and bucket bounds in ms.
+
+    `p50_le_ms` / `p99_le_ms` are the upper bounds of the buckets holding those ranks (the
+    histogram keeps no finer detail); None where nothing was observed.
+    """
+    count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+    total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
+    prefix = f'{name}_bucket{{le="'
+    bounds = sorted((float(series[len(prefix):-2]), after[series] - before.get(series, 0.0))
+                    for series in after if series.startswith(prefix))
+
+    def rank_bound(share: float) -> float | None:
+        for bound, cumulative in bounds:
+            if count and cumulative >= share * count:
+                return None if bound == float("inf") else round(bound * 1e3, 1)
+        return None
+
+    return {"count": int(count), "mean_ms": round(total / count * 1e3, 1) if count else None,
+            "p50_le_ms": rank_bound(0.5), "p99_le_ms": rank_bound(0.99)}

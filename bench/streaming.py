@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.loader import read_scenario
 from bench.harness import BenchWorker
-from bench.stats import Announcement, backlog_built, covered_latencies, percentiles, unapplied
+from bench.stats import Announcement, backlog_built, covered_latencies, histogram_delta, percentiles, unapplied
 from bench.workload import Record
 from schemas.freshness import encode_token
 from streams.admin import producer
@@ -172,9 +172,12 @@ async def hot_plan(worker: BenchWorker, rate: float, seconds: float) -> dict:
     plan = await worker.select(atlas, token)
     await worker.caught_up(token)
     edits = hot_edits(max(1, int(rate * seconds)))
+    before = await worker.metrics()
     async with Listener(worker, follow_plans=True) as listener:
         stream = await send_at_rate(worker, edits, rate)
         await listener.settle()
+    stages = {name: histogram_delta(before, await worker.metrics(), f"freshplan_{name}_seconds")
+              for name in ("batch_wait", "batch_apply")}
     partition = stream.sent[0].partition
     sends = [(s.offset, s.sent_at) for s in stream.sent]
     reflects = {plan_id: as_of[HOT_TOPIC][str(partition)] for plan_id, as_of in listener.compiled_as_of.items()
@@ -182,7 +185,7 @@ async def hot_plan(worker: BenchWorker, rate: float, seconds: float) -> dict:
     waits, uncovered = covered_latencies(sends, listener.seen, plan["plan_key"], partition, reflects)
     named = {a.event_id for a in listener.seen if a.plan_key == plan["plan_key"]}
     return dict(percentiles(waits), **stream_summary(stream, rate), rate=rate, uncovered=uncovered,
-                announcements=len(named & {s.event_id for s in stream.sent}))
+                announcements=len(named & {s.event_id for s in stream.sent}), worker_stages=stages)
 
 
 async def selects_under_stream(worker: BenchWorker, bodies: list[dict], records: list[Record], rate: float,

@@ -180,6 +180,16 @@ def next_steps(result: dict) -> list[str]:
                      "loop beside it), and an event waits for the batch before its own. Folding promote, forget "
                      "and parking into the apply transaction cut writer jobs from 5.4 to 2.1 per batch without a "
                      "measurable latency gain (branch `fold`): fewer statements per batch, not fewer jobs (step 4).")
+        stages = (result.get("invalidation_path", {}).get("hot_plan") or {}).get("worker_stages") or {}
+        wait, apply = stages.get("batch_wait") or {}, stages.get("batch_apply") or {}
+        if apply.get("count") and any(m.startswith("subscriber p99, one hot plan") for m in missed):
+            steps.append(f"Inside the worker during the hot-plan stream ({apply['count']} batches): a batch's oldest "
+                         f"event waited {wait.get('mean_ms')} ms on average (p99 <= {wait.get('p99_le_ms')} ms) from "
+                         f"its broker timestamp to its batch's start, and a batch took {apply.get('mean_ms')} ms "
+                         f"(p99 <= {apply.get('p99_le_ms')} ms). An event waits for the batch in progress, then its "
+                         "own: what remains is the apply batch itself. Announcing from a short transaction (apply, "
+                         "find affected, queue invalidations) and recompiling in the next would take compiling out "
+                         "of both waits (step 4).")
         ckpt = result.get("invalidation_path", {}).get("worker_checkpoints") or {}
         if ckpt and any(m.startswith("subscriber p99, one hot plan") for m in missed):
             steps.append(f"By the end of the hot-plan stream the worker had taken {ckpt.get('idle_checkpoints', 0)} "

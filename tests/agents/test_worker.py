@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import orjson
 
@@ -190,6 +191,24 @@ async def test_no_plan_is_served_while_revocations_are_paused_and_behind(worker)
     assert resumed["freshplan_event_to_invalidation_seconds_count"] >= 1
     assert resumed['freshplan_compile_seconds_count{path="select"}'] >= 1
     assert resumed['freshplan_plans{status="invalidated"}'] >= 1
+
+
+async def test_each_applied_batch_reports_how_long_its_oldest_event_waited_and_how_long_it_took(worker):
+    before = await metrics(worker)
+    started = time.time()
+    await worker.select(ATLAS_REQUEST, await worker.load("atlas.jsonl"))  # waits until they are applied
+    after = await metrics(worker)
+    elapsed = time.time() - started
+
+    def grew(series: str) -> float:
+        return after.get(series, 0.0) - before.get(series, 0.0)
+
+    batches = grew("freshplan_batch_apply_seconds_count")
+    assert batches >= 1
+    assert grew("freshplan_batch_wait_seconds_count") == batches  # every record carries its broker timestamp
+    assert 0 < grew("freshplan_batch_apply_seconds_sum") <= elapsed
+    assert 0 <= grew("freshplan_batch_wait_seconds_sum") <= batches * elapsed
+    assert after['freshplan_batch_apply_seconds_bucket{le="+Inf"}'] == after["freshplan_batch_apply_seconds_count"]
 
 
 async def metrics(worker) -> dict[str, float]:
