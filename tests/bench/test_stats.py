@@ -1,17 +1,84 @@
-"""Bench statistics: what a worker's histograms observed between two scrapes."""
+"""Pure arithmetic of the subscriber-side benchmarks."""
 
 from __future__ import annotations
 
-from bench.stats import histogram_delta
+import pytest
 
-NAME = "freshplan_batch_apply_seconds"
+from bench.stats import (Announcement, backlog_built, covered_latencies, histogram_delta, lost_invalidations,
+                         named_latencies, owns_all, percentiles, unapplied)
+
+
+def _a(at: float, offset: int, key: str = "K", event: str = "", successor: str | None = None,
+       partition: int = 2) -> Announcement:
+    return Announcement(at, key, "source-changes", partition, offset, event or f"e{offset}", successor)
+
+
+def test_percentiles_in_milliseconds_with_count_and_max():
+    out = percentiles([i / 1000 for i in range(1, 101)])   # 1 ms .. 100 ms
+    assert out["count"] == 100 and out["max_ms"] == 100.0
+    assert out["p50_ms"] == pytest.approx(50.5) and out["p99_ms"] == pytest.approx(99.01)
+    assert percentiles([0.25]) == {"count": 1, "p50_ms": 250.0, "p95_ms": 250.0, "p99_ms": 250.0, "max_ms": 250.0}
+    assert percentiles([])["p99_ms"] is None
+
+
+def test_named_latency_counts_the_first_announcement_naming_each_sent_event():
+    sent = {"a": 10.0, "b": 11.0, "quiet": 12.0}
+    seen = [_a(10.5, 0, event="a"), _a(10.2, 0, event="a", key="other"), _a(11.3, 1, event="b"),
+            _a(13.0, 9, event="not-ours")]
+    assert sorted(round(x, 3) for x in named_latencies(sent, seen)) == [0.2, 0.3]
+
+
+def test_a_folded_batch_is_covered_by_its_successor_whichever_event_it_names():
+    sends = [(o, 90.0 + o) for o in range(10, 16)]          # offsets 10..15 sent at 100..105
+    # Batch 10-12 names its first event; batch 13-15 names its last one.
+    seen = [_a(103.0, 10, successor="p1"), _a(106.0, 15, successor="p2")]
+    waits, uncovered = covered_latencies(sends, seen, "K", 2, {"p1": 13, "p2": 16})
+    assert uncovered == 0
+    assert waits == pytest.approx([3.0, 2.0, 1.0, 3.0, 2.0, 1.0])
+
+
+def test_without_a_known_successor_an_announcement_covers_only_its_cause_and_earlier():
+    sends = [(10, 100.0), (11, 101.0), (12, 102.0)]
+    seen = [_a(103.0, 10), _a(99.0, 11, key="other"), _a(99.0, 12, partition=3)]
+    waits, uncovered = covered_latencies(sends, seen, "K", 2)
+    assert waits == pytest.approx([3.0]) and uncovered == 2
+
+
+def test_an_earlier_sighting_of_a_wider_announcement_wins():
+    sends = [(10, 100.0)]
+    seen = [_a(105.0, 10, successor="late"), _a(102.0, 11, successor="wide")]
+    waits, _ = covered_latencies(sends, seen, "K", 2, {"late": 11, "wide": 12})
+    assert waits == pytest.approx([2.0])
+
+
+def test_unapplied_and_backlog():
+    produced = {"source-changes": {0: 10, 1: 5}, "clock": {0: 3}}
+    applied = {"source-changes": {"0": 7, "1": 5}}           # healthz keys partitions as strings
+    assert unapplied(produced, applied) == 3 + 0 + 3
+    assert not backlog_built(100, 1000) and backlog_built(101, 1000)
+    assert not backlog_built(1, 5) and backlog_built(2, 5)
+
+
+def test_lost_invalidations_are_expected_plans_never_announced():
+    assert lost_invalidations({"a", "b", "c"}, ["b", "b", "x"]) == ["a", "c"]
+    assert lost_invalidations({"a"}, {"a"}) == []
+
+
+def test_owns_all_needs_every_partition_of_every_topic():
+    topics = ["source-changes", "clock"]
+    assert owns_all({"source-changes": [0, 1], "clock": [1, 0]}, topics, 2)
+    assert not owns_all({"source-changes": [0, 1], "clock": [0]}, topics, 2)
+    assert not owns_all({"source-changes": [0, 1]}, topics, 2)
+
+
+HISTOGRAM = "freshplan_batch_apply_seconds"
 
 
 def _scrape(counts: dict[str, float], total: float) -> dict[str, float]:
     """Cumulative bucket counts as Prometheus renders them."""
-    series = {f'{NAME}_bucket{{le="{le}"}}': n for le, n in counts.items()}
-    series[f"{NAME}_count"] = counts["+Inf"]
-    series[f"{NAME}_sum"] = total
+    series = {f'{HISTOGRAM}_bucket{{le="{le}"}}': n for le, n in counts.items()}
+    series[f"{HISTOGRAM}_count"] = counts["+Inf"]
+    series[f"{HISTOGRAM}_sum"] = total
     return series
 
 
@@ -19,14 +86,14 @@ def test_only_what_was_observed_between_the_scrapes_counts():
     before = _scrape({"0.01": 5, "0.02": 5, "0.05": 5, "+Inf": 5}, 0.03)
     # 100 more: 60 under 10 ms, 39 in (10, 20] ms, one in (20, 50] ms
     after = _scrape({"0.01": 65, "0.02": 104, "0.05": 105, "+Inf": 105}, 0.03 + 1.2)
-    assert histogram_delta(before, after, NAME) == {"count": 100, "mean_ms": 12.0, "p50_le_ms": 10.0,
+    assert histogram_delta(before, after, HISTOGRAM) == {"count": 100, "mean_ms": 12.0, "p50_le_ms": 10.0,
                                                     "p99_le_ms": 20.0}
 
 
 def test_a_rank_past_the_last_finite_bucket_and_an_empty_interval_have_no_bound():
     before = _scrape({"0.01": 0, "+Inf": 0}, 0.0)
     after = _scrape({"0.01": 0, "+Inf": 2}, 80.0)
-    assert histogram_delta(before, after, NAME)["p99_le_ms"] is None
-    assert histogram_delta(after, after, NAME) == {"count": 0, "mean_ms": None, "p50_le_ms": None,
+    assert histogram_delta(before, after, HISTOGRAM)["p99_le_ms"] is None
+    assert histogram_delta(after, after, HISTOGRAM) == {"count": 0, "mean_ms": None, "p50_le_ms": None,
                                                    "p99_le_ms": None}
-    assert histogram_delta({}, {}, NAME)["count"] == 0
+    assert histogram_delta({}, {}, HISTOGRAM)["count"] == 0

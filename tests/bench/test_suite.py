@@ -1,8 +1,63 @@
-"""The bench suite's next steps: what a run that missed targets says to do, from its own figures."""
+"""`freshplan bench --quick` runs every comparison through the broker and writes its artefacts."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import orjson
+import pytest
+
 from bench.suite import next_steps
+from tests.conftest import ROOT
+
+
+@pytest.mark.timeout(400)
+def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers)
+    out = subprocess.run([sys.executable, "-m", "agents.cli", "bench", "--quick", "--out", str(tmp_path)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=380)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "caches: 150/150 events" in out.stderr          # progress while it runs
+    [result_file] = [p for p in tmp_path.glob("*.json") if not p.name.endswith("-quality.json")]
+    result = orjson.loads(result_file.read_bytes())
+    assert result["history"]["history"] == 20_000 and result["history"]["with_history_ms"]["new_events"] > 0
+    path = result["invalidation_path"]
+    assert path["throughput"]["ceiling_bare_faust"]["events_per_second"] > 0
+    assert path["throughput"]["freshplan"]["events"] == 300 and path["throughput"]["ratio_to_ceiling"] > 0
+    latency = path["latency_by_rate"]["100"]
+    assert latency["count"] > 0 and latency["events"] == 100 and "backlog" in latency and latency["lag_at_end"] >= 0
+    hot = path["hot_plan"]                                 # every edit of the hot plan reached a subscriber
+    assert hot["events"] == 200 and hot["uncovered"] == 0 and hot["count"] == 200
+    selects = path["selects_under_stream"]
+    assert set(selects) == {"0", "200"} and "stream" not in selects["0"]
+    assert all(s["failures"] == 0 and s["count"] + s["compiled"] == 20 for s in selects.values())
+    assert selects["200"]["stream"]["events"] == 200
+    scale = path["scale_out"]
+    assert [len(scale[n]["per_worker"]) for n in ("one", "two")] == [1, 2]
+    assert all(p["compilations"] > 0 for p in scale["two"]["per_worker"])
+    assert scale["ratios"]["total_compilations_2_vs_1"] > 0
+    assert scale["takeover"]["plans"] == 30 and scale["takeover"]["lost"] == 0
+    assert scale["takeover"]["takeover_seconds"] is not None
+    assert path["fanout"]["invalidations_seen"] == path["fanout"]["fanout_plans"] > 600   # announced first
+    assert path["fanout"]["bare_producer_seconds"] > 0
+    caches = result["caches"]["contenders"]
+    assert caches["freshplan"]["stale_serves"] == 0 and caches["flush_all"]["stale_serves"] == 0
+    assert caches["ttl_60s"]["stale_serves"] > 0          # the workload does make cached plans stale
+    assert {t["measure"].split(" (")[0] for t in result["targets"]} >= {
+        "events/s per worker vs bare Faust agent", "subscriber p99, one hot plan", "select p99",
+        "100,000-plan fan-out, last announcement vs bare aiokafka producer", "total recompilations, 2 workers vs 1",
+        "events/s, 2 workers vs 1", "take-over after kill -9", "stale serves", "unnecessary invalidations announced"}
+    for t in result["targets"]:                           # each printed with its verdict
+        assert ("met   " if t["met"] else "MISSED") + "  " + t["measure"] in out.stdout
+    summary = result_file.with_suffix(".md").read_text()
+    assert "## Targets" in summary and "bare Faust agent" in summary and "plain_top_k" in summary
+    assert "## 1 worker against 2" in summary and "hot Atlas plan, 200/s" in summary
+    plots = list(tmp_path.glob("*.png"))
+    assert len(plots) == 3 and all(p.stat().st_size > 5_000 for p in plots)
+    assert (tmp_path / result["quality"]["file"]).exists() and (tmp_path / result["profile"]["file"]).exists()
+
 
 
 def _result(stages: dict | None) -> dict:
