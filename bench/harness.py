@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from agents.loader import publish
+from bench.stats import exposition
 from schemas.freshness import decode_token
 from streams.broker import free_port
 from streams.settings import Settings
@@ -60,13 +61,7 @@ class BenchWorker:
     async def metrics(self) -> dict[str, float]:
         """GET /metrics as {series: value}."""
         async with self.http.get(f"{self.url}/metrics", headers=self.auth) as resp:
-            text = await resp.text()
-        series = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                series[name] = float(value)
-        return series
+            return exposition(await resp.text())
 
     async def consumers(self, topic: str, action: str) -> None:
         """Pause or resume applying an input topic."""

@@ -110,6 +110,16 @@ def owns_all(duty: Mapping[str, Iterable[int]], topics: Iterable[str], partition
     return all(set(duty.get(t, ())) >= set(range(partitions)) for t in topics)
 
 
+def exposition(text: str) -> dict[str, float]:
+    """Prometheus exposition text as {series with labels: value}."""
+    series = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            series[name] = float(value)
+    return series
+
+
 def histogram_delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> dict:
     """What a Prometheus histogram (unlabelled) observed between two scrapes: count, mean and bucket bounds in ms.
 

@@ -7,6 +7,7 @@ import time
 
 import orjson
 
+from bench.stats import exposition
 from tests.conftest import ATLAS_REQUEST, freshest
 from tests.events import policy_version, principal, resource, revoke_role, tick
 
@@ -215,13 +216,7 @@ async def metrics(worker) -> dict[str, float]:
     """Scrape /metrics into {series: value}."""
     async with worker.http.get(f"{worker.url}/metrics") as resp:
         assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
-        text = await resp.text()
-    series = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            series[name] = float(value)
-    return series
+        return exposition(await resp.text())
 
 
 async def test_a_future_policy_version_takes_over_when_now_crosses_its_effective_at(worker):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.stats import (Announcement, backlog_built, covered_latencies, histogram_delta, lost_invalidations,
-                         named_latencies, owns_all, percentiles, unapplied)
+from bench.stats import (Announcement, backlog_built, covered_latencies, exposition, histogram_delta,
+                         lost_invalidations, named_latencies, owns_all, percentiles, unapplied)
 
 
 def _a(at: float, offset: int, key: str = "K", event: str = "", successor: str | None = None,
@@ -97,3 +97,9 @@ def test_a_rank_past_the_last_finite_bucket_and_an_empty_interval_have_no_bound(
     assert histogram_delta(after, after, HISTOGRAM) == {"count": 0, "mean_ms": None, "p50_le_ms": None,
                                                    "p99_le_ms": None}
     assert histogram_delta({}, {}, HISTOGRAM)["count"] == 0
+
+
+def test_exposition_text_is_read_as_series_with_their_labels():
+    text = ('# HELP freshplan_plans Stored plans by status\n# TYPE freshplan_plans gauge\n'
+            'freshplan_plans{status="fresh"} 3.0\nfreshplan_index_edges 12.0\n\n')
+    assert exposition(text) == {'freshplan_plans{status="fresh"}': 3.0, "freshplan_index_edges": 12.0}
