@@ -146,7 +146,7 @@ class PlanWriter:
 
     def _queue_records(self, plans: Sequence[CompiledPlan], publish: bool, sources: Sequence[Source | None] | None,
                        standby: bool, outbox: list | None) -> None:
-        """The outbox records of stored compilations: `plans` and `receipts` if `publish`, `plan-dependencies` always."""
+        """Outbox records of stored compilations: `plans` and `receipts` if `publish`; `plan-dependencies` always."""
         state = self.state
         as_of = state.store.next_offsets()
         cluster_id = state.store.incarnation()[0]
