@@ -191,7 +191,14 @@ def next_steps(result: dict) -> list[str]:
                          "find affected, queue invalidations) and recompiling in the next would take compiling out "
                          "of both waits (step 4).")
         ckpt = result.get("invalidation_path", {}).get("worker_checkpoints") or {}
-        if ckpt and any(m.startswith("subscriber p99, one hot plan") for m in missed):
+        near_cap = ckpt.get("wal_bytes", 0) >= ckpt.get("wal_limit_bytes", float("inf")) / 2
+        if ckpt and not near_cap and not ckpt.get("idle_checkpoints_postponed") and any(
+                m.startswith("subscriber p99, one hot plan") for m in missed):
+            steps.append(f"By the end of the hot-plan stream the worker had taken {ckpt.get('idle_checkpoints', 0)} "
+                         f"idle checkpoint(s), none postponed, and its log held "
+                         f"{ckpt.get('wal_bytes', 0) / 2**20:.1f} MB of its {ckpt['wal_limit_bytes'] / 2**20:.0f} MB "
+                         "cap: far from the size at which DuckDB checkpoints inside a stream.")
+        elif ckpt and any(m.startswith("subscriber p99, one hot plan") for m in missed):
             steps.append(f"By the end of the hot-plan stream the worker had taken {ckpt.get('idle_checkpoints', 0)} "
                          f"idle checkpoint(s) ({ckpt.get('idle_checkpoints_postponed', 0)} postponed) and its log "
                          f"held {ckpt.get('wal_bytes', 0) / 2**20:.1f} MB: the streams before it leave the writer no "

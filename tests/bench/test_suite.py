@@ -75,3 +75,15 @@ def test_a_missed_hot_plan_target_names_the_workers_own_split_of_the_wait():
 
 def test_a_run_without_the_workers_figures_says_nothing_of_them():
     assert not any("Inside the worker" in step for step in next_steps(_result(None)))
+
+
+def test_the_checkpoint_step_blames_the_log_cap_only_when_the_log_came_near_it():
+    def said(**checkpoints) -> str:
+        result = _result(None)
+        result["invalidation_path"]["worker_checkpoints"] = dict(
+            {"idle_checkpoints": 2, "idle_checkpoints_postponed": 0, "wal_limit_bytes": 64 * 2**20}, **checkpoints)
+        return " ".join(next_steps(result))
+
+    assert "7.2 MB of its 64 MB cap: far from" in said(wal_bytes=int(7.2 * 2**20))
+    assert "checkpoints at its cap, inside a stream" in said(wal_bytes=60 * 2**20)
+    assert "checkpoints at its cap, inside a stream" in said(wal_bytes=2**20, idle_checkpoints_postponed=3)
