@@ -179,7 +179,8 @@ def next_steps(result: dict) -> list[str]:
                      "here): a small batch still costs about 17 DuckDB statements and a commit (20-30 ms with the "
                      "loop beside it), and an event waits for the batch before its own. Folding promote, forget "
                      "and parking into the apply transaction cut writer jobs from 5.4 to 2.1 per batch without a "
-                     "measurable latency gain (branch `fold`): fewer statements per batch, not fewer jobs (step 4).")
+                     "measurable latency gain (branch `fold`), and so did reading the outbox ahead of queued batches "
+                     "(branch `pipeline`): fewer statements per batch, not fewer jobs (step 4).")
         stages = (result.get("invalidation_path", {}).get("hot_plan") or {}).get("worker_stages") or {}
         wait, apply = stages.get("batch_wait") or {}, stages.get("batch_apply") or {}
         if apply.get("count") and any(m.startswith("subscriber p99, one hot plan") for m in missed):
