@@ -68,6 +68,7 @@ class Replica:
         self.applied_at = 0.0  # loop time of the last batch applied (idle checkpoints wait for a quiet second)
         # Called with (seconds the oldest event waited for its batch, seconds the batch took) after each batch.
         self.on_batch: Callable[[float | None, float], object] | None = None
+        self._hook_failed = False
 
     def applied(self, topic: str, partition: int, offset: int) -> bool:
         """Whether the event at this position has been applied (or skipped) locally."""
@@ -161,9 +162,7 @@ class Replica:
                     self.positions = await self.run_writes(self._apply, messages)
                     self.applied_at = asyncio.get_running_loop().time()
                     if self.on_batch is not None:
-                        stamps = [m.timestamp for m in messages if m.timestamp]
-                        self.on_batch(max(0.0, started - min(stamps)) if stamps else None,
-                                      time.perf_counter() - begun)
+                        self._observe(messages, started, time.perf_counter() - begun)
                     async with self._progress:
                         self._progress.notify_all()
                     if self.after_apply:
@@ -172,6 +171,16 @@ class Replica:
         finally:
             self._consumer = None
             await stop_within(consumer)
+
+    def _observe(self, messages: list[RawMessage], started: float, took: float) -> None:
+        """Report a batch's timings to `on_batch`; a failing hook is logged once and never stops applying."""
+        stamps = [m.timestamp for m in messages if m.timestamp]
+        try:
+            self.on_batch(max(0.0, started - min(stamps)) if stamps else None, took)
+        except Exception:  # noqa: BLE001 - metrics are a by-product: the batch is committed either way
+            if not self._hook_failed:
+                log.exception("reporting a batch's timings failed; applying goes on (logged once)")
+            self._hook_failed = True
 
     async def _fetch(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, list]:
         """One batch: up to `batch_size` records, or while behind up to `catch_up_size` already fetched."""

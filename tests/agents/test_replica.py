@@ -4,12 +4,20 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
+from agents.event_apply import EventApplier
+from agents.loader import publish, read_scenario
+from agents.plan_writer import PlanWriter
 from agents.replica import Replica
+from schemas.freshness import decode_token
+from state.local_state import LocalState
+from streams.settings import INPUT_TOPICS, Settings
+from tests.catalog_double import SCENARIOS
 
 A, B = TopicPartition("in", 0), TopicPartition("in", 1)
 
@@ -97,3 +105,28 @@ async def test_an_error_while_topping_up_is_raised_after_the_records_taken_are_a
     assert await replica._fetch(consumer) == {A: [0, 1, 2]}
     with pytest.raises(OffsetOutOfRangeError):
         await replica._fetch(consumer)
+
+
+@pytest.mark.timeout(60)
+async def test_a_failing_batch_timing_hook_never_stops_the_replica_applying(broker, tmp_path):
+    settings = Settings(topic_prefix=f"hook{uuid.uuid4().hex[:8]}-")
+    token = await publish(settings, broker.bootstrap_servers, read_scenario(SCENARIOS / "atlas.jsonl"))
+    state = LocalState.open(tmp_path / "f.duckdb")
+    applier = EventApplier(state, PlanWriter(state, settings.topic))
+    replica = Replica(applier, state.store, broker.bootstrap_servers,
+                      {name: settings.topic(name) for name in INPUT_TOPICS}, batch_size=3, auto_rebase=True)
+    calls: list[float] = []
+
+    def broken(waited: float | None, took: float) -> None:
+        calls.append(took)
+        raise RuntimeError("the metrics backend is down")
+
+    replica.on_batch = broken
+    running = asyncio.ensure_future(replica.run())
+    try:
+        await replica.wait_covers(decode_token(token))  # every event applied, batch after batch
+        assert len(calls) >= 2 and not running.done()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        state.close()
