@@ -76,6 +76,9 @@ class EventApplier:
         try:
             with self.state.store.transaction():
                 self._apply_all(messages)
+                # The publisher's acknowledged rows go in this commit, not one of their own.
+                forgotten = self.state.outbox.forget_acked()
+            self.state.outbox.acked.deleted(forgotten)
         except Exception:  # noqa: BLE001 - one policy: isolate the poison message, never crash
             log.exception("batch of %d failed; applying one by one", len(messages))
             self.state.catalog.forget_cached()

@@ -19,6 +19,9 @@ SENDS_PER_YIELD = 200  # records handed to the producer between turns of the eve
 READ_ROWS = 50_000  # records read from the outbox per round: a 100,000-plan fan-out goes out in two
 BATCH_FROM = 64  # from this many records a round is sent as pre-built batches, not record by record
 PLAN_PER_YIELD = 5_000  # records framed into batches between turns of the event loop
+# Acknowledged rows are deleted by the next apply batch's transaction, or by a flush from this many
+# on (a fan-out), or by the idle timer (see `state.outbox.Acknowledged`).
+FORGET_NOW = 2_000
 
 Spans = dict[tuple[str, int], tuple[int, int]]  # (input topic, partition) -> (first, last) offset
 
@@ -137,12 +140,19 @@ class Publisher:
                             refused.append(row)
                         else:
                             retry += 1
-                    if forgetting is not None:
-                        await forgetting
-                    forgetting = asyncio.ensure_future(self.run_writes(self._forget_sent, done, refused))
+                    self.state.outbox.acked.add(done)
+                    if refused or len(self.state.outbox.acked) >= FORGET_NOW:
+                        # A fan-out's rows are forgotten as it goes: every read passes over what is left.
+                        if forgetting is not None:
+                            await forgetting
+                        forgetting = asyncio.ensure_future(self.run_writes(self._forget_sent, refused))
                     sent, after = sent + len(done), rows[-1][0]
                     if retry:
                         log.warning("%d records not acknowledged; they stay queued", retry)
+                        return sent
+                    if len(rows) < READ_ROWS and forgetting is None:
+                        # Everything due was read: a read more would find nothing (a writer job saved
+                        # per batch). Records queued since come with a kick or a publish of their own.
                         return sent
             finally:
                 if forgetting is not None:
@@ -225,7 +235,14 @@ class Publisher:
         acked = iter(await asyncio.gather(*pending, return_exceptions=True))
         return [r if isinstance(r, BaseException) else next(acked) for r in results]
 
-    def _forget_sent(self, done: list[int], refused: list) -> None:
+    async def forget_acknowledged(self) -> None:
+        """Delete the rows of acknowledged records that no apply batch has taken along yet (an idle timer's job)."""
+        if len(self.state.outbox.acked):
+            await self.run_writes(self._forget_sent, [])
+
+    def _forget_sent(self, refused: list) -> None:
+        outbox = self.state.outbox
         with self.state.store.transaction():
-            self.state.outbox.remove(done)
-            self.state.outbox.replace_with_dead_letters(refused, "refused by the producer or broker")
+            forgotten = outbox.forget_acked()
+            outbox.replace_with_dead_letters(refused, "refused by the producer or broker")
+        outbox.acked.deleted(forgotten)

@@ -51,7 +51,7 @@ class LocalState:
         caches (the catalog's compiled policies) are the reader's own, never shared across threads.
         """
         store = self.store.view()
-        outbox = Outbox(store)
+        outbox = Outbox(store, acked=self.outbox.acked)
         return LocalState(store, Catalog(store), DependencyIndex(store), PlanStore(store), outbox,
                           RecompileQueue(store), Retention(store, outbox, ensure_schema=False), KeyChanges(store))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import logging
+import threading
 from dataclasses import dataclass
 
 import orjson
@@ -30,6 +31,38 @@ class OutboundLimit:
     """Broker-side names of topics whose records have a compact form (plans, receipts)."""
 
 
+class Acknowledged:
+    """Sequence numbers of records the broker acknowledged whose rows are not deleted yet (thread-safe).
+
+    Deleting them is left to the next write transaction (the apply path's, or the publisher's
+    idle timer): a transaction of their own after every flush cost a commit and a writer job per
+    batch. Until then every read of due records passes over them. After a crash they are sent
+    again: at least once, as for a crash between a send and its commit.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seqs: set[int] = set()
+
+    def add(self, seqs: Sequence[int]) -> None:
+        """These records were acknowledged (the event loop, after a send)."""
+        with self._lock:
+            self._seqs.update(seqs)
+
+    def current(self) -> list[int]:
+        """The sequence numbers waiting to be deleted, as of now."""
+        with self._lock:
+            return list(self._seqs)
+
+    def deleted(self, seqs: Sequence[int]) -> None:
+        """Their deletion committed."""
+        with self._lock:
+            self._seqs.difference_update(seqs)
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+
 class Outbox:
     """A durable queue of (topic, key, value); rows go only after the broker acknowledged them.
 
@@ -39,10 +72,11 @@ class Outbox:
     promoted by the partition's owner; the others are pruned once the group has moved past them.
     """
 
-    def __init__(self, store: Store, limit: OutboundLimit | None = None) -> None:
+    def __init__(self, store: Store, limit: OutboundLimit | None = None, acked: Acknowledged | None = None) -> None:
         self.store = store
         self.db = store.db
         self.limit = limit
+        self.acked = acked if acked is not None else Acknowledged()  # shared with the views over the same file
 
     def _fit(self, rows: list[tuple[str, bytes | None, bytes]]) -> list[tuple[str, bytes | None, bytes]]:
         """Every row within the limit: as it is, compacted, or replaced by its dead letter."""
@@ -140,8 +174,20 @@ class Outbox:
 
     def pending(self, limit: int = 5000, after: int | None = None) -> list[tuple[int, str, bytes | None, bytes]]:
         """The oldest records due for publication, in order (past sequence number `after`, if given)."""
-        return self.db.execute("SELECT seq, topic, key, value FROM outbox WHERE NOT standby AND seq > ? "
-                               "ORDER BY seq LIMIT ?", [-1 if after is None else after, limit]).fetchall()
+        unacked, params = self._unacked()
+        return self.db.execute(f"SELECT seq, topic, key, value FROM outbox WHERE NOT standby AND seq > ?{unacked} "
+                               "ORDER BY seq LIMIT ?", [-1 if after is None else after, *params, limit]).fetchall()
+
+    def _unacked(self) -> tuple[str, list]:
+        """A condition passing over acknowledged rows not deleted yet, and its parameters."""
+        seqs = self.acked.current()
+        return (" AND seq NOT IN (SELECT unnest(?))", [seqs]) if seqs else ("", [])
+
+    def forget_acked(self) -> list[int]:
+        """Delete the acknowledged rows inside the caller's transaction; call `acked.deleted` once it committed."""
+        seqs = self.acked.current()
+        self.remove(seqs)
+        return seqs
 
     def replace_with_dead_letters(self, rows: list[tuple[int, str, bytes | None, bytes]], why: str) -> None:
         """Records the broker refused for good: queue a dead letter for each and forget them."""
@@ -160,11 +206,14 @@ class Outbox:
 
     def size(self) -> int:
         """Records due for publication."""
-        return self.db.execute("SELECT count(*) FROM outbox WHERE NOT standby").fetchone()[0]
+        unacked, params = self._unacked()
+        return self.db.execute(f"SELECT count(*) FROM outbox WHERE NOT standby{unacked}", params).fetchone()[0]
 
     def any_due(self) -> bool:
         """Whether any record is due for publication (cheaper than `size` for a loop that polls while it is)."""
-        return self.db.execute("SELECT 1 FROM outbox WHERE NOT standby LIMIT 1").fetchone() is not None
+        unacked, params = self._unacked()
+        return self.db.execute(f"SELECT 1 FROM outbox WHERE NOT standby{unacked} LIMIT 1",
+                               params).fetchone() is not None
 
     def standby_size(self) -> int:
         """Records held for events whose partition another worker may own."""

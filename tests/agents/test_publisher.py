@@ -12,7 +12,8 @@ from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.memory_records import MemoryRecords
 
-from agents.event_apply import RawMessage
+from agents.event_apply import EventApplier, RawMessage
+from agents.plan_writer import PlanWriter
 from agents.publisher import BATCH_FROM, Publisher
 from agents.writer import inline
 from state.local_state import LocalState
@@ -297,3 +298,40 @@ async def test_a_batch_that_held_nothing_on_standby_is_published_without_a_promo
     app.producer.ack_all()
     await publisher._flushing
     assert "promote" in jobs and app.producer.sent[-1] == b"caused-by-4"
+
+
+@pytest.mark.timeout(10)
+async def test_acknowledged_rows_go_with_the_next_apply_batch_and_a_flush_reads_the_outbox_once(setup):
+    state, app, _ = setup
+    jobs: list[str] = []
+
+    async def run(fn, *args, **kwargs):
+        jobs.append(fn.__name__)
+        return fn(*args, **kwargs)
+
+    publisher = Publisher(state, app, run, lambda: {"source-changes": [0]})
+    with state.store.transaction():
+        state.outbox.add_many([("out", b"k", b"announced")], [("source-changes", 0, 3)])
+    await publisher.publish_owned([RawMessage("source-changes", 0, 3, b"k", b"{}")], held=False)
+    await _until(lambda: app.producer.sent)
+    app.producer.ack_all()
+    await publisher._flushing
+    # One read of the outbox, and no transaction of its own to forget the acknowledged row.
+    assert jobs == ["pending"] and state.outbox.size() == 0 and len(state.outbox.acked) == 1
+    stored = "SELECT count(*) FROM outbox"
+    assert state.store.db.execute(stored).fetchone()[0] == 1
+
+    lines = (SCENARIOS / "atlas.jsonl").read_text().splitlines()
+    EventApplier(state, PlanWriter(state, lambda name: name)).apply(
+        [RawMessage(item["topic"], 0, offset, b"k", orjson.dumps(item["event"]))
+         for offset, item in enumerate(map(orjson.loads, lines))])
+    assert state.store.db.execute(stored).fetchone()[0] == 0 and len(state.outbox.acked) == 0
+
+    with state.store.transaction():
+        state.outbox.add_many([("out", b"k", b"idle")])
+    flush = asyncio.create_task(publisher.publish())
+    await _until(lambda: len(app.producer.sent) == 2)
+    app.producer.ack_all()
+    assert await flush == 1
+    await publisher.forget_acknowledged()  # no batch comes: the idle timer deletes it
+    assert state.store.db.execute(stored).fetchone()[0] == 0 and len(state.outbox.acked) == 0

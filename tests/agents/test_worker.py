@@ -307,3 +307,20 @@ async def test_the_log_stays_near_its_cap_while_health_checks_read_between_batch
             await running.select(ATLAS_REQUEST, fresh)
             largest = max(largest, (await running.get("/healthz"))["checkpoints"]["wal_bytes"])
         assert largest < 3 * 2**20, f"the log grew to {largest} bytes past a 1 MB cap: checkpoints were refused"
+
+
+async def test_a_clean_restart_sends_no_acknowledged_record_again(worker):
+    fresh = await worker.load("atlas.jsonl")
+    old = await worker.select(ATLAS_REQUEST, fresh)
+    await worker.publish_events(resource("approved-waiver-W2"))
+    await worker.records("plan-invalidations", lambda rs: any(r["plan_id"] == old["plan_id"] for r in rs))
+    # Stopped at once: the acknowledged rows of the last batch may still wait for the next one to delete them.
+    worker.stop()
+    await worker.restart()
+    fresh = await worker.publish_events(resource("approved-waiver-W3", content="Waiver W3, a later approval."))
+    marker = await worker.select(ATLAS_REQUEST, fresh)  # published after anything the restart sent again
+    await worker.records("plans", lambda rs: any(r["plan_id"] == marker["plan_id"] for r in rs))
+    for topic in ("plan-invalidations", "plans", "receipts"):
+        records = [orjson.dumps(r, default=bytes.hex, option=orjson.OPT_SORT_KEYS)
+                   for r in await worker.everything(topic)]
+        assert len(records) == len(set(records)), f"{topic}: a record was published twice"

@@ -73,3 +73,33 @@ def test_records_are_queued_in_order_whether_few_or_many(tmp_path):
     assert state.outbox.promote("clock", 0, 1, 2) == 2
     assert [v for *_, v in state.outbox.pending()] == [b"v0", b"v1", b"v2"] + [v for *_, v in many] + [b"v0"]
     state.close()
+
+
+def test_acknowledged_rows_are_passed_over_until_a_transaction_that_commits_deletes_them(tmp_path):
+    state = LocalState.open(tmp_path / "f.duckdb")
+    box = state.outbox
+    box.add_many(_rows(3))
+    first, second, third = [seq for seq, *_ in box.pending()]
+    box.acked.add([first, second])
+    assert [v for *_, v in box.pending()] == [b"v2"] and box.size() == 1 and box.any_due()
+    assert state.reader().outbox.size() == 1  # the views over the file pass over them too
+
+    try:
+        with state.store.transaction():
+            taken = box.forget_acked()
+            raise RuntimeError("the batch fails")
+    except RuntimeError:
+        pass
+    assert sorted(taken) == [first, second] and len(box.acked) == 2  # rolled back: still to delete
+    with state.store.transaction():
+        taken = box.forget_acked()
+    box.acked.deleted(taken)
+    assert len(box.acked) == 0 and [v for *_, v in box.pending()] == [b"v2"]
+    assert state.store.db.execute("SELECT count(*) FROM outbox").fetchone()[0] == 1
+
+    box.acked.add([third])
+    assert box.size() == 0 and not box.any_due()
+    state.close()
+    reopened = LocalState.open(tmp_path / "f.duckdb")  # a crash before their deletion: sent again
+    assert [v for *_, v in reopened.outbox.pending()] == [b"v2"]
+    reopened.close()
