@@ -111,6 +111,15 @@ class BenchWorker:
             self.proc.wait()
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user and system, every thread) a process has used so far; None where /proc cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def pin(pid: int, cpus: set[int] | None) -> bool:
     """Set the CPU affinity of every thread of `pid`; threads started later inherit the main thread's."""
     cpus = cpus if cpus is not None else os.sched_getaffinity(0)

@@ -83,7 +83,7 @@ async def _throughput(worker: BenchWorker, workload: Workload) -> dict:
     recompiles = counts["invalidations"] + counts["unchanged_recompilations"]
     return {"events": run["events"], "seconds": run["seconds"], "events_per_second": round(run["events_per_second"]),
             "invalidations": counts["invalidations"], "identical_recompilations": counts["unchanged_recompilations"],
-            "compilations": counts["compilations"], "pinned": run["pinned"],
+            "compilations": counts["compilations"], "pinned": run["pinned"], "cpu_seconds": counts["cpu_seconds"],
             "recompilations_per_second": round(recompiles / run["seconds"], 1)}
 
 

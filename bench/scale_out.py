@@ -14,7 +14,7 @@ from typing import Callable
 import aiohttp
 import orjson
 
-from bench.harness import BenchWorker, start_worker
+from bench.harness import BenchWorker, cpu_seconds, start_worker
 from bench.stats import lost_invalidations, owns_all, unapplied
 from bench.streaming import Listener
 from bench.workload import Record, Workload, resource
@@ -109,19 +109,23 @@ async def throughput(workers: list[BenchWorker], changes: list[Record], pin: boo
         before = [Counter((await w.health())["counters"]) for w in workers]
         token = await workers[0].publish(changes)
         started = time.perf_counter()
+        cpu_before = [cpu_seconds(w.proc.pid) for w in workers]
         for w in workers:
             for topic in INPUT_TOPICS:
                 await w.consumers(topic, "resume")
         after = await applied(workers, token)
         seconds = time.perf_counter() - started
+        cpu_after = [cpu_seconds(w.proc.pid) for w in workers]
     finally:
         for w in workers:
             w.pin(None)
     per_worker = []
-    for b, h in zip(before, after, strict=True):
+    for b, h, c0, c1 in zip(before, after, cpu_before, cpu_after, strict=True):
         delta = Counter(h["counters"]) - b
+        # What the worker's process used meanwhile (its /healthz polls included): the part that does not split.
         per_worker.append({"compilations": delta["compilations"], "invalidations": delta["invalidations"],
-                           "unchanged_recompilations": delta["unchanged_recompilations"]})
+                           "unchanged_recompilations": delta["unchanged_recompilations"],
+                           "cpu_seconds": None if c0 is None or c1 is None else round(c1 - c0, 2)})
     return {"workers": len(workers), "pinned": pinned, "events": len(changes), "seconds": round(seconds, 3),
             "events_per_second": round(len(changes) / seconds, 1), "per_worker": per_worker,
             "total_compilations": sum(p["compilations"] for p in per_worker)}
@@ -177,7 +181,22 @@ def ratios(one: dict, two: dict) -> dict:
             if one["events_per_second"] else None,
             "total_compilations_2_vs_1": round(two["total_compilations"] / single, 3) if single else None,
             "busiest_worker_share_of_1": round(max(p["compilations"] for p in two["per_worker"]) / single, 3)
-            if single else None}
+            if single else None, **cpu_bound(one, two)}
+
+
+def cpu_bound(one: dict, two: dict) -> dict:
+    """CPU of the busier of 2 workers against the single worker's, and the events/s ratio that caps on free cores.
+
+    Each worker applies every event to its replicated catalog; only recompiling splits. On cores
+    of their own, 2 workers take at least as long as the busier one's CPU time, so events/s 2 vs
+    1 is at most the single worker's wall time over that (Amdahl): the ceiling of this design.
+    """
+    single = [p.get("cpu_seconds") for p in one["per_worker"]]
+    pair = [p.get("cpu_seconds") for p in two["per_worker"]]
+    if None in single + pair or not single[0] or not max(pair):
+        return {}
+    return {"cpu_busiest_2_vs_1": round(max(pair) / single[0], 3),
+            "events_per_second_2_vs_1_ceiling": round(one["seconds"] / max(pair), 3)}
 
 
 async def measure(bootstrap: str, workload: Workload, directory: Path, one: dict, *, takeover_timeout: float,
@@ -200,6 +219,7 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, one: dict
     single = {"workers": 1, "pinned": one["pinned"], "events": one["events"], "seconds": one["seconds"],
               "events_per_second": one["events_per_second"],
               "per_worker": [{"compilations": one["compilations"], "invalidations": one["invalidations"],
-                              "unchanged_recompilations": one["identical_recompilations"]}],
+                              "unchanged_recompilations": one["identical_recompilations"],
+                              "cpu_seconds": one.get("cpu_seconds")}],
               "total_compilations": one["compilations"]}
     return {"one": single, "two": double, "ratios": ratios(single, double), "takeover": taken}

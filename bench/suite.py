@@ -218,9 +218,21 @@ def next_steps(result: dict) -> list[str]:
                      "large fan-outs column-wise and publish them in pre-built batches (step 4).")
     if any(m.startswith(("total recompilations", "recompilations of the busiest", "events/s, 2 workers"))
            for m in missed):
-        steps.append("Plans are owned by partition, but every worker still applies every event to its replicated "
-                     "catalog (most of a worker's CPU once recompiling is split), and on two cores the broker and "
-                     "the bench share the pinned cores: make the replicated apply cheaper than decode (step 2).")
+        ratios = result.get("invalidation_path", {}).get("scale_out", {}).get("ratios", {})
+        if ratios.get("cpu_busiest_2_vs_1") is not None:
+            steps.append(f"Each of 2 workers used {ratios['cpu_busiest_2_vs_1']:.0%} of the single worker's CPU for "
+                         "the same events: every worker decodes, dedupes and applies every event to its replicated "
+                         "catalog, and only recompiling splits. On free cores 2 workers could reach at most "
+                         f"{ratios['events_per_second_2_vs_1_ceiling']:.2f}x the events/s of one (measured "
+                         f"{ratios.get('events_per_second_2_vs_1')}x, the broker and the bench sharing the two "
+                         "pinned cores). 1.5x needs the part every worker repeats below a third of the work: "
+                         "a cheaper replicated apply, or a catalog sharded by entity beside the plans (a design "
+                         "change) (step 2).")
+        else:
+            steps.append("Plans are owned by partition, but every worker still applies every event to its "
+                         "replicated catalog (most of a worker's CPU once recompiling is split), and on two cores "
+                         "the broker and the bench share the pinned cores: make the replicated apply cheaper than "
+                         "decode (step 2).")
     if any(m.startswith("take-over of") for m in missed):
         phases = result.get("takeover", {}).get("phases", {})
         slowest = max(phases, key=phases.get) if phases else "n/a"

@@ -50,13 +50,19 @@ def scale_lines(scale: dict | None) -> list[str]:
     rows = []
     for run in (scale["one"], scale["two"]):
         rows.append([run["workers"], _yes(run["pinned"]), run["events"], run["seconds"], run["events_per_second"],
-                     " / ".join(str(p["compilations"]) for p in run["per_worker"]), run["total_compilations"]])
+                     " / ".join(str(p["compilations"]) for p in run["per_worker"]), run["total_compilations"],
+                     " / ".join(str(p.get("cpu_seconds", "n/a")) for p in run["per_worker"])])
     lines += _table(["workers", "pinned", "events", "seconds", "events/s", "recompilations per worker",
-                     "total recompilations"], rows)
+                     "total recompilations", "CPU s per worker"], rows)
     r, t = scale["ratios"], scale["takeover"]
+    ceiling = (f" The busier of 2 workers used {r['cpu_busiest_2_vs_1']:.0%} of the single worker's CPU (each "
+               "applies every event to its replicated catalog; only recompiling splits): on cores of their own 2 "
+               f"workers could reach at most {r['events_per_second_2_vs_1_ceiling']}x."
+               if r.get("cpu_busiest_2_vs_1") is not None else "")
     lines += [f"2 vs 1: events/s {r['events_per_second_2_vs_1']}x, total recompilations "
               f"{r['total_compilations_2_vs_1']}x, busiest worker {r['busiest_worker_share_of_1']} of the single "
-              "worker's recompilations (recompilations: the worker's `compilations` counter during the run).", "",
+              "worker's recompilations (recompilations: the worker's `compilations` counter during the run)."
+              + ceiling, "",
               f"Take-over: edits that change all {t['plans']} plans were published and one worker was killed with "
               f"SIGKILL at once (group session timeout {t.get('session_timeout', 10):g} s: the group cannot "
               f"notice sooner). The survivor owned every input partition after {t['owned_all_seconds']} s and every "

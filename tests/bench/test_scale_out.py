@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from bench.scale_out import _poll_interval, ratios, touch_every_entity
+from bench.scale_out import _poll_interval, cpu_bound, ratios, touch_every_entity
 from bench.workload import generate
 
 
@@ -21,6 +21,20 @@ def test_ratios_of_two_workers_to_one():
     assert ratios(_run(500, 100), _run(900, 52, 50)) == {
         "events_per_second_2_vs_1": 1.8, "total_compilations_2_vs_1": 1.02, "busiest_worker_share_of_1": 0.52}
     assert ratios(_run(0, 0), _run(1, 1, 1))["total_compilations_2_vs_1"] is None
+
+
+def test_the_cpu_every_worker_repeats_caps_what_a_second_worker_can_add():
+    one = {"seconds": 4.0, "per_worker": [{"cpu_seconds": 4.0}]}
+    # Recompiling (a quarter of the work) split in two; the replicated apply done by both.
+    two = {"per_worker": [{"cpu_seconds": 3.5}, {"cpu_seconds": 3.4}]}
+    assert cpu_bound(one, two) == {"cpu_busiest_2_vs_1": 0.875, "events_per_second_2_vs_1_ceiling": 1.143}
+    # Where /proc could not tell, no figure rather than a wrong one.
+    assert cpu_bound(one, {"per_worker": [{"cpu_seconds": None}, {"cpu_seconds": 3.4}]}) == {}
+    assert cpu_bound({"seconds": 4.0, "per_worker": [{}]}, two) == {}
+    single = dict(_run(500, 100), seconds=4.0, per_worker=[{"compilations": 100, "cpu_seconds": 4.0}])
+    pair = dict(_run(480, 50, 50), per_worker=[{"compilations": 50, "cpu_seconds": 3.5},
+                                               {"compilations": 50, "cpu_seconds": 3.4}])
+    assert ratios(single, pair)["events_per_second_2_vs_1_ceiling"] == 1.143
 
 
 def test_take_over_edits_touch_every_planned_entity_once_with_a_new_version():

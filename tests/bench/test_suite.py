@@ -38,6 +38,8 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert [len(scale[n]["per_worker"]) for n in ("one", "two")] == [1, 2]
     assert all(p["compilations"] > 0 for p in scale["two"]["per_worker"])
     assert scale["ratios"]["total_compilations_2_vs_1"] > 0
+    assert all(p["cpu_seconds"] > 0 for n in ("one", "two") for p in scale[n]["per_worker"])  # measured, per worker
+    assert 0 < scale["ratios"]["events_per_second_2_vs_1_ceiling"]
     assert scale["takeover"]["plans"] == 30 and scale["takeover"]["lost"] == 0
     assert scale["takeover"]["takeover_seconds"] is not None
     assert path["fanout"]["invalidations_seen"] == path["fanout"]["fanout_plans"] > 600   # announced first
@@ -87,3 +89,15 @@ def test_the_checkpoint_step_blames_the_log_cap_only_when_the_log_came_near_it()
     assert "7.2 MB of its 64 MB cap: far from" in said(wal_bytes=int(7.2 * 2**20))
     assert "checkpoints at its cap, inside a stream" in said(wal_bytes=60 * 2**20)
     assert "checkpoints at its cap, inside a stream" in said(wal_bytes=2**20, idle_checkpoints_postponed=3)
+
+
+def test_a_missed_scale_out_target_states_the_ceiling_the_replicated_apply_leaves():
+    result = {"targets": [{"measure": "events/s, 2 workers vs 1 (each pinned to its own core)", "met": False}],
+              "invalidation_path": {"scale_out": {"ratios": {"events_per_second_2_vs_1": 0.94,
+                                                             "cpu_busiest_2_vs_1": 0.851,
+                                                             "events_per_second_2_vs_1_ceiling": 1.175}}}}
+    said = " ".join(next_steps(result))
+    assert "Each of 2 workers used 85% of the single worker's CPU" in said
+    assert "at most 1.18x the events/s of one (measured 0.94x" in said
+    result["invalidation_path"]["scale_out"]["ratios"] = {"events_per_second_2_vs_1": 0.94}  # no CPU figures
+    assert "at most" not in " ".join(next_steps(result))

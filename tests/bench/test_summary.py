@@ -19,4 +19,15 @@ def test_scale_out_section_names_the_figures():
     assert "session timeout 4 s" in text and "every input partition after 4.5 s" in text
     assert "announced after 6.25 s; 0 plans were never announced within 60 s" in text
     assert "{" not in text
+    assert "CPU s per worker" in text and "at most" not in text  # no CPU figures: no ceiling claimed
+    with_cpu = "\n".join(scale_lines({
+        "one": dict(run, per_worker=[{"compilations": 7, "cpu_seconds": 2.0}]),
+        "two": dict(two, per_worker=[{"compilations": 7, "cpu_seconds": 1.8}, {"compilations": 8, "cpu_seconds": 1.7}]),
+        "ratios": {"events_per_second_2_vs_1": 1.0, "total_compilations_2_vs_1": 2.14,
+                   "busiest_worker_share_of_1": 1.14, "cpu_busiest_2_vs_1": 0.9,
+                   "events_per_second_2_vs_1_ceiling": 1.111},
+        "takeover": {"plans": 30, "owned_all_seconds": 4.5, "announced_all_seconds": 6.25, "lost": 0,
+                     "timeout_seconds": 60.0, "session_timeout": 4.0}}))
+    assert "| 2.0 |" in with_cpu and "1.8 / 1.7 |" in with_cpu
+    assert "used 90% of the single worker's CPU" in with_cpu and "at most 1.111x" in with_cpu
     assert scale_lines(None) == []
