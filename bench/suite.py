@@ -220,9 +220,9 @@ def next_steps(result: dict) -> list[str]:
            for m in missed):
         ratios = result.get("invalidation_path", {}).get("scale_out", {}).get("ratios", {})
         if ratios.get("cpu_busiest_2_vs_1") is not None:
-            steps.append(f"Each of 2 workers used {ratios['cpu_busiest_2_vs_1']:.0%} of the single worker's CPU for "
-                         "the same events: every worker decodes, dedupes and applies every event to its replicated "
-                         "catalog, and only recompiling splits. On free cores 2 workers could reach at most "
+            steps.append(f"The busier of 2 workers used {ratios['cpu_busiest_2_vs_1']:.0%} of the single worker's "
+                         "CPU for the same events: every worker decodes, dedupes and applies every event to its "
+                         "replicated catalog, and only recompiling splits. On free cores 2 workers could reach at most "
                          f"{ratios['events_per_second_2_vs_1_ceiling']:.2f}x the events/s of one (measured "
                          f"{ratios.get('events_per_second_2_vs_1')}x, the broker and the bench sharing the two "
                          "pinned cores). 1.5x needs the part every worker repeats below a third of the work: "

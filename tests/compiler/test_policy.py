@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 import pytest
 
 from compiler.errors import PolicyError
-from compiler.policy import Unrepresentable, authorise, cedar_value, compile_policy, static_problem
+from compiler.policy import (Unrepresentable, authorise, cedar_value, compile_policy, principal_representable,
+                             static_problem)
 from schemas.records import PolicyBundle, Principal, Resource
 
 WHEN = datetime(2026, 8, 30, tzinfo=timezone.utc)
@@ -101,3 +102,19 @@ def test_comparisons_that_can_never_evaluate_are_found(text, problem):
 def test_sound_bundles_pass_the_static_checks():
     assert static_problem(PERMIT + 'forbid(principal, action, resource) when { resource.r.lessThan(decimal("-0.5"))'
                           ' || resource.n >= 8 || context.decision_time < 5 };') is None
+
+
+def test_representability_is_asked_of_cedar_once_per_distinct_attributes(monkeypatch):
+    import compiler.policy as policy
+
+    calls = []
+    real = policy.cedarpy.is_authorized_batch
+    monkeypatch.setattr(policy.cedarpy, "is_authorized_batch", lambda *args: calls.append(1) or real(*args))
+    policy._representable_json.cache_clear()
+    assert principal_representable({"desk": "d1", "level": 3})
+    assert principal_representable({"level": 3, "desk": "d1"}) and len(calls) == 1  # key order: the same question
+    assert principal_representable({"desk": "d1", "level": 3.0}) and len(calls) == 2  # a decimal to Cedar, not 3
+    assert principal_representable({"desk": "d1", "level": True}) and len(calls) == 3
+    assert not principal_representable({"n": 2**63}) and not principal_representable({"n": 2**63})
+    assert not principal_representable({"n": 2**70})  # past what JSON encodes here: asked without the memo
+    assert len(calls) == 3  # neither reached Cedar: the conversion refused them
