@@ -167,8 +167,10 @@ def _targets(state: LocalState, floors: dict[Key, int]) -> dict[Key, int]:
     applied = state.store.next_offsets()
     values = ", ".join("(?, ?, ?)" for _ in floors)
     params = [x for (topic, partition), floor in floors.items() for x in (topic, partition, floor)]
+    # Acknowledged rows not deleted yet hold nothing back: they were published.
+    unacked, unacked_params = state.outbox.unacked()
     rows = state.store.db.execute(
         f"SELECT o.src_topic, o.src_partition, min(o.src_offset) FROM outbox o JOIN (VALUES {values}) "
-        "f(t, p, lo) ON o.src_topic = f.t AND o.src_partition = f.p AND o.src_offset >= f.lo GROUP BY ALL",
-        params).fetchall()
+        f"f(t, p, lo) ON o.src_topic = f.t AND o.src_partition = f.p AND o.src_offset >= f.lo{unacked} GROUP BY ALL",
+        params + unacked_params).fetchall()
     return commit_targets(floors, applied, {(topic, partition): first for topic, partition, first in rows})

@@ -140,12 +140,15 @@ class Publisher:
                             refused.append(row)
                         else:
                             retry += 1
-                    self.state.outbox.acked.add(done)
-                    if refused or len(self.state.outbox.acked) >= FORGET_NOW:
-                        # A fan-out's rows are forgotten as it goes: every read passes over what is left.
+                    if refused or len(done) + len(self.state.outbox.acked) >= FORGET_NOW:
+                        # A fan-out's rows are forgotten as it goes, by number: reads that pass over a long
+                        # list of acknowledged rows would cost tens of ms each (a round holds 50,000). The
+                        # next read queues behind this job on the writer thread, so it never sees them.
                         if forgetting is not None:
                             await forgetting
-                        forgetting = asyncio.ensure_future(self.run_writes(self._forget_sent, refused))
+                        forgetting = asyncio.ensure_future(self.run_writes(self._forget_sent, refused, done))
+                    else:
+                        self.state.outbox.acked.add(done)
                     sent, after = sent + len(done), rows[-1][0]
                     if retry:
                         log.warning("%d records not acknowledged; they stay queued", retry)
@@ -240,9 +243,11 @@ class Publisher:
         if len(self.state.outbox.acked):
             await self.run_writes(self._forget_sent, [])
 
-    def _forget_sent(self, refused: list) -> None:
+    def _forget_sent(self, refused: list, done: list[int] = ()) -> None:
+        """Delete acknowledged rows (`done`, and those waiting in `acked`) and dead-letter refused ones."""
         outbox = self.state.outbox
         with self.state.store.transaction():
             forgotten = outbox.forget_acked()
+            outbox.remove(list(done))
             outbox.replace_with_dead_letters(refused, "refused by the producer or broker")
         outbox.acked.deleted(forgotten)

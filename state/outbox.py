@@ -174,12 +174,12 @@ class Outbox:
 
     def pending(self, limit: int = 5000, after: int | None = None) -> list[tuple[int, str, bytes | None, bytes]]:
         """The oldest records due for publication, in order (past sequence number `after`, if given)."""
-        unacked, params = self._unacked()
+        unacked, params = self.unacked()
         return self.db.execute(f"SELECT seq, topic, key, value FROM outbox WHERE NOT standby AND seq > ?{unacked} "
                                "ORDER BY seq LIMIT ?", [-1 if after is None else after, *params, limit]).fetchall()
 
-    def _unacked(self) -> tuple[str, list]:
-        """A condition passing over acknowledged rows not deleted yet, and its parameters."""
+    def unacked(self) -> tuple[str, list]:
+        """A condition (` AND ...`) passing over acknowledged rows not deleted yet, and its parameters."""
         seqs = self.acked.current()
         return (" AND seq NOT IN (SELECT unnest(?))", [seqs]) if seqs else ("", [])
 
@@ -206,12 +206,12 @@ class Outbox:
 
     def size(self) -> int:
         """Records due for publication."""
-        unacked, params = self._unacked()
+        unacked, params = self.unacked()
         return self.db.execute(f"SELECT count(*) FROM outbox WHERE NOT standby{unacked}", params).fetchone()[0]
 
     def any_due(self) -> bool:
         """Whether any record is due for publication (cheaper than `size` for a loop that polls while it is)."""
-        unacked, params = self._unacked()
+        unacked, params = self.unacked()
         return self.db.execute(f"SELECT 1 FROM outbox WHERE NOT standby{unacked} LIMIT 1",
                                params).fetchone() is not None
 

@@ -122,6 +122,16 @@ async def test_a_record_still_queued_holds_the_group_offset_at_the_event_that_ca
     assert duty.committed_by_topic() == {SC: {0: 12}}
 
 
+async def test_an_acknowledged_record_not_deleted_yet_holds_nothing_back(state):
+    duty = _duty(state, {TP("t-source-changes", 0)})
+    _applied(state, 0, 10, caused=[3], standby=False)
+    await duty.follow()
+    assert await duty.commit() == {(SC, 0): 3}
+    # Acknowledged: its row waits for the next apply batch (or the idle timer) to delete it.
+    state.outbox.acked.add([seq for seq, *_ in state.outbox.pending(1000)])
+    assert await duty.commit() == {(SC, 0): 10} and _rows(state) == [(0, 3, False)]
+
+
 async def test_a_partition_is_taken_on_at_the_group_offset_and_what_came_before_is_left_to_its_publisher(state):
     _applied(state, 0, 9, caused=[2, 7])
     duty = _duty(state, {TP("t-source-changes", 0)}, committed={(SC, 0): 5})

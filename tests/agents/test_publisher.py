@@ -14,7 +14,7 @@ from aiokafka.record.memory_records import MemoryRecords
 
 from agents.event_apply import EventApplier, RawMessage
 from agents.plan_writer import PlanWriter
-from agents.publisher import BATCH_FROM, Publisher
+from agents.publisher import BATCH_FROM, FORGET_NOW, Publisher
 from agents.writer import inline
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
@@ -335,3 +335,24 @@ async def test_acknowledged_rows_go_with_the_next_apply_batch_and_a_flush_reads_
     assert await flush == 1
     await publisher.forget_acknowledged()  # no batch comes: the idle timer deletes it
     assert state.store.db.execute(stored).fetchone()[0] == 0 and len(state.outbox.acked) == 0
+
+
+@pytest.mark.timeout(30)
+async def test_a_round_of_many_records_is_forgotten_by_number_not_left_for_every_read_to_pass_over(setup):
+    state, app, _ = setup
+    jobs: list[str] = []
+
+    async def run_noting_the_set(fn, *args, **kwargs):
+        jobs.append(f"{fn.__name__} with {len(state.outbox.acked)} waiting")
+        return fn(*args, **kwargs)
+
+    publisher = Publisher(state, app, run_noting_the_set, lambda: {"source-changes": [0]})
+    with state.store.transaction():
+        state.outbox.add_many([("out", b"k", f"r{i}".encode()) for i in range(FORGET_NOW)])
+    flush = asyncio.create_task(publisher.publish())
+    await _until(lambda: len(app.producer.sent) == FORGET_NOW)
+    app.producer.ack_all()
+    assert await flush == FORGET_NOW
+    # The round's numbers go straight to the job: no read ever passed over thousands of them.
+    assert "_forget_sent with 0 waiting" in jobs and len(state.outbox.acked) == 0
+    assert state.store.db.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0
