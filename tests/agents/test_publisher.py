@@ -276,22 +276,32 @@ async def test_records_of_a_batch_refused_at_acknowledgement_stay_ahead_of_the_p
     assert log == [(k, v) for i, (_, k, v) in enumerate(rows) if i != 10]
 
 
-@pytest.mark.timeout(10)
-async def test_a_batch_that_held_nothing_on_standby_is_published_without_a_promotion(setup):
-    state, app, _ = setup
+def _recorded(state: LocalState, app) -> tuple[Publisher, list[str]]:
+    """A publisher whose writer jobs are recorded by name."""
     jobs: list[str] = []
 
     async def run(fn, *args, **kwargs):
         jobs.append(fn.__name__)
         return fn(*args, **kwargs)
 
-    publisher = Publisher(state, app, run, lambda: {"source-changes": [0]})
-    with state.store.transaction():  # what a batch of owned plans queues: due at once
+    return Publisher(state, app, run, lambda: {"source-changes": [0]}), jobs
+
+
+async def _announce_owned(state: LocalState, app, publisher: Publisher) -> None:
+    """Queue what a batch of owned plans queues (due at once) and publish it until acknowledged."""
+    with state.store.transaction():
         state.outbox.add_many([("out", b"k", b"announced")], [("source-changes", 0, 3)])
     await publisher.publish_owned([RawMessage("source-changes", 0, 3, b"k", b"{}")], held=False)
     await _until(lambda: app.producer.sent)
     app.producer.ack_all()
     await publisher._flushing
+
+
+@pytest.mark.timeout(10)
+async def test_a_batch_that_held_nothing_on_standby_is_published_without_a_promotion(setup):
+    state, app, _ = setup
+    publisher, jobs = _recorded(state, app)
+    await _announce_owned(state, app, publisher)
     assert "promote" not in jobs and app.producer.sent == [b"announced"] and state.outbox.size() == 0
     await publisher.publish_owned([_caused(state, 4)])  # a dead letter held on standby: promoted, then sent
     await _until(lambda: len(app.producer.sent) == 2)
@@ -303,19 +313,8 @@ async def test_a_batch_that_held_nothing_on_standby_is_published_without_a_promo
 @pytest.mark.timeout(10)
 async def test_acknowledged_rows_go_with_the_next_apply_batch_and_a_flush_reads_the_outbox_once(setup):
     state, app, _ = setup
-    jobs: list[str] = []
-
-    async def run(fn, *args, **kwargs):
-        jobs.append(fn.__name__)
-        return fn(*args, **kwargs)
-
-    publisher = Publisher(state, app, run, lambda: {"source-changes": [0]})
-    with state.store.transaction():
-        state.outbox.add_many([("out", b"k", b"announced")], [("source-changes", 0, 3)])
-    await publisher.publish_owned([RawMessage("source-changes", 0, 3, b"k", b"{}")], held=False)
-    await _until(lambda: app.producer.sent)
-    app.producer.ack_all()
-    await publisher._flushing
+    publisher, jobs = _recorded(state, app)
+    await _announce_owned(state, app, publisher)
     # One read of the outbox, and no transaction of its own to forget the acknowledged row.
     assert jobs == ["pending"] and state.outbox.size() == 0 and len(state.outbox.acked) == 1
     stored = "SELECT count(*) FROM outbox"
