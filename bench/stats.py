@@ -110,6 +110,16 @@ def owns_all(duty: Mapping[str, Iterable[int]], topics: Iterable[str], partition
     return all(set(duty.get(t, ())) >= set(range(partitions)) for t in topics)
 
 
+def split_between(duties: Iterable[Mapping[str, Iterable[int]]], topics: Iterable[str], partitions: int) -> bool:
+    """Whether workers' duties (input topic -> partitions) share every partition of every topic out, once each."""
+    duties, topics = list(duties), list(topics)
+    for topic in topics:
+        held = [p for duty in duties for p in duty.get(topic, ())]
+        if sorted(held) != list(range(partitions)):
+            return False
+    return True
+
+
 def exposition(text: str) -> dict[str, float]:
     """Prometheus exposition text as {series with labels: value}."""
     series = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.stats import (Announcement, backlog_built, covered_latencies, exposition, histogram_delta,
-                         lost_invalidations, named_latencies, owns_all, percentiles, unapplied)
+                         lost_invalidations, named_latencies, owns_all, percentiles, split_between, unapplied)
 
 
 def _a(at: float, offset: int, key: str = "K", event: str = "", successor: str | None = None,
@@ -103,3 +103,13 @@ def test_exposition_text_is_read_as_series_with_their_labels():
     text = ('# HELP freshplan_plans Stored plans by status\n# TYPE freshplan_plans gauge\n'
             'freshplan_plans{status="fresh"} 3.0\nfreshplan_index_edges 12.0\n\n')
     assert exposition(text) == {'freshplan_plans{status="fresh"}': 3.0, "freshplan_index_edges": 12.0}
+
+
+def test_a_group_is_settled_once_every_partition_has_exactly_one_worker():
+    topics = ("source-changes", "revocations")
+    half = [{"source-changes": [0, 1], "revocations": [0, 1]}, {"source-changes": [2, 3], "revocations": [2, 3]}]
+    assert split_between(half, topics, 4)
+    assert split_between([{"source-changes": [0, 1, 2, 3], "revocations": [3, 2, 1, 0]}], topics, 4)
+    assert not split_between([half[0], {}], topics, 4)  # the second worker has nothing yet: still joining
+    assert not split_between([half[0], {"source-changes": [1, 2, 3], "revocations": [2, 3]}], topics, 4)  # twice
+    assert not split_between([half[0], {"source-changes": [2, 3]}], topics, 4)  # a topic not yet assigned

@@ -39,6 +39,7 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert all(p["compilations"] > 0 for p in scale["two"]["per_worker"])
     assert scale["ratios"]["total_compilations_2_vs_1"] > 0
     assert all(p["cpu_seconds"] > 0 for n in ("one", "two") for p in scale[n]["per_worker"])  # measured, per worker
+    assert scale["two"]["settled_seconds"] is not None  # the run began with the partitions shared out
     assert 0 < scale["ratios"]["events_per_second_2_vs_1_ceiling"]
     assert scale["takeover"]["plans"] == 30 and scale["takeover"]["lost"] == 0
     assert scale["takeover"]["takeover_seconds"] is not None
