@@ -172,12 +172,13 @@ async def hot_plan(worker: BenchWorker, rate: float, seconds: float) -> dict:
     plan = await worker.select(atlas, token)
     await worker.caught_up(token)
     edits = hot_edits(max(1, int(rate * seconds)))
-    before = await worker.metrics()
+    before, log_before = await worker.metrics(), (await worker.health()).get("checkpoints") or {}
     async with Listener(worker, follow_plans=True) as listener:
         stream = await send_at_rate(worker, edits, rate)
         await listener.settle()
     stages = {name: histogram_delta(before, await worker.metrics(), f"freshplan_{name}_seconds")
               for name in ("batch_wait", "batch_apply")}
+    log_after = (await worker.health()).get("checkpoints") or {}
     partition = stream.sent[0].partition
     sends = [(s.offset, s.sent_at) for s in stream.sent]
     reflects = {plan_id: as_of[HOT_TOPIC][str(partition)] for plan_id, as_of in listener.compiled_as_of.items()
@@ -185,7 +186,20 @@ async def hot_plan(worker: BenchWorker, rate: float, seconds: float) -> dict:
     waits, uncovered = covered_latencies(sends, listener.seen, plan["plan_key"], partition, reflects)
     named = {a.event_id for a in listener.seen if a.plan_key == plan["plan_key"]}
     return dict(percentiles(waits), **stream_summary(stream, rate), rate=rate, uncovered=uncovered,
-                announcements=len(named & {s.event_id for s in stream.sent}), worker_stages=stages)
+                announcements=len(named & {s.event_id for s in stream.sent}), worker_stages=stages,
+                write_ahead_log=log_during(log_before, log_after))
+
+
+def log_during(before: dict, after: dict) -> dict:
+    """The worker's write-ahead log across a stream, and whether DuckDB checkpointed at its cap inside it.
+
+    The log only shrinks at a checkpoint; one the worker did not take while idle was DuckDB's own,
+    at the cap, and it held the writer for its whole duration.
+    """
+    shrank = after.get("wal_bytes", 0) < before.get("wal_bytes", 0)
+    idle = after.get("idle_checkpoints", 0) - before.get("idle_checkpoints", 0)
+    return {"bytes_before": before.get("wal_bytes"), "bytes_after": after.get("wal_bytes"),
+            "idle_checkpoints": idle, "cap_checkpoint": bool(before and after and shrank and not idle)}
 
 
 async def selects_under_stream(worker: BenchWorker, bodies: list[dict], records: list[Record], rate: float,

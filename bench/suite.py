@@ -196,7 +196,15 @@ def next_steps(result: dict) -> list[str]:
                          "written at all (step 4).")
         ckpt = result.get("invalidation_path", {}).get("worker_checkpoints") or {}
         near_cap = ckpt.get("wal_bytes", 0) >= ckpt.get("wal_limit_bytes", float("inf")) / 2
-        if ckpt and not near_cap and not ckpt.get("idle_checkpoints_postponed") and any(
+        log = (result.get("invalidation_path", {}).get("hot_plan") or {}).get("write_ahead_log") or {}
+        if log.get("cap_checkpoint") and any(m.startswith("subscriber p99, one hot plan") for m in missed):
+            steps.append(f"DuckDB checkpointed at its log cap inside the hot-plan stream (the log went from "
+                         f"{log['bytes_before'] / 2**20:.1f} to {log['bytes_after'] / 2**20:.1f} MB without an idle "
+                         "checkpoint): the writer stopped for the checkpoint's whole duration (300-500 ms with this "
+                         "history on DuckDB 1.5), which is the stream's tail. The streams before it leave the writer "
+                         "no quiet second; write less log per event, or move to DuckDB 2.0's file format (branch "
+                         "`duck` in an earlier session) (step 4).")
+        elif ckpt and not near_cap and not ckpt.get("idle_checkpoints_postponed") and any(
                 m.startswith("subscriber p99, one hot plan") for m in missed):
             steps.append(f"By the end of the hot-plan stream the worker had taken {ckpt.get('idle_checkpoints', 0)} "
                          f"idle checkpoint(s), none postponed, and its log held "

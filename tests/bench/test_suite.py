@@ -30,6 +30,7 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert latency["count"] > 0 and latency["events"] == 100 and "backlog" in latency and latency["lag_at_end"] >= 0
     hot = path["hot_plan"]                                 # every edit of the hot plan reached a subscriber
     assert hot["events"] == 200 and hot["uncovered"] == 0 and hot["count"] == 200
+    assert hot["write_ahead_log"]["bytes_after"] is not None and "cap_checkpoint" in hot["write_ahead_log"]
     selects = path["selects_under_stream"]
     assert set(selects) == {"0", "200"} and "stream" not in selects["0"]
     assert all(s["failures"] == 0 and s["count"] + s["compiled"] == 20 for s in selects.values())
@@ -102,3 +103,14 @@ def test_a_missed_scale_out_target_states_the_ceiling_the_replicated_apply_leave
     assert "at most 1.18x the events/s of one (measured 0.94x" in said
     result["invalidation_path"]["scale_out"]["ratios"] = {"events_per_second_2_vs_1": 0.94}  # no CPU figures
     assert "at most" not in " ".join(next_steps(result))
+
+
+def test_a_cap_checkpoint_inside_the_hot_stream_is_named_as_its_tail():
+    result = _result(None)
+    result["invalidation_path"]["worker_checkpoints"] = {"idle_checkpoints": 2, "idle_checkpoints_postponed": 0,
+                                                         "wal_bytes": 2**20, "wal_limit_bytes": 64 * 2**20}
+    result["invalidation_path"]["hot_plan"]["write_ahead_log"] = {
+        "bytes_before": 63 * 2**20, "bytes_after": 2**20, "idle_checkpoints": 0, "cap_checkpoint": True}
+    said = " ".join(next_steps(result))
+    assert "checkpointed at its log cap inside the hot-plan stream (the log went from 63.0 to 1.0 MB" in said
+    assert "far from the size" not in said  # the small log at the end was the checkpoint's doing
