@@ -59,7 +59,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     broker = worker = None
     bootstrap = settings.bootstrap_servers
     if not bootstrap:
-        broker = EmbeddedBroker().start()
+        # Its port is picked before the worker binds its own: it must not be one of them.
+        broker = EmbeddedBroker(avoid=frozenset({settings.web_port, settings.metrics_port or 0})).start()
         bootstrap = broker.bootstrap_servers
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)

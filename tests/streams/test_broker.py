@@ -11,7 +11,8 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from streams.broker import EmbeddedBroker
+from streams import broker as broker_module
+from streams.broker import EmbeddedBroker, free_port
 from streams.settings import Settings
 from streams.admin import ensure_topics
 from tests.conftest import ROOT
@@ -66,3 +67,29 @@ def test_broker_dies_with_its_owner_even_on_sigkill():
             return
         time.sleep(0.2)
     raise AssertionError("the embedded broker outlived its owner")
+
+
+def test_the_embedded_broker_never_takes_a_port_its_worker_is_about_to_bind(monkeypatch):
+    # A test picks the worker's web port, then the worker picks the broker's: the system may hand
+    # out the same free port twice, and the web server then fails with "address already in use".
+    offered = iter([41001, 41001, 41002])
+
+    class Socket:
+        def __init__(self, *args) -> None:
+            self.port = next(offered)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+        def bind(self, address) -> None:
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(broker_module.socket, "socket", Socket)
+    assert free_port() == 41001
+    assert free_port(avoid=frozenset({41001})) == 41002
