@@ -11,6 +11,7 @@ import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from bench import relay
 from bench.harness import BenchWorker, run_ceiling, start_worker
 from bench.stats import named_latencies, percentiles
 from bench.scale_out import throughput
@@ -57,6 +58,11 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
                                                                 rate_seconds, select_rate)
             say(f"hot plan on the Atlas scenario at {hot_rate:g} events/s for {rate_seconds:g}s")
             hot = await hot_plan(worker, hot_rate, rate_seconds)
+            batch_ms = ((hot.get("worker_stages") or {}).get("batch_apply") or {}).get("mean_ms")
+            stages = sorted({0.0, 10.0, 20.0} | ({round(batch_ms, 1)} if batch_ms else set()))
+            say(f"bare relay through the same broker at {hot_rate:g} events/s, serial stages of {stages} ms")
+            floor = await relay.sweep(bootstrap, worker.settings.kafka.client_kwargs(), worker.settings.partitions,
+                                      hot_rate, rate_seconds, stages, round(worker.settings.batch_window * 1000))
             # Before the fan-out restarts the worker (which starts its figures afresh).
             streamed = await worker.health()
             say(f"fan-out: one policy version over {fanout_plans} plans")
@@ -68,6 +74,7 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
     return {"throughput": {"freshplan": throughput, "ceiling_bare_faust": ceiling,
                            "ratio_to_ceiling": ratio and round(ratio, 4)},
             "latency_by_rate": latency, "selects_under_stream": selects, "hot_plan": hot, "fanout": fanout,
+            "relay_floor": {"stages": floor, "worker_batch_ms": batch_ms},
             "worker_counters": {k: v for k, v in health["counters"].items() if not k.startswith("selects")},
             # Pauses that held the worker's loop during the whole run (the tails above include them).
             "worker_loop_stall_max_seconds": health.get("loop_stall_max_seconds"), "worker_gc": health.get("gc"),

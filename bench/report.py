@@ -10,6 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import orjson  # noqa: E402
 
+HOT_PLAN_P99_MS = 50.0
+"""Issue 13's target for the hot plan's subscriber-visible p99 at 200 events/s."""
+
 OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
 
@@ -50,7 +53,8 @@ def invalidation_rows(path: dict) -> list[dict]:
                  path["throughput"]["ratio_to_ceiling"], 0.35, ">=", "{:.1%}")]
     hot = path.get("hot_plan")
     rate = f"{hot['rate']:,.0f}" if hot else "200"
-    row = _row(f"subscriber p99, one hot plan (Atlas), {rate} events/s", "p99 <= 50 ms", hot and hot["p99_ms"], 50,
+    row = _row(f"subscriber p99, one hot plan (Atlas), {rate} events/s", f"p99 <= {HOT_PLAN_P99_MS:g} ms",
+               hot and hot["p99_ms"], HOT_PLAN_P99_MS,
                "<=", "{:.0f} ms")
     if hot and hot.get("uncovered"):
         # A send no announcement covered is a lost sample: the percentile alone would flatter.

@@ -14,8 +14,8 @@ from typing import Callable
 
 from bench import cache_contenders, history_cost, index_cost, invalidation_path, quality, scale_out, takeover
 from bench.profile import profile_apply
-from bench.report import plots, targets, write_json
-from bench.summary import markdown
+from bench.report import HOT_PLAN_P99_MS, plots, targets, write_json
+from bench.summary import longest_stage_within, markdown
 from bench.workload import generate
 
 
@@ -168,6 +168,27 @@ async def _broker_part(options: BenchOptions, workload, out_dir: Path, step, boo
             return await both(broker.bootstrap_servers, Path(tmp))
 
 
+def _relay_step(result: dict) -> str | None:
+    """What the bare relay says the hot-plan target leaves the worker, or None without relay figures."""
+    path = result.get("invalidation_path", {})
+    floor = path.get("relay_floor") or {}
+    stages = floor.get("stages") or []
+    if not stages:
+        return None
+    target = HOT_PLAN_P99_MS
+    runs = ", ".join(f"{s['p99_ms']} ms with a {s['stage_ms']:g} ms stage" for s in stages if s.get("p99_ms"))
+    batch = floor.get("worker_batch_ms")
+    fits = longest_stage_within(floor, target)
+    said = (f"A bare relay through the same broker at the hot-plan rate (the replica's reads, a serial stage "
+            f"in a thread, the worker's producer) had a p99 of {runs}.")
+    if fits is None:
+        return said + (f" Even without a stage two broker hops exceed {target:g} ms here: the target needs a "
+                       "shorter long-poll or linger on the path before anything in the worker (step 5).")
+    batch_said = f"; the worker's took {batch} ms" if batch else ""
+    return said + (f" The longest stage that kept the relay within {target:g} ms was {fits['stage_ms']:g} ms: an "
+                   f"apply batch must take about that long for the hot plan to meet it{batch_said} (step 4).")
+
+
 def next_steps(result: dict) -> list[str]:
     """What the run suggests doing next, from the targets it missed (issue 13's build steps)."""
     missed = {t["measure"] for t in result["targets"] if not t["met"]}
@@ -194,6 +215,9 @@ def next_steps(result: dict) -> list[str]:
                          "not measurably: the tail is the wait behind the batch in progress, so the batch itself must "
                          "get shorter (fewer DuckDB statements), or announcements must leave before DuckDB is "
                          "written at all (step 4).")
+        relay_step = _relay_step(result)
+        if relay_step and any(m.startswith("subscriber p99, one hot plan") for m in missed):
+            steps.append(relay_step)
         ckpt = result.get("invalidation_path", {}).get("worker_checkpoints") or {}
         near_cap = ckpt.get("wal_bytes", 0) >= ckpt.get("wal_limit_bytes", float("inf")) / 2
         log = (result.get("invalidation_path", {}).get("hot_plan") or {}).get("write_ahead_log") or {}

@@ -29,6 +29,7 @@ def subscriber_lines(path: dict) -> list[str]:
                      v["p99_ms"], v["max_ms"], v.get("lag_at_end"), _yes(v.get("backlog"))])
     lines += _table(["stream", "achieved/s", "measured events", "p50 ms", "p95 ms", "p99 ms", "max ms",
                      "unapplied at end", "backlog"], rows)
+    lines += relay_lines(path.get("relay_floor"), hot)
     selects = path.get("selects_under_stream")
     if selects:
         rate = next(iter(selects.values()))["select_rate"]
@@ -40,6 +41,28 @@ def subscriber_lines(path: dict) -> list[str]:
                           v["p99_ms"], v["max_ms"], _yes(v["stream"]["backlog"]) if "stream" in v else "-"]
                          for r, v in selects.items()])
     return lines
+
+
+def relay_lines(floor: dict | None, hot: dict | None) -> list[str]:
+    """The hot-plan figure beside a bare relay through the same broker: what two hops and a batch of N ms cost."""
+    if not floor or not floor.get("stages"):
+        return []
+    rate = f"{hot['rate']:,.0f}/s" if hot else "the hot-plan rate"
+    lines = [f"The same latency through a bare relay at {rate}, same broker, same run: it reads as the worker's "
+             "replica does, holds each batch for a fixed time in a thread (as the writer holds an apply batch), "
+             "then produces it; a consumer like the one above reads it. With no stage this is the floor two "
+             "broker hops put under the hot-plan figure."
+             + (f" The worker's apply batch took {floor['worker_batch_ms']} ms on average in the hot-plan stream."
+                if floor.get("worker_batch_ms") else ""), ""]
+    return lines + _table(["serial stage ms", "events", "p50 ms", "p95 ms", "p99 ms", "max ms", "lost"],
+                          [[s["stage_ms"], s["events"], s.get("p50_ms"), s.get("p95_ms"), s.get("p99_ms"),
+                            s.get("max_ms"), s["lost"]] for s in floor["stages"]])
+
+
+def longest_stage_within(floor: dict | None, p99_ms: float) -> dict | None:
+    """The relay run with the longest stage whose p99 stayed within `p99_ms`, if any."""
+    within = [s for s in (floor or {}).get("stages", []) if s.get("p99_ms") is not None and s["p99_ms"] <= p99_ms]
+    return max(within, key=lambda s: s["stage_ms"], default=None)
 
 
 def scale_lines(scale: dict | None) -> list[str]:

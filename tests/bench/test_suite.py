@@ -31,6 +31,9 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     hot = path["hot_plan"]                                 # every edit of the hot plan reached a subscriber
     assert hot["events"] == 200 and hot["uncovered"] == 0 and hot["count"] == 200
     assert hot["write_ahead_log"]["bytes_after"] is not None and "cap_checkpoint" in hot["write_ahead_log"]
+    relay = path["relay_floor"]                            # the broker's floor under the hot-plan figure
+    assert [s["stage_ms"] for s in relay["stages"]][:1] == [0.0] and len(relay["stages"]) >= 3
+    assert all(s["lost"] == 0 and s["events"] == 200 for s in relay["stages"])
     selects = path["selects_under_stream"]
     assert set(selects) == {"0", "200"} and "stream" not in selects["0"]
     assert all(s["failures"] == 0 and s["count"] + s["compiled"] == 20 for s in selects.values())
@@ -58,6 +61,7 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     summary = result_file.with_suffix(".md").read_text()
     assert "## Targets" in summary and "bare Faust agent" in summary and "plain_top_k" in summary
     assert "## 1 worker against 2" in summary and "hot Atlas plan, 200/s" in summary
+    assert "| serial stage ms |" in summary
     plots = list(tmp_path.glob("*.png"))
     assert len(plots) == 3 and all(p.stat().st_size > 5_000 for p in plots)
     assert (tmp_path / result["quality"]["file"]).exists() and (tmp_path / result["profile"]["file"]).exists()
@@ -114,3 +118,20 @@ def test_a_cap_checkpoint_inside_the_hot_stream_is_named_as_its_tail():
     said = " ".join(next_steps(result))
     assert "checkpointed at its log cap inside the hot-plan stream (the log went from 63.0 to 1.0 MB" in said
     assert "far from the size" not in said  # the small log at the end was the checkpoint's doing
+
+
+def test_a_missed_hot_plan_target_says_how_short_the_relay_needs_the_batch():
+    result = _result(None)
+    stage = {"events": 1000, "count": 1000, "p50_ms": 20.0, "p95_ms": 30.0, "max_ms": 60.0, "lost": 0}
+    result["invalidation_path"]["relay_floor"] = {"worker_batch_ms": 23.4, "stages": [
+        dict(stage, stage_ms=0.0, p99_ms=38.2), dict(stage, stage_ms=10.0, p99_ms=47.9),
+        dict(stage, stage_ms=20.0, p99_ms=71.0)]}
+    said = " ".join(next_steps(result))
+    assert "a p99 of 38.2 ms with a 0 ms stage, 47.9 ms with a 10 ms stage, 71.0 ms with a 20 ms stage" in said
+    assert "The longest stage that kept the relay within 50 ms was 10 ms" in said
+    assert "the worker's took 23.4 ms" in said
+    for s in result["invalidation_path"]["relay_floor"]["stages"]:
+        s["p99_ms"] += 20
+    assert "Even without a stage two broker hops exceed 50 ms" in " ".join(next_steps(result))
+    result["invalidation_path"].pop("relay_floor")
+    assert "bare relay" not in " ".join(next_steps(result))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.summary import scale_lines
+from bench.summary import longest_stage_within, relay_lines, scale_lines
 
 
 def test_scale_out_section_names_the_figures():
@@ -31,3 +31,18 @@ def test_scale_out_section_names_the_figures():
     assert "| 2.0 |" in with_cpu and "1.8 / 1.7 |" in with_cpu
     assert "used 90% of the single worker's CPU" in with_cpu and "at most 1.111x" in with_cpu
     assert scale_lines(None) == []
+
+
+def test_relay_section_lists_each_stage_and_the_workers_batch():
+    floor = {"worker_batch_ms": 23.4, "stages": [
+        {"stage_ms": 0.0, "events": 1000, "count": 1000, "p50_ms": 22.0, "p95_ms": 35.0, "p99_ms": 38.5,
+         "max_ms": 41.0, "lost": 0},
+        {"stage_ms": 23.4, "events": 1000, "count": 1000, "p50_ms": 60.0, "p95_ms": 70.0, "p99_ms": 77.0,
+         "max_ms": 80.0, "lost": 0}]}
+    text = "\n".join(relay_lines(floor, {"rate": 200.0}))
+    assert "bare relay at 200/s" in text and "apply batch took 23.4 ms on average" in text
+    assert "| 0.0 | 1000 | 22.0 | 35.0 | 38.5 | 41.0 | 0 |" in text
+    assert "| 23.4 | 1000 | 60.0 | 70.0 | 77.0 | 80.0 | 0 |" in text
+    assert longest_stage_within(floor, 50)["stage_ms"] == 0.0
+    assert longest_stage_within(floor, 30) is None
+    assert relay_lines(None, None) == [] and relay_lines({"stages": []}, None) == []
