@@ -119,10 +119,20 @@ class PlanFeed:
         with self.state.store.transaction():
             valid, tombstones = self._valid(records)
             self.parked.forget(tombstones)
-            self.parked.park(valid)
-            known = self.state.plans.known([r["plan_id"] for r in valid])
-            taken = self.ownership.adopt([r for r in valid if r["plan_id"] not in known])
+            crossed = self.parked.crossed
+            # Only a key's parked record is judged: the ones it replaced were announced by whoever replaced
+            # them, and a late copy of a replaced plan must not come back as current.
+            current = list(self.parked.park(valid).values())
+            crossed = self.parked.crossed - crossed
+            if crossed:
+                self.state.store.bump_many({"plan_lineages_crossed": crossed})
+            known = self.state.plans.known([r["plan_id"] for r in current])
+            taken = self.ownership.adopt([r for r in current if r["plan_id"] not in known])
             self._save_positions(ends)
+        if crossed:
+            log.info("%d plan-dependencies records did not descend from the plan parked for their key (the topic "
+                     "compacted the records between, or two workers owned the key at once); the later one is kept",
+                     crossed, extra={"records": crossed, "reason": "plan_lineage_crossed"})
         if taken.plans:
             log.info("took over %d plans compiled elsewhere (%d stale)", taken.plans, len(taken.stale),
                      extra={"plans": taken.plans, "reason": "adopted"})

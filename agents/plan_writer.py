@@ -7,7 +7,7 @@ import logging
 import time
 from collections import Counter
 from datetime import datetime, timezone
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import orjson
 
@@ -114,7 +114,7 @@ class PlanWriter:
 
     def store(self, plans: Sequence[CompiledPlan], now: datetime | None, counts: Counter[str],
               publish: bool = True, sources: Sequence[Source | None] | None = None, standby: bool = False,
-              outbox: list | None = None) -> None:
+              outbox: list | None = None, replaces: Mapping[str, str] | None = None) -> None:
         """Make compilations current: plans, receipts, index edges, and (if `publish`) both on the outbox.
 
         Without `publish` this adopts them: the same outcome another worker (or an earlier run)
@@ -123,14 +123,17 @@ class PlanWriter:
         that came out the same still moves `compiled_as_of` past the change that caused it, else a
         later owner would judge the plan stale by that change and announce it for nothing.
         With `outbox` (a list), the records are appended to it for the caller to queue in one write.
+        `replaces`: each plan key's current plan id before this (read here when not given).
         """
         if not plans:
             return
         state = self.state
+        if replaces is None:
+            replaces = state.plans.head_ids([p.plan_key for p in plans])
         state.plans.save_many(plans, now)
         _remember_discoverable(state, {p.plan_id: discoverable_in(p.plan) for p in plans})
         state.index.replace_many({p.plan_key: p.dependencies for p in plans})
-        self._queue_records(plans, publish, sources, standby, outbox)
+        self._queue_records(plans, publish, sources, standby, outbox, replaces)
         _count_compiled(plans, counts)
 
     def confirm(self, plans: Sequence[CompiledPlan], counts: Counter[str], outbox: list | None = None) -> None:
@@ -141,12 +144,16 @@ class PlanWriter:
         a receipt and the index edges of each in the log (half of a 1,000/s batch's).
         """
         if plans:
-            self._queue_records(plans, False, None, False, outbox)
+            self._queue_records(plans, False, None, False, outbox, {p.plan_key: p.plan_id for p in plans})
             _count_compiled(plans, counts)
 
     def _queue_records(self, plans: Sequence[CompiledPlan], publish: bool, sources: Sequence[Source | None] | None,
-                       standby: bool, outbox: list | None) -> None:
-        """Outbox records of stored compilations: `plans` and `receipts` if `publish`; `plan-dependencies` always."""
+                       standby: bool, outbox: list | None, replaces: Mapping[str, str]) -> None:
+        """Outbox records of stored compilations: `plans` and `receipts` if `publish`; `plan-dependencies` always.
+
+        A `plan-dependencies` record names the plan it replaced here (`replaces`): a worker parking
+        it then knows it descends from that plan, whatever offsets the two were compiled at.
+        """
         state = self.state
         as_of = state.store.next_offsets()
         cluster_id = state.store.incarnation()[0]
@@ -161,8 +168,8 @@ class PlanWriter:
                 row_sources += [source] * 2
             # Internal: the keys name withheld resources. A new owner takes the plan over from it.
             rows.append((self.topic_of("plan-dependencies"), p.plan_key.encode(),
-                         orjson.dumps(dict(published, dependencies=sorted(p.dependencies), receipt=p.receipt),
-                                      option=orjson.OPT_NON_STR_KEYS)))
+                         orjson.dumps(dict(published, dependencies=sorted(p.dependencies), receipt=p.receipt,
+                                           replaces=replaces.get(p.plan_key)), option=orjson.OPT_NON_STR_KEYS)))
             row_sources.append(source)
         if outbox is not None:
             outbox.append((rows, row_sources))
@@ -270,11 +277,12 @@ class PlanWriter:
         counts["invalidations"] += len(announced)
         outbox: list = []  # announcements first, then successors: one outbox write for both
         self.announce(announced, sources, standby, outbox)
-        self.store(successors, now, counts, publish=True, sources=successor_sources, standby=standby, outbox=outbox)
+        self.store(successors, now, counts, publish=True, sources=successor_sources, standby=standby, outbox=outbox,
+                   replaces={k: head[0] for k, head in heads.items()})
         self.confirm(settled, counts, outbox)
         state.outbox.add_many([r for rows, _ in outbox for r in rows], [s for _, srcs in outbox for s in srcs],
                               standby=standby)
-        self.store(current, now, counts, publish=False)
+        self.store(current, now, counts, publish=False, replaces={k: head[0] for k, head in heads.items()})
         state.plans.invalidate_many([e.history_entry() for e in announced], now)
         state.plans.drop_heads(dropped)
         state.index.drop_many(dropped)

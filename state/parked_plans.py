@@ -18,8 +18,9 @@ from state.store import Store
 _DDL = """
 CREATE TABLE IF NOT EXISTS parked_plans (plan_key VARCHAR PRIMARY KEY, partition INTEGER, plan_id VARCHAR,
   progress BIGINT, record VARCHAR, live BOOLEAN, valid_until TIMESTAMPTZ, request VARCHAR, plan VARCHAR,
-  receipt_id VARCHAR, deps VARCHAR, as_of VARCHAR, compiled_in VARCHAR, unrestorable VARCHAR);
+  receipt_id VARCHAR, deps VARCHAR, as_of VARCHAR, compiled_in VARCHAR, unrestorable VARCHAR, superseded VARCHAR);
 """
+SUPERSEDED_KEPT = 32  # plan ids of a key's lineage remembered as replaced, so a late copy of one is known
 # deps (a JSON array of keys) and as_of (a JSON array of {topic, partition, next_offset}) are
 # text, read with from_json on take-over: list columns make each replacement of a parked record
 # cost DuckDB 20-30 ms at commit, against 3-8 ms for text (measured).
@@ -37,6 +38,36 @@ def progress(record: Mapping[str, Any]) -> int:
         return -1
 
 
+def succession(held: tuple[str, int, list[str]] | None, record: Mapping[str, Any]) -> tuple[bool, list[str], bool]:
+    """Whether `record` replaces the parked (plan id, progress, superseded ids); the superseded ids after; crossed.
+
+    Progress alone cannot order two workers' records: each sums its own replica's offsets, and
+    one ahead on an unrelated partition outranks a later compilation by the other. So: a record
+    naming the parked plan as the one it replaced descends from it and wins; the same plan again
+    keeps the record read further (as before); a plan the key's lineage already replaced is a
+    late copy (a restarted worker sends its last second again) and loses. Anything else is a
+    crossing (the topic compacted the records between them away, or two workers owned the key
+    at once): the later on the topic wins, and the caller counts it.
+    """
+    if held is None:
+        return True, [], False
+    plan_id, rank, superseded = held
+    new_id, replaces = record["plan_id"], record.get("replaces")
+    if new_id == plan_id:
+        return progress(record) >= rank, superseded, False
+    if replaces == plan_id:
+        return True, _bounded(superseded + [plan_id], new_id), False
+    if new_id in superseded:
+        return False, superseded, False
+    return True, _bounded(superseded + [plan_id] + ([replaces] if isinstance(replaces, str) else []), new_id), True
+
+
+def _bounded(ids: list[str], current: str) -> list[str]:
+    """The last SUPERSEDED_KEPT distinct ids, oldest first, without the key's current plan id."""
+    kept = [i for i in dict.fromkeys(reversed(ids)) if i != current][:SUPERSEDED_KEPT]
+    return kept[::-1]
+
+
 def _as_of(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     """compiled_as_of as rows; unreadable offsets count as none read (every recorded change is after them)."""
     try:
@@ -48,12 +79,13 @@ def _as_of(record: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 class ParkedPlans:
-    """Plan key -> the most advanced record of it seen on `plan-dependencies`, with its owning partition."""
+    """Plan key -> its latest record on `plan-dependencies` (see `succession`), with its owning partition."""
 
     def __init__(self, store: Store, partitions: int) -> None:
         self.store = store
         self.db = store.db
         self.partitions = partitions
+        self.crossed = 0  # crossings met by `park` since start (see `succession`), for the caller to count
         columns = {c for (c,) in self.db.execute(
             "SELECT column_name FROM duckdb_columns() WHERE table_name = 'parked_plans'").fetchall()}
         if "deps" not in columns:
@@ -66,21 +98,42 @@ class ParkedPlans:
                 self.db.execute(_DDL)
                 self.park(held)
             self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
+        elif "superseded" not in columns:  # files parked before records named the plan they replaced
+            self.db.execute("ALTER TABLE parked_plans ADD COLUMN superseded VARCHAR")
+            self.db.execute("CHECKPOINT")
 
-    def park(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Keep these records (validated `plan-dependencies` values) unless a more advanced one is held."""
-        latest: dict[str, tuple[int, Mapping[str, Any]]] = {}
+    def park(self, records: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+        """Keep these records (validated `plan-dependencies` values, in topic order) as `succession` decides.
+
+        Returns, by plan key, each record that is now its key's parked record.
+        """
+        by_key: dict[str, list[Mapping[str, Any]]] = {}
         for record in records:
-            rank = progress(record)
-            held = latest.get(record["plan_key"])
-            if held is None or rank >= held[0]:
-                latest[record["plan_key"]] = (rank, record)
+            by_key.setdefault(record["plan_key"], []).append(record)
+        if not by_key:
+            return {}
+        held: dict[str, tuple[str, int, list[str]]] = {
+            key: (plan_id, rank, orjson.loads(superseded) if superseded else [])
+            for key, plan_id, rank, superseded in self.db.execute(
+                "SELECT plan_key, plan_id, progress, superseded FROM parked_plans "
+                "WHERE plan_key IN (SELECT unnest(?::VARCHAR[]))", [list(by_key)]).fetchall()}
+        latest: dict[str, tuple[int, Mapping[str, Any], list[str]]] = {}
+        for key, candidates in by_key.items():
+            current = held.get(key)
+            for record in candidates:
+                wins, superseded, crossed = succession(current, record)
+                self.crossed += crossed
+                if wins:
+                    current = (record["plan_id"], progress(record), superseded)
+                    latest[key] = (current[1], record, superseded)
+                elif current is not None:
+                    current = (current[0], current[1], superseded)
         if not latest:
-            return
+            return {}
         columns: dict[str, list] = {name: [] for name in (
             "plan_key", "partition", "plan_id", "progress", "record", "live", "valid_until", "request", "plan",
-            "receipt_id", "deps", "as_of", "compiled_in", "unrestorable")}
-        for key, (rank, record) in latest.items():
+            "receipt_id", "deps", "as_of", "compiled_in", "unrestorable", "superseded")}
+        for key, (rank, record, superseded) in latest.items():
             entity_id = record["entity_id"]
             try:
                 ready, why = prepare(record, entity_id), None
@@ -93,14 +146,15 @@ class ParkedPlans:
                       orjson.dumps(record).decode(), ready and ready.live, ready and ready.valid_until,
                       ready and ready.request, ready and ready.plan, ready and ready.receipt_id,
                       orjson.dumps(keys).decode(), orjson.dumps(_as_of(record)).decode(), record.get("compiled_in"),
-                      why)
+                      why, orjson.dumps(superseded).decode())
             for column, value in zip(columns.values(), values, strict=True):
                 column.append(value)
         types = {"partition": pa.int32(), "progress": pa.int64(), "live": pa.bool_(), "valid_until": _WHEN}
         rows = pa.table({name: pa.array(values, types.get(name, pa.string())) for name, values in columns.items()})
         updated = ", ".join(f"{name} = excluded.{name}" for name in columns if name != "plan_key")
-        self.store.insert_rows("parked_plans", rows, verb="INSERT INTO", on_conflict=(
-            f"ON CONFLICT (plan_key) DO UPDATE SET {updated} WHERE excluded.progress >= parked_plans.progress"))
+        self.store.insert_rows("parked_plans", rows, verb="INSERT INTO",
+                               on_conflict=f"ON CONFLICT (plan_key) DO UPDATE SET {updated}")
+        return {key: record for key, (_, record, _) in latest.items()}
 
     def forget(self, plan_keys: list[str]) -> None:
         """Drop plan keys whose record was tombstoned (the owner evicted or dropped the plan)."""

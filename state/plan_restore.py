@@ -15,7 +15,7 @@ from schemas.plan_partition import plan_partition
 from schemas.timefmt import parse_instant
 from state.store import Store
 
-WIRE_ONLY = ("compiled_as_of", "compiled_in", "dependencies", "receipt")
+WIRE_ONLY = ("compiled_as_of", "compiled_in", "dependencies", "receipt", "replaces")
 """Fields the internal record adds to the compiled plan; the stored plan is what compile produced."""
 
 

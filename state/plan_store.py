@@ -94,6 +94,13 @@ class PlanStore:
             held[table].add(found)
         return held
 
+    def head_ids(self, plan_keys: list[str]) -> dict[str, str]:
+        """The current plan id of each of these plan keys that has one."""
+        if not plan_keys:
+            return {}
+        return dict(self.db.execute("SELECT plan_key, plan_id FROM plan_heads WHERE plan_key IN (SELECT unnest(?))",
+                                    [plan_keys]).fetchall())
+
     def heads(self, plan_keys: list[str], parse: bool = True) -> dict[str, tuple[str, Any, str]]:
         """Current plan id, request document (JSON text unless `parse`) and status of each plan key."""
         return {key: head[:3] for key, head in self.heads_stamped(plan_keys, parse).items()}

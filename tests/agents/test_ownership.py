@@ -37,15 +37,22 @@ class Node:
                                    "x-plan-dependencies")
         self.query = QueryService(self.state, self.plans)
         self.query.foreign_partition = self.ownership.foreign_partition
-        self.offsets: dict[str, int] = {}
+        self.offsets: dict[tuple[str, int], int] = {}
 
-    def apply(self, *items: dict) -> None:
+    def apply(self, *items: dict, partition: int = 0) -> None:
         messages = []
         for item in items:
-            offset = self.offsets.get(item["topic"], 0)
-            self.offsets[item["topic"]] = offset + 1
-            messages.append(RawMessage(item["topic"], 0, offset, b"k", orjson.dumps(item["event"])))
+            offset = self.offsets.get((item["topic"], partition), 0)
+            self.offsets[(item["topic"], partition)] = offset + 1
+            messages.append(RawMessage(item["topic"], partition, offset, b"k", orjson.dumps(item["event"])))
         self.applier.apply(messages)
+
+    def feed(self, records: list[dict]) -> None:
+        """What the plan feed does with valid records: park them, adopt the unknown current ones."""
+        with self.state.store.transaction():
+            current = list(self.parked.park(records).values())
+            known = self.state.plans.known([r["plan_id"] for r in current])
+            self.ownership.adopt([r for r in current if r["plan_id"] not in known])
 
     def own(self, *partitions: int) -> None:
         with self.state.store.transaction():
@@ -252,3 +259,30 @@ def test_a_take_over_that_fails_changes_nothing_and_the_next_round_takes_the_pla
     b.ownership.follow([0, 1])
     [announced] = b.published("plan-invalidations")
     assert announced["plan_id"] == plan["plan_id"] and b.ownership.owned == frozenset({0, 1})
+
+
+def test_a_plan_compiled_by_a_worker_behind_elsewhere_is_still_the_one_a_take_over_judges(nodes):
+    """Records are ordered by lineage, not by summed offsets: a later plan can sum less than the one it replaced."""
+    from agents.backlog import recompile_queued
+
+    a, b = nodes
+    b.apply(*[_event(resource(f"other-{i}", entity="BOREAL-UK-02")) for i in range(5)], partition=1)
+    b.own(0, 1)
+    a.own()
+    first = b.query.select(ATLAS_REQUEST)  # compiled by b, ahead of a on source-changes partition 1
+    for node in (a, b):
+        node.feed(b.published("plan-dependencies"))
+    b.own()
+    a.own(0, 1)  # a takes the plan over unchanged
+    revoke = _event(revoke_role("maya", "credit_analyst"))
+    a.apply(revoke)
+    later = a.query.select(ATLAS_REQUEST)  # a announced b's plan and compiled its successor
+    assert later["plan_id"] != first["plan_id"]
+    b.apply(revoke)
+    b.feed(a.published("plan-dependencies"))
+    # a is killed; an event changes the plan before anyone announced it, and b takes the partition back
+    b.apply(_event(resource("approved-waiver-W2")))
+    b.own(0, 1)
+    recompile_queued(b.plans, 100, lambda topic, partition: True)
+    announced = {r["plan_id"] for r in b.published("plan-invalidations")}
+    assert later["plan_id"] in announced  # judged as the key's current plan: stale, announced

@@ -25,7 +25,7 @@ def test_a_parked_record_is_kept_prepared_for_a_take_over(tmp_path):
     store = Store(tmp_path / "f.duckdb")
     try:
         parked = ParkedPlans(store, 4)
-        parked.park([RECORD, dict(RECORD, plan_id="p0", compiled_as_of={"source-changes": {"0": 1}}),
+        parked.park([dict(RECORD, plan_id="p0", compiled_as_of={"source-changes": {"0": 1}}), RECORD,
                      {"plan_id": "bad", "plan_key": "pk-bad", "entity_id": "E2", "dependencies": ["x:1", 5]}])
         row = _row(store, "pk-1")
         assert row["plan_id"] == "p1" and row["partition"] == plan_partition("E1", 4) and row["progress"] == 10
@@ -37,8 +37,8 @@ def test_a_parked_record_is_kept_prepared_for_a_take_over(tmp_path):
         assert row["unrestorable"] is None and row["compiled_in"] == "c1"
         bad = _row(store, "pk-bad")
         assert bad["unrestorable"] and bad["deps"] == ["x:1"] and bad["plan"] is None
-        parked.park([dict(RECORD, plan_id="p-older", compiled_as_of={"source-changes": {"0": 2}})])
-        assert _row(store, "pk-1")["plan_id"] == "p1"  # a less advanced record never replaces a parked one
+        parked.park([dict(RECORD, compiled_as_of={"source-changes": {"0": 2}})])
+        assert _row(store, "pk-1")["progress"] == 10  # the same plan read less far never replaces it
         assert [(r["plan_id"], ok) for r, ok in parked.records_of(["p1", "bad", "unknown"])] in (
             [("p1", True), ("bad", False)], [("bad", False), ("p1", True)])
     finally:
@@ -59,3 +59,35 @@ def test_a_file_parked_before_records_were_prepared_is_migrated(tmp_path):
         assert row["deps"] == ["resource:a", "resource:b"] and row["partition"] == plan_partition("E1", 4)
     finally:
         store.close()
+
+
+def test_a_descendant_replaces_its_plan_and_a_late_copy_of_a_replaced_plan_does_not_come_back(tmp_path):
+    store = Store(tmp_path / "f.duckdb")
+    try:
+        parked = ParkedPlans(store, 4)
+        behind = {"source-changes": {"0": 8, "1": 0}}  # compiled later by a worker behind on partition 1
+        chosen = parked.park([RECORD, dict(RECORD, plan_id="p2", replaces="p1", compiled_as_of=behind)])
+        assert _row(store, "pk-1")["plan_id"] == "p2" and chosen["pk-1"]["plan_id"] == "p2"
+        assert orjson.loads(_row(store, "pk-1")["superseded"]) == ["p1"] and parked.crossed == 0
+        assert parked.park([RECORD]) == {}  # the copy a restarted worker sends again
+        assert _row(store, "pk-1")["plan_id"] == "p2"
+        parked.park([dict(RECORD, plan_id="p1", replaces="p2", compiled_as_of={"source-changes": {"0": 9}})])
+        assert _row(store, "pk-1")["plan_id"] == "p1"  # compiled again from p2 (A -> B -> A): current again
+        assert orjson.loads(_row(store, "pk-1")["superseded"]) == ["p2"]
+        parked.park([dict(RECORD, plan_id="p9", replaces="p8")])  # neither descends from the other
+        assert _row(store, "pk-1")["plan_id"] == "p9" and parked.crossed == 1
+        assert orjson.loads(_row(store, "pk-1")["superseded"]) == ["p2", "p1", "p8"]
+    finally:
+        store.close()
+
+
+def test_the_superseded_ids_kept_are_bounded_and_never_name_the_current_plan():
+    from state.parked_plans import SUPERSEDED_KEPT, succession
+
+    held = ("p0", 5, [f"old-{i}" for i in range(SUPERSEDED_KEPT)])
+    wins, superseded, crossed = succession(held, {"plan_id": "p1", "replaces": "p0"})
+    assert wins and not crossed and len(superseded) == SUPERSEDED_KEPT
+    assert superseded[-1] == "p0" and superseded[0] == "old-1"  # the oldest goes first
+    wins, superseded, _ = succession(held, {"plan_id": "old-3", "replaces": "p0"})
+    assert wins and "old-3" not in superseded and superseded[0] == "old-0"
+    assert succession(None, {"plan_id": "p1"}) == (True, [], False)
