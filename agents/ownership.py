@@ -94,12 +94,19 @@ class Ownership:
 
     def change(self, assigned: Collection[int]) -> tuple[TakeOver, int]:
         """Move to a new assignment: hand back lost partitions, take over gained ones."""
-        before = self._held if self.owned is None else self.owned
+        first = self.owned is None
+        before = self._held if first else self.owned
         after = frozenset(assigned)
         lost, gained = before - after, after - before
         dropped = self.hand_back(lost) if lost else 0
         self.owned = after
         taken = self.take_over(gained) if gained else TakeOver()
+        if first and after & before:
+            # Kept across a restart: peers may have compiled plans of these partitions meanwhile, which the
+            # feed parked before anything was owned. Judge those; the file's own fresh heads stay current.
+            caught = self.adopt(self.parked.unknown_records(after & before), after)
+            taken = replace(taken, plans=taken.plans + caught.plans, adopted=taken.adopted + caught.adopted,
+                            stale=taken.stale + caught.stale)
         db = self.state.store.db
         db.execute("DELETE FROM owned_partitions")
         if after:

@@ -177,6 +177,14 @@ class ParkedPlans:
                                "WHERE plan_id IN (SELECT unnest(?::VARCHAR[]))", [plan_ids]).fetchall()
         return [(orjson.loads(text), ok) for text, ok in rows]
 
+    def unknown_records(self, partitions: Collection[int]) -> list[dict[str, Any]]:
+        """The parked records of these partitions whose plan ids the file has never stored."""
+        if not partitions:
+            return []
+        rows = self.db.execute("SELECT record FROM parked_plans WHERE partition IN (SELECT unnest(?::INTEGER[])) "
+                               "AND plan_id NOT IN (SELECT plan_id FROM plans)", [sorted(partitions)]).fetchall()
+        return [orjson.loads(text) for (text,) in rows]
+
     def keys_of(self, partitions: Collection[int]) -> list[str]:
         """Plan keys owned by these partitions."""
         if not partitions:

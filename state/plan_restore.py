@@ -108,9 +108,13 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
         if held is None or row.rank >= held.rank:
             chosen[row.plan_key] = row
     if keep_fresh_heads and chosen:
+        # A fresh head stays unless its key's lineage on `plan-dependencies` replaced it since (see
+        # `parked_plans.succession`): whoever replaced it announced it, and its descendant is current.
         current = {key for (key,) in store.db.execute(
             "SELECT h.plan_key FROM plan_heads h JOIN plans p USING (plan_id) WHERE p.status = 'fresh' "
-            "AND h.plan_key IN (SELECT unnest(?::VARCHAR[]))", [list(chosen)]).fetchall()}
+            "AND h.plan_key IN (SELECT unnest(?::VARCHAR[])) AND NOT EXISTS (SELECT 1 FROM parked_plans k "
+            "WHERE k.plan_key = h.plan_key AND k.superseded IS NOT NULL "
+            "AND list_contains(from_json(k.superseded, '[\"VARCHAR\"]'), h.plan_id))", [list(chosen)]).fetchall()}
         chosen = {key: row for key, row in chosen.items() if key not in current}
     restored, invalidated = _write(store, list(chosen.values()), compiled_at)
     return RestoreResult(restored, not_owned, unrestorable, invalidated)

@@ -170,6 +170,52 @@ def test_a_restart_hands_back_what_the_file_held_and_no_longer_owns(nodes, tmp_p
         a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
 
 
+def test_a_restart_judges_the_plans_peers_compiled_for_the_partitions_it_kept(nodes, tmp_path):
+    """The feed parks a peer's plans before the first assignment; keeping a partition must not skip them."""
+    a, b = nodes
+    a.own(0, 1)
+    a.state.close()
+    b.own(0, 1)
+    plan = b.query.select(ATLAS_REQUEST)  # a new plan key, compiled while a was down
+    again = Node(tmp_path / "a.duckdb")
+    try:
+        again.offsets = dict(b.offsets)
+        again.feed(b.published("plan-dependencies"))  # read before the group assigned anything
+        b.own()
+        again.own(0, 1)  # what the file held already: nothing is gained
+        revoke = _event(revoke_role("maya", "credit_analyst"))
+        again.apply(revoke)
+        assert plan["plan_id"] in {r["plan_id"] for r in again.published("plan-invalidations")}
+    finally:
+        again.state.close()
+        a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
+
+
+def test_a_kept_head_that_a_peer_replaced_while_the_worker_was_down_gives_way_to_its_successor(nodes, tmp_path):
+    a, b = nodes
+    a.own(0, 1)
+    first = a.query.select(ATLAS_REQUEST)
+    b.feed(a.published("plan-dependencies"))
+    a.feed(a.published("plan-dependencies"))  # every feed parks its own records too
+    a.state.close()
+    b.own(0, 1)
+    revoke = _event(revoke_role("maya", "credit_analyst"))
+    b.apply(revoke)
+    later = b.query.select(ATLAS_REQUEST)  # b announced a's plan and compiled its successor
+    assert later["plan_id"] != first["plan_id"]
+    again = Node(tmp_path / "a.duckdb")
+    try:
+        again.offsets = dict(b.offsets)
+        again.feed(b.published("plan-dependencies"))
+        b.own()
+        again.own(0, 1)
+        head = again.state.plans.head_ids([first["plan_key"]])
+        assert head == {first["plan_key"]: later["plan_id"]}  # not the announced plan its file still held
+    finally:
+        again.state.close()
+        a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
+
+
 async def _owned(w) -> list[int] | None:
     return (await w.get("/healthz"))["owned_partitions"]
 
