@@ -30,7 +30,7 @@ class RestoreResult:
     unrestorable: list[tuple[str | None, str]] = field(default_factory=list)
     """(plan id, why) of records that cannot stand in for a compilation; their plan keys need one."""
     known_invalidated: list[str] = field(default_factory=list)
-    """Plan ids this file already holds as invalidated: never made current again."""
+    """Plan ids this file already holds as invalidated: not made current again (unless compiled again since)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class ParkedRestore:
     unrestorable: int = 0
     """Parked records that cannot stand in for a compilation; their plan keys need one."""
     known_invalidated: list[str] = field(default_factory=list)
-    """Plan ids this file already holds as invalidated: never made current again."""
+    """Plan ids this file already holds as invalidated: not made current again (unless compiled again since)."""
 
 
 def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions: Collection[int], *,
@@ -154,6 +154,28 @@ def _receipt(record: Mapping[str, Any]) -> str | None:
     return None
 
 
+# A plan id this file holds as invalidated stays so (`known_invalidated`), unless its key's lineage
+# on `plan-dependencies` went on from the successor it was invalidated for and compiled it again
+# (A -> B -> A): the parked record is then a later compilation, judged like any other.
+_NOT_FRESH = """
+SELECT p.plan_id, p.successor_plan_id IS NOT NULL AND k.superseded IS NOT NULL
+       AND list_contains(from_json(k.superseded, '["VARCHAR"]'), p.successor_plan_id) AS again
+FROM plans p JOIN parked_plans k ON k.plan_id = p.plan_id AND k.plan_key = p.plan_key
+WHERE p.status != 'fresh' AND p.plan_id IN (SELECT unnest(?::VARCHAR[]))"""
+
+
+def _compiled_again(store: Store, plan_ids: list[str]) -> set[str]:
+    """Of these plan ids held here as not fresh, those a parked record shows compiled again since; made fresh."""
+    if not plan_ids or not store.db.execute(
+            "SELECT 1 FROM duckdb_tables() WHERE table_name = 'parked_plans'").fetchone():
+        return set()
+    again = [plan_id for plan_id, yes in store.db.execute(_NOT_FRESH, [plan_ids]).fetchall() if yes]
+    if again:
+        store.db.execute("UPDATE plans SET status = 'fresh', reason = NULL, cause = NULL, successor_plan_id = NULL, "
+                         "invalidated_at = NULL WHERE plan_id IN (SELECT unnest(?::VARCHAR[]))", [again])
+    return set(again)
+
+
 def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None) -> tuple[list[str], list[str]]:
     if not rows:
         return [], []
@@ -177,8 +199,10 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None)
     for name, table in tables.items():
         db.register(name, table)
     try:
-        # An id this file already holds keeps its row: if it was invalidated here, it stays so.
+        # An id this file already holds keeps its row: if it was invalidated here, it stays so (`_compiled_again`).
         held = dict(db.execute("SELECT plan_id, status FROM plans SEMI JOIN _restore_plans USING (plan_id)").fetchall())
+        held.update(dict.fromkeys(_compiled_again(store, [i for i, status in held.items() if status != "fresh"]),
+                                  "fresh"))
         db.execute("INSERT INTO plans SELECT plan_id, plan_key, 'fresh', live, valid_until, request, plan, receipt_id, "
                    "NULL, NULL, NULL, compiled_at, NULL FROM _restore_plans ANTI JOIN plans USING (plan_id)")
         stale = [plan_id for plan_id, status in held.items() if status != "fresh"]
@@ -214,10 +238,12 @@ def restore_parked(store: Store, partitions: Collection[int], compiled_at: datet
     considered, unrestorable = db.execute(
         f"SELECT count(*), count(*) FILTER (WHERE unrestorable IS NOT NULL) FROM {source}", [owned]).fetchone()
     mine = f"{source} AND unrestorable IS NULL"
-    # An id this file already holds keeps its row: if it was invalidated here, it stays so.
-    stale = [plan_id for (plan_id,) in db.execute(
+    # An id this file already holds keeps its row: if it was invalidated here, it stays so (`_compiled_again`).
+    held = [plan_id for (plan_id,) in db.execute(
         f"SELECT plan_id FROM plans WHERE status != 'fresh' AND plan_id IN (SELECT plan_id FROM {mine})",
         [owned]).fetchall()]
+    again = _compiled_again(store, held)
+    stale = [plan_id for plan_id in held if plan_id not in again]
     db.execute("INSERT INTO plans SELECT plan_id, plan_key, 'fresh', live, valid_until, request, plan, receipt_id, "
                f"NULL, NULL, NULL, $2::TIMESTAMPTZ, NULL FROM (SELECT * FROM {mine}) ANTI JOIN plans USING (plan_id)",
                [owned, compiled_at])

@@ -16,7 +16,7 @@ from state.local_state import LocalState
 from state.parked_plans import ParkedPlans
 from tests.catalog_double import SCENARIOS
 from tests.conftest import eventually as _until, ATLAS_REQUEST, start_peer
-from tests.events import resource, revoke_role
+from tests.events import principal, resource, revoke_role
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -214,6 +214,36 @@ def test_a_kept_head_that_a_peer_replaced_while_the_worker_was_down_gives_way_to
     finally:
         again.state.close()
         a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
+
+
+def test_a_plan_compiled_again_after_it_was_invalidated_here_is_current_again_on_a_take_over(nodes):
+    """A -> B -> A across hand-overs: the first owner's invalidation of A must not hide A compiled again."""
+    a, b = nodes
+    a.own(0, 1)
+    b.own()
+    first = a.query.select(ATLAS_REQUEST)
+    revoke = _event(revoke_role("maya", "credit_analyst"))
+    for node in (a, b):
+        node.apply(revoke)
+    a.query.select(ATLAS_REQUEST)  # a announced the plan and compiled its successor
+    for node in (a, b):  # every feed parks every record, its own worker's included
+        node.feed(a.published("plan-dependencies"))
+    a.own()
+    b.own(0, 1)
+    regrant = _event(principal("maya", delegation_version=5))
+    for node in (a, b):
+        node.apply(regrant)
+    again = b.query.select(ATLAS_REQUEST)
+    assert again["plan_id"] == first["plan_id"]  # the same plan as before the revocation
+    a.feed(b.published("plan-dependencies"))
+    b.own()
+    a.own(0, 1)  # back to a, whose file holds that plan id as invalidated
+    assert a.state.plans.head_ids([first["plan_key"]]) == {first["plan_key"]: first["plan_id"]}
+    before = len(a.published("plan-invalidations"))
+    second = _event(revoke_role("maya", "credit_analyst", delegation_version=5))
+    for node in (a, b):
+        node.apply(second)
+    assert first["plan_id"] in {r["plan_id"] for r in a.published("plan-invalidations")[before:]}
 
 
 async def _owned(w) -> list[int] | None:
