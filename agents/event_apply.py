@@ -14,7 +14,7 @@ from agents.plan_writer import PlanWriter, Touched, wall_now
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
 from schemas.errors import InvalidEvent, SkippedEvent
-from schemas.outbound import input_dead_letter
+from schemas.outbound import input_dead_letter, letter_key
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
@@ -252,7 +252,7 @@ class EventApplier:
 
     def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
         record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value)
-        self.state.outbox.add_many([(self.plans.topic_of("dead-letters"), m.key, record)],
+        self.state.outbox.add_many([(self.plans.topic_of("dead-letters"), letter_key(m.key), record)],
                                    [(m.topic, m.partition, m.offset)], standby=self._standby)
         self.held_on_standby = self.held_on_standby or self._standby
         counts[f"dead_letters.{error_class}"] += 1

@@ -9,6 +9,7 @@ from typing import Any, Awaitable, Callable
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 
+from schemas.outbound import shown_key
 from state.local_state import LocalState
 from streams.batches import Batch, partitions_of, plan_batches
 
@@ -24,6 +25,10 @@ PLAN_PER_YIELD = 5_000  # records framed into batches between turns of the event
 FORGET_NOW = 2_000
 
 Spans = dict[tuple[str, int], tuple[int, int]]  # (input topic, partition) -> (first, last) offset
+
+
+class HeldBack(Exception):
+    """Not sent: an earlier record of its key failed in the same round, and keys keep their order."""
 
 
 def _batching_producer(app):
@@ -134,7 +139,7 @@ class Publisher:
                         if not isinstance(result, BaseException):
                             done.append(row[0])
                         elif isinstance(result, PERMANENT_SEND_ERRORS) or _refused_at_send(result):
-                            log.error("outbound %s record %r refused for good: %s", row[1], row[2],
+                            log.error("outbound %s record %s refused for good: %s", row[1], shown_key(row[2]),
                                       type(result).__name__,
                                       extra={"topic": row[1], "error_class": "record_too_large"})
                             refused.append(row)
@@ -224,16 +229,27 @@ class Publisher:
         return out
 
     async def _send_each(self, rows: list[tuple[str, bytes | None, bytes]]) -> list:
-        """Send records one by one through the app's producer (its partitioner and size checks)."""
+        """Send records one by one through the app's producer (its partitioner and size checks).
+
+        After a record fails for a reason that may pass, later records of its key wait for the
+        next flush too: sent now, they would land ahead of it, and on a compacted topic the older
+        record would then win.
+        """
         results: list = []
+        held: set[tuple[str, bytes | None]] = set()
         for i, (topic, key, value) in enumerate(rows):
             if i and not i % SENDS_PER_YIELD:
                 await asyncio.sleep(0)  # a send that need not wait never yields: let HTTP in
+            if (topic, key) in held:
+                results.append(HeldBack())
+                continue
             try:
                 results.append(await self.app.producer.send(topic, key, value, partition=None,
                                                             timestamp=None, headers=None))
             except Exception as exc:  # noqa: BLE001 - refused before it left: never retry it as it is
                 results.append(exc)
+                if not (isinstance(exc, PERMANENT_SEND_ERRORS) or _refused_at_send(exc)):
+                    held.add((topic, key))
         pending = [r for r in results if not isinstance(r, BaseException)]
         acked = iter(await asyncio.gather(*pending, return_exceptions=True))
         return [r if isinstance(r, BaseException) else next(acked) for r in results]

@@ -11,6 +11,20 @@ import orjson
 # Kafka adds a record batch header and per-record framing on top of key and value.
 RECORD_OVERHEAD_BYTES = 512
 DEAD_LETTER_ORIGINAL_BYTES = 64 * 1024
+DEAD_LETTER_KEY_BYTES = 1024  # a longer key is named by its hash: a dead letter must always fit
+
+
+def letter_key(key: bytes | None) -> bytes | None:
+    """A dead letter's Kafka key: the original record's, or its sha256 when longer than DEAD_LETTER_KEY_BYTES."""
+    if key is None or len(key) <= DEAD_LETTER_KEY_BYTES:
+        return key
+    return b"sha256:" + hashlib.sha256(key).hexdigest().encode()
+
+
+def shown_key(key: bytes | None, width: int = 80) -> str:
+    """A key for a log line: its start and its length, never the whole of a long one."""
+    key = key or b""
+    return repr(key) if len(key) <= width else f"{key[:width]!r}... ({len(key)} bytes)"
 
 
 def compact_plan(doc: dict[str, Any]) -> dict[str, Any]:
@@ -41,13 +55,15 @@ def too_large_letter(topic: str, key: bytes | None, value: bytes, limit: int, re
     """The dead letter that stands in for an outbound record no broker would accept.
 
     It names the record (topic, key, size) but carries none of it: plans hold evidence content.
+    A key longer than DEAD_LETTER_KEY_BYTES is named by its sha256 (as `letter_key`), so the
+    letter itself always fits.
     """
     return orjson.dumps({
         "schema_version": 1, "topic": topic, "partition": -1, "offset": -1, "error_class": "record_too_large",
         "message": f"outbound {topic} record of {len(value)} bytes exceeds the {limit}-byte limit ({reason}); "
                    "it was not published",
         "original": "", "original_size": len(value), "original_truncated": True,
-        "outbound_key": (key or b"").decode("utf-8", "replace")})
+        "outbound_key": (letter_key(key) or b"").decode("utf-8", "replace")})
 
 
 def input_dead_letter(topic: str, partition: int, offset: int, error_class: str, message: str,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import orjson
 import pyarrow as pa
 
-from schemas.outbound import compact_plan, fits, too_large_letter
+from schemas.outbound import compact_plan, fits, letter_key, shown_key, too_large_letter
 from state.store import Store
 
 log = logging.getLogger(__name__)
@@ -78,13 +78,15 @@ class Outbox:
         self.limit = limit
         self.acked = acked if acked is not None else Acknowledged()  # shared with the views over the same file
 
-    def _fit(self, rows: list[tuple[str, bytes | None, bytes]]) -> list[tuple[str, bytes | None, bytes]]:
-        """Every row within the limit: as it is, compacted, or replaced by its dead letter."""
+    def _fit(self, rows: list[tuple[str, bytes | None, bytes]], sources: list[Source | None],
+             ) -> tuple[list[tuple[str, bytes | None, bytes]], list[Source | None]]:
+        """Every row within the limit, with its source: as it is, compacted, or replaced by its dead letter."""
         limit = self.limit
         if limit is None or all(fits(k, v, limit.max_bytes) for _, k, v in rows):
-            return rows
-        out, counts = [], {}
-        for topic, key, value in rows:
+            return rows, sources
+        out, kept, counts = [], [], {}
+        for (topic, key, value), source in zip(rows, sources, strict=True):
+            kept.append(source)
             if fits(key, value, limit.max_bytes):
                 out.append((topic, key, value))
                 continue
@@ -105,23 +107,46 @@ class Outbox:
                 if fits(key, compact, limit.max_bytes):
                     out.append((topic, key, compact))
                     counts["outbound_compacted"] = counts.get("outbound_compacted", 0) + 1
-                    log.warning("published a compact %s record %r (%d bytes without contents)", topic, key,
+                    log.warning("published a compact %s record %s (%d bytes without contents)", topic, shown_key(key),
                                 len(value), extra={"topic": topic, "error_class": "compacted"})
                     continue
-            out.append((limit.dead_letters, key, too_large_letter(topic, key, value, limit.max_bytes, "stored")))
-            counts["dead_letters.record_too_large"] = counts.get("dead_letters.record_too_large", 0) + 1
-            log.error("outbound %s record %r of %d bytes cannot be published; dead-lettered", topic, key, len(value),
+            letter = self._letter(topic, key, value, "stored", counts)
+            if letter is not None:
+                out.append(letter)
+            else:
+                kept.pop()
+            log.error("outbound %s record %s of %d bytes cannot be published", topic, shown_key(key), len(value),
                       extra={"topic": topic, "error_class": "record_too_large"})
         self.store.bump_many(counts)
-        return out
+        return out, kept
+
+    def _letter(self, topic: str, key: bytes | None, value: bytes, why: str,
+                counts: dict[str, int]) -> tuple[str, bytes | None, bytes] | None:
+        """The dead letter standing in for a record that cannot be published, or None (counted) when there is none.
+
+        A refused dead letter gets no dead letter of its own (the next would be refused the same
+        way, for ever): it is dropped, counted and logged. So is a letter over a limit set below
+        a letter's size.
+        """
+        assert self.limit is not None
+        letter_key_ = letter_key(key)
+        letter = too_large_letter(topic, key, value, self.limit.max_bytes, why)
+        if topic == self.limit.dead_letters or not fits(letter_key_, letter, self.limit.max_bytes):
+            counts["outbound_dropped"] = counts.get("outbound_dropped", 0) + 1
+            log.error("outbound %s record %s of %d bytes dropped: its dead letter could not be published either",
+                      topic, shown_key(key), len(value), extra={"topic": topic, "error_class": "outbound_dropped"})
+            return None
+        counts["dead_letters.record_too_large"] = counts.get("dead_letters.record_too_large", 0) + 1
+        return self.limit.dead_letters, letter_key_, letter
 
     def add_many(self, rows: list[tuple[str, bytes | None, bytes]], sources: Sequence[Source | None] | None = None,
                  standby: bool = False) -> None:
         """Queue records for publication, in order, in one statement (each within the outbound limit)."""
         if not rows:
             return
-        rows = self._fit(rows)
-        sources = list(sources) if sources is not None else [None] * len(rows)
+        rows, sources = self._fit(rows, list(sources) if sources is not None else [None] * len(rows))
+        if not rows:
+            return
         table = pa.table({
             "topic": [r[0] for r in rows], "key": pa.array([r[1] for r in rows], pa.binary()),
             "value": pa.array([r[2] for r in rows], pa.binary()),
@@ -194,10 +219,17 @@ class Outbox:
         if not rows or self.limit is None:
             self.remove([seq for seq, *_ in rows])
             return
-        self.remove([seq for seq, *_ in rows])
-        self.add_many([(self.limit.dead_letters, key, too_large_letter(topic, key, value, self.limit.max_bytes, why))
-                       for _, topic, key, value in rows])
-        self.store.bump_many({"dead_letters.record_too_large": len(rows)})
+        seqs = [seq for seq, *_ in rows]
+        # A letter keeps its record's source: until it is published it holds the group's commit as the record did.
+        source = {seq: (t, p, o) if t is not None else None for seq, t, p, o in self.db.execute(
+            "SELECT seq, src_topic, src_partition, src_offset FROM outbox WHERE seq IN (SELECT unnest(?))",
+            [seqs]).fetchall()}
+        self.remove(seqs)
+        counts: dict[str, int] = {}
+        letters = [(self._letter(topic, key, value, why, counts), source.get(seq)) for seq, topic, key, value in rows]
+        self.add_many([letter for letter, _ in letters if letter is not None],
+                      [src for letter, src in letters if letter is not None])
+        self.store.bump_many(counts)
 
     def remove(self, seqs: list[int]) -> None:
         """Forget these records (acknowledged, or permanently unpublishable)."""

@@ -355,3 +355,31 @@ async def test_a_round_of_many_records_is_forgotten_by_number_not_left_for_every
     # The round's numbers go straight to the job: no read ever passed over thousands of them.
     assert "_forget_sent with 0 waiting" in jobs and len(state.outbox.acked) == 0
     assert state.store.db.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0
+
+
+@pytest.mark.timeout(10)
+async def test_after_a_transient_failure_later_records_of_its_key_wait_for_the_next_flush(tmp_path):
+    from aiokafka.errors import KafkaTimeoutError
+
+    from agents.publisher import HeldBack
+
+    class Flaky(SlowProducer):
+        async def send(self, topic, key, value, partition, timestamp, headers):
+            if value == b"v1-older":
+                raise KafkaTimeoutError()
+            return await super().send(topic, key, value, partition, timestamp, headers)
+
+    state = LocalState.open(tmp_path / "f.duckdb")
+    try:
+        app = App()
+        app.producer = Flaky()
+        publisher = Publisher(state, app, inline, lambda: {})
+        sending = asyncio.ensure_future(publisher._send_each(
+            [("t", b"pk-1", b"v1-older"), ("t", b"pk-2", b"other"), ("t", b"pk-1", b"v2-newer")]))
+        await _until(lambda: app.producer.sent)
+        app.producer.ack_all()
+        results = await sending
+        assert app.producer.sent == [b"other"]  # the newer record of pk-1 did not overtake the older one
+        assert isinstance(results[0], KafkaTimeoutError) and isinstance(results[2], HeldBack)
+    finally:
+        state.close()

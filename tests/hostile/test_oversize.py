@@ -85,3 +85,28 @@ async def test_a_plan_dependencies_record_too_large_with_its_receipt_is_publishe
     assert "receipt" not in record and not any(item.get("content_omitted") for item in record["admitted"])
     health = await worker.get("/healthz")
     assert health["counters"].get("dead_letters.record_too_large", 0) == 0
+
+
+async def test_an_input_key_near_the_limit_gets_one_dead_letter_under_a_hashed_key_and_the_outbox_drains(worker):
+    """Its dead letter once carried the key twice: too large in turn, refused, re-lettered, for ever."""
+    loaded = await worker.load("atlas.jsonl")
+    await worker.select(ATLAS_REQUEST, loaded)
+    key = b"k" * 999_600  # an input key the broker accepts; a letter keyed and naming it so would not fit
+    token = await worker.publish([("source-changes", key, b"{")])
+    await worker.select(ATLAS_REQUEST, token)  # applied
+    letters = await worker.records("dead-letters", lambda rs: any(r.get("offset", -1) >= 0 for r in rs))
+    [letter] = [r for r in letters if r["error_class"] == "malformed_json"]
+    assert letter["original_size"] == 1 and letter["original_truncated"] is False
+    health = await worker.get("/healthz")
+    for _ in range(50):  # drained, and it stays drained: nothing re-queues itself
+        if health["outbox"] == 0:
+            break
+        await asyncio.sleep(0.1)
+        health = await worker.get("/healthz")
+    assert health["outbox"] == 0
+    await asyncio.sleep(1.5)  # a flush timer's round: a looping publisher would keep counting
+    again = await worker.get("/healthz")
+    assert again["outbox"] == 0 and not again["counters"].get("dead_letters.record_too_large")
+    assert not again["counters"].get("outbound_dropped")
+    log = worker.log_path.read_text()
+    assert log.count("k" * 200) == 0  # the key is never logged whole

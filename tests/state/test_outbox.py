@@ -103,3 +103,45 @@ def test_acknowledged_rows_are_passed_over_until_a_transaction_that_commits_dele
     reopened = LocalState.open(tmp_path / "f.duckdb")  # a crash before their deletion: sent again
     assert [v for *_, v in reopened.outbox.pending()] == [b"v2"]
     reopened.close()
+
+
+def test_a_record_that_cannot_fit_is_lettered_under_a_bounded_key_and_a_refused_letter_is_dropped(tmp_path):
+    import hashlib
+
+    import orjson
+
+    from schemas.outbound import DEAD_LETTER_KEY_BYTES, fits
+    from state.outbox import OutboundLimit
+
+    state = LocalState.open(tmp_path / "f.duckdb")
+    box = state.outbox
+    box.limit = OutboundLimit(5_000, "dead-letters", frozenset())
+    key = b"k" * 4_800  # fits alone; with a value it does not, and a letter naming it whole would not either
+    with state.store.transaction():
+        box.add_many([("out", key, b"x" * 400)], [("source-changes", 0, 9)])
+    [(seq, topic, letter_key, value)] = box.pending()
+    assert topic == "dead-letters" and letter_key == b"sha256:" + hashlib.sha256(key).hexdigest().encode()
+    assert fits(letter_key, value, 5_000) and len(letter_key) <= DEAD_LETTER_KEY_BYTES
+    assert orjson.loads(value)["outbound_key"] == letter_key.decode()
+    assert box.db.execute("SELECT src_topic, src_offset FROM outbox WHERE seq = ?", [seq]).fetchone() == (
+        "source-changes", 9)  # it still holds the group's commit for its event
+    with state.store.transaction():  # the broker refuses the letter itself: no letter of a letter
+        box.replace_with_dead_letters(box.pending(), "refused")
+    assert box.pending() == [] and state.store.counters().get("outbound_dropped") == 1
+    state.close()
+
+
+def test_a_refused_records_letter_keeps_the_records_source(tmp_path):
+    from state.outbox import OutboundLimit
+
+    state = LocalState.open(tmp_path / "f.duckdb")
+    box = state.outbox
+    box.limit = OutboundLimit(100_000, "dead-letters", frozenset())
+    with state.store.transaction():
+        box.add_many([("out", b"k", b"v")], [("source-changes", 0, 5)])
+        box.replace_with_dead_letters(box.pending(), "refused by the broker")
+    [(seq, topic, _, _)] = box.pending()
+    assert topic == "dead-letters"
+    assert box.db.execute("SELECT src_topic, src_partition, src_offset FROM outbox WHERE seq = ?",
+                          [seq]).fetchone() == ("source-changes", 0, 5)
+    state.close()
