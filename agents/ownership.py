@@ -102,9 +102,7 @@ class Ownership:
         self.owned = after
         taken = self.take_over(gained) if gained else TakeOver()
         if first and after & before:
-            # Kept across a restart: peers may have compiled plans of these partitions meanwhile, which the
-            # feed parked before anything was owned. Judge those; the file's own fresh heads stay current.
-            caught = self.adopt(self.parked.unknown_records(after & before), after)
+            caught = self._caught_up(after & before)
             taken = replace(taken, plans=taken.plans + caught.plans, adopted=taken.adopted + caught.adopted,
                             stale=taken.stale + caught.stale)
         db = self.state.store.db
@@ -116,6 +114,31 @@ class Ownership:
                      sorted(after), sorted(gained), taken.adopted, len(taken.stale), taken.seconds, sorted(lost),
                      dropped, extra={"partitions": sorted(after), "reason": "ownership"})
         return taken, dropped
+
+    def _caught_up(self, kept: Collection[int]) -> TakeOver:
+        """Partitions kept across a restart: judge the plans peers compiled for them meanwhile.
+
+        The feed parked those before anything was owned. A parked plan this file never stored was
+        compiled elsewhere, most likely after this worker stopped: it becomes its key's plan and is
+        judged, and the head this file kept for that key is announced (at worst once too often),
+        since nothing here says whether its successor's worker announced it.
+        """
+        records = self.parked.unknown_records(kept)
+        if not records:
+            return TakeOver()
+        keys = {r["plan_key"] for r in records}
+        now = self.state.store.now()
+        heads = self.state.plans.heads_stamped(sorted(keys), parse=False)
+        fresh = [(key, head[0]) for key, head in heads.items() if head[2] == "fresh"]
+        memo: dict = {}
+        announced = [self.plans.caused(
+            plan_id, key, "plan-dependencies", {"topic": "plan-dependencies", "partition": -1, "offset": -1,
+                                                "event_id": f"plan:{plan_id}"}, None, now, memo,
+            reason="stale_on_arrival", quiet=True) for key, plan_id in fresh]
+        self.plans.announce(announced)
+        self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
+        caught = self.adopt(records, kept, prefer={r["plan_id"] for r in records}, keep_fresh_heads=False)
+        return replace(caught, stale=[e.plan_id for e in announced] + caught.stale)
 
     def hand_back(self, partitions: Collection[int]) -> int:
         """Stop serving and indexing plans of these partitions: their new owner announces what goes stale."""
@@ -150,7 +173,8 @@ class Ownership:
                   "announce": started + taken.seconds - restored_at}
         return replace(taken, phases={k: round(v, 3) for k, v in phases.items()})
 
-    def adopt(self, records: Sequence[dict[str, Any]], partitions: Collection[int] | None = None) -> TakeOver:
+    def adopt(self, records: Sequence[dict[str, Any]], partitions: Collection[int] | None = None,
+              prefer: Collection[str] = (), keep_fresh_heads: bool = True) -> TakeOver:
         """Judge records of owned plans without compiling: adopt the fresh, announce and requeue the stale.
 
         Staleness is decided from each dependency key's last change offset against the plan's
@@ -167,7 +191,8 @@ class Ownership:
         store = self.state.store
         now = store.now()
         stale = self.key_changes.stale_plans([PlanPosition.of(r) for r in mine], now, store.incarnation()[0])
-        result = restore(store, mine, owned, partitions=self.partitions, compiled_at=now, keep_fresh_heads=True)
+        result = restore(store, mine, owned, partitions=self.partitions, compiled_at=now,
+                         keep_fresh_heads=keep_fresh_heads, prefer=prefer)
         return self._settle(mine, stale, set(result.restored), result.known_invalidated, len(mine),
                             len(result.restored), started, now)
 

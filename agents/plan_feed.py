@@ -120,18 +120,19 @@ class PlanFeed:
             valid, tombstones = self._valid(records)
             self.parked.forget(tombstones)
             crossed = self.parked.crossed
-            # Only a key's parked record is judged: the ones it replaced were announced by whoever replaced
-            # them, and a late copy of a replaced plan must not come back as current.
-            current = list(self.parked.park(valid).values())
+            current = self.parked.park(valid)
             crossed = self.parked.crossed - crossed
             if crossed:
                 self.state.store.bump_many({"plan_lineages_crossed": crossed})
-            known = self.state.plans.known([r["plan_id"] for r in current])
-            taken = self.ownership.adopt([r for r in current if r["plan_id"] not in known])
+            known = self.state.plans.known([r["plan_id"] for r in valid])
+            # Every record is judged (a stale one is announced); of a key's records, the one parked is made current.
+            taken = self.ownership.adopt([r for r in valid if r["plan_id"] not in known],
+                                         prefer={r["plan_id"] for r in current.values()})
             self._save_positions(ends)
         if crossed:
             log.info("%d plan-dependencies records did not descend from the plan parked for their key (the topic "
-                     "compacted the records between, or two workers owned the key at once); the later one is kept",
+                     "compacted the records between, or two workers owned the key at once); the one read further "
+                     "is kept",
                      crossed, extra={"records": crossed, "reason": "plan_lineage_crossed"})
         if taken.plans:
             log.info("took over %d plans compiled elsewhere (%d stale)", taken.plans, len(taken.stale),

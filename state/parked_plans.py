@@ -20,7 +20,7 @@ CREATE TABLE IF NOT EXISTS parked_plans (plan_key VARCHAR PRIMARY KEY, partition
   progress BIGINT, record VARCHAR, live BOOLEAN, valid_until TIMESTAMPTZ, request VARCHAR, plan VARCHAR,
   receipt_id VARCHAR, deps VARCHAR, as_of VARCHAR, compiled_in VARCHAR, unrestorable VARCHAR, superseded VARCHAR);
 """
-SUPERSEDED_KEPT = 32  # plan ids of a key's lineage remembered as replaced, so a late copy of one is known
+SUPERSEDED_KEPT = 8  # plan ids a key's lineage replaced, remembered so that a late copy of one is known
 # deps (a JSON array of keys) and as_of (a JSON array of {topic, partition, next_offset}) are
 # text, read with from_json on take-over: list columns make each replacement of a parked record
 # cost DuckDB 20-30 ms at commit, against 3-8 ms for text (measured).
@@ -39,27 +39,28 @@ def progress(record: Mapping[str, Any]) -> int:
 
 
 def succession(held: tuple[str, int, list[str]] | None, record: Mapping[str, Any]) -> tuple[bool, list[str], bool]:
-    """Whether `record` replaces the parked (plan id, progress, superseded ids); the superseded ids after; crossed.
+    """Whether `record` replaces the parked (plan id, progress, replaced ids); the replaced ids after; crossed.
 
     Progress alone cannot order two workers' records: each sums its own replica's offsets, and
-    one ahead on an unrelated partition outranks a later compilation by the other. So: a record
-    naming the parked plan as the one it replaced descends from it and wins; the same plan again
-    keeps the record read further (as before); a plan the key's lineage already replaced is a
-    late copy (a restarted worker sends its last second again) and loses. Anything else is a
-    crossing (the topic compacted the records between them away, or two workers owned the key
-    at once): the later on the topic wins, and the caller counts it.
+    one ahead on an unrelated partition outranks a later compilation by the other. So a record
+    naming the parked plan as the one it replaced (and so announced) descends from it and wins,
+    and the parked id joins the key's replaced ids; a plan among those is a late copy (a restarted
+    worker sends its last second again) and loses. The same plan again, or a record unrelated to
+    the parked one (a crossing: the topic compacted the records between them away, or two workers
+    owned the key at once), keeps the one read further, as before; a crossing records nothing as
+    replaced, since nobody is known to have announced the loser.
     """
     if held is None:
         return True, [], False
-    plan_id, rank, superseded = held
+    plan_id, rank, replaced = held
     new_id, replaces = record["plan_id"], record.get("replaces")
     if new_id == plan_id:
-        return progress(record) >= rank, superseded, False
+        return progress(record) >= rank, replaced, False
     if replaces == plan_id:
-        return True, _bounded(superseded + [plan_id], new_id), False
-    if new_id in superseded:
-        return False, superseded, False
-    return True, _bounded(superseded + [plan_id] + ([replaces] if isinstance(replaces, str) else []), new_id), True
+        return True, _bounded(replaced + [plan_id], new_id), False
+    if new_id in replaced:
+        return False, replaced, False
+    return progress(record) >= rank, [i for i in replaced if i != new_id], isinstance(replaces, str)
 
 
 def _bounded(ids: list[str], current: str) -> list[str]:

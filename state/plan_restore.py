@@ -74,7 +74,8 @@ class ParkedRestore:
 
 
 def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions: Collection[int], *,
-            partitions: int, compiled_at: datetime | None, keep_fresh_heads: bool = False) -> RestoreResult:
+            partitions: int, compiled_at: datetime | None, keep_fresh_heads: bool = False,
+            prefer: Collection[str] = ()) -> RestoreResult:
     """Make these `plans` records the current plans of their keys, in a constant number of statements.
 
     Only records of entities owned here (by `plan_partition`) count. Of several records of one
@@ -82,6 +83,9 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
     judge staleness (`KeyChanges.stale_plans`) before or after: this writes what was published,
     it decides nothing. The caller holds the transaction. A record's receipt (on `plan-dependencies`,
     not on `plans`) is stored with it, so the new owner can show what it serves.
+
+    A record whose plan id is in `prefer` (its key's parked record, see `parked_plans.succession`)
+    wins over the others of its key whatever their offsets.
 
     With `keep_fresh_heads`, a record of a key that has a fresh plan here is not made current: an
     owner keeps its own heads current (its index sees every change), and an older record read
@@ -105,7 +109,8 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
             unrestorable.append((plan_id if isinstance(plan_id, str) else None, str(exc) or type(exc).__name__))
             continue
         held = chosen.get(row.plan_key)
-        if held is None or row.rank >= held.rank:
+        if held is None or (row.plan_id in prefer) > (held.plan_id in prefer) or (
+                (row.plan_id in prefer) == (held.plan_id in prefer) and row.rank >= held.rank):
             chosen[row.plan_key] = row
     if keep_fresh_heads and chosen:
         # A fresh head stays unless its key's lineage on `plan-dependencies` replaced it since (see

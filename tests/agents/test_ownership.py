@@ -48,11 +48,12 @@ class Node:
         self.applier.apply(messages)
 
     def feed(self, records: list[dict]) -> None:
-        """What the plan feed does with valid records: park them, adopt the unknown current ones."""
+        """What the plan feed does with valid records: park them, judge the unknown, the parked ones current."""
         with self.state.store.transaction():
-            current = list(self.parked.park(records).values())
-            known = self.state.plans.known([r["plan_id"] for r in current])
-            self.ownership.adopt([r for r in current if r["plan_id"] not in known])
+            current = self.parked.park(records)
+            known = self.state.plans.known([r["plan_id"] for r in records])
+            self.ownership.adopt([r for r in records if r["plan_id"] not in known],
+                                 prefer={r["plan_id"] for r in current.values()})
 
     def own(self, *partitions: int) -> None:
         with self.state.store.transaction():
@@ -244,6 +245,68 @@ def test_a_plan_compiled_again_after_it_was_invalidated_here_is_current_again_on
     for node in (a, b):
         node.apply(second)
     assert first["plan_id"] in {r["plan_id"] for r in a.published("plan-invalidations")[before:]}
+
+
+def test_a_record_that_does_not_descend_from_the_owners_plan_never_displaces_it_unannounced(nodes):
+    a, b = nodes
+    a.own(0, 1)
+    b.own(0, 1)  # b still thinks it owns the entity (frozen, or a select before its revocation took effect)
+    revoke = _event(revoke_role("maya", "credit_analyst"))
+    b.apply(revoke)  # b's replica is ahead of a's
+    mine = a.query.select(ATLAS_REQUEST)
+    theirs = b.query.select(ATLAS_REQUEST)
+    assert theirs["plan_id"] != mine["plan_id"]
+    a.feed(a.published("plan-dependencies") + b.published("plan-dependencies"))
+    before = len(a.published("plan-invalidations"))
+    a.apply(revoke)
+    assert mine["plan_id"] in {r["plan_id"] for r in a.published("plan-invalidations")[before:]}
+
+
+def test_a_frozen_workers_late_record_does_not_hide_the_live_plan_from_a_take_over(nodes):
+    from agents.backlog import recompile_queued
+
+    a, b = nodes
+    a.own(0, 1)
+    b.own(0, 1)  # b: frozen, behind, still thinking it owns the entity
+    b.query.select(ATLAS_REQUEST)  # compiled from the state before the revocation
+    b.own()
+    revoke, waiver = _event(revoke_role("maya", "credit_analyst")), _event(resource("approved-waiver-W2"))
+    a.apply(revoke)
+    a.query.select(ATLAS_REQUEST)
+    a.apply(waiver)
+    live = a.published("plan-dependencies")[-1]
+    topic = a.published("plan-dependencies") + b.published("plan-dependencies")  # b's record lands last
+    for event in (revoke, waiver, _event(principal("maya", delegation_version=5))):  # a is killed first
+        b.apply(event)
+    b.feed(topic)
+    b.own(0, 1)
+    recompile_queued(b.plans, 100, lambda topic, partition: True)
+    assert live["plan_id"] in {r["plan_id"] for r in b.published("plan-invalidations")}
+
+
+def test_a_restart_announces_its_kept_head_when_a_peer_compiled_the_key_many_times_meanwhile(nodes, tmp_path):
+    a, b = nodes
+    a.own(0, 1)
+    a.query.select(ATLAS_REQUEST)
+    for node in (a, b):
+        node.feed(a.published("plan-dependencies"))
+    a.state.close()
+    b.own(0, 1)
+    for version in range(1, 40):  # a hot key, changed every second while a is down
+        b.apply(_event(resource("approved-waiver-W2", version=version)))
+    again = Node(tmp_path / "a.duckdb")
+    try:
+        again.offsets = dict(b.offsets)
+        again.feed(b.published("plan-dependencies"))
+        b.own()
+        again.own(0, 1)
+        latest = b.published("plan-dependencies")[-1]["plan_id"]
+        before = len(again.published("plan-invalidations"))
+        again.apply(_event(revoke_role("maya", "credit_analyst")))
+        assert latest in {r["plan_id"] for r in again.published("plan-invalidations")[before:]}
+    finally:
+        again.state.close()
+        a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
 
 
 async def _owned(w) -> list[int] | None:

@@ -74,9 +74,15 @@ def test_a_descendant_replaces_its_plan_and_a_late_copy_of_a_replaced_plan_does_
         parked.park([dict(RECORD, plan_id="p1", replaces="p2", compiled_as_of={"source-changes": {"0": 9}})])
         assert _row(store, "pk-1")["plan_id"] == "p1"  # compiled again from p2 (A -> B -> A): current again
         assert orjson.loads(_row(store, "pk-1")["superseded"]) == ["p2"]
-        parked.park([dict(RECORD, plan_id="p9", replaces="p8")])  # neither descends from the other
-        assert _row(store, "pk-1")["plan_id"] == "p9" and parked.crossed == 1
-        assert orjson.loads(_row(store, "pk-1")["superseded"]) == ["p2", "p1", "p8"]
+        # Neither descends from the other: the one read further is kept, as before, and nothing counts as replaced
+        # (nobody is known to have announced the loser).
+        parked.park([dict(RECORD, plan_id="p8", replaces="p7", compiled_as_of={"source-changes": {"0": 3}})])
+        assert _row(store, "pk-1")["plan_id"] == "p1" and parked.crossed == 1
+        parked.park([dict(RECORD, plan_id="p9", replaces="p7", compiled_as_of={"source-changes": {"0": 30}})])
+        assert _row(store, "pk-1")["plan_id"] == "p9" and parked.crossed == 2
+        assert orjson.loads(_row(store, "pk-1")["superseded"]) == ["p2"]
+        parked.park([dict(RECORD, plan_id="p10", compiled_as_of={"source-changes": {"0": 31}})])
+        assert parked.crossed == 2  # a plan compiled afresh (dropped, then selected again) names none: no crossing
     finally:
         store.close()
 
