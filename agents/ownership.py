@@ -163,7 +163,7 @@ class Ownership:
         now = store.now()
         stale = self.key_changes.stale_parked(sorted(partitions), now, store.incarnation()[0])
         judged_at = time.perf_counter()
-        result = restore_parked(store, partitions, compiled_at=now)
+        result = restore_parked(store, partitions, compiled_at=now, topic_of=self.plans.topic_of)
         restored_at = time.perf_counter()
         judged = self.parked.records_of(list(stale))
         restored = {r["plan_id"] for r, restorable in judged if restorable} - set(result.known_invalidated)
@@ -192,7 +192,7 @@ class Ownership:
         now = store.now()
         stale = self.key_changes.stale_plans([PlanPosition.of(r) for r in mine], now, store.incarnation()[0])
         result = restore(store, mine, owned, partitions=self.partitions, compiled_at=now,
-                         keep_fresh_heads=keep_fresh_heads, prefer=prefer)
+                         keep_fresh_heads=keep_fresh_heads, prefer=prefer, topic_of=self.plans.topic_of)
         return self._settle(mine, stale, set(result.restored), result.known_invalidated, len(mine),
                             len(result.restored), started, now)
 

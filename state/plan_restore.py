@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat
 from datetime import datetime
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 import orjson
 import pyarrow as pa
@@ -75,7 +75,7 @@ class ParkedRestore:
 
 def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions: Collection[int], *,
             partitions: int, compiled_at: datetime | None, keep_fresh_heads: bool = False,
-            prefer: Collection[str] = ()) -> RestoreResult:
+            prefer: Collection[str] = (), topic_of: Callable[[str], str] = str) -> RestoreResult:
     """Make these `plans` records the current plans of their keys, in a constant number of statements.
 
     Only records of entities owned here (by `plan_partition`) count. Of several records of one
@@ -121,7 +121,7 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
             "WHERE k.plan_key = h.plan_key AND k.superseded IS NOT NULL "
             "AND list_contains(from_json(k.superseded, '[\"VARCHAR\"]'), h.plan_id))", [list(chosen)]).fetchall()}
         chosen = {key: row for key, row in chosen.items() if key not in current}
-    restored, invalidated = _write(store, list(chosen.values()), compiled_at)
+    restored, invalidated = _write(store, list(chosen.values()), compiled_at, topic_of)
     return RestoreResult(restored, not_owned, unrestorable, invalidated)
 
 
@@ -159,29 +159,45 @@ def _receipt(record: Mapping[str, Any]) -> str | None:
     return None
 
 
-# A plan id this file holds as invalidated stays so (`known_invalidated`), unless its key's lineage
-# on `plan-dependencies` went on from the successor it was invalidated for and compiled it again
-# (A -> B -> A): the parked record is then a later compilation, judged like any other.
+# A plan id this file holds as invalidated stays so (`known_invalidated`), unless the parked
+# record of it is a later compilation: compiled from offsets past the event that invalidated it
+# here, or by a lineage that went on from the successor it was invalidated for (A -> B -> A).
+# Reopened, it is judged like any other record (stale ones are announced).
 _NOT_FRESH = """
-SELECT p.plan_id, p.successor_plan_id IS NOT NULL AND k.superseded IS NOT NULL
-       AND list_contains(from_json(k.superseded, '["VARCHAR"]'), p.successor_plan_id) AS again
+SELECT p.plan_id, p.cause, p.successor_plan_id, k.superseded, k.as_of
 FROM plans p JOIN parked_plans k ON k.plan_id = p.plan_id AND k.plan_key = p.plan_key
 WHERE p.status != 'fresh' AND p.plan_id IN (SELECT unnest(?::VARCHAR[]))"""
 
 
-def _compiled_again(store: Store, plan_ids: list[str]) -> set[str]:
-    """Of these plan ids held here as not fresh, those a parked record shows compiled again since; made fresh."""
+def _compiled_again(store: Store, plan_ids: list[str], topic_of: Callable[[str], str]) -> set[str]:
+    """Of these plan ids held here as not fresh, those a parked record shows compiled again since; made fresh.
+
+    `topic_of` maps a logical topic (as in `compiled_as_of`) to the broker-side name causes carry.
+    """
     if not plan_ids or not store.db.execute(
             "SELECT 1 FROM duckdb_tables() WHERE table_name = 'parked_plans'").fetchone():
         return set()
-    again = [plan_id for plan_id, yes in store.db.execute(_NOT_FRESH, [plan_ids]).fetchall() if yes]
+    again = []
+    for plan_id, cause, successor, replaced, as_of in store.db.execute(_NOT_FRESH, [plan_ids]).fetchall():
+        if successor is not None and successor in (orjson.loads(replaced) if replaced else ()):
+            again.append(plan_id)
+            continue
+        try:
+            at = orjson.loads(cause) if cause else {}
+            event = (at["topic"], int(at["partition"]), int(at["offset"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue  # no input position to compare with: it stays invalidated
+        if event[1] >= 0 and any((topic_of(a["topic"]), a["partition"]) == event[:2] and a["next_offset"] > event[2]
+                                 for a in orjson.loads(as_of or "[]")):
+            again.append(plan_id)
     if again:
         store.db.execute("UPDATE plans SET status = 'fresh', reason = NULL, cause = NULL, successor_plan_id = NULL, "
                          "invalidated_at = NULL WHERE plan_id IN (SELECT unnest(?::VARCHAR[]))", [again])
     return set(again)
 
 
-def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None) -> tuple[list[str], list[str]]:
+def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None,
+           topic_of: Callable[[str], str] = str) -> tuple[list[str], list[str]]:
     if not rows:
         return [], []
     when = pa.timestamp("us", tz="UTC")
@@ -206,8 +222,8 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None)
     try:
         # An id this file already holds keeps its row: if it was invalidated here, it stays so (`_compiled_again`).
         held = dict(db.execute("SELECT plan_id, status FROM plans SEMI JOIN _restore_plans USING (plan_id)").fetchall())
-        held.update(dict.fromkeys(_compiled_again(store, [i for i, status in held.items() if status != "fresh"]),
-                                  "fresh"))
+        held.update(dict.fromkeys(_compiled_again(store, [i for i, status in held.items() if status != "fresh"],
+                                                  topic_of), "fresh"))
         db.execute("INSERT INTO plans SELECT plan_id, plan_key, 'fresh', live, valid_until, request, plan, receipt_id, "
                    "NULL, NULL, NULL, compiled_at, NULL FROM _restore_plans ANTI JOIN plans USING (plan_id)")
         stale = [plan_id for plan_id, status in held.items() if status != "fresh"]
@@ -229,7 +245,8 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None)
     return [r.plan_id for r in rows if r.plan_id not in stale_ids], [r.plan_id for r in rows if r.plan_id in stale_ids]
 
 
-def restore_parked(store: Store, partitions: Collection[int], compiled_at: datetime | None) -> ParkedRestore:
+def restore_parked(store: Store, partitions: Collection[int], compiled_at: datetime | None,
+                   topic_of: Callable[[str], str] = str) -> ParkedRestore:
     """Make the restorable parked plans of these partitions current, in SQL over `parked_plans` alone.
 
     The same rows as `restore` of their records (they were prepared when parked), without a
@@ -247,7 +264,7 @@ def restore_parked(store: Store, partitions: Collection[int], compiled_at: datet
     held = [plan_id for (plan_id,) in db.execute(
         f"SELECT plan_id FROM plans WHERE status != 'fresh' AND plan_id IN (SELECT plan_id FROM {mine})",
         [owned]).fetchall()]
-    again = _compiled_again(store, held)
+    again = _compiled_again(store, held, topic_of)
     stale = [plan_id for plan_id in held if plan_id not in again]
     db.execute("INSERT INTO plans SELECT plan_id, plan_key, 'fresh', live, valid_until, request, plan, receipt_id, "
                f"NULL, NULL, NULL, $2::TIMESTAMPTZ, NULL FROM (SELECT * FROM {mine}) ANTI JOIN plans USING (plan_id)",

@@ -309,6 +309,38 @@ def test_a_restart_announces_its_kept_head_when_a_peer_compiled_the_key_many_tim
         a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
 
 
+def test_a_plan_compiled_again_after_an_announcement_without_successor_is_current_again(nodes):
+    """A -> B -> A when A was announced stale on a take-over (no successor yet): judged by the event's position."""
+    from agents.backlog import recompile_queued
+
+    a, b = nodes
+    b.own(0, 1)
+    a.own()
+    first = b.query.select(ATLAS_REQUEST)
+    for node in (a, b):
+        node.feed(b.published("plan-dependencies"))
+    revoke = _event(revoke_role("maya", "credit_analyst"))
+    a.apply(revoke)  # b is killed before it applies the revocation
+    b.own()
+    a.own(0, 1)  # a announces b's plan stale, its successor queued
+    a.own()  # and hands it back before compiling it
+    b.apply(revoke)
+    b.own(0, 1)
+    recompile_queued(b.plans, 100, lambda topic, partition: True)
+    regrant = _event(principal("maya", delegation_version=5))
+    for node in (a, b):
+        node.apply(regrant)
+    assert b.query.select(ATLAS_REQUEST)["plan_id"] == first["plan_id"]
+    a.feed(b.published("plan-dependencies"))
+    b.own()
+    a.own(0, 1)
+    before = len(a.published("plan-invalidations"))
+    second = _event(revoke_role("maya", "credit_analyst", delegation_version=5))
+    for node in (a, b):
+        node.apply(second)
+    assert first["plan_id"] in {r["plan_id"] for r in a.published("plan-invalidations")[before:]}
+
+
 async def _owned(w) -> list[int] | None:
     return (await w.get("/healthz"))["owned_partitions"]
 
