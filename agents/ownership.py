@@ -129,16 +129,9 @@ class Ownership:
         keys = {r["plan_key"] for r in records}
         now = self.state.store.now()
         heads = self.state.plans.heads_stamped(sorted(keys), parse=False)
-        fresh = [(key, head[0]) for key, head in heads.items() if head[2] == "fresh"]
-        memo: dict = {}
-        announced = [self.plans.caused(
-            plan_id, key, "plan-dependencies", {"topic": "plan-dependencies", "partition": -1, "offset": -1,
-                                                "event_id": f"plan:{plan_id}"}, None, now, memo,
-            reason="stale_on_arrival", quiet=True) for key, plan_id in fresh]
-        self.plans.announce(announced)
-        self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
+        announced = self._announce_orphans([(key, head[0]) for key, head in heads.items() if head[2] == "fresh"], now)
         caught = self.adopt(records, kept, prefer={r["plan_id"] for r in records}, keep_fresh_heads=False)
-        return replace(caught, stale=[e.plan_id for e in announced] + caught.stale)
+        return replace(caught, stale=announced + caught.stale)
 
     def hand_back(self, partitions: Collection[int]) -> int:
         """Stop serving and indexing plans of these partitions: their new owner announces what goes stale."""
@@ -193,8 +186,28 @@ class Ownership:
         stale = self.key_changes.stale_plans([PlanPosition.of(r) for r in mine], now, store.incarnation()[0])
         result = restore(store, mine, owned, partitions=self.partitions, compiled_at=now,
                          keep_fresh_heads=keep_fresh_heads, prefer=prefer, topic_of=self.plans.topic_of)
-        return self._settle(mine, stale, set(result.restored), result.known_invalidated, len(mine),
-                            len(result.restored), started, now)
+        taken = self._settle(mine, stale, set(result.restored), result.known_invalidated, len(mine),
+                             len(result.restored), started, now)
+        # Every plan of an owned key ends up current here or announced: a displaced head, and a fresh record
+        # not made current (it lost to another of its key), may be live in caches with nobody to announce them.
+        current = set(result.restored)
+        passed = {r["plan_id"]: r["plan_key"] for r in mine if r["plan_id"] not in current
+                  and r["plan_id"] not in stale and r["plan_id"] not in set(result.known_invalidated)}
+        orphans = list(result.displaced) + [(key, plan_id) for plan_id, key in passed.items()]
+        announced = self._announce_orphans(orphans, now)
+        return replace(taken, stale=taken.stale + announced)
+
+    def _announce_orphans(self, plans: Sequence[tuple[str, str]], now) -> list[str]:
+        """Announce (plan key, plan id) pairs that no index here follows; their ids."""
+        memo: dict = {}
+        announced = [self.plans.caused(plan_id, key, "plan-dependencies", {
+            "topic": "plan-dependencies", "partition": -1, "offset": -1, "event_id": f"plan:{plan_id}"}, None, now,
+            memo, reason="stale_on_arrival", quiet=True) for key, plan_id in dict.fromkeys(plans)]
+        if announced:
+            self.plans.announce(announced)
+            self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
+            self.state.store.bump_many({"invalidations": len(announced), "plans_displaced": len(announced)})
+        return [e.plan_id for e in announced]
 
     def _settle(self, records: Sequence[dict[str, Any]], stale: dict[str, Staleness], restored: set[str],
                 known_invalidated: Collection[str], considered: int, restored_count: int, started: float,

@@ -31,6 +31,8 @@ class RestoreResult:
     """(plan id, why) of records that cannot stand in for a compilation; their plan keys need one."""
     known_invalidated: list[str] = field(default_factory=list)
     """Plan ids this file already holds as invalidated: not made current again (unless compiled again since)."""
+    displaced: list[tuple[str, str]] = field(default_factory=list)
+    """(plan key, plan id) of fresh heads a preferred record replaced: the caller announces them."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,8 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
     A record whose plan id is in `prefer` (its key's parked record, see `parked_plans.succession`)
     wins over the others of its key whatever their offsets.
 
-    With `keep_fresh_heads`, a record of a key that has a fresh plan here is not made current: an
+    With `keep_fresh_heads`, a record of a key that has a fresh plan here is not made current (unless
+    preferred: see `RestoreResult.displaced`): an
     owner keeps its own heads current (its index sees every change), and an older record read
     late (a restart re-reading the feed) would replace a newer plan only to be found stale.
     """
@@ -112,17 +115,20 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
         if held is None or (row.plan_id in prefer) > (held.plan_id in prefer) or (
                 (row.plan_id in prefer) == (held.plan_id in prefer) and row.rank >= held.rank):
             chosen[row.plan_key] = row
+    displaced: list[tuple[str, str]] = []
     if keep_fresh_heads and chosen:
-        # A fresh head stays unless its key's lineage on `plan-dependencies` replaced it since (see
-        # `parked_plans.succession`): whoever replaced it announced it, and its descendant is current.
-        current = {key for (key,) in store.db.execute(
-            "SELECT h.plan_key FROM plan_heads h JOIN plans p USING (plan_id) WHERE p.status = 'fresh' "
-            "AND h.plan_key IN (SELECT unnest(?::VARCHAR[])) AND NOT EXISTS (SELECT 1 FROM parked_plans k "
-            "WHERE k.plan_key = h.plan_key AND k.superseded IS NOT NULL "
-            "AND list_contains(from_json(k.superseded, '[\"VARCHAR\"]'), h.plan_id))", [list(chosen)]).fetchall()}
-        chosen = {key: row for key, row in chosen.items() if key not in current}
+        # A fresh head stays, unless a preferred record (its key's parked one) is another plan: that
+        # replaces it, and the caller announces the head, as nobody is known to have announced it.
+        heads = dict(store.db.execute(
+            "SELECT h.plan_key, h.plan_id FROM plan_heads h JOIN plans p USING (plan_id) WHERE p.status = 'fresh' "
+            "AND h.plan_key IN (SELECT unnest(?::VARCHAR[]))", [list(chosen)]).fetchall())
+        for key in [k for k in chosen if k in heads]:
+            if chosen[key].plan_id != heads[key] and chosen[key].plan_id in prefer:
+                displaced.append((key, heads[key]))
+            else:
+                del chosen[key]
     restored, invalidated = _write(store, list(chosen.values()), compiled_at, topic_of)
-    return RestoreResult(restored, not_owned, unrestorable, invalidated)
+    return RestoreResult(restored, not_owned, unrestorable, invalidated, displaced)
 
 
 def prepare(record: Mapping[str, Any], entity_id: str, position: int = 0) -> PreparedPlan:

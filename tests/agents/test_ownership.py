@@ -257,9 +257,8 @@ def test_a_record_that_does_not_descend_from_the_owners_plan_never_displaces_it_
     theirs = b.query.select(ATLAS_REQUEST)
     assert theirs["plan_id"] != mine["plan_id"]
     a.feed(a.published("plan-dependencies") + b.published("plan-dependencies"))
-    before = len(a.published("plan-invalidations"))
-    a.apply(revoke)
-    assert mine["plan_id"] in {r["plan_id"] for r in a.published("plan-invalidations")[before:]}
+    a.apply(revoke)  # announced when b's plan took its place, or now that it is stale
+    assert mine["plan_id"] in {r["plan_id"] for r in a.published("plan-invalidations")}
 
 
 def test_a_frozen_workers_late_record_does_not_hide_the_live_plan_from_a_take_over(nodes):
@@ -339,6 +338,56 @@ def test_a_plan_compiled_again_after_an_announcement_without_successor_is_curren
     for node in (a, b):
         node.apply(second)
     assert first["plan_id"] in {r["plan_id"] for r in a.published("plan-invalidations")[before:]}
+
+
+def test_an_owners_feed_behind_its_own_a_b_a_never_drops_the_live_head_unannounced(nodes):
+    """H -> B -> H at the owner, its feed behind it, and a frozen peer's record for the key read in between."""
+    a, b = nodes
+    a.own(0, 1)
+    b.own(0, 1)  # b: frozen, still thinking it owns the entity
+    first = a.query.select(ATLAS_REQUEST)
+    revoke, regrant = _event(revoke_role("maya", "credit_analyst")), _event(principal("maya", delegation_version=5))
+    waiver = _event(resource("approved-waiver-W2"))
+    a.apply(revoke)
+    a.apply(regrant)
+    own = a.published("plan-dependencies")
+    assert own[-1]["plan_id"] == first["plan_id"] and len(own) == 3  # H, B, H again
+    live_again = len(a.published("plan-invalidations"))  # H's first life was announced at the revocation
+    for event in (revoke, regrant, waiver):
+        b.apply(event)
+    peer = b.query.select(ATLAS_REQUEST)  # b is ahead by the waiver
+    assert peer["plan_id"] != first["plan_id"]
+    a.feed(own[:2])
+    a.feed([r for r in b.published("plan-dependencies") if r["plan_id"] == peer["plan_id"]])
+    a.feed(own[2:])  # a's feed reads its last record late
+    a.apply(waiver)  # H, live again, is stale now
+    assert first["plan_id"] in {r["plan_id"] for r in a.published("plan-invalidations")[live_again:]}
+
+
+def test_a_restart_whose_feed_reads_a_peers_compacted_records_after_its_first_assignment_loses_nothing(
+        nodes, tmp_path):
+    a, b = nodes
+    a.own(0, 1)
+    a.query.select(ATLAS_REQUEST)
+    for node in (a, b):
+        node.feed(a.published("plan-dependencies"))
+    a.state.close()
+    b.own(0, 1)
+    for version in range(1, 12):
+        b.apply(_event(resource("approved-waiver-W2", version=version)))
+    again = Node(tmp_path / "a.duckdb")
+    try:
+        again.offsets = dict(b.offsets)
+        b.own()
+        again.own(0, 1)  # assigned before its feed caught up
+        latest = b.published("plan-dependencies")[-1]
+        again.feed([latest])  # the topic compacted the rest away
+        before = len(again.published("plan-invalidations"))
+        again.apply(_event(revoke_role("maya", "credit_analyst")))
+        assert latest["plan_id"] in {r["plan_id"] for r in again.published("plan-invalidations")[before:]}
+    finally:
+        again.state.close()
+        a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
 
 
 async def _owned(w) -> list[int] | None:
