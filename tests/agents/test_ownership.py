@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from typing import Iterator
 
 import orjson
 import pytest
@@ -64,6 +66,18 @@ class Node:
 
     def counter(self, name: str) -> int:
         return self.state.store.counters().get(name, 0)
+
+
+@contextlib.contextmanager
+def _restarted(node: Node, path) -> Iterator[Node]:
+    """The worker's file opened by a new process; the old handle is closed first and reopened after."""
+    node.state.close()
+    again = Node(path)
+    try:
+        yield again
+    finally:
+        again.state.close()
+        node.state = LocalState.open(path)  # for the fixture's close
 
 
 @pytest.fixture
@@ -175,11 +189,9 @@ def test_a_restart_judges_the_plans_peers_compiled_for_the_partitions_it_kept(no
     """The feed parks a peer's plans before the first assignment; keeping a partition must not skip them."""
     a, b = nodes
     a.own(0, 1)
-    a.state.close()
     b.own(0, 1)
     plan = b.query.select(ATLAS_REQUEST)  # a new plan key, compiled while a was down
-    again = Node(tmp_path / "a.duckdb")
-    try:
+    with _restarted(a, tmp_path / "a.duckdb") as again:
         again.offsets = dict(b.offsets)
         again.feed(b.published("plan-dependencies"))  # read before the group assigned anything
         b.own()
@@ -187,9 +199,6 @@ def test_a_restart_judges_the_plans_peers_compiled_for_the_partitions_it_kept(no
         revoke = _event(revoke_role("maya", "credit_analyst"))
         again.apply(revoke)
         assert plan["plan_id"] in {r["plan_id"] for r in again.published("plan-invalidations")}
-    finally:
-        again.state.close()
-        a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
 
 
 def test_a_kept_head_that_a_peer_replaced_while_the_worker_was_down_gives_way_to_its_successor(nodes, tmp_path):
@@ -198,23 +207,30 @@ def test_a_kept_head_that_a_peer_replaced_while_the_worker_was_down_gives_way_to
     first = a.query.select(ATLAS_REQUEST)
     b.feed(a.published("plan-dependencies"))
     a.feed(a.published("plan-dependencies"))  # every feed parks its own records too
-    a.state.close()
     b.own(0, 1)
     revoke = _event(revoke_role("maya", "credit_analyst"))
     b.apply(revoke)
     later = b.query.select(ATLAS_REQUEST)  # b announced a's plan and compiled its successor
     assert later["plan_id"] != first["plan_id"]
-    again = Node(tmp_path / "a.duckdb")
-    try:
+    with _restarted(a, tmp_path / "a.duckdb") as again:
         again.offsets = dict(b.offsets)
         again.feed(b.published("plan-dependencies"))
         b.own()
         again.own(0, 1)
         head = again.state.plans.head_ids([first["plan_key"]])
         assert head == {first["plan_key"]: later["plan_id"]}  # not the announced plan its file still held
-    finally:
-        again.state.close()
-        a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
+
+
+def _back_to_a_then_revoked_again(a: Node, b: Node) -> set[str]:
+    """a reads b's records and takes the partition back; maya is revoked again: the plan ids a announces."""
+    a.feed(b.published("plan-dependencies"))
+    b.own()
+    a.own(0, 1)
+    before = len(a.published("plan-invalidations"))
+    second = _event(revoke_role("maya", "credit_analyst", delegation_version=5))
+    for node in (a, b):
+        node.apply(second)
+    return {r["plan_id"] for r in a.published("plan-invalidations")[before:]}
 
 
 def test_a_plan_compiled_again_after_it_was_invalidated_here_is_current_again_on_a_take_over(nodes):
@@ -236,15 +252,7 @@ def test_a_plan_compiled_again_after_it_was_invalidated_here_is_current_again_on
         node.apply(regrant)
     again = b.query.select(ATLAS_REQUEST)
     assert again["plan_id"] == first["plan_id"]  # the same plan as before the revocation
-    a.feed(b.published("plan-dependencies"))
-    b.own()
-    a.own(0, 1)  # back to a, whose file holds that plan id as invalidated
-    assert a.state.plans.head_ids([first["plan_key"]]) == {first["plan_key"]: first["plan_id"]}
-    before = len(a.published("plan-invalidations"))
-    second = _event(revoke_role("maya", "credit_analyst", delegation_version=5))
-    for node in (a, b):
-        node.apply(second)
-    assert first["plan_id"] in {r["plan_id"] for r in a.published("plan-invalidations")[before:]}
+    assert first["plan_id"] in _back_to_a_then_revoked_again(a, b)  # a's file holds that id as invalidated
 
 
 def test_a_record_that_does_not_descend_from_the_owners_plan_never_displaces_it_unannounced(nodes):
@@ -283,18 +291,21 @@ def test_a_frozen_workers_late_record_does_not_hide_the_live_plan_from_a_take_ov
     assert live["plan_id"] in {r["plan_id"] for r in b.published("plan-invalidations")}
 
 
-def test_a_restart_announces_its_kept_head_when_a_peer_compiled_the_key_many_times_meanwhile(nodes, tmp_path):
-    a, b = nodes
+def _peer_recompiles_while_a_is_down(a: Node, b: Node, changes: int) -> None:
+    """a compiles the plan and both park its record; then b owns the partition and the plan changes `changes` times."""
     a.own(0, 1)
     a.query.select(ATLAS_REQUEST)
     for node in (a, b):
         node.feed(a.published("plan-dependencies"))
-    a.state.close()
     b.own(0, 1)
-    for version in range(1, 40):  # a hot key, changed every second while a is down
+    for version in range(1, changes + 1):
         b.apply(_event(resource("approved-waiver-W2", version=version)))
-    again = Node(tmp_path / "a.duckdb")
-    try:
+
+
+def test_a_restart_announces_its_kept_head_when_a_peer_compiled_the_key_many_times_meanwhile(nodes, tmp_path):
+    a, b = nodes
+    _peer_recompiles_while_a_is_down(a, b, 39)  # a hot key, changed every second
+    with _restarted(a, tmp_path / "a.duckdb") as again:
         again.offsets = dict(b.offsets)
         again.feed(b.published("plan-dependencies"))
         b.own()
@@ -303,9 +314,6 @@ def test_a_restart_announces_its_kept_head_when_a_peer_compiled_the_key_many_tim
         before = len(again.published("plan-invalidations"))
         again.apply(_event(revoke_role("maya", "credit_analyst")))
         assert latest in {r["plan_id"] for r in again.published("plan-invalidations")[before:]}
-    finally:
-        again.state.close()
-        a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
 
 
 def test_a_plan_compiled_again_after_an_announcement_without_successor_is_current_again(nodes):
@@ -330,14 +338,7 @@ def test_a_plan_compiled_again_after_an_announcement_without_successor_is_curren
     for node in (a, b):
         node.apply(regrant)
     assert b.query.select(ATLAS_REQUEST)["plan_id"] == first["plan_id"]
-    a.feed(b.published("plan-dependencies"))
-    b.own()
-    a.own(0, 1)
-    before = len(a.published("plan-invalidations"))
-    second = _event(revoke_role("maya", "credit_analyst", delegation_version=5))
-    for node in (a, b):
-        node.apply(second)
-    assert first["plan_id"] in {r["plan_id"] for r in a.published("plan-invalidations")[before:]}
+    assert first["plan_id"] in _back_to_a_then_revoked_again(a, b)
 
 
 def test_an_owners_feed_behind_its_own_a_b_a_never_drops_the_live_head_unannounced(nodes):
@@ -367,16 +368,8 @@ def test_an_owners_feed_behind_its_own_a_b_a_never_drops_the_live_head_unannounc
 def test_a_restart_whose_feed_reads_a_peers_compacted_records_after_its_first_assignment_loses_nothing(
         nodes, tmp_path):
     a, b = nodes
-    a.own(0, 1)
-    a.query.select(ATLAS_REQUEST)
-    for node in (a, b):
-        node.feed(a.published("plan-dependencies"))
-    a.state.close()
-    b.own(0, 1)
-    for version in range(1, 12):
-        b.apply(_event(resource("approved-waiver-W2", version=version)))
-    again = Node(tmp_path / "a.duckdb")
-    try:
+    _peer_recompiles_while_a_is_down(a, b, 11)
+    with _restarted(a, tmp_path / "a.duckdb") as again:
         again.offsets = dict(b.offsets)
         b.own()
         again.own(0, 1)  # assigned before its feed caught up
@@ -385,9 +378,6 @@ def test_a_restart_whose_feed_reads_a_peers_compacted_records_after_its_first_as
         before = len(again.published("plan-invalidations"))
         again.apply(_event(revoke_role("maya", "credit_analyst")))
         assert latest["plan_id"] in {r["plan_id"] for r in again.published("plan-invalidations")[before:]}
-    finally:
-        again.state.close()
-        a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
 
 
 async def _owned(w) -> list[int] | None:
