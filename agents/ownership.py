@@ -162,6 +162,11 @@ class Ownership:
         restored = {r["plan_id"] for r, restorable in judged if restorable} - set(result.known_invalidated)
         taken = self._settle([r for r, _ in judged], stale, restored, result.known_invalidated, result.considered,
                              result.restored, started, now)
+        if result.known_invalidated:
+            keys = dict(store.db.execute("SELECT plan_id, plan_key FROM parked_plans WHERE plan_id IN "
+                                         "(SELECT unnest(?::VARCHAR[]))", [result.known_invalidated]).fetchall())
+            again = self._requeue([(keys[i], i) for i in result.known_invalidated if i in keys], now)
+            taken = replace(taken, stale=taken.stale + again)
         phases = {"judge": judged_at - started, "restore": restored_at - judged_at,
                   "announce": started + taken.seconds - restored_at}
         return replace(taken, phases={k: round(v, 3) for k, v in phases.items()})
@@ -184,8 +189,10 @@ class Ownership:
         store = self.state.store
         now = store.now()
         stale = self.key_changes.stale_plans([PlanPosition.of(r) for r in mine], now, store.incarnation()[0])
+        # A stale record is announced and requeued by `_settle`: it never pushes a fresh head out.
         result = restore(store, mine, owned, partitions=self.partitions, compiled_at=now,
-                         keep_fresh_heads=keep_fresh_heads, prefer=prefer, topic_of=self.plans.topic_of)
+                         keep_fresh_heads=keep_fresh_heads, prefer=set(prefer) - set(stale),
+                         topic_of=self.plans.topic_of)
         taken = self._settle(mine, stale, set(result.restored), result.known_invalidated, len(mine),
                              len(result.restored), started, now)
         # Every plan of an owned key ends up current here or announced: a displaced head, and a fresh record
@@ -195,7 +202,21 @@ class Ownership:
                   and r["plan_id"] not in stale and r["plan_id"] not in set(result.known_invalidated)}
         orphans = list(result.displaced) + [(key, plan_id) for plan_id, key in passed.items()]
         announced = self._announce_orphans(orphans, now)
-        return replace(taken, stale=taken.stale + announced)
+        known = set(result.known_invalidated)
+        again = self._requeue([(r["plan_key"], r["plan_id"]) for r in mine if r["plan_id"] in known], now)
+        return replace(taken, stale=taken.stale + announced + again)
+
+    def _requeue(self, plans: Sequence[tuple[str, str]], now) -> list[str]:
+        """Plans invalidated here once and now their keys' heads again: announced again, their keys recompiled.
+
+        A peer may have served such a plan again since (compiled anew, or adopted): nobody else
+        would announce it, and without a successor its key would be left uncompiled.
+        """
+        pairs = list(dict.fromkeys(plans))
+        again = self._announce_orphans(pairs, now)
+        self.state.queue.add_many([(key, "", 0, 0) for key, _ in pairs])
+        self.plans.queue_pending = self.plans.queue_pending or bool(pairs)
+        return again
 
     def _announce_orphans(self, plans: Sequence[tuple[str, str]], now) -> list[str]:
         """Announce (plan key, plan id) pairs that no index here follows; their ids."""

@@ -30,7 +30,7 @@ class RestoreResult:
     unrestorable: list[tuple[str | None, str]] = field(default_factory=list)
     """(plan id, why) of records that cannot stand in for a compilation; their plan keys need one."""
     known_invalidated: list[str] = field(default_factory=list)
-    """Plan ids this file already holds as invalidated: not made current again (unless compiled again since)."""
+    """Plan ids this file already holds as invalidated (unless compiled again since): heads, still invalidated."""
     displaced: list[tuple[str, str]] = field(default_factory=list)
     """(plan key, plan id) of fresh heads a preferred record replaced: the caller announces them."""
 
@@ -72,7 +72,7 @@ class ParkedRestore:
     unrestorable: int = 0
     """Parked records that cannot stand in for a compilation; their plan keys need one."""
     known_invalidated: list[str] = field(default_factory=list)
-    """Plan ids this file already holds as invalidated: not made current again (unless compiled again since)."""
+    """Plan ids this file already holds as invalidated (unless compiled again since): heads, still invalidated."""
 
 
 def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions: Collection[int], *,
@@ -233,16 +233,14 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None,
         db.execute("INSERT INTO plans SELECT plan_id, plan_key, 'fresh', live, valid_until, request, plan, receipt_id, "
                    "NULL, NULL, NULL, compiled_at, NULL FROM _restore_plans ANTI JOIN plans USING (plan_id)")
         stale = [plan_id for plan_id, status in held.items() if status != "fresh"]
-        db.execute("INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM _restore_plans "
-                   "WHERE plan_id NOT IN (SELECT unnest(?::VARCHAR[]))", [stale])
-        keys = [r.plan_key for r in rows if r.plan_id not in held or held[r.plan_id] == "fresh"]
+        # Invalidated ones too are their keys' heads, indexed, as in `restore_parked` (the caller requeues them).
+        db.execute("INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM _restore_plans")
+        keys = [r.plan_key for r in rows]
         db.execute("DELETE FROM dependency_index WHERE plan_key IN (SELECT unnest(?::VARCHAR[]))", [keys])
         db.execute("INSERT INTO receipts (receipt_id, plan_id, receipt, stored_at) SELECT DISTINCT ON (receipt_id) "
                    "receipt_id, plan_id, receipt, compiled_at FROM _restore_plans "
                    "WHERE receipt IS NOT NULL AND receipt_id NOT IN (SELECT receipt_id FROM receipts)")
-        db.execute("INSERT INTO dependency_index SELECT dep_key, plan_key FROM _restore_edges "
-                   "WHERE plan_key NOT IN (SELECT plan_key FROM _restore_plans WHERE plan_id IN "
-                   "(SELECT unnest(?::VARCHAR[])))", [stale])
+        db.execute("INSERT INTO dependency_index SELECT dep_key, plan_key FROM _restore_edges")
     finally:
         for name in tables:
             db.unregister(name)
@@ -284,12 +282,12 @@ def restore_parked(store: Store, partitions: Collection[int], compiled_at: datet
                "AND json_type(record, '$.receipt.receipt_id') = 'VARCHAR' "
                "AND json_type(record, '$.receipt.plan_id') = 'VARCHAR' "
                "AND receipt_id NOT IN (SELECT receipt_id FROM receipts)", [owned, compiled_at])
-    current = f"{mine} AND plan_id NOT IN (SELECT unnest($2::VARCHAR[]))"
+    # Invalidated ones too are their keys' heads, indexed: the caller announces them again and queues their keys,
+    # so no parked plan of an owned key is left neither current nor announced (a peer may serve it again).
     store.heads.remove_all()  # restored heads replace held ones
-    db.execute(f"INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM {current}",
-               [owned, stale])
-    db.execute(f"DELETE FROM dependency_index WHERE plan_key IN (SELECT plan_key FROM {current})", [owned, stale])
-    db.execute(f"INSERT INTO dependency_index SELECT unnest(from_json(deps, '[\"VARCHAR\"]')), plan_key FROM {current}",
-               [owned, stale])
+    db.execute(f"INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM {mine}", [owned])
+    db.execute(f"DELETE FROM dependency_index WHERE plan_key IN (SELECT plan_key FROM {mine})", [owned])
+    db.execute(f"INSERT INTO dependency_index SELECT unnest(from_json(deps, '[\"VARCHAR\"]')), plan_key FROM {mine}",
+               [owned])
     store.heads_changed()
     return ParkedRestore(considered, considered - unrestorable - len(stale), unrestorable, stale)

@@ -496,3 +496,55 @@ def test_a_plan_compiled_by_a_worker_behind_elsewhere_is_still_the_one_a_take_ov
     recompile_queued(b.plans, 100, lambda topic, partition: True)
     announced = {r["plan_id"] for r in b.published("plan-invalidations")}
     assert later["plan_id"] in announced  # judged as the key's current plan: stale, announced
+
+
+def _announced(node: Node, since: int = 0) -> set[str]:
+    return {r["plan_id"] for r in node.published("plan-invalidations")[since:]}
+
+
+def _unrelated(n: int) -> list[dict]:
+    return [_event(resource(f"unrelated-{i}", entity=f"NOPE-ENTITY-{i}")) for i in range(n)]
+
+
+def test_a_peers_stale_record_read_further_never_pushes_the_owners_live_head_out(nodes):
+    a, b = nodes
+    a.own(0, 1)
+    b.own(0, 1)  # b: frozen, still thinking it owns the entity
+    waiver = _event(resource("approved-waiver-W2"))
+    a.apply(waiver)
+    live = a.query.select(ATLAS_REQUEST)
+    for event in _unrelated(5):
+        b.apply(event, partition=1)
+    assert b.query.select(ATLAS_REQUEST)["plan_id"] != live["plan_id"]  # without the waiver, more offsets read
+    before = len(a.published("plan-invalidations"))
+    a.feed(a.published("plan-dependencies") + b.published("plan-dependencies"))
+    assert a.state.plans.head_ids([live["plan_key"]]) == {live["plan_key"]: live["plan_id"]}
+    assert live["plan_id"] not in _announced(a, before)  # the stale record was announced, not the live head
+
+
+def test_a_plan_announced_without_a_position_and_served_again_by_a_peer_is_followed_on_take_back(nodes):
+    """Announced for another broker incarnation (no position, no successor), compiled unchanged by a peer after."""
+    a, b = nodes
+    b.own(0, 1)
+    a.own()
+    plan = b.query.select(ATLAS_REQUEST)
+    [record] = b.published("plan-dependencies")
+    a.feed([dict(record, compiled_in="cluster-0")])  # a copy from before the broker was replaced
+    b.own()
+    a.own(0, 1)  # announced stale on arrival, its key queued
+    a.own()  # handed back before its backlog ran
+    b.own(0, 1)
+    maya = {"topic": "source-changes", "event": {
+        "event_id": "maya-again", "schema_version": 1, "occurred_at": "2026-08-29T10:00:00Z", "kind": "principal",
+        "op": "upsert", "principal": {"id": "maya", "roles": ["credit_analyst"],
+                                      "attributes": {"unit": "corporate-credit"}, "delegation_version": 4}}}
+    for node in (a, b):
+        node.apply(maya)  # b recompiles the plan unchanged: a record of this incarnation
+    a.feed(b.published("plan-dependencies"))
+    before = len(a.published("plan-invalidations"))
+    b.own()
+    a.own(0, 1)  # b served the plan again: a announces it again (or when it goes stale) and compiles its key
+    for node in (a, b):
+        node.apply(_event(revoke_role("maya", "credit_analyst")))
+    assert plan["plan_id"] in _announced(a, before)
+    assert a.state.plans.head_ids([plan["plan_key"]]) and a.state.queue.size() + a.state.index.size() > 0
