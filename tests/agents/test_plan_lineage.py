@@ -300,3 +300,21 @@ def test_a_plan_announced_without_a_position_and_served_again_by_a_peer_is_follo
         node.apply(_event(revoke_role("maya", "credit_analyst")))
     assert plan["plan_id"] in _announced(a, before)
     assert a.state.plans.head_ids([plan["plan_key"]]) and a.state.queue.size() + a.state.index.size() > 0
+
+
+@pytest.mark.timeout(120)
+async def test_each_plan_dependencies_record_on_the_topic_names_the_plan_it_replaced(worker):
+    """Through the broker: the first compilation replaces nothing, its successor names it; both fit the schema."""
+    from tests.schema_check import validators
+
+    check = validators(documented=True, topics=("plan-dependencies",))["plan-dependencies"]
+    first = await worker.select(ATLAS_REQUEST, await worker.load("atlas.jsonl"))
+    revoked = await worker.publish_events(revoke_role("maya", "credit_analyst"))
+    later = await worker.select(ATLAS_REQUEST, revoked)
+    assert later["plan_id"] != first["plan_id"]
+    records = await worker.records("plan-dependencies",
+                                   lambda rs: any(r.get("plan_id") == later["plan_id"] for r in rs))
+    mine = {r["plan_id"]: r for r in records if r.get("plan_key") == first["plan_key"]}
+    assert mine[first["plan_id"]]["replaces"] is None
+    assert mine[later["plan_id"]]["replaces"] == first["plan_id"]
+    assert all(check.is_valid({k: v for k, v in r.items() if k != "_key"}) for r in mine.values())
