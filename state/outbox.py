@@ -120,18 +120,19 @@ class Outbox:
         self.store.bump_many(counts)
         return out, kept
 
-    def _letter(self, topic: str, key: bytes | None, value: bytes, why: str,
-                counts: dict[str, int]) -> tuple[str, bytes | None, bytes] | None:
+    def _letter(self, topic: str, key: bytes | None, value: bytes, why: str, counts: dict[str, int],
+                refused: bool = False) -> tuple[str, bytes | None, bytes] | None:
         """The dead letter standing in for a record that cannot be published, or None (counted) when there is none.
 
-        A refused dead letter gets no dead letter of its own (the next would be refused the same
-        way, for ever): it is dropped, counted and logged. So is a letter over a limit set below
-        a letter's size.
+        A dead letter the broker `refused` gets no dead letter of its own (the next would be
+        refused the same way, for ever): it is dropped, counted and logged. So is a letter over a
+        limit set below a letter's size. A dead letter merely too large to store (an input
+        event's, with its original) is replaced by a letter naming it, as any record is.
         """
         assert self.limit is not None
         letter_key_ = letter_key(key)
         letter = too_large_letter(topic, key, value, self.limit.max_bytes, why)
-        if topic == self.limit.dead_letters or not fits(letter_key_, letter, self.limit.max_bytes):
+        if (refused and topic == self.limit.dead_letters) or not fits(letter_key_, letter, self.limit.max_bytes):
             counts["outbound_dropped"] = counts.get("outbound_dropped", 0) + 1
             log.error("outbound %s record %s of %d bytes dropped: its dead letter could not be published either",
                       topic, shown_key(key), len(value), extra={"topic": topic, "error_class": "outbound_dropped"})
@@ -226,7 +227,8 @@ class Outbox:
             [seqs]).fetchall()}
         self.remove(seqs)
         counts: dict[str, int] = {}
-        letters = [(self._letter(topic, key, value, why, counts), source.get(seq)) for seq, topic, key, value in rows]
+        letters = [(self._letter(topic, key, value, why, counts, refused=True), source.get(seq))
+                   for seq, topic, key, value in rows]
         self.add_many([letter for letter, _ in letters if letter is not None],
                       [src for letter, src in letters if letter is not None])
         self.store.bump_many(counts)

@@ -145,3 +145,20 @@ def test_a_refused_records_letter_keeps_the_records_source(tmp_path):
     assert box.db.execute("SELECT src_topic, src_partition, src_offset FROM outbox WHERE seq = ?",
                           [seq]).fetchone() == ("source-changes", 0, 5)
     state.close()
+
+
+def test_an_input_dead_letter_too_large_to_store_is_replaced_by_a_letter_naming_it_not_dropped(tmp_path):
+    import orjson
+
+    from state.outbox import OutboundLimit
+
+    state = LocalState.open(tmp_path / "f.duckdb")
+    box = state.outbox
+    box.limit = OutboundLimit(5_000, "dead-letters", frozenset())
+    with state.store.transaction():  # an input event's letter carries its original: here 10 KB of it
+        box.add_many([("dead-letters", b"k", b"x" * 10_000)], [("source-changes", 0, 3)])
+    [(_, topic, key, value)] = box.pending()
+    assert topic == "dead-letters" and key == b"k"
+    assert orjson.loads(value)["error_class"] == "record_too_large" and orjson.loads(value)["original_size"] == 10_000
+    assert not state.store.counters().get("outbound_dropped")
+    state.close()
