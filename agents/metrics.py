@@ -19,6 +19,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 # The apply path's stages take a few to a few tens of milliseconds: finer buckets there.
 STAGE_BUCKETS = (0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
                  2.5, 5.0, 10.0, 30.0)
+# How late the loop probe woke (agents.loop_probe): most samples are well under a millisecond.
+STALL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
 class Metrics:
@@ -41,6 +43,10 @@ class Metrics:
         self.batch_apply = Histogram(
             "freshplan_batch_apply_seconds", "One batch of input events applied, its plans recompiled and "
             "committed, as the replica awaited it on the writer", buckets=STAGE_BUCKETS, registry=self.registry)
+        self.loop_stall = Histogram(
+            "freshplan_loop_stall_seconds", "How late the HTTP event loop's probe woke, every 10 ms: time the loop "
+            "was kept from serving by work on it, the GIL held elsewhere or a collection (budget 20 ms)",
+            buckets=STALL_BUCKETS, registry=self.registry)
         self.registry.register(_StateCollector(state, query, lag, probe, collector, chores))
 
     def observe_batch(self, waited: float | None, took: float) -> None:
@@ -48,6 +54,10 @@ class Metrics:
         if waited is not None:
             self.batch_wait.observe(waited)
         self.batch_apply.observe(took)
+
+    def observe_loop(self, stall: float) -> None:
+        """One probe sample: how late the loop woke, in seconds."""
+        self.loop_stall.observe(stall)
 
     def render(self) -> bytes:
         """The exposition text."""

@@ -189,6 +189,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run)
     guard.paused, guard.blocked = replica.paused, replica.blocked
     replica.on_batch = metrics.observe_batch
+    probe.on_sample = metrics.observe_loop
     guard.applied = lambda: replica.positions
     query.position = lambda: replica.positions  # replaced (never changed in place) after each committed batch
     query.check_heads = settings.check_head_cache

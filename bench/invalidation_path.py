@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bench import relay
 from bench.harness import BenchWorker, run_ceiling, start_worker
-from bench.stats import named_latencies, percentiles
+from bench.stats import named_latencies, percentiles, stalls_during
 from bench.scale_out import throughput
 from bench.streaming import Listener, hot_plan, selects_under_stream, send_at_rate, stream_summary
 from bench.workload import Workload, bundle, generate, request
@@ -104,11 +104,13 @@ async def _latency(worker: BenchWorker, rate: int, seconds: float, version_base:
     """
     stream = generate(changes=max(1, int(rate * seconds)), seed=rate, prefix=f"lat{rate}-",
                       version_base=version_base).changes
+    before = await worker.metrics()
     async with Listener(worker) as listener:
         sent = await send_at_rate(worker, stream, rate)
         await listener.settle()
     waits = named_latencies({s.event_id: s.sent_at for s in sent.sent}, listener.seen)
-    return dict(percentiles(waits), **stream_summary(sent, rate), events_that_invalidated=len(waits))
+    return dict(percentiles(waits), **stream_summary(sent, rate), events_that_invalidated=len(waits),
+                loop_stalls=stalls_during(before, await worker.metrics()))
 
 
 async def _fanout(worker: BenchWorker, plans: int) -> dict:

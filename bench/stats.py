@@ -150,3 +150,20 @@ def histogram_delta(before: Mapping[str, float], after: Mapping[str, float], nam
 
     return {"count": int(count), "mean_ms": round(total / count * 1e3, 1) if count else None,
             "p50_le_ms": rank_bound(0.5), "p99_le_ms": rank_bound(0.99)}
+
+
+def stalls_during(before: Mapping[str, float], after: Mapping[str, float], budget_ms: float = 20.0) -> dict:
+    """The worker's loop-probe samples between two scrapes: how many, how many late by more than `budget_ms`,
+    and the upper bound (ms) of the bucket holding the latest wake-up (None: beyond the last bound, or none).
+
+    The probe wakes every 10 ms, so each sample over the budget is a stall of the HTTP loop.
+    """
+    name = "freshplan_loop_stall_seconds"
+    count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+    prefix = f'{name}_bucket{{le="'
+    bounds = sorted((float(series[len(prefix):-2]), after[series] - before.get(series, 0.0))
+                    for series in after if series.startswith(prefix))
+    within = max((n for bound, n in bounds if bound <= budget_ms / 1e3), default=0.0)
+    worst = next((bound for bound, n in bounds if n >= count), None) if count else None
+    return {"samples": int(count), "over_budget": int(count - within), "budget_ms": budget_ms,
+            "max_le_ms": None if worst is None or worst == float("inf") else round(worst * 1e3, 1)}

@@ -12,7 +12,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.loader import read_scenario
 from bench.harness import BenchWorker
-from bench.stats import Announcement, backlog_built, covered_latencies, histogram_delta, percentiles, unapplied
+from bench.stats import (Announcement, backlog_built, covered_latencies, histogram_delta, percentiles,
+                         stalls_during, unapplied)
 from bench.workload import Record
 from schemas.freshness import encode_token
 from streams.admin import producer
@@ -176,7 +177,8 @@ async def hot_plan(worker: BenchWorker, rate: float, seconds: float) -> dict:
     async with Listener(worker, follow_plans=True) as listener:
         stream = await send_at_rate(worker, edits, rate)
         await listener.settle()
-    stages = {name: histogram_delta(before, await worker.metrics(), f"freshplan_{name}_seconds")
+    after = await worker.metrics()
+    stages = {name: histogram_delta(before, after, f"freshplan_{name}_seconds")
               for name in ("batch_wait", "batch_apply")}
     log_after = (await worker.health()).get("checkpoints") or {}
     partition = stream.sent[0].partition
@@ -187,7 +189,7 @@ async def hot_plan(worker: BenchWorker, rate: float, seconds: float) -> dict:
     named = {a.event_id for a in listener.seen if a.plan_key == plan["plan_key"]}
     return dict(percentiles(waits), **stream_summary(stream, rate), rate=rate, uncovered=uncovered,
                 announcements=len(named & {s.event_id for s in stream.sent}), worker_stages=stages,
-                write_ahead_log=log_during(log_before, log_after))
+                write_ahead_log=log_during(log_before, log_after), loop_stalls=stalls_during(before, after))
 
 
 def log_during(before: dict, after: dict) -> dict:
@@ -233,6 +235,7 @@ async def selects_under_stream(worker: BenchWorker, bodies: list[dict], records:
         await asyncio.gather(*tasks)
 
     stream = None
+    before = await worker.metrics()
     if rate > 0:
         count = max(1, int(rate * seconds))
         stream, _ = await asyncio.gather(send_at_rate(worker, records[:count], rate), issue())
@@ -241,7 +244,8 @@ async def selects_under_stream(worker: BenchWorker, bodies: list[dict], records:
     cached = [t for served, t in timings if served == "cache"]
     out = dict(percentiles(cached), rate=rate, select_rate=select_rate, failures=failures,
                compiled=sum(served == "compiled" for served, _ in timings),
-               all_selects=percentiles([t for _, t in timings]))
+               all_selects=percentiles([t for _, t in timings]),
+               loop_stalls=stalls_during(before, await worker.metrics()))
     if stream is not None:
         out["stream"] = stream_summary(stream, rate)
     return out

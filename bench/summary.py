@@ -23,12 +23,13 @@ def subscriber_lines(path: dict) -> list[str]:
     hot = path.get("hot_plan")
     if hot:
         rows.append([f"hot Atlas plan, {hot['rate']:,.0f}/s", hot["achieved_rate"], hot["count"], hot["p50_ms"],
-                     hot["p95_ms"], hot["p99_ms"], hot["max_ms"], hot["lag_at_end"], _yes(hot["backlog"])])
+                     hot["p95_ms"], hot["p99_ms"], hot["max_ms"], hot["lag_at_end"], _yes(hot["backlog"]),
+                     _stalls(hot)])
     for r, v in path["latency_by_rate"].items():
         rows.append([f"bench workload, {int(r):,}/s", v["achieved_rate"], v["count"], v["p50_ms"], v["p95_ms"],
-                     v["p99_ms"], v["max_ms"], v.get("lag_at_end"), _yes(v.get("backlog"))])
+                     v["p99_ms"], v["max_ms"], v.get("lag_at_end"), _yes(v.get("backlog")), _stalls(v)])
     lines += _table(["stream", "achieved/s", "measured events", "p50 ms", "p95 ms", "p99 ms", "max ms",
-                     "unapplied at end", "backlog"], rows)
+                     "unapplied at end", "backlog", "loop stalls > 20 ms"], rows)
     lines += relay_lines(path.get("relay_floor"), hot)
     selects = path.get("selects_under_stream")
     if selects:
@@ -36,11 +37,22 @@ def subscriber_lines(path: dict) -> list[str]:
         lines += [f"Cached selects over HTTP at {rate:g}/s (open loop: each at its scheduled time) while the bench "
                   "workload streams at a fixed rate:", ""]
         lines += _table(["input rate", "cached selects", "compiled", "failed", "p50 ms", "p95 ms", "p99 ms",
-                         "max ms", "stream backlog"],
+                         "max ms", "stream backlog", "loop stalls > 20 ms"],
                         [[f"{int(r):,}/s", v["count"], v["compiled"], v["failures"], v["p50_ms"], v["p95_ms"],
-                          v["p99_ms"], v["max_ms"], _yes(v["stream"]["backlog"]) if "stream" in v else "-"]
-                         for r, v in selects.items()])
+                          v["p99_ms"], v["max_ms"], _yes(v["stream"]["backlog"]) if "stream" in v else "-",
+                          _stalls(v)] for r, v in selects.items()])
+        lines += ["The worker's loop probe wakes every 10 ms; a sample late by more than 20 ms is a stall of the "
+                  "HTTP loop (issue 13: applying and compiling must never hold it longer).", ""]
     return lines
+
+
+def _stalls(stream: dict) -> str:
+    """A stream's loop-probe samples over 20 ms, out of all it took ("-": not recorded by this run)."""
+    stalls = stream.get("loop_stalls")
+    if not stalls:
+        return "-"
+    worst = f", longest <= {stalls['max_le_ms']:g} ms" if stalls["over_budget"] and stalls["max_le_ms"] else ""
+    return f"{stalls['over_budget']} of {stalls['samples']}{worst}"
 
 
 def relay_lines(floor: dict | None, hot: dict | None) -> list[str]:

@@ -51,16 +51,22 @@ async def test_the_loop_keeps_running_while_a_job_holds_the_writer():
 
 
 async def test_the_probe_records_a_blocked_loop():
-    probe = LoopProbe(interval=0.001)
+    probe = LoopProbe(interval=0.001, budget=0.02)
+    sampled: list[float] = []
+    probe.on_sample = sampled.append
     task = asyncio.ensure_future(probe.run())
     while not probe.samples:
         await asyncio.sleep(0.001)
+    assert probe.over_budget == 0 or max(sampled) > 0.02  # a busy machine may stall the loop on its own
+    before = probe.over_budget
     time.sleep(0.05)  # the kind of stall an apply batch on the loop used to cause
     seen = probe.samples
     while probe.samples == seen:
         await asyncio.sleep(0.001)
     task.cancel()
-    assert probe.max_stall > 0 and probe.as_dict()["loop_stall_samples"] == probe.samples
+    assert probe.max_stall >= 0.045 and probe.as_dict()["loop_stall_samples"] == probe.samples
+    assert probe.over_budget >= before + 1 and probe.as_dict()["loop_stalls_over_budget"] == probe.over_budget
+    assert len(sampled) == probe.samples and max(sampled) == probe.max_stall  # each sample reaches the metric
 
 
 async def test_a_cache_hit_never_waits_for_the_writer_and_a_miss_is_compiled_by_it(setup):  # noqa: F811
@@ -91,5 +97,12 @@ async def test_through_the_broker_events_are_applied_on_the_writer_thread_and_th
     assert health["writer"]["thread"].startswith(THREAD_NAME)  # the apply batch ran there, not on the loop
     assert health["writer"]["jobs"] > 0
     assert health["loop_stall_samples"] > 0 and isinstance(health["loop_stall_max_seconds"], float)
+    assert health["loop_stall_budget_seconds"] == 0.02 and health["loop_stalls_over_budget"] >= 0
     async with worker.http.get(f"{worker.url}/metrics") as resp:
-        assert "freshplan_loop_stall_max_seconds" in await resp.text()
+        text = await resp.text()
+    assert "freshplan_loop_stall_max_seconds" in text
+    # Every probe sample lands in the histogram (the probe keeps sampling, so at least as many as health saw).
+    samples = next(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("freshplan_loop_stall_seconds_count"))
+    assert samples >= health["loop_stall_samples"] > 0
+    assert 'freshplan_loop_stall_seconds_bucket{le="0.02"}' in text

@@ -31,6 +31,7 @@ def test_every_issue_13_target_has_a_row_with_value_and_verdict():
         "subscriber p99, one hot plan (Atlas), 200 events/s",
         "subscriber p99, bench workload, 1,000 events/s",
         "select p99 (cached) while 200 events/s apply",
+        "HTTP loop stalls over 20 ms while events apply (probe every 10 ms)",
         "100,000-plan fan-out, last announcement vs bare aiokafka producer",
         "total recompilations, 2 workers vs 1",
         "recompilations of the busiest of 2 workers vs 1 worker",
@@ -42,6 +43,7 @@ def test_every_issue_13_target_has_a_row_with_value_and_verdict():
         "subscriber p99, one hot plan (Atlas), 200 events/s": True,
         "subscriber p99, bench workload, 1,000 events/s": True,
         "select p99 (cached) while 200 events/s apply": False,
+        "HTTP loop stalls over 20 ms while events apply (probe every 10 ms)": False,
         "100,000-plan fan-out, last announcement vs bare aiokafka producer": False,
         "total recompilations, 2 workers vs 1": False,
         "recompilations of the busiest of 2 workers vs 1 worker": False,
@@ -52,6 +54,26 @@ def test_every_issue_13_target_has_a_row_with_value_and_verdict():
     assert rows["select p99 (cached) while 200 events/s apply"]["gap"] == "5.7x over"
     assert rows["total recompilations, 2 workers vs 1"]["shown"] == "2.00x"
     assert rows["take-over after kill -9 (200 plans)"]["shown"] == "16.2 s, 0 lost"
+
+
+def _stalls(over: int, samples: int = 500, max_le_ms: float | None = 50.0) -> dict:
+    return {"samples": samples, "over_budget": over, "budget_ms": 20.0, "max_le_ms": max_le_ms}
+
+
+def test_loop_stalls_count_over_every_stream_that_applied_events_and_name_where_they_were():
+    path = _path(latency_by_rate={"1000": {"p99_ms": 90.0, "backlog": False, "lag_at_end": 1,
+                                           "loop_stalls": _stalls(2, max_le_ms=100.0)}},
+                 selects_under_stream={"0": {"p99_ms": 2.0, "loop_stalls": _stalls(9)},  # no events: not counted
+                                       "200": {"p99_ms": 5.0, "loop_stalls": _stalls(0)}},
+                 hot_plan={"rate": 200.0, "p99_ms": 40.0, "uncovered": 0, "events": 1000,
+                           "loop_stalls": _stalls(1, max_le_ms=None)})
+    row = _by_measure(invalidation_rows(path))["HTTP loop stalls over 20 ms while events apply (probe every 10 ms)"]
+    assert not row["met"] and row["value"] == 3 and row["shown"] == "3 of 1,500 samples"
+    assert row["gap"] == "bench workload, 1000/s: 2 (longest <= 100 ms); hot plan, 200/s: 1 (longest over 5 s)"
+    path["latency_by_rate"]["1000"]["loop_stalls"] = _stalls(0)
+    path["hot_plan"]["loop_stalls"] = _stalls(0)
+    row = _by_measure(invalidation_rows(path))["HTTP loop stalls over 20 ms while events apply (probe every 10 ms)"]
+    assert row["met"] and row["gap"] is None and row["shown"] == "0 of 1,500 samples"
 
 
 def test_a_backlog_misses_the_1000_per_second_target_even_with_a_low_p99():

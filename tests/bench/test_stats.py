@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.stats import (Announcement, backlog_built, covered_latencies, exposition, histogram_delta,
-                         lost_invalidations, named_latencies, owns_all, percentiles, split_between, unapplied)
+                         lost_invalidations, named_latencies, owns_all, percentiles, split_between, stalls_during,
+                         unapplied)
 
 
 def _a(at: float, offset: int, key: str = "K", event: str = "", successor: str | None = None,
@@ -113,3 +114,22 @@ def test_a_group_is_settled_once_every_partition_has_exactly_one_worker():
     assert not split_between([half[0], {}], topics, 4)  # the second worker has nothing yet: still joining
     assert not split_between([half[0], {"source-changes": [1, 2, 3], "revocations": [2, 3]}], topics, 4)  # twice
     assert not split_between([half[0], {"source-changes": [2, 3]}], topics, 4)  # a topic not yet assigned
+
+
+def _stall_scrape(counts: dict[str, float]) -> dict[str, float]:
+    name = "freshplan_loop_stall_seconds"
+    series = {f'{name}_bucket{{le="{le}"}}': n for le, n in counts.items()}
+    series[f"{name}_count"] = counts["+Inf"]
+    return series
+
+
+def test_stalls_between_two_scrapes_count_samples_over_the_budget_and_bound_the_longest():
+    before = _stall_scrape({"0.01": 10, "0.02": 10, "0.05": 12, "0.1": 12, "+Inf": 12})
+    # 300 more samples: 295 within 20 ms, 4 in (20, 50] ms, one in (50, 100] ms
+    after = _stall_scrape({"0.01": 300, "0.02": 305, "0.05": 311, "0.1": 312, "+Inf": 312})
+    assert stalls_during(before, after) == {"samples": 300, "over_budget": 5, "budget_ms": 20.0, "max_le_ms": 100.0}
+    quiet = _stall_scrape({"0.01": 400, "0.02": 400, "0.05": 402, "0.1": 402, "+Inf": 402})
+    assert stalls_during(before, quiet)["over_budget"] == 0 and stalls_during(before, quiet)["max_le_ms"] == 10.0
+    beyond = _stall_scrape({"0.01": 10, "0.02": 10, "0.05": 12, "0.1": 12, "+Inf": 13})
+    assert stalls_during(before, beyond)["max_le_ms"] is None and stalls_during(before, beyond)["over_budget"] == 1
+    assert stalls_during({}, {}) == {"samples": 0, "over_budget": 0, "budget_ms": 20.0, "max_le_ms": None}

@@ -31,6 +31,8 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     hot = path["hot_plan"]                                 # every edit of the hot plan reached a subscriber
     assert hot["events"] == 200 and hot["uncovered"] == 0 and hot["count"] == 200
     assert hot["write_ahead_log"]["bytes_after"] is not None and "cap_checkpoint" in hot["write_ahead_log"]
+    for stream in (hot, latency, path["selects_under_stream"]["200"]):  # the loop was probed through each stream
+        assert stream["loop_stalls"]["samples"] > 0 and stream["loop_stalls"]["over_budget"] >= 0
     relay = path["relay_floor"]                            # the broker's floor under the hot-plan figure
     assert [s["stage_ms"] for s in relay["stages"]][:1] == [0.0] and len(relay["stages"]) >= 3
     assert all(s["lost"] == 0 and s["events"] == 200 for s in relay["stages"])
@@ -61,7 +63,7 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     summary = result_file.with_suffix(".md").read_text()
     assert "## Targets" in summary and "bare Faust agent" in summary and "plain_top_k" in summary
     assert "## 1 worker against 2" in summary and "hot Atlas plan, 200/s" in summary
-    assert "| serial stage ms |" in summary
+    assert "| serial stage ms |" in summary and "loop stalls > 20 ms |" in summary
     plots = list(tmp_path.glob("*.png"))
     assert len(plots) == 3 and all(p.stat().st_size > 5_000 for p in plots)
     assert (tmp_path / result["quality"]["file"]).exists() and (tmp_path / result["profile"]["file"]).exists()
