@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Awaitable, Callable
 
@@ -174,3 +175,23 @@ def _targets(state: LocalState, floors: dict[Key, int]) -> dict[Key, int]:
         f"f(t, p, lo) ON o.src_topic = f.t AND o.src_partition = f.p AND o.src_offset >= f.lo{unacked} GROUP BY ALL",
         params + unacked_params).fetchall()
     return commit_targets(floors, applied, {(topic, partition): first for topic, partition, first in rows})
+
+
+def register_duty(app, duty: Duty, chores) -> None:
+    """Run a worker's duty on its app: follow the assignment, commit what was published, pause Faust's delivery."""
+    async def follow_duty() -> float:
+        await duty.follow()
+        return 0.2
+
+    app.task(chores.loop("follow_duty", follow_duty))
+
+    @app.timer(interval=1.0)
+    @chores.timer("commit_duty")
+    async def commit_duty() -> None:
+        await duty.commit()
+
+    @app.on_rebalance_complete.connect
+    async def pause_inputs(sender, **kwargs) -> None:
+        # Sent just before Faust resumes every assigned partition: pause the inputs again at the
+        # loop's next turn, before Faust resumes its flow of records.
+        asyncio.get_running_loop().call_soon(duty.pause_inputs)

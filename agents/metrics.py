@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -47,7 +47,8 @@ class Metrics:
             "freshplan_loop_stall_seconds", "How late the HTTP event loop's probe woke, every 10 ms: time the loop "
             "was kept from serving by work on it, the GIL held elsewhere or a collection (budget 20 ms)",
             buckets=STALL_BUCKETS, registry=self.registry)
-        self.registry.register(_StateCollector(state, query, lag, probe, collector, chores))
+        self._state = _StateCollector(state, query, lag, probe, collector, chores)
+        self.registry.register(self._state)
 
     def observe_batch(self, waited: float | None, took: float) -> None:
         """One applied batch: how long its oldest event waited for it (None: no broker timestamps), how long it took."""
@@ -59,9 +60,20 @@ class Metrics:
         """One probe sample: how late the loop woke, in seconds."""
         self.loop_stall.observe(stall)
 
-    def render(self) -> bytes:
-        """The exposition text."""
-        return generate_latest(self.registry)
+    def render(self, figures: dict[str, Any] | None = None) -> bytes:
+        """The exposition text, with the file's figures read by the caller (`file_figures`; None: read them here)."""
+        self._state.figures = figures
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._state.figures = None
+
+
+def file_figures(state: "LocalState") -> dict[str, Any]:
+    """What a scrape reads from the state file (through `state`'s own cursor, on any one thread)."""
+    return {"counters": dict(state.store.counters()), "plans": state.plans.counts(), "index_edges": state.index.size(),
+            "outbox": state.outbox.size(), "standby_outbox": state.outbox.standby_size(),
+            "recompile_queue": state.queue.size()}
 
 
 class _StateCollector:
@@ -71,12 +83,14 @@ class _StateCollector:
                  probe: "LoopProbe | None", collector: "Collector | None", chores: "Chores | None" = None) -> None:
         self.state, self.query, self.lag, self.probe, self.gc = state, query, lag, probe, collector
         self.chores = chores
+        self.figures: dict[str, Any] | None = None  # the file's figures for the scrape in progress (`file_figures`)
 
     def describe(self) -> list:
         return []
 
     def collect(self) -> Iterator:
-        counters = dict(self.state.store.counters())
+        figures = self.figures if self.figures is not None else file_figures(self.state)
+        counters = figures["counters"]
         lag = GaugeMetricFamily("freshplan_consumer_lag_events", "Input events published but not yet applied",
                                 labels=["topic", "partition"])
         for topic, parts in sorted(self.lag.lags().items()):
@@ -88,15 +102,14 @@ class _StateCollector:
         yield GaugeMetricFamily("freshplan_revocation_lag_seconds",
                                 "Seconds this worker is behind on revocations (-1 when unknown)", value=behind)
         plans = GaugeMetricFamily("freshplan_plans", "Stored plans by status", labels=["status"])
-        for status_name, count in sorted(self.state.plans.counts().items()):
+        for status_name, count in sorted(figures["plans"].items()):
             plans.add_metric([status_name], count)
         yield plans
-        yield GaugeMetricFamily("freshplan_index_edges", "Dependency index edges", value=self.state.index.size())
-        yield GaugeMetricFamily("freshplan_outbox_records", "Records waiting to be published",
-                                value=self.state.outbox.size())
+        yield GaugeMetricFamily("freshplan_index_edges", "Dependency index edges", value=figures["index_edges"])
+        yield GaugeMetricFamily("freshplan_outbox_records", "Records waiting to be published", value=figures["outbox"])
         yield GaugeMetricFamily("freshplan_outbox_standby_records",
                                 "Records held until the owner of their input partition publishes them",
-                                value=self.state.outbox.standby_size())
+                                value=figures["standby_outbox"])
         if self.probe is not None:
             yield GaugeMetricFamily("freshplan_loop_stall_max_seconds", "Longest time the HTTP event loop was kept "
                                     "from running since start", value=self.probe.max_stall)
@@ -113,7 +126,7 @@ class _StateCollector:
                 failed.add_metric([job], n)
             yield failed
         yield GaugeMetricFamily("freshplan_recompile_queue", "Announced plans whose successors are not compiled yet",
-                                value=self.state.queue.size())
+                                value=figures["recompile_queue"])
         for name, help_text in (("invalidations", "Invalidations announced"),
                                 ("unchanged_recompilations", "Recompilations that came out identical"),
                                 ("compilations", "Plans compiled by agents"),

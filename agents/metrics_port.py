@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from typing import Awaitable, Callable
 
 from aiohttp import web
 
@@ -12,10 +12,10 @@ from agents.gate import Gate, metrics_scope
 from streams.settings import Settings
 
 
-async def serve_metrics(settings: Settings, access: Access, render: Callable[[], bytes]) -> None:
+async def serve_metrics(settings: Settings, access: Access, render: Callable[[], Awaitable[bytes]]) -> None:
     """Serve Prometheus text on settings.metrics_port until cancelled."""
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(body=await render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     gate = Gate(settings, access.callers, access.jwt, {"/metrics": metrics_scope(settings)})
     app = web.Application(middlewares=[gate.middleware])

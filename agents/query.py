@@ -278,29 +278,28 @@ class QueryService:
                 return None
         return row[0] if row else None
 
-    def health(self) -> dict[str, Any]:
-        """Liveness plus what the worker has applied; status state_unreadable when the file cannot be read."""
-        try:
-            doc = self._health()
-        except duckdb.Error as exc:
-            self.state_failed(exc, counted=False)
-            doc = {"status": "state_unreadable", "revocations": self.guard.status().as_dict() if self.guard else None}
+    def health(self, figures: dict[str, Any] | None) -> dict[str, Any]:
+        """Liveness plus what the worker has applied, given the file's figures (`file_health`; None: unreadable)."""
+        revocations = self.guard.status().as_dict() if self.guard else None
+        if figures is None:
+            doc: dict[str, Any] = {"status": "state_unreadable", "revocations": revocations}
+        else:
+            doc = {"status": "ok", **{k: v for k, v in figures.items() if k != "counters"},
+                   "head_cache": self.state.store.heads.sizes(),
+                   "counters": dict(Counter(figures["counters"]) + self.selects), "revocations": revocations,
+                   "lag": self.guard.lags() if self.guard else {}, "last_events": dict(self.last_events)}
         if self.unreadable is not None:
             doc.update(status="state_unreadable", state_error=self.unreadable)
         return doc
 
-    def _health(self) -> dict[str, Any]:
-        store = self.state.store
-        now = store.now()
-        return {"status": "ok", "now": now and now.isoformat().replace("+00:00", "Z"),
-                "applied_offsets": store.next_offsets(), "freshness_token": self.token(),
-                "plans": self.state.plans.counts(), "index_edges": self.state.index.size(),
-                "outbox": self.state.outbox.size(), "retention": self.state.retention.sizes(),
-                "head_cache": store.heads.sizes(),
-                "counters": dict(Counter(store.counters()) + self.selects),
-                "revocations": self.guard.status().as_dict() if self.guard else None,
-                "lag": self.guard.lags() if self.guard else {},
-                "last_events": dict(self.last_events)}
+
+def file_health(state: LocalState) -> dict[str, Any]:
+    """What the health document reads from the state file (through `state`'s own cursor, on any one thread)."""
+    store = state.store
+    now = store.now()
+    return {"now": now and now.isoformat().replace("+00:00", "Z"), "applied_offsets": store.next_offsets(),
+            "freshness_token": _token_of(store), "plans": state.plans.counts(), "index_edges": state.index.size(),
+            "outbox": state.outbox.size(), "retention": state.retention.sizes(), "counters": store.counters()}
 
 
 @dataclass(frozen=True)

@@ -64,10 +64,10 @@ class Api:
     """Apply a paused input topic again."""
     check_ready: Callable[[], object]
     """Raise AttestError unless revocations and policies are known and applied within the bound."""
-    render_metrics: Callable[[], bytes]
-    """Prometheus exposition text."""
-    details: Callable[[], dict[str, Any]]
-    """Health details beyond the query service's: duty, standby outbox, writer thread, loop stalls."""
+    render_metrics: Callable[[], Awaitable[bytes]]
+    """Prometheus exposition text (the file's figures read off the loop)."""
+    health: Callable[[], Awaitable[dict[str, Any]]]
+    """The /healthz document: the query service's and the worker's figures (the file's read off the loop)."""
     owner_url: Callable[[int], str | None] = lambda partition: None
     """URL of the worker that owns a plan partition (None while unknown, e.g. during a rebalance)."""
     forward: Callable[[str, str, Any, Any], Awaitable[tuple[int, dict[str, Any]]]] | None = None
@@ -215,7 +215,7 @@ def register_routes(app, api: Api, access: Access) -> None:
         @app.page("/metrics")
         class Metrics(web.View):
             async def get(self, request: web.Request) -> web.Response:
-                return self.bytes(api.render_metrics(),
+                return self.bytes(await api.render_metrics(),
                                   headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
     else:
         @app.task
@@ -231,12 +231,7 @@ def register_routes(app, api: Api, access: Access) -> None:
                 unreadable = api.query.unreadable is not None
                 return self.json({"status": "state_unreadable" if unreadable else "ok"},
                                  status=503 if unreadable else 200)
-            doc = api.query.health()
-            try:
-                doc.update(api.details())
-            except duckdb.Error as exc:
-                api.query.state_failed(exc, counted=False)
-                doc["status"] = "state_unreadable"
+            doc = await api.health()
             return self.json(doc, status=200 if doc["status"] == "ok" else 503)
 
     @app.page("/readyz")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import faust
@@ -14,13 +14,14 @@ from agents.access import Access
 from agents.backlog import recompile_queued
 from agents.chores import Chores
 from agents.gate import Gate, api_routes
-from agents.duty import Duty
+from agents.duty import Duty, register_duty
 from agents.event_apply import EventApplier
 from agents.plan_writer import PlanWriter
 from agents.query import QueryService
 from agents.lag import LagWatcher
 from agents.collector import Collector
 from agents.loop_probe import LoopProbe
+from agents.status import Status
 from agents.metrics import Metrics
 from agents.forward import forward_request, owner_url
 from agents.ownership import Ownership
@@ -76,6 +77,11 @@ class Worker:
     """Freezes what start-up built out of garbage collection, and measures every collection's pause."""
     chores: Chores
     """Runs the timers and background loops: a failing one is logged, counted and retried, never fatal."""
+    status: Status = field(init=False)
+    """Answers /healthz and /metrics, reading the file on a thread of its own (never on the loop)."""
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.state.reader(), self.query, self.metrics, self.details)
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -102,8 +108,8 @@ class Worker:
                    applied=reader.store.next_offsets, incarnation=reader.store.incarnation,
                    incarnation_checked=self._incarnation_checked,
                    receipt=reader.plans.receipt, publish=self.publish_outbox, pause=self.replica.pause,
-                   resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.metrics.render,
-                   details=self.details, owner_url=self.owner_url, forward=self._forward,
+                   resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.status.metrics_text,
+                   health=self.status.health, owner_url=self.owner_url, forward=self._forward,
                    owners_known=lambda: self.ownership.owned is not None)
 
     def owner_url(self, partition: int) -> str | None:
@@ -120,15 +126,14 @@ class Worker:
             return False
         return True
 
-    def details(self) -> dict:
-        """Health details of the worker itself: duty, standby outbox, who writes, how long the loop stalled."""
+    def details(self, figures: dict) -> dict:
+        """Health details of the worker itself (duty, standby outbox, who writes, loop stalls), given the file's."""
         owned = self.ownership.owned
         return {"duty": self.duty(), "duty_committed": self.input_duty.committed_by_topic(),
                 "inputs_from_faust": self.input_duty.delivered,
                 "owned_partitions": None if owned is None else sorted(owned),
                 "ownership_failures": self.ownership.failures,
-                "parked_plans": self.reader.store.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0],
-                "standby_outbox": self.reader.outbox.standby_size(),
+                "parked_plans": figures["parked_plans"], "standby_outbox": figures["standby_outbox"],
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict(),
                 "gc": self.collector.as_dict(), "checkpoints": self.state.store.checkpoints.as_dict(),
                 "background_jobs": self.chores.as_dict()}
@@ -147,8 +152,10 @@ class Worker:
     def close(self) -> None:
         """Let the writer finish its job, then close the file (after the app has stopped)."""
         self.writer.close()
+        self.status.close()
         self._forget_acknowledged()
         self.collector.remove()
+        self.status.state.store.close()
         self.reader.store.close()
         self.state.close()
 
@@ -211,7 +218,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
-    _register_duty(app, duty, chores)
+    register_duty(app, duty, chores)
 
     @app.task
     async def watch_revocations() -> None:
@@ -375,25 +382,6 @@ def _register_input_agent(worker: Worker, name: str) -> None:
     consume.__name__ = f"apply_{name.replace('-', '_')}"
     consume.__qualname__ = consume.__name__
     worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)
-
-
-def _register_duty(app: faust.App, duty: Duty, chores: Chores) -> None:
-    async def follow_duty() -> float:
-        await duty.follow()
-        return 0.2
-
-    app.task(chores.loop("follow_duty", follow_duty))
-
-    @app.timer(interval=1.0)
-    @chores.timer("commit_duty")
-    async def commit_duty() -> None:
-        await duty.commit()
-
-    @app.on_rebalance_complete.connect
-    async def pause_inputs(sender, **kwargs) -> None:
-        # Sent just before Faust resumes every assigned partition: pause the inputs again at the
-        # loop's next turn, before Faust resumes its flow of records.
-        asyncio.get_running_loop().call_soon(duty.pause_inputs)
 
 
 def _prune(state: LocalState, committed: dict[tuple[str, int], int]) -> None:

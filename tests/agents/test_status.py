@@ -1,0 +1,85 @@
+"""Operators' reads: /healthz and /metrics read the state file on the status thread, never on the HTTP loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from agents.lag import LagWatcher
+from agents.loop_probe import LoopProbe
+from agents.metrics import Metrics
+from agents.status import THREAD_NAME, Status, health_figures
+from state.parked_plans import ParkedPlans
+from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
+from tests.conftest import ATLAS_REQUEST
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def status(setup):  # noqa: F811
+    state, _, query = setup
+    ParkedPlans(state.store, 4)  # a worker's file always has the table /healthz counts
+    query.select(ATLAS_REQUEST)
+    lag = LagWatcher(state.store, "127.0.0.1:9", {"revocations": "x-revocations"}, 60.0)
+    reader = state.reader()
+    out = Status(reader, query, Metrics(state, query, lag),
+                 lambda figures: {"parked_plans": figures["parked_plans"], "standby_outbox": figures["standby_outbox"]})
+    yield out
+    out.close()
+    reader.store.close()
+
+
+def _threads_of(status: Status) -> list[str]:
+    """Record the thread of every statement the status reader's cursor runs."""
+    seen: list[str] = []
+    db = status.state.store.db
+    execute = db.execute
+    db.execute = lambda *args: (seen.append(threading.current_thread().name), execute(*args))[1]
+    return seen
+
+
+async def test_health_and_metrics_read_the_file_on_the_status_thread_only(status):
+    seen = _threads_of(status)
+    doc = await status.health()
+    assert doc["status"] == "ok" and doc["plans"] == {"fresh": 1} and doc["index_edges"] > 0
+    assert doc["parked_plans"] == 0 and doc["standby_outbox"] == 0 and doc["freshness_token"]
+    assert doc["counters"]["compilations"] >= 1 and doc["counters"]["selects.compiled"] == 1  # file's and the loop's
+    assert doc["status_reads"] == {"thread": f"{THREAD_NAME}_0", "reads": 1}
+    text = (await status.metrics_text()).decode()
+    assert 'freshplan_plans{status="fresh"} 1.0' in text and "freshplan_index_edges" in text
+    assert seen and set(seen) == {f"{THREAD_NAME}_0"}  # every statement, none on the loop's thread
+    assert threading.current_thread().name not in seen
+    # The in-process path reads where it is called, with the same figures.
+    assert 'freshplan_plans{status="fresh"} 1.0' in status.metrics.render().decode()
+
+
+async def test_a_slow_read_of_the_file_does_not_hold_the_loop(status):
+    probe = LoopProbe(interval=0.001)
+    task = asyncio.ensure_future(probe.run())
+    try:
+        while not probe.samples:
+            await asyncio.sleep(0.001)
+
+        def slow(state):
+            time.sleep(0.3)  # a count over millions of index edges while both cores are busy
+            return health_figures(state)
+
+        before = probe.samples
+        figures = await status.read(slow)
+        assert figures["plans"] == {"fresh": 1}
+        assert probe.samples > before + 10  # the loop went on running meanwhile
+        assert probe.max_stall < 0.2  # on the loop, the read would have held it 300 ms
+    finally:
+        task.cancel()
+
+
+async def test_an_unreadable_file_makes_health_say_so_and_refuse_selects(status):
+    status.state.store.db.close()  # every read of the status cursor now fails as a broken file would
+    doc = await status.health()
+    assert doc["status"] == "state_unreadable" and doc["state_error"] == "ConnectionException"
+    assert "plans" not in doc and "status_reads" not in doc
+    assert status.query.unreadable == "ConnectionException"  # sticky: selects are refused from now on
