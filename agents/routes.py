@@ -215,7 +215,11 @@ def register_routes(app, api: Api, access: Access) -> None:
         @app.page("/metrics")
         class Metrics(web.View):
             async def get(self, request: web.Request) -> web.Response:
-                return self.bytes(await api.render_metrics(),
+                try:
+                    text = await api.render_metrics()
+                except RequestError as exc:  # the state file cannot be read (StateError): no figures to give
+                    return error(self, exc.status, exc.code, exc.message, exc.pass_name)
+                return self.bytes(text,
                                   headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
     else:
         @app.task

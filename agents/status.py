@@ -72,8 +72,16 @@ class Status:
         return doc
 
     async def metrics_text(self) -> bytes:
-        """Prometheus exposition text, the file's figures read on the status thread."""
-        return self.metrics.render(await self.read(file_figures))
+        """Prometheus exposition text, the file's figures read on the status thread.
+
+        Raises `StateError` (a 503 for the scraper) when the file cannot be read, marking the worker
+        unreadable as a failed health read does: selects are refused, liveness says so.
+        """
+        try:
+            figures = await self.read(file_figures)
+        except duckdb.Error as exc:
+            raise self.query.state_failed(exc, counted=False) from None
+        return self.metrics.render(figures)
 
     def close(self) -> None:
         """Wait for the running read (if any) and stop the thread; call before closing the file."""

@@ -11,6 +11,7 @@ import pytest
 from agents.lag import LagWatcher
 from agents.loop_probe import LoopProbe
 from agents.metrics import Metrics
+from agents.query import StateError
 from agents.status import THREAD_NAME, Status, health_figures
 from state.parked_plans import ParkedPlans
 from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
@@ -77,8 +78,12 @@ async def test_a_slow_read_of_the_file_does_not_hold_the_loop(status):
         task.cancel()
 
 
-async def test_an_unreadable_file_makes_health_say_so_and_refuse_selects(status):
+async def test_an_unreadable_file_makes_health_and_metrics_say_so_and_refuse_selects(status):
     status.state.store.db.close()  # every read of the status cursor now fails as a broken file would
+    with pytest.raises(StateError) as refused:  # a scrape gets a 503, not a 500
+        await status.metrics_text()
+    assert refused.value.code == "state_unreadable" and refused.value.status == 503
+    assert status.query.unreadable == "ConnectionException"
     doc = await status.health()
     assert doc["status"] == "state_unreadable" and doc["state_error"] == "ConnectionException"
     assert "plans" not in doc and "status_reads" not in doc

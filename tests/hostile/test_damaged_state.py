@@ -81,6 +81,21 @@ async def test_a_state_file_that_fails_while_running_refuses_selects_and_health(
     worker.kill()  # its shutdown would checkpoint into the damaged file
 
 
+async def test_a_scrape_of_a_file_that_failed_while_running_is_refused_and_marks_the_worker_unreadable(worker):
+    import aiohttp
+
+    path = await _stopped_with_state(worker)
+    await worker.restart()
+    os.truncate(path, 3 * 4096)
+    refused = await worker.get("/metrics", expect=503)  # a JSON error, never a 500 with a traceback
+    assert refused["error"]["code"] == "state_unreadable" and refused["error"]["pass"] == "state"
+    async with aiohttp.ClientSession() as anonymous:  # liveness, without credentials, now says so too
+        async with anonymous.get(f"{worker.url}/healthz") as resp:
+            assert resp.status == 503 and (await resp.json()) == {"status": "state_unreadable"}
+    assert (await worker.select(ATLAS_REQUEST, expect=503))["error"]["code"] == "state_unreadable"
+    worker.kill()  # its shutdown would checkpoint into the damaged file
+
+
 def test_the_check_passes_a_good_file_and_an_absent_one(tmp_path):
     from state.integrity import check
     from state.store import Store
