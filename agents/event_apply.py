@@ -203,8 +203,8 @@ class EventApplier:
     def _apply_identities(self, fresh: list[tuple[RawMessage, InputEvent]], run: list[int],
                           results: dict[int, list[str] | InvalidEvent | None]) -> None:
         if run:
-            results.update(zip(run, self.state.catalog.apply_identities(
-                [fresh[i][1].payload for i in run], [fresh[i][1].occurred_at for i in run]), strict=True))
+            results.update(zip(run, self.state.catalog.apply_identities([fresh[i][1].payload for i in run]),
+                               strict=True))
 
     def _tick(self, tick: ClockTick, partition: int, clocks: dict[int, datetime],
               ticked: dict[int, datetime]) -> list[str] | InvalidEvent | None:

@@ -73,10 +73,9 @@ class Catalog:
             return rules
         return self.store.cached("catalog.rules", load)
 
-    def apply_identities(self, items: Sequence[Identity],
-                         occurred: Sequence[datetime | None] | None = None) -> list[list[str] | None]:
+    def apply_identities(self, items: Sequence[Identity]) -> list[list[str] | None]:
         """Apply principal and entity changes and revocations in order, in bulk (see `apply_identities`)."""
-        return apply_identities(self.store, items, self._stored_policy_texts, occurred)
+        return apply_identities(self.store, items, self._stored_policy_texts)
 
     def _stored_policy_texts(self) -> list[str]:
         """Cedar texts of every kept bundle version, read once per policy change."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import re
-from datetime import datetime
 from typing import Callable, Sequence
 
 import orjson
@@ -27,15 +26,13 @@ ENTITY_MEMO = ("catalog.entity_matches", "catalog.entities_named")
 IDENTITY_MEMO = PRINCIPAL_MEMO + ENTITY_MEMO
 
 
-def apply_identities(store: Store, items: Sequence[Identity], policy_texts: Callable[[], list[str]],
-                     occurred: Sequence[datetime | None] | None = None) -> list[list[str] | None]:
+def apply_identities(store: Store, items: Sequence[Identity],
+                     policy_texts: Callable[[], list[str]]) -> list[list[str] | None]:
     """Apply the changes in order, as one by one; the dependency keys each touched (None: older than stored).
 
     The batch's rows are read once, the changes played over them in memory (a revocation before
     its principal's upsert, repeats of one id), and each table's resulting rows written once.
     `policy_texts()` returns the stored Cedar texts (read lazily: most batches never need them).
-    `occurred`: each item's event time (the envelope's `occurred_at`), which orders a principal's
-    upserts against its withdrawals whichever of the two topics was read first.
     """
     db = store.db
     pids = sorted({i.record_id for i in items if isinstance(i, SourceChange) and i.kind == "principal"}
@@ -57,20 +54,15 @@ def apply_identities(store: Store, items: Sequence[Identity], policy_texts: Call
     # principal -> its revocations of unknown delegation version: a principal's upsert settles them
     # without scanning every revocation read (a principal revoked often has thousands).
     unversioned: dict[str, set[tuple]] = {}
-    withdrawn: dict[str, set[tuple]] = {}  # principal -> its revocation keys (for upserts older than them)
     for key, row in revoked.items():
-        withdrawn.setdefault(key[0], set()).add(key)
         if row[3] is None:
             unversioned.setdefault(key[0], set()).add(key)
     out: list[list[str] | None] = []
-    for n, item in enumerate(items):
+    for item in items:
         if isinstance(item, Revocation):
             out.append(_revoke(item, principals, revoked, changed_r, unversioned))
-            withdrawn.setdefault(item.principal, set()).add((item.principal, item.revoke, item.value))
         elif item.kind == "principal":
             out.append(_principal(item, principals, revoked, changed_p, changed_r, policy_texts, unversioned))
-            if out[-1] is not None and item.record is not None and occurred is not None and occurred[n] is not None:
-                _withdrawn_after(item.record, occurred[n], revoked, withdrawn, changed_r)
         else:
             out.append(_entity(item, entities, changed_e))
     if changed_p:
@@ -123,22 +115,6 @@ def _principal(change: SourceChange, principals: dict, revoked: dict, changed: s
             return []
     changed.add(change.record_id)
     return [dk.principal(change.record_id)]
-
-
-def _withdrawn_after(new: Principal, occurred_at: datetime, revoked: dict, withdrawn: dict[str, set[tuple]],
-                     changed: set) -> None:
-    """An upsert that occurred before a withdrawal took effect cannot re-establish what it withdrew.
-
-    Revocations and principals come on two topics, read in no set order: an upsert the identity
-    system made before it revoked a role can arrive after the revocation, with a higher delegation
-    version. Such a withdrawal then applies as of that version too (fail closed). An upsert at
-    the withdrawal's instant or later re-establishes what it lists, as its version says.
-    """
-    for key in withdrawn.get(new.id, ()):
-        row = revoked[key]
-        if row[3] is not None and row[3] < new.delegation_version and occurred_at < row[0]:
-            row[3] = new.delegation_version
-            changed.add(key)
 
 
 def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -> bool:

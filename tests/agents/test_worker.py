@@ -264,25 +264,6 @@ async def test_a_revoked_role_comes_back_only_with_a_higher_delegation_version(w
     assert status["successor_plan_id"] == regranted["plan_id"]
 
 
-async def test_an_upsert_made_before_a_revocation_cannot_bring_the_role_back_when_read_after_it(worker):
-    fresh = await worker.load("atlas.jsonl")
-    granted = await worker.select(ATLAS_REQUEST, fresh)
-    # The identity system made maya's version 4 (still listing the role) at 09:00 and revoked the
-    # role at 09:05; the revocations topic happens to be read first.
-    topic, event = revoke_role("maya", "credit_analyst")
-    fresh = await worker.publish_events((topic, dict(event, effective_at="2026-08-30T09:05:00Z")))
-    revoked = await worker.select(ATLAS_REQUEST, fresh)
-    assert revoked["admitted"] == [] and granted["admitted"]
-    topic, event = principal("maya", delegation_version=4)
-    fresh = await worker.publish_events((topic, dict(event, occurred_at="2026-08-30T09:00:00Z")))
-    late = await worker.select(ATLAS_REQUEST, fresh)
-    assert late["admitted"] == [] and late["plan_id"] == revoked["plan_id"]  # never the role back
-    topic, event = principal("maya", delegation_version=5)  # a grant made after the revocation
-    fresh = await worker.publish_events((topic, dict(event, occurred_at="2026-08-30T09:10:00Z")))
-    regranted = await worker.select(ATLAS_REQUEST, fresh)
-    assert [a["resource_id"] for a in regranted["admitted"]] == [a["resource_id"] for a in granted["admitted"]]
-
-
 async def test_an_idle_worker_checkpoints_its_file_and_says_so(broker, tmp_path):
     from tests.conftest import eventually, launch
 

@@ -141,36 +141,6 @@ def test_a_revocation_carries_the_delegation_version_it_applies_as_of(state):
     assert state.catalog.principal("maya").roles == ()
 
 
-def _timed(*events: tuple[str, dict], at: list[str]) -> tuple[list, list[datetime]]:
-    """Payloads with their envelopes' event times, `at` overriding each occurred_at."""
-    decoded = [decode(topic, None, orjson.dumps(dict(event, occurred_at=when)))
-               for (topic, event), when in zip(events, at, strict=True)]
-    return [e.payload for e in decoded], [e.occurred_at for e in decoded]
-
-
-@pytest.mark.parametrize("one_batch", [False, True])
-@pytest.mark.parametrize("version", [None, 3])
-def test_an_upsert_made_before_a_withdrawal_cannot_re_establish_it_whichever_topic_is_read_first(
-        state, one_batch, version):
-    # maya holds credit_analyst at version 3. The identity system made version 4 (still listing the
-    # role) at 09:00 and revoked the role at 09:05, but the revocations topic was read first.
-    topic, event = revoke_role("maya", "credit_analyst", **({"delegation_version": version} if version else {}))
-    revoke = (topic, dict(event, effective_at="2026-08-30T09:05:00Z"))
-    payloads, occurred = _timed(revoke, _maya(4), at=["2026-08-30T09:05:00Z", "2026-08-30T09:00:00Z"])
-    batches = [(payloads, occurred)] if one_batch else [(payloads[:1], occurred[:1]), (payloads[1:], occurred[1:])]
-    for items, times in batches:
-        with state.store.transaction():
-            state.catalog.apply_identities(items, times)
-    assert state.catalog.principal("maya").delegation_version == 4
-    assert state.catalog.principal("maya").roles == ()  # the older upsert did not bring it back
-    # An upsert made at the withdrawal's instant or after it re-establishes what it lists.
-    for v, when, roles in ((5, "2026-08-30T09:04:59Z", ()), (6, "2026-08-30T09:05:00Z", ("credit_analyst",))):
-        items, times = _timed(_maya(v), at=[when])
-        with state.store.transaction():
-            state.catalog.apply_identities(items, times)
-        assert state.catalog.principal("maya").roles == roles, v
-
-
 def test_a_revocation_before_its_principal_applies_as_of_the_first_version_seen(state):
     apply(state, "revocations", envelope(principal="nia", revoke="role", value="credit_analyst",
                                          effective_at="2026-08-30T09:00:00Z"))
