@@ -254,29 +254,30 @@ class QueryService:
         keeps only each key's latest plan of what it took over).
         """
         try:
-            status = self.state.plans.status(plan_id) or self.state.retention.evicted_status(plan_id)
-            if status is not None and status["status"] == "invalidated":
-                return status
-            entity_id = self._entity_of(plan_id)
-            partition = None if entity_id is None else self.foreign_partition(entity_id)
-            if partition is not None:
-                raise NotOwner(entity_id, partition)
-            return status
+            facts = plan_facts(self.state, plan_id)
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
+        return self._owned_status(*facts)
 
-    def _entity_of(self, plan_id: str) -> str | None:
-        """The canonical entity of a plan stored here or parked from `plan-dependencies`, if any."""
-        db = self.state.store.db
-        row = db.execute("SELECT json_extract_string(plan, '$.entity_id') FROM plans WHERE plan_id = ?",
-                         [plan_id]).fetchone()
-        if row is None:
-            try:
-                row = db.execute("SELECT json_extract_string(record, '$.entity_id') FROM parked_plans "
-                                 "WHERE plan_id = ? LIMIT 1", [plan_id]).fetchone()
-            except duckdb.CatalogException:  # a file no plan feed ever wrote to (replay, a lone worker's tools)
-                return None
-        return row[0] if row else None
+    async def plan_status_async(self, plan_id: str, read: Callable[..., Awaitable[Any]]) -> dict[str, Any] | None:
+        """As `plan_status`, the file read by `read` (the status thread, with a cursor of its own): never on the loop.
+
+        Subscribers ask after every announcement they hear, so these reads come as often as invalidations.
+        """
+        self._refuse_if_unreadable()
+        try:
+            facts = await read(lambda state: plan_facts(state, plan_id))
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
+        return self._owned_status(*facts)
+
+    def _owned_status(self, status: dict[str, Any] | None, entity_id: str | None) -> dict[str, Any] | None:
+        if status is not None and status["status"] == "invalidated":
+            return status
+        partition = None if entity_id is None else self.foreign_partition(entity_id)
+        if partition is not None:
+            raise NotOwner(entity_id, partition)
+        return status
 
     def health(self, figures: dict[str, Any] | None) -> dict[str, Any]:
         """Liveness plus what the worker has applied, given the file's figures (`file_health`; None: unreadable)."""
@@ -291,6 +292,28 @@ class QueryService:
         if self.unreadable is not None:
             doc.update(status="state_unreadable", state_error=self.unreadable)
         return doc
+
+
+def plan_facts(state: LocalState, plan_id: str) -> tuple[dict[str, Any] | None, str | None]:
+    """What a plan's status reads from the file: its status (or eviction), and its entity unless invalidated."""
+    status = state.plans.status(plan_id) or state.retention.evicted_status(plan_id)
+    if status is not None and status["status"] == "invalidated":
+        return status, None
+    return status, _entity_of(state, plan_id)
+
+
+def _entity_of(state: LocalState, plan_id: str) -> str | None:
+    """The canonical entity of a plan stored here or parked from `plan-dependencies`, if any."""
+    db = state.store.db
+    row = db.execute("SELECT json_extract_string(plan, '$.entity_id') FROM plans WHERE plan_id = ?",
+                     [plan_id]).fetchone()
+    if row is None:
+        try:
+            row = db.execute("SELECT json_extract_string(record, '$.entity_id') FROM parked_plans "
+                             "WHERE plan_id = ? LIMIT 1", [plan_id]).fetchone()
+        except duckdb.CatalogException:  # a file no plan feed ever wrote to (replay, a lone worker's tools)
+            return None
+    return row[0] if row else None
 
 
 def file_health(state: LocalState) -> dict[str, Any]:

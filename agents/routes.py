@@ -56,6 +56,8 @@ class Api:
     """Wait (up to the freshness wait) until the replica has checked its offsets against the broker."""
     receipt: Callable[[str], dict[str, Any] | None]
     """A stored receipt by id."""
+    plan_status: Callable[[str], Awaitable[dict[str, Any] | None]]
+    """A plan id's status (None: unknown here); raises NotOwner for a plan another worker answers for."""
     publish: Callable[[], Awaitable[int]]
     """Publish the outbox now; never raises."""
     pause: Callable[[str], list[int]]
@@ -160,7 +162,7 @@ def register_routes(app, api: Api, access: Access) -> None:
         @state_guarded
         async def get(self, request: web.Request, plan_id: str) -> web.Response:
             try:
-                status = api.query.plan_status(plan_id)
+                status = await api.plan_status(plan_id)
             except NotOwner as exc:
                 code, doc = await _forwarded(api, exc, None, request.headers, f"/v1/plans/{quote(plan_id, safe='')}")
                 request[AUDIT]["plan_id"] = plan_id

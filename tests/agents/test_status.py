@@ -11,7 +11,7 @@ import pytest
 from agents.lag import LagWatcher
 from agents.loop_probe import LoopProbe
 from agents.metrics import Metrics
-from agents.query import StateError
+from agents.query import NotOwner, StateError
 from agents.status import THREAD_NAME, Status, health_figures
 from state.parked_plans import ParkedPlans
 from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
@@ -88,3 +88,17 @@ async def test_an_unreadable_file_makes_health_and_metrics_say_so_and_refuse_sel
     assert doc["status"] == "state_unreadable" and doc["state_error"] == "ConnectionException"
     assert "plans" not in doc and "status_reads" not in doc
     assert status.query.unreadable == "ConnectionException"  # sticky: selects are refused from now on
+
+
+async def test_a_plan_status_is_read_on_the_status_thread_and_decided_on_the_loop(status):
+    query = status.query
+    plan = query.select(ATLAS_REQUEST)
+    seen = _threads_of(status)
+    assert (await query.plan_status_async(plan["plan_id"], status.read))["status"] == "fresh"
+    assert await query.plan_status_async("plan-unknown", status.read) is None
+    assert seen and set(seen) == {f"{THREAD_NAME}_0"}
+    query.foreign_partition = lambda entity_id: 3  # another worker owns the entity now: its owner answers
+    with pytest.raises(NotOwner):
+        await query.plan_status_async(plan["plan_id"], status.read)
+    with pytest.raises(NotOwner):  # the in-process path decides the same
+        query.plan_status(plan["plan_id"])
