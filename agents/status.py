@@ -1,4 +1,4 @@
-"""Operators' reads (/healthz, /metrics): the state file's figures read on a thread of their own, never on the loop."""
+"""Status reads (/healthz, /metrics, /v1/plans/{id}): the state file read on a thread of its own, never the loop."""
 
 from __future__ import annotations
 
@@ -31,12 +31,13 @@ def health_figures(state: "LocalState") -> dict[str, Any]:
 
 
 class Status:
-    """Answers /healthz and /metrics with what the file holds, read by one thread with a cursor of its own.
+    """Answers /healthz and /metrics (and reads plan statuses) from the file, by one thread with a cursor of its own.
 
     Counting millions of index edges, or any read while both cores are busy, can take tens of
     milliseconds, and a read on the HTTP loop holds every select and announcement that long
     (under load the bench caught /healthz reads holding the loop 30-150 ms). A liveness probe
-    every few seconds and a scrape every 15 s must not cost the service its tail latency.
+    every few seconds, a scrape every 15 s, or subscribers asking after each announcement must
+    not cost the service its tail latency.
     """
 
     def __init__(self, state: "LocalState", query: "QueryService", metrics: "Metrics",
