@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from dataclasses import dataclass
 from importlib import resources
 import time
@@ -21,6 +22,7 @@ from agents.forward import is_forwarded, owner_unavailable, retry_headers
 from agents.metrics_port import serve_metrics
 from agents.query import NotOwner
 from compiler.errors import AttestError, RequestError
+from compiler.pipeline import PLAN_ID_HEX
 from compiler.request import decode_body
 from schemas.freshness import BadToken, covers, read_token
 from streams.settings import INPUT_TOPICS, Settings
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PUBLISH_WAIT_SECONDS = 2.0  # longest a select waits for its compiled plan to leave the outbox
+
+_PLAN_ID = re.compile(rf"plan-[0-9a-f]{{{PLAN_ID_HEX}}}")
 
 
 def error(view: web.View, status: int, code: str, message: str, pass_name: str = "request") -> web.Response:
@@ -161,6 +165,9 @@ def register_routes(app, api: Api, access: Access) -> None:
     class PlanStatus(web.View):
         @state_guarded
         async def get(self, request: web.Request, plan_id: str) -> web.Response:
+            if not _PLAN_ID.fullmatch(plan_id):  # never issued: no read, no owner asked, however many arrive
+                return error(self, 404, "unknown_plan", "No plan has that id: plan ids are 'plan-' and "
+                             f"{PLAN_ID_HEX} hex digits, as /v1/select returns them.")
             try:
                 status = await api.plan_status(plan_id)
             except NotOwner as exc:

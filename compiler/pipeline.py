@@ -21,6 +21,8 @@ from compiler.slots import fill_slots, overall_state, settled_stop, stop_reason
 from schemas.records import Contract, Principal, Resource
 from schemas.timefmt import format_instant
 
+PLAN_ID_HEX = 20  # hex digits of a plan id after `plan-`: an id of any other shape was never issued
+
 
 class CatalogView(Protocol):
     """What the compiler may read of the catalog; state/ implements it over DuckDB."""
@@ -217,7 +219,7 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
     plan_id = digest({"key": key, "admitted": [(r.id, r.version) for r in chosen.admitted],
                       "policy": [policy.bundle_id, policy.version, policy.digest],
                       "slots": [(s.proposition, s.state) for s in slots], "rejected": rejected,
-                      "withheld": len(withheld), "state": state, "stop": stop}, prefix="plan-")
+                      "withheld": len(withheld), "state": state, "stop": stop}, prefix="plan-", length=PLAN_ID_HEX)
     decided_at = format_instant(when)
     receipt = tidy_all({
         "schema_version": 1, "plan_id": plan_id, "request": request.as_dict(),

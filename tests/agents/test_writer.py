@@ -100,7 +100,12 @@ async def test_through_the_broker_events_are_applied_on_the_writer_thread_and_th
     assert health["loop_stall_budget_seconds"] == 0.02 and health["loop_stalls_over_budget"] >= 0
     assert health["status_reads"]["thread"].startswith("freshplan-status")  # the file's figures, read off the loop
     assert (await worker.get(f"/v1/plans/{old['plan_id']}"))["status"] == "invalidated"  # read there as well
-    assert (await worker.get("/healthz"))["status_reads"]["reads"] >= health["status_reads"]["reads"] + 2
+    reads = (await worker.get("/healthz"))["status_reads"]["reads"]
+    assert reads >= health["status_reads"]["reads"] + 2
+    # An id the service never issued is refused without a read: a flood of them cannot starve the status thread.
+    for made_up in ("plan-" + "f" * 4000, "plan-unknown", "PLAN-0123456789ABCDEF0123"):
+        assert (await worker.get(f"/v1/plans/{made_up}", expect=404))["error"]["code"] == "unknown_plan"
+    assert (await worker.get("/healthz"))["status_reads"]["reads"] == reads + 1  # this health read alone
     async with worker.http.get(f"{worker.url}/metrics") as resp:
         text = await resp.text()
     assert "freshplan_loop_stall_max_seconds" in text
