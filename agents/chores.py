@@ -31,6 +31,7 @@ class Chores:
         self.last_error: dict[str, str] = {}  # job -> exception type of its last failure (no message: it may hold data)
         self.streak: Counter[str] = Counter()  # job -> failures in a row
         self.resume_at: dict[str, float] = {}  # job -> clock reading before which a timer's runs are skipped
+        self.runs: Counter[str] = Counter()  # job -> completed runs since start (operators see a timer is alive)
 
     def failed(self, name: str, exc: BaseException) -> float:
         """Record one failure of `name`; the seconds to wait before running it again."""
@@ -60,6 +61,7 @@ class Chores:
                     self.failed(name, exc)
                     return None
                 self.succeeded(name)
+                self.runs[name] += 1
                 return result
             run.background_job = name  # type: ignore[attr-defined]  # tests check every job is guarded
             return run
@@ -82,5 +84,5 @@ class Chores:
 
     def as_dict(self) -> dict:
         """Shape shown in /healthz: failures per job since start, and the type of each job's last failure."""
-        return {"failures": dict(self.failures), "last_error": dict(self.last_error),
+        return {"failures": dict(self.failures), "last_error": dict(self.last_error), "runs": dict(self.runs),
                 "failing_now": sorted(name for name, n in self.streak.items() if n)}

@@ -6,7 +6,7 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 from compiler import dependency_keys as dk
@@ -60,6 +60,7 @@ class EventApplier:
         self.max_event_bytes = max_event_bytes
         self.max_clock_jump = max_clock_jump  # a tick further past now is refused; None: unbounded
         self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
+        self.now: datetime | None = state.store.now()  # event time after the last batch, read by the wall clock
         self.applied_in: str | None = None  # name of the thread that applied the last batch (the writer's)
         self._standby = False
         self.held_on_standby = False  # whether the last batch queued records on standby (only dead letters do)
@@ -129,6 +130,13 @@ class EventApplier:
                 fresh.append((m, e))
             elif verdict == "duplicate":
                 counts["duplicate_events"] += 1
+            elif m.topic == "revocations":
+                # Dropping a withdrawal grants access; applying one twice is harmless (fail closed).
+                fresh.append((m, e))
+                counts["conflicting_revocations_applied"] += 1
+                self._dead_letter(m, "event_id_conflict", "this event_id was already applied on revocations "
+                                  "with different content; the revocation was applied anyway (a withdrawal is "
+                                  "never dropped); give every distinct event its own event_id", counts)
             else:
                 self._dead_letter(m, "event_id_conflict", f"this event_id was already applied on {m.topic} "
                                   "with different content; give every distinct event its own event_id", counts)
@@ -167,13 +175,17 @@ class EventApplier:
                     results[i] = exc
             elif isinstance(payload, ClockTick):
                 clocks = self.state.store.clocks() if clocks is None else clocks
-                results[i] = self._tick(payload, m.partition, clocks, ticked)
+                written_at = (datetime.fromtimestamp(m.timestamp, timezone.utc) if m.timestamp
+                              else datetime.now(timezone.utc))
+                results[i] = self._tick(payload, m.partition, written_at, clocks, ticked)
             elif isinstance(payload, Revocation) or (isinstance(payload, SourceChange) and payload.kind != "resource"):
                 run.append(i)
             elif i not in results:
                 results[i] = InvalidEvent("schema_violation", f"no handler for {type(payload).__name__}")
         self._apply_identities(fresh, run, results)
         self.state.store.set_clocks(ticked)
+        if ticked:
+            self.now = max(self.state.store.clocks().values())
         keyed: list[tuple[list[str], dict[str, str], dict]] = []
         ticks: list[tuple[datetime, int]] = []
         latest: dict[str, tuple[RawMessage, InputEvent]] = {}
@@ -203,10 +215,10 @@ class EventApplier:
     def _apply_identities(self, fresh: list[tuple[RawMessage, InputEvent]], run: list[int],
                           results: dict[int, list[str] | InvalidEvent | None]) -> None:
         if run:
-            results.update(zip(run, self.state.catalog.apply_identities([fresh[i][1].payload for i in run]),
-                               strict=True))
+            results.update(zip(run, self.state.catalog.apply_identities(
+                [fresh[i][1].payload for i in run], [fresh[i][1].occurred_at for i in run]), strict=True))
 
-    def _tick(self, tick: ClockTick, partition: int, clocks: dict[int, datetime],
+    def _tick(self, tick: ClockTick, partition: int, written_at: datetime, clocks: dict[int, datetime],
               ticked: dict[int, datetime]) -> list[str] | InvalidEvent | None:
         """Play a tick over the clock partitions' last ticks: [] when it moves its partition, None for a repeat."""
         now = max(clocks.values(), default=None)
@@ -214,6 +226,11 @@ class EventApplier:
         if now is not None and self.max_clock_jump is not None and tick.now - now > self.max_clock_jump:
             return InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} past the "
                                 "current now; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
+        # Nor may steps each under the bound add up to years: event time leads the record's own
+        # (broker) time by at most the bound, which a replay of the same records judges alike.
+        if self.max_clock_jump is not None and tick.now - written_at > self.max_clock_jump:
+            return InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} ahead of the time "
+                                "it was published; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
         last = clocks.get(partition)
         if last is not None and tick.now <= last:
             if tick.now == last:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections import Counter
 from datetime import datetime, timezone
 
 import orjson
@@ -12,6 +13,8 @@ import orjson
 from agents.event_apply import EventApplier, RawMessage
 from agents.plan_writer import PlanWriter
 from schemas.cdc_mapping import CdcMapping
+from schemas.codec import validate
+from schemas.errors import InvalidEvent
 from state.local_state import LocalState
 from streams.incarnation import read_cluster_id
 from streams.partitions import read_all
@@ -27,6 +30,9 @@ async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapp
     if db.exists():
         backup = db.with_name(f"{db.name}.before-replay-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
         shutil.move(db, backup)
+        wal = db.with_name(db.name + ".wal")
+        if wal.exists():  # committed transactions may still be only there: the kept copy needs them
+            shutil.move(wal, backup.with_name(backup.name + ".wal"))
     state = LocalState.open(db)
     kafka = settings.kafka.client_kwargs()
     try:
@@ -45,23 +51,51 @@ async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapp
         plans: dict[str, dict] = {}
         gone: set[str] = set()
 
+        bad: Counter[str] = Counter()
+
         def keep_plans(records):
             for m in records:
                 if m.value is None:  # a tombstone: the plan was evicted (a later record brings it back)
                     plans.pop((m.key or b"").decode(errors="replace"), None)
                     continue
-                plan = orjson.loads(m.value)
-                plans[plan["plan_id"]] = plan
+                plan = _internal("plans", m, bad)
+                if plan is not None:
+                    plans[plan["plan_id"]] = plan
 
         def keep_invalidated(records):
             # Evictions are settled by the tombstones on `plans`, which keep their order there.
-            gone.update(r["plan_id"] for r in map(orjson.loads, (m.value for m in records))
-                        if r.get("reason") != "evicted")
+            for m in records:
+                record = _internal("plan-invalidations", m, bad)
+                if record is not None and record.get("reason") != "evicted":
+                    gone.add(record["plan_id"])
 
         await read_all(bootstrap, settings.topic("plans"), keep_plans, progress, kafka)
         await read_all(bootstrap, settings.topic("plan-invalidations"), keep_invalidated, progress, kafka)
         restored, changed = writer.restore([p for pid, p in plans.items() if pid not in gone])
+        if bad:
+            with state.store.transaction():
+                state.store.bump_many(bad)
         return {"backup": str(backup) if backup else None, "events": applied, "plans_restored": restored,
-                "plans_changed": changed, "seconds": round(time.perf_counter() - started, 2)}
+                "plans_changed": changed, "bad_internal_records": {k.split(".", 1)[1]: v for k, v in bad.items()},
+                "seconds": round(time.perf_counter() - started, 2)}
     finally:
         state.close()
+
+
+def _internal(topic: str, m, bad: Counter[str]) -> dict | None:
+    """An internal record as its schema allows it, or None: skipped, logged and counted, never a traceback."""
+    try:
+        record = orjson.loads(m.value)
+        validate(topic, record)
+        if topic == "plans" and not isinstance(record.get("request"), dict):
+            raise InvalidEvent("schema_violation", "plans record has no request object")
+        return record
+    except orjson.JSONDecodeError:
+        why = "not JSON"
+    except InvalidEvent as exc:
+        why = exc.message
+    bad[f"bad_internal_records.{topic}"] += 1
+    log.warning("replay skipped %s record %d/%d: %s", topic, m.partition, m.offset, why,
+                extra={"topic": topic, "partition": m.partition, "offset": m.offset,
+                       "error_class": "bad_internal_record"})
+    return None

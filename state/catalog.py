@@ -15,7 +15,7 @@ from compiler.policy import CompiledPolicy, compile_policy
 from schemas.codec import contract_from
 from schemas.errors import InvalidEvent
 from schemas.records import Contract, PolicyBundle, Principal, Resource, Revocation, SourceChange
-from state.catalog_identities import IDENTITY_MEMO, Identity, apply_identities
+from state.catalog_identities import IDENTITY_MEMO, Identity, apply_identities, revocation_applies
 from state.catalog_resources import RESOURCE_COLS, apply_resources, remember, resource_row
 from state.policy_history import governing, keep_version, versions_of
 from state.store import Store
@@ -48,11 +48,11 @@ class Catalog:
 
     # -- applying events: each returns the dependency keys it touched ------------------
 
-    def apply_source_change(self, change: SourceChange) -> list[str] | None:
-        """Apply an upsert or delete; None when it is older than what is stored."""
+    def apply_source_change(self, change: SourceChange, at: datetime | None = None) -> list[str] | None:
+        """Apply an upsert or delete made at event time `at` (None: unknown); None when older than stored."""
         if change.kind == "resource":
             return self._apply_resource(change)
-        return self.apply_identities([change])[0]
+        return self.apply_identities([change], [at])[0]
 
     def _apply_resource(self, change: SourceChange) -> list[str] | None:
         result = self.apply_resources([change])[0]
@@ -73,9 +73,10 @@ class Catalog:
             return rules
         return self.store.cached("catalog.rules", load)
 
-    def apply_identities(self, items: Sequence[Identity]) -> list[list[str] | None]:
+    def apply_identities(self, items: Sequence[Identity],
+                         times: Sequence[datetime | None] | None = None) -> list[list[str] | None]:
         """Apply principal and entity changes and revocations in order, in bulk (see `apply_identities`)."""
-        return apply_identities(self.store, items, self._stored_policy_texts)
+        return apply_identities(self.store, items, times, self._stored_policy_texts)
 
     def _stored_policy_texts(self) -> list[str]:
         """Cedar texts of every kept bundle version, read once per policy change."""
@@ -141,9 +142,9 @@ class Catalog:
     def apply_revocation(self, revocation: Revocation) -> list[str]:
         """Record a withdrawal; it applies at once, whatever its effective_at (fail closed).
 
-        It applies to the principal as of a delegation version: the event's, else the stored
-        principal's (else the next upsert's). Only an upsert with a higher version ends it, and a
-        repeat can only raise that version, never lower it.
+        It withdraws from every principal record made at or before its effective_at, and from
+        records up to the delegation version it names (see `revocation_applies`), whichever
+        of the principal and the revocation was read first.
         """
         return self.apply_identities([revocation])[0]  # type: ignore[return-value]
 
@@ -212,20 +213,20 @@ class Catalog:
         return {pid: principal for pid, principal in known.items() if principal is not None}
 
     def _principals(self, ids: list[str]) -> dict[str, Principal]:
-        rows = self.db.execute("SELECT id, roles, attributes, delegation_version FROM principals "
+        rows = self.db.execute("SELECT id, roles, attributes, delegation_version, made_at FROM principals "
                                "WHERE id IN (SELECT unnest(?)) AND NOT deleted", [ids]).fetchall()
         if not rows:
             return {}
-        revoked: dict[str, list[tuple[str, str, int | None]]] = {}
-        for pid, kind, value, version in self.db.execute(
-                "SELECT principal, kind, value, delegation_version FROM revoked WHERE principal IN (SELECT unnest(?))",
-                [[r[0] for r in rows]]).fetchall():
-            revoked.setdefault(pid, []).append((kind, value, version))
+        revoked: dict[str, list[tuple[str, str, int | None, datetime | None]]] = {}
+        for pid, kind, value, as_of, effective_at in self.db.execute(
+                "SELECT principal, kind, value, delegation_version, effective_at FROM revoked "
+                "WHERE principal IN (SELECT unnest(?))", [[r[0] for r in rows]]).fetchall():
+            revoked.setdefault(pid, []).append((kind, value, as_of, effective_at))
         out = {}
-        for pid, roles, attributes, version in rows:
-            # An upsert with a higher delegation version than a revocation's re-establishes what it lists.
+        for pid, roles, attributes, version, made_at in rows:
             out[pid] = _principal(pid, roles, attributes, version, [
-                (k, v) for k, v, as_of in revoked.get(pid, ()) if as_of is None or as_of >= (version or 0)])
+                (k, v) for k, v, as_of, effective_at in revoked.get(pid, ())
+                if revocation_applies(made_at, version, effective_at, as_of)])
         return out
 
     def contract(self, decision_type: str, at: datetime | None = None) -> tuple[Contract, CompiledPolicy] | None:

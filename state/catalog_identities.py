@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import logging
 import re
+from collections import Counter
+from datetime import datetime, timezone
 from typing import Callable, Sequence
 
 import orjson
@@ -14,7 +17,10 @@ from compiler.policy import principal_representable
 from schemas.records import Entity, Principal, Revocation, SourceChange
 from state.store import Store
 
+log = logging.getLogger(__name__)
+
 _WORD = re.compile(r"\w+")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _WHEN = pa.timestamp("us", tz="UTC")
 _STRINGS = pa.list_(pa.string())
 
@@ -26,43 +32,46 @@ ENTITY_MEMO = ("catalog.entity_matches", "catalog.entities_named")
 IDENTITY_MEMO = PRINCIPAL_MEMO + ENTITY_MEMO
 
 
-def apply_identities(store: Store, items: Sequence[Identity],
+def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[datetime | None] | None,
                      policy_texts: Callable[[], list[str]]) -> list[list[str] | None]:
     """Apply the changes in order, as one by one; the dependency keys each touched (None: older than stored).
 
-    The batch's rows are read once, the changes played over them in memory (a revocation before
-    its principal's upsert, repeats of one id), and each table's resulting rows written once.
-    `policy_texts()` returns the stored Cedar texts (read lazily: most batches never need them).
+    `times` are the events' times (None or the epoch: unknown), which the revocation rule reads
+    (see `revocation_applies`). The batch's rows are read once, the changes played over them in
+    memory, and each table's resulting rows written once. `policy_texts()` returns the stored
+    Cedar texts (read lazily: most batches never need them).
     """
     db = store.db
+    times = list(times) if times is not None else [None] * len(items)
     pids = sorted({i.record_id for i in items if isinstance(i, SourceChange) and i.kind == "principal"}
                   | {i.principal for i in items if isinstance(i, Revocation)})
     eids = sorted({i.record_id for i in items if isinstance(i, SourceChange) and i.kind == "entity"})
-    # id -> [roles, attributes (JSON text), delegation_version, deleted]
+    rkeys = sorted({(i.principal, i.revoke, i.value) for i in items if isinstance(i, Revocation)})
+    # id -> [roles, attributes (JSON text), delegation_version, deleted, made_at]
     principals = {r[0]: list(r[1:]) for r in db.execute(
-        "SELECT id, roles, attributes, delegation_version, deleted FROM principals WHERE id IN (SELECT unnest(?))",
-        [pids]).fetchall()} if pids else {}
-    # (principal, kind, value) -> [effective_at, issued_by, event_id, delegation_version]
+        "SELECT id, roles, attributes, delegation_version, deleted, made_at FROM principals "
+        "WHERE id IN (SELECT unnest(?))", [pids]).fetchall()} if pids else {}
+    # (principal, kind, value) -> [effective_at, issued_by, event_id, delegation_version]; only the batch's keys
     revoked = {tuple(r[:3]): list(r[3:]) for r in db.execute(
         "SELECT principal, kind, value, effective_at, issued_by, event_id, delegation_version FROM revoked "
-        "WHERE principal IN (SELECT unnest(?))", [pids]).fetchall()} if pids else {}
+        "WHERE principal || chr(31) || kind || chr(31) || value IN (SELECT unnest(?))",
+        [[chr(31).join(k) for k in rkeys]]).fetchall()} if rkeys else {}
+    # principal -> the latest effective_at of its revocations: an upsert reads this one value, never the list
+    horizons = dict(db.execute("SELECT principal, effective_at FROM revocation_horizons "
+                               "WHERE principal IN (SELECT unnest(?))", [pids]).fetchall()) if pids else {}
     entities = {r[0]: [r[1], r[2]] for r in db.execute(
         "SELECT id, aliases, deleted FROM entities WHERE id IN (SELECT unnest(?))", [eids]).fetchall()} if eids else {}
     changed_p: set[str] = set()
     changed_r: set[tuple] = set()
+    changed_h: set[str] = set()
     changed_e: set[str] = set()
-    # principal -> its revocations of unknown delegation version: a principal's upsert settles them
-    # without scanning every revocation read (a principal revoked often has thousands).
-    unversioned: dict[str, set[tuple]] = {}
-    for key, row in revoked.items():
-        if row[3] is None:
-            unversioned.setdefault(key[0], set()).add(key)
+    counts: Counter[str] = Counter()
     out: list[list[str] | None] = []
-    for item in items:
+    for item, at in zip(items, times, strict=True):
         if isinstance(item, Revocation):
-            out.append(_revoke(item, principals, revoked, changed_r, unversioned))
+            out.append(_revoke(item, principals, revoked, horizons, changed_r, changed_h, counts))
         elif item.kind == "principal":
-            out.append(_principal(item, principals, revoked, changed_p, changed_r, policy_texts, unversioned))
+            out.append(_principal(item, known_time(at), principals, horizons, changed_p, policy_texts, counts))
         else:
             out.append(_entity(item, entities, changed_e))
     if changed_p:
@@ -71,7 +80,8 @@ def apply_identities(store: Store, items: Sequence[Identity],
             "id": [r[0] for r in rows], "roles": pa.array([list(r[1] or ()) for r in rows], _STRINGS),
             "attributes": pa.array([r[2] for r in rows], pa.string()),
             "delegation_version": pa.array([r[3] for r in rows], pa.int64()),
-            "deleted": pa.array([bool(r[4]) for r in rows], pa.bool_())}))
+            "deleted": pa.array([bool(r[4]) for r in rows], pa.bool_()),
+            "made_at": pa.array([r[5] for r in rows], _WHEN)}), columns=True)
     if changed_r:
         rows = [(*key, *revoked[key]) for key in sorted(changed_r)]
         store.insert_rows("revoked", pa.table({
@@ -79,7 +89,11 @@ def apply_identities(store: Store, items: Sequence[Identity],
             "effective_at": pa.array([r[3] for r in rows], _WHEN), "issued_by": pa.array([r[4] for r in rows],
                                                                                           pa.string()),
             "event_id": pa.array([r[5] for r in rows], pa.string()),
-            "delegation_version": pa.array([r[6] for r in rows], pa.int64())}))
+            "delegation_version": pa.array([r[6] for r in rows], pa.int64())}), columns=True)
+    if changed_h:
+        store.insert_rows("revocation_horizons", pa.table({
+            "principal": sorted(changed_h), "effective_at": pa.array([horizons[p] for p in sorted(changed_h)],
+                                                                     _WHEN)}), columns=True)
     if changed_p or changed_r:
         store.forget(*PRINCIPAL_MEMO)
     if changed_e:
@@ -90,31 +104,84 @@ def apply_identities(store: Store, items: Sequence[Identity],
             "deleted": pa.array([bool(r[2]) for r in rows], pa.bool_())}))
         store.forget(*ENTITY_MEMO)
         store.heads_changed()
+    if counts:
+        store.bump_many(counts)
     return out
 
 
-def _principal(change: SourceChange, principals: dict, revoked: dict, changed: set, changed_r: set,
-               policy_texts: Callable[[], list[str]], unversioned: dict[str, set[tuple]]) -> list[str] | None:
+def known_time(at: datetime | None) -> datetime | None:
+    """An event time, or None when it is unknown (CDC without a commit time is dated the epoch)."""
+    return at if at is not None and at > _EPOCH else None
+
+
+def revocation_applies(made_at: datetime | None, version: int | None, effective_at: datetime | None,
+                       as_of: int | None) -> bool:
+    """Whether a revocation withdraws from the stored principal record (the one rule; read order plays no part).
+
+    It withdraws from every record made at or before its `effective_at`, and from every record
+    whose version is at most the version it names (`as_of`, explicit only). A record of unknown
+    time is taken as made before (fail closed); so is a revocation of unknown time.
+    """
+    if made_at is None or effective_at is None or made_at <= effective_at:
+        return True
+    return as_of is not None and (version or 0) <= as_of
+
+
+def _principal(change: SourceChange, made_at: datetime | None, principals: dict, horizons: dict, changed: set,
+               policy_texts: Callable[[], list[str]], counts: Counter[str]) -> list[str] | None:
     new: Principal | None = change.record  # type: ignore[assignment]
     old = principals.get(change.record_id)
     if new is None:
-        if old is None or old[3]:
+        if old is not None and old[3]:
             return None
-        principals[change.record_id] = old[:3] + [True]
-    else:
-        if old is not None and not old[3] and new.delegation_version < old[2]:
-            return None
-        principals[new.id] = [list(new.roles), orjson.dumps(dict(new.attributes)).decode(),
-                              new.delegation_version, False]
-        # A revocation that arrived before its principal applies as of the first version seen.
-        for key in unversioned.pop(new.id, ()):
-            revoked[key][3] = new.delegation_version
-            changed_r.add(key)
-        changed.add(new.id)
-        if old is not None and not old[3] and not _matters(old, new, policy_texts):
+        if old is None:
+            # A tombstone: an upsert made before this delete cannot bring the principal back later.
+            principals[change.record_id] = [(), "{}", None, True, made_at]
+            changed.add(change.record_id)
             return []
-    changed.add(change.record_id)
+        principals[change.record_id] = old[:3] + [True, old[4]]  # a delete keeps the version it deleted
+        changed.add(change.record_id)
+        return [dk.principal(change.record_id)]
+    if old is not None and old[3] and not _recreates(old, new, made_at):
+        return None
+    if old is not None and not old[3] and new.delegation_version < old[2]:
+        return None
+    horizon = horizons.get(new.id)
+    if made_at is None and horizon is not None:
+        counts["principal_time_unknown"] += 1
+        _warn_unknown_time(new.id)
+    principals[new.id] = [list(new.roles), orjson.dumps(dict(new.attributes)).decode(),
+                          new.delegation_version, False, made_at]
+    changed.add(new.id)
+    if old is not None and not old[3] and not _crosses(old[4], made_at, horizon) \
+            and not _matters(old, new, policy_texts):
+        return []
     return [dk.principal(change.record_id)]
+
+
+def _recreates(old: list, new: Principal, made_at: datetime | None) -> bool:
+    """Whether an upsert brings a deleted principal back: a higher version than deleted, or made after the delete."""
+    if old[2] is not None:
+        return new.delegation_version > old[2]
+    return made_at is not None and old[4] is not None and made_at > old[4]
+
+
+def _crosses(before: datetime | None, after: datetime | None, horizon: datetime | None) -> bool:
+    """Whether a record's new time can change what some revocation withdraws (both past the latest: no)."""
+    if horizon is None or before == after:
+        return False
+    return before is None or after is None or min(before, after) <= horizon
+
+
+_warned: set[str] = set()
+
+
+def _warn_unknown_time(pid: str) -> None:
+    if not _warned:  # said once per process: a connector without commit times would flood the log
+        _warned.add(pid)
+        log.warning("a principal record of unknown event time cannot undo a revocation of it (fail closed); "
+                    "configure the producer or connector to send the record's commit time (counter "
+                    "principal_time_unknown)")
 
 
 def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -> bool:
@@ -164,25 +231,27 @@ _ESCAPE = re.compile(r"\\(u\{[0-9a-fA-F]{1,6}\}|.)", re.DOTALL)
 _ESCAPED = {"n": "\n", "r": "\r", "t": "\t", "0": "\0"}
 
 
-def _revoke(revocation: Revocation, principals: dict, revoked: dict, changed: set,
-            unversioned: dict[str, set[tuple]]) -> list[str]:
-    """A withdrawal applies at once, as of the event's delegation version, else the stored principal's."""
-    version = revocation.delegation_version
-    if version is None:
-        row = principals.get(revocation.principal)
-        version = row[2] if row else None
+def _revoke(revocation: Revocation, principals: dict, revoked: dict, horizons: dict, changed: set,
+            changed_h: set, counts: Counter[str]) -> list[str]:
+    """A withdrawal applies at once; copies keep the latest effective_at and the highest version named."""
     key = (revocation.principal, revocation.revoke, revocation.value)
     old = revoked.get(key)
-    if old is None:
-        revoked[key] = [revocation.effective_at, revocation.issued_by, None, version]
-    else:
-        # A repeat can only raise the version it applies as of; unknown (NULL) on either side stays unknown.
-        merged = None if old[3] is None or version is None else max(old[3], version)
-        revoked[key] = [revocation.effective_at, revocation.issued_by, old[2], merged]
-    if revoked[key][3] is None:
-        unversioned.setdefault(revocation.principal, set()).add(key)
-    else:
-        unversioned.get(revocation.principal, set()).discard(key)
+    when, issued_by, version = revocation.effective_at, revocation.issued_by, revocation.delegation_version
+    if old is not None:
+        if old[0] is not None and old[0] > when:
+            when, issued_by = old[0], old[1]
+        if old[3] is not None:
+            version = old[3] if version is None else max(old[3], version)
+    revoked[key] = [when, issued_by, old[2] if old else None, version]
+    row = principals.get(revocation.principal)
+    if revocation.delegation_version is not None and row is not None and not row[3] \
+            and (row[2] or 0) > revocation.delegation_version:
+        # Stale: the version rule withdraws nothing from the stored record; the time rule still may.
+        counts["stale_revocation_versions"] += 1
+    horizon = horizons.get(revocation.principal)
+    if horizon is None or horizon < when:
+        horizons[revocation.principal] = when
+        changed_h.add(revocation.principal)
     changed.add(key)
     return [dk.principal(revocation.principal)]
 

@@ -33,10 +33,11 @@ CREATE TABLE IF NOT EXISTS resources (
 CREATE INDEX IF NOT EXISTS resources_entity ON resources (entity);
 CREATE TABLE IF NOT EXISTS principals (
   id VARCHAR PRIMARY KEY, roles VARCHAR[], attributes VARCHAR, delegation_version BIGINT,
-  deleted BOOLEAN NOT NULL DEFAULT false);
+  deleted BOOLEAN NOT NULL DEFAULT false, made_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS revoked (
   principal VARCHAR, kind VARCHAR, value VARCHAR, effective_at TIMESTAMPTZ, issued_by VARCHAR,
   event_id VARCHAR, delegation_version BIGINT, PRIMARY KEY (principal, kind, value));
+CREATE TABLE IF NOT EXISTS revocation_horizons (principal VARCHAR PRIMARY KEY, effective_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS entities (id VARCHAR PRIMARY KEY, aliases VARCHAR[], deleted BOOLEAN NOT NULL DEFAULT false);
 CREATE TABLE IF NOT EXISTS policy_bundles (
   bundle_id VARCHAR PRIMARY KEY, version BIGINT, effective_at TIMESTAMPTZ, cedar VARCHAR,

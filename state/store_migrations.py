@@ -29,6 +29,7 @@ def _migrate(db: duckdb.DuckDBPyConnection) -> None:
     _event_ids(db)
     _policy_versions(db)
     _offset_marks(db)
+    _principal_times(db)
 
 
 def _event_ids(db: duckdb.DuckDBPyConnection) -> None:
@@ -84,3 +85,17 @@ def _offset_marks(db: duckdb.DuckDBPyConnection) -> None:
     if db.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = 'offset_marks'").fetchone():
         db.execute("UPDATE offsets SET record_offset = m.record_offset, mark = m.mark FROM offset_marks m "
                    "WHERE offsets.topic = m.topic AND offsets.partition = m.partition; DROP TABLE offset_marks")
+
+
+def _principal_times(db: duckdb.DuckDBPyConnection) -> None:
+    """Principal records gain their event time; those stored before it are of unknown time.
+
+    A record of unknown time cannot undo a revocation (fail closed) until its next upsert.
+    """
+    columns = {r[0] for r in db.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'principals'").fetchall()}
+    if "made_at" in columns:
+        return
+    db.execute("ALTER TABLE principals ADD COLUMN made_at TIMESTAMPTZ; "
+               "INSERT OR REPLACE INTO revocation_horizons SELECT principal, max(effective_at) FROM revoked "
+               "GROUP BY principal")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import orjson
 import pytest
@@ -97,10 +97,10 @@ def test_a_poison_event_is_dead_lettered_and_the_batch_still_applies(setup, monk
     query.select(ATLAS_REQUEST)
     original = state.catalog.apply_identities
 
-    def explode(items):
+    def explode(items, times=None):
         if any(getattr(item, "principal", None) == "omar" for item in items):
             raise RuntimeError("simulated bug")
-        return original(items)
+        return original(items, times)
 
     monkeypatch.setattr(state.catalog, "apply_identities", explode)
     inv.apply([raw(*revoke_role("omar", "financial_crime")), raw(*revoke_role("maya", "credit_analyst"))])
@@ -349,9 +349,26 @@ def test_a_clock_jump_is_dead_lettered_and_the_first_tick_is_unbounded(setup, tm
 
     empty = LocalState.open(tmp_path / "empty.duckdb")
     applier = EventApplier(empty, PlanWriter(empty, lambda name: name), max_clock_jump=timedelta(hours=1))
-    applier.apply([raw(*tick("2206-08-30"))])
-    assert format_instant(empty.store.now()) == "2206-08-30T00:00:00Z"
+    applier.apply([raw(*tick("2206-08-30"))])                  # a first tick is bounded by when it was published
+    assert empty.store.now() is None
+    soon = format_instant(datetime.now(timezone.utc).replace(microsecond=0) + timedelta(minutes=30))
+    applier.apply([raw(*tick(soon))])
+    assert format_instant(empty.store.now()) == soon and applier.now == empty.store.now()
     empty.close()
+
+
+def test_steps_each_under_the_jump_bound_cannot_add_up_to_years(tmp_path):
+    state = LocalState.open(tmp_path / "steps.duckdb")
+    applier = EventApplier(state, PlanWriter(state, lambda name: name))
+    topic_of = applier.plans.topic_of
+    start = datetime.now(timezone.utc).replace(microsecond=0)
+    applier.apply([raw(*tick(format_instant(start)))])
+    applier.apply([raw(*tick(format_instant(start + timedelta(days=399 * n)))) for n in range(1, 9)])
+    assert state.store.now() == start + timedelta(days=399)  # only the first step leads the wall by under 400 days
+    letters = [orjson.loads(v) for _, t, _, v in state.outbox.pending() if t == topic_of("dead-letters")]
+    assert [r["error_class"] for r in letters] == ["clock_jump"] * 7
+    assert "ahead of the time it was published" in letters[0]["message"]
+    state.close()
 
 
 def _future_version(version: int = 2, effective_at: str = "2026-12-01T00:00:00Z") -> dict:

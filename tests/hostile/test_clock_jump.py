@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tests.conftest import ATLAS_REQUEST
+from datetime import datetime, timedelta, timezone
+
+from schemas.timefmt import format_instant
+from tests.conftest import ATLAS_REQUEST, eventually, launch
 from tests.events import tick
 
 LIVE = dict(ATLAS_REQUEST, decision_time="now")
@@ -25,3 +28,41 @@ async def test_a_tick_far_in_the_future_is_dead_lettered_and_changes_nothing(wor
     assert health["now"] == "2026-08-31T00:00:00Z"
     assert "dead_letters.clock_regression" not in health["counters"]
     assert health["counters"]["dead_letters.clock_jump"] == 2
+
+
+async def test_steps_each_under_the_bound_cannot_move_the_clock_years_ahead(worker):
+    wall = datetime.now(timezone.utc).replace(microsecond=0)
+    await worker.publish_events(tick(format_instant(wall)))
+    await eventually(lambda: _now_is(worker, format_instant(wall)), what="the wall tick applied")
+    steps = [tick(format_instant(wall + timedelta(days=399 * n))) for n in range(1, 9)]
+    await worker.publish_events(*steps)
+    letters = await worker.records("dead-letters", lambda rs: len(rs) >= 14)   # 7 refused steps, 2 partitions
+    assert {r["error_class"] for r in letters} == {"clock_jump"}
+    assert any("ahead of the time it was published" in r["message"] for r in letters)
+    assert (await worker.get("/healthz"))["now"] == format_instant(wall + timedelta(days=399))
+
+
+async def _now_is(worker, instant: str) -> bool:
+    return (await worker.get("/healthz"))["now"] == instant
+
+
+async def test_wall_ticks_stop_while_event_time_is_ahead_of_the_wall(broker, tmp_path):
+    async with launch(broker, tmp_path, FRESHPLAN_WALL_CLOCK="1", FRESHPLAN_WALL_CLOCK_INTERVAL="0.2") as worker:
+        ahead = format_instant(datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=1))
+        await worker.publish_events(tick(ahead))
+
+        async def now_is_ahead() -> bool:
+            return (await worker.get("/healthz"))["now"] == ahead
+        await eventually(now_is_ahead, what="the tick ahead of the wall applied")
+
+        async def runs() -> int:
+            return (await worker.get("/healthz"))["background_jobs"]["runs"].get("wall_clock_tick", 0)
+        start = await runs()
+        await eventually(lambda: _at_least(runs, start + 5), what="five more wall clock runs")
+        health = await worker.get("/healthz")
+        assert health["now"] == ahead
+        assert "dead_letters.clock_regression" not in health["counters"]
+
+
+async def _at_least(runs, n: int) -> bool:
+    return await runs() >= n

@@ -51,3 +51,19 @@ async def test_debezium_binlog_positions_in_different_files_are_different_change
     assert waiver_state(await worker.select(ATLAS_REQUEST, fresh)) == "unknown"
     health = await worker.get("/healthz")
     assert "duplicate_events" not in health["counters"]
+
+
+async def test_a_revocation_reusing_another_revocations_id_still_revokes(worker):
+    fresh = await worker.load("atlas.jsonl")
+    assert (await worker.select(ATLAS_REQUEST, fresh))["admitted"]
+    _, omar = revoke_role("omar", "credit_analyst")
+    _, maya = revoke_role("maya", "credit_analyst")
+    fresh = await worker.publish_events(("revocations", dict(omar, event_id="r-shared")),
+                                        ("revocations", dict(maya, event_id="r-shared")))
+    after = await worker.select(ATLAS_REQUEST, fresh)
+    assert after["admitted"] == [] and after["withheld"] > 0     # the conflict did not drop maya's withdrawal
+    letters = await worker.records("dead-letters", lambda rs: len(rs) >= 1)
+    assert [r["error_class"] for r in letters] == ["event_id_conflict"]
+    assert "applied anyway" in letters[0]["message"]
+    counters = (await worker.get("/healthz"))["counters"]
+    assert counters["conflicting_revocations_applied"] == 1

@@ -25,10 +25,11 @@ def state(tmp_path):
 
 
 def apply(st: LocalState, topic: str, event: dict):
-    payload = decode(topic, None, orjson.dumps(event)).payload
+    decoded = decode(topic, None, orjson.dumps(event))
+    payload = decoded.payload
     with st.store.transaction():
         if topic == "source-changes":
-            return st.catalog.apply_source_change(payload)
+            return st.catalog.apply_source_change(payload, decoded.occurred_at)
         if topic == "policy-versions":
             return st.catalog.apply_policy(payload)
         if topic == "revocations":
@@ -109,31 +110,42 @@ def test_a_future_policy_version_is_kept_and_governs_only_from_its_effective_at(
     assert apply(state, "policy-versions", _bundle(event_id="p3b", version=3)) is None
 
 
-def _maya(version: int, roles=("credit_analyst",)) -> tuple[str, dict]:
-    return "source-changes", envelope(kind="principal", op="upsert", principal={
-        "id": "maya", "roles": list(roles), "attributes": {"unit": "corporate-credit"}, "delegation_version": version})
+def _maya(version: int, roles=("credit_analyst",), at: str = "2026-08-30T08:00:00Z") -> tuple[str, dict]:
+    return "source-changes", dict(envelope(kind="principal", op="upsert", principal={
+        "id": "maya", "roles": list(roles), "attributes": {"unit": "corporate-credit"},
+        "delegation_version": version}), occurred_at=at)
 
 
-def test_a_revoked_role_comes_back_only_with_a_higher_delegation_version(state):
+def _revoke(at: str = "2026-08-30T09:05:00Z", **extra) -> tuple[str, dict]:
+    topic, event = revoke_role("maya", "credit_analyst", **extra)
+    return topic, dict(event, effective_at=at)
+
+
+def test_a_revoked_role_comes_back_only_with_a_record_made_after_the_revocation(state):
     assert state.catalog.principal("maya").delegation_version == 3
-    apply(state, *revoke_role("maya", "credit_analyst"))
+    apply(state, *_revoke())
     apply(state, *_maya(3))                                   # a replay of what was revoked
     assert state.catalog.principal("maya").roles == ()
     assert apply(state, *_maya(2)) is None                    # older: ignored
+    assert apply(state, *_maya(4)) == ["principal:maya"]      # a higher version made before the revocation
     assert state.catalog.principal("maya").roles == ()
-    assert apply(state, *_maya(4)) == ["principal:maya"]      # a later grant re-establishes it
+    assert apply(state, *_maya(5, at="2026-08-30T09:10:00Z")) == ["principal:maya"]  # made after: re-granted
     assert state.catalog.principal("maya").roles == ("credit_analyst",)
-    apply(state, *revoke_role("maya", "credit_analyst"))      # revoked again, now as of version 4
+    apply(state, *_revoke(at="2026-08-30T10:00:00Z"))         # revoked again, later
     assert state.catalog.principal("maya").roles == ()
-    assert apply(state, *_maya(4)) is not None and state.catalog.principal("maya").roles == ()
+    # A late copy of an earlier revocation keeps the latest effective_at: 09:10 stays withdrawn.
+    apply(state, *_revoke(at="2026-08-30T09:00:00Z"))
+    assert state.catalog.principal("maya").roles == ()
+    assert apply(state, *_maya(6, at="2026-08-30T10:00:01Z")) is not None
+    assert state.catalog.principal("maya").roles == ("credit_analyst",)
 
 
 def test_a_revocation_carries_the_delegation_version_it_applies_as_of(state):
-    topic, event = revoke_role("maya", "credit_analyst")
-    apply(state, topic, dict(event, delegation_version=5))    # issued against a version not seen yet
-    apply(state, *_maya(5))
+    topic, event = _revoke(delegation_version=5)              # issued against a version not seen yet
+    apply(state, topic, event)
+    apply(state, *_maya(5, at="2026-08-30T09:10:00Z"))        # made after, but at the version it names
     assert state.catalog.principal("maya").roles == ()
-    apply(state, *_maya(6))
+    apply(state, *_maya(6, at="2026-08-30T09:10:00Z"))
     assert state.catalog.principal("maya").roles == ("credit_analyst",)
     # A late copy carrying an older version cannot lower what the revocation applies as of.
     apply(state, topic, dict(event, event_id="late", delegation_version=6))
@@ -141,14 +153,51 @@ def test_a_revocation_carries_the_delegation_version_it_applies_as_of(state):
     assert state.catalog.principal("maya").roles == ()
 
 
-def test_a_revocation_before_its_principal_applies_as_of_the_first_version_seen(state):
+def test_a_stale_delegation_version_still_withdraws_from_records_made_before_it(state):
+    apply(state, *_maya(4, at="2026-08-30T09:00:00Z"))
+    apply(state, *_revoke(delegation_version=2))              # names a version below the stored one
+    assert state.catalog.principal("maya").roles == ()
+    assert state.store.counters().get("stale_revocation_versions") == 1
+
+
+def test_a_revocation_before_its_principal_withdraws_from_records_made_before_it(state):
     apply(state, "revocations", envelope(principal="nia", revoke="role", value="credit_analyst",
                                          effective_at="2026-08-30T09:00:00Z"))
     nia = {"id": "nia", "roles": ["credit_analyst"], "attributes": {}, "delegation_version": 2}
-    apply(state, "source-changes", envelope(kind="principal", op="upsert", principal=nia))
+    apply(state, "source-changes", dict(envelope(kind="principal", op="upsert", principal=nia),
+                                        occurred_at="2026-08-30T08:59:59Z"))
     assert state.catalog.principal("nia").roles == ()
-    apply(state, "source-changes", envelope(kind="principal", op="upsert", principal=dict(nia, delegation_version=3)))
+    apply(state, "source-changes", dict(envelope(kind="principal", op="upsert", principal=dict(
+        nia, delegation_version=3)), occurred_at="2026-08-30T09:00:01Z"))
     assert state.catalog.principal("nia").roles == ("credit_analyst",)
+
+
+def test_a_record_of_unknown_time_cannot_undo_a_revocation(state):
+    apply(state, *_revoke())
+    apply(state, *_maya(9, at="1970-01-01T00:00:00Z"))        # CDC without a commit time
+    assert state.catalog.principal("maya").roles == ()
+    assert state.store.counters().get("principal_time_unknown") == 1
+
+
+def test_a_deleted_principal_comes_back_only_at_a_higher_version(state):
+    delete = ("source-changes", envelope(kind="principal", op="delete", principal={"id": "maya"}))
+    assert apply(state, *delete) == ["principal:maya"]
+    assert apply(state, *_maya(2)) is None and apply(state, *_maya(3)) is None
+    assert state.catalog.principal("maya") is None
+    assert apply(state, *_maya(4)) == ["principal:maya"]
+    assert state.catalog.principal("maya").delegation_version == 4
+
+
+def test_a_delete_read_before_its_principal_keeps_out_records_made_before_it(state):
+    delete = ("source-changes", dict(envelope(kind="principal", op="delete", principal={"id": "zed"}),
+                                     occurred_at="2026-08-30T09:00:00Z"))
+    assert apply(state, *delete) == []
+    zed = {"id": "zed", "roles": [], "attributes": {}, "delegation_version": 7}
+    assert apply(state, "source-changes", dict(envelope(kind="principal", op="upsert", principal=zed),
+                                               occurred_at="2026-08-30T08:00:00Z")) is None
+    assert state.catalog.principal("zed") is None
+    assert apply(state, "source-changes", dict(envelope(kind="principal", op="upsert", principal=zed),
+                                               occurred_at="2026-08-30T09:30:00Z")) == ["principal:zed"]
 
 
 def test_observed_at_is_stored_and_an_older_file_gains_the_column(state, tmp_path):
