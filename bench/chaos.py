@@ -206,9 +206,24 @@ async def withheld_cause(worker: BenchWorker, directory: Path) -> Outcome:
                    key == "resource:withheld")
 
 
+async def revocation_order(worker: BenchWorker, directory: Path) -> Outcome:
+    """A revocation read before an older principal upsert that still lists the role."""
+    await _loaded(worker)
+    revoke = _event("order-r", principal="maya", revoke="role", value="credit_analyst",
+                    effective_at="2026-08-30T09:05:00Z", issued_by="chaos")
+    maya = {"id": "maya", "roles": ["credit_analyst"], "attributes": {"unit": "corporate-credit"},
+            "delegation_version": 4}
+    older = _event("order-p", kind="principal", op="upsert", principal=maya)
+    await worker.select(ATLAS, await worker.publish([("revocations", b"maya", orjson.dumps(revoke))]))
+    after = await worker.select(ATLAS, await worker.publish([("source-changes", b"maya", orjson.dumps(older))]))
+    return Outcome("revocation read before an older upsert at a higher version",
+                   "the role stays revoked (the upsert was made before the revocation took effect)",
+                   f"{len(after['admitted'])} admitted, {after['withheld']} withheld", after["admitted"] == [])
+
+
 FAULTS: list[Callable[[BenchWorker, Path], Awaitable[Outcome]]] = [
     reset_broker, oversized_plan, id_collision, poisoned_plans, paused_policies, hostile_requests, clock_jump,
-    read_load, withheld_cause]
+    read_load, withheld_cause, revocation_order]
 
 
 async def run_chaos(directory: Path, progress=print, only: list[str] | None = None) -> list[Outcome]:

@@ -40,6 +40,10 @@ def targets(result: dict) -> list[dict]:
     if history:
         rows.append(_row(f"apply batch with {history['history']:,} event ids and key changes recorded vs a new file",
                          "<= 1.5x", max(history["ratio_history_vs_fresh"].values()), 1.5, "<=", "{:.2f}x"))
+    revoked = result.get("revocations")
+    if revoked:
+        rows.append(_row(f"{revoked['upserts']:,} principal upserts over {revoked['revocations']:,} revocations",
+                         "< 1 s", revoked["with_revocations_s"], 1.0, "<", "{:.2f} s"))
     index = result.get("index")
     if index:
         rows.append(_row("index bytes per plan (on disk)", "< 1 KiB", index["memory_per_plan"]["file_bytes_per_plan"],

@@ -51,3 +51,9 @@ def principal(pid: str, roles=("credit_analyst",), delegation_version: int = 3, 
     return "source-changes", envelope(kind="principal", op="upsert", principal={
         "id": pid, "roles": list(roles), "attributes": {"unit": "corporate-credit", **attributes},
         "delegation_version": delegation_version})
+
+
+def regrant(pid: str, delegation_version: int, at: str = "2026-08-30T10:00:00Z", **attributes) -> tuple[str, dict]:
+    """A principal upsert made after the revocations of T0, so it re-grants what it lists."""
+    topic, event = principal(pid, delegation_version=delegation_version, **attributes)
+    return topic, dict(event, occurred_at=at)

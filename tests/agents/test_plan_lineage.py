@@ -10,7 +10,7 @@ import pytest
 from state.local_state import LocalState
 from tests.agents.test_ownership import Node, _event, nodes  # noqa: F401 - the two-node fixture
 from tests.conftest import ATLAS_REQUEST
-from tests.events import principal, resource, revoke_role
+from tests.events import regrant as regrant_of, resource, revoke_role
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -90,7 +90,7 @@ def test_a_plan_compiled_again_after_it_was_invalidated_here_is_current_again_on
         node.feed(a.published("plan-dependencies"))
     a.own()
     b.own(0, 1)
-    regrant = _event(principal("maya", delegation_version=5))
+    regrant = _event(regrant_of("maya", 5))
     for node in (a, b):
         node.apply(regrant)
     again = b.query.select(ATLAS_REQUEST)
@@ -126,7 +126,7 @@ def test_a_frozen_workers_late_record_does_not_hide_the_live_plan_from_a_take_ov
     a.apply(waiver)
     live = a.published("plan-dependencies")[-1]
     topic = a.published("plan-dependencies") + b.published("plan-dependencies")  # b's record lands last
-    for event in (revoke, waiver, _event(principal("maya", delegation_version=5))):  # a is killed first
+    for event in (revoke, waiver, _event(regrant_of("maya", 5))):  # a is killed first
         b.apply(event)
     b.feed(topic)
     b.own(0, 1)
@@ -177,7 +177,7 @@ def test_a_plan_compiled_again_after_an_announcement_without_successor_is_curren
     b.apply(revoke)
     b.own(0, 1)
     recompile_queued(b.plans, 100, lambda topic, partition: True)
-    regrant = _event(principal("maya", delegation_version=5))
+    regrant = _event(regrant_of("maya", 5))
     for node in (a, b):
         node.apply(regrant)
     assert b.query.select(ATLAS_REQUEST)["plan_id"] == first["plan_id"]
@@ -190,7 +190,7 @@ def test_an_owners_feed_behind_its_own_a_b_a_never_drops_the_live_head_unannounc
     a.own(0, 1)
     b.own(0, 1)  # b: frozen, still thinking it owns the entity
     first = a.query.select(ATLAS_REQUEST)
-    revoke, regrant = _event(revoke_role("maya", "credit_analyst")), _event(principal("maya", delegation_version=5))
+    revoke, regrant = _event(revoke_role("maya", "credit_analyst")), _event(regrant_of("maya", 5))
     waiver = _event(resource("approved-waiver-W2"))
     a.apply(revoke)
     a.apply(regrant)

@@ -19,3 +19,8 @@ async def test_chaos_rows_report_what_held(tmp_path):
     assert len(lines) == 2 and "| fault | expected | observed | held |" in table(outcomes)
     help_text = " ".join(parser()._subparsers._group_actions[0].choices["chaos"].format_help().split())
     assert all(fault.__name__ in help_text for fault in FAULTS)  # --help names every fault
+
+
+async def test_the_revocation_order_fault_holds(tmp_path):
+    [outcome] = await run_chaos(tmp_path, lambda line: None, only=["revocation_order"])
+    assert outcome.held, outcome

@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 
 import aiohttp
 import orjson
@@ -18,10 +19,11 @@ import pytest
 from agents.forward import FORWARDED_HEADER
 from schemas.freshness import encode_token, read_token
 from schemas.plan_partition import plan_partition
+from schemas.timefmt import format_instant
 from streams.broker import EmbeddedBroker
 from tests.conftest import (ATLAS_REQUEST, ROOT, WorkerProcess, _wait_http, eventually as _until, freshest, launch,
                             start_peer)
-from tests.events import principal, resource, revoke_role
+from tests.events import regrant, resource, revoke_role
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -244,7 +246,7 @@ async def test_a_worker_restarted_on_old_state_announces_nothing_for_partitions_
         before = (await _health(worker))["counters"].get("invalidations", 0)
 
         # maya's role comes back: both plans change again; each is announced by its owner alone.
-        restored = await peer.publish_events(principal("maya", delegation_version=4))
+        restored = await peer.publish_events(regrant("maya", 4))
         token = freshest(fresh, revoked, restored)
         answers = {}
         for w in (worker, peer):
@@ -287,8 +289,9 @@ async def test_a_peer_joining_during_fan_outs_loses_no_announcement_and_leaves_n
             wave += 1
             # Each revocation names the version it applies as of: an unversioned one takes whatever version
             # the applying worker holds, and a peer catching up reads the two topics in another order.
-            event = revoke_role("maya", "credit_analyst", delegation_version=2 + wave) if wave % 2 else principal(
-                "maya", delegation_version=3 + wave)
+            event = revoke_role("maya", "credit_analyst", delegation_version=2 + wave) if wave % 2 else regrant(
+                "maya", 3 + wave, at=format_instant(datetime(2026, 8, 30, 9, tzinfo=timezone.utc)
+                                                    + timedelta(minutes=wave)))
             tokens.append(await first.publish_events(event))
 
         try:
