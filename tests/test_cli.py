@@ -1,9 +1,11 @@
-"""The README's commands: `freshplan run` with its embedded broker, `select`, `plan`, `--help`."""
+"""The commands of README.md and docs/operate.md: `freshplan run` with its embedded broker, `select`, `plan`,
+`status`, `load`, `schemas export`, `--help`, and the same select with curl."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -86,6 +88,9 @@ def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
         refused.value.close()
         assert refused.value.code == 401 and refused.value.headers["WWW-Authenticate"].startswith("Bearer")
         assert secret not in log_path.read_text() and str(run_file) in log_path.read_text()
+        curled = _documented_curl(tmp_path, tmp_path / "state", env["FRESHPLAN_WEB_PORT"])
+        assert curled[0]["plan_id"] == plan["plan_id"]  # the same select, answered the same
+        assert curled[1] == {"status": "ready"}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -99,6 +104,22 @@ def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
     import socket
     with pytest.raises(OSError):
         socket.create_connection((host, int(port)), timeout=2).close()
+
+
+def _documented_curl(workdir, state_dir, port: str) -> list[dict]:
+    """Run docs/operate.md's curl lines as shown, from a directory whose `.freshplan` is this worker's state."""
+    text = (ROOT / "docs" / "operate.md").read_text()
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "curl" in b)
+    lines = [line.split("   #")[0] for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    (workdir / ".freshplan").symlink_to(state_dir)
+    (workdir / "scenarios").symlink_to(ROOT / "scenarios")
+    answers = []
+    for curl in lines[1:]:
+        script = f"{lines[0]}\n{curl}".replace("6066", port)
+        done = subprocess.run(["bash", "-c", script], cwd=workdir, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        answers.append(json.loads(done.stdout))
+    return answers
 
 
 def _loaded_token(log_path) -> str:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+import sys
+
 import pytest
 
 from agents.cli import parser
 from bench.chaos import FAULTS, run_chaos, table
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -19,3 +24,15 @@ async def test_chaos_rows_report_what_held(tmp_path):
     assert len(lines) == 2 and "| fault | expected | observed | held |" in table(outcomes)
     help_text = " ".join(parser()._subparsers._group_actions[0].choices["chaos"].format_help().split())
     assert all(fault.__name__ in help_text for fault in FAULTS)  # --help names every fault
+
+
+def test_the_documented_one_fault_command_prints_the_table_and_writes_json(tmp_path):
+    # docs/operate.md's `freshplan chaos --only ...` line, run as shown (plus --out).
+    line = next(line for line in (ROOT / "docs" / "operate.md").read_text().splitlines()
+                if line.startswith(".venv/bin/freshplan chaos --only"))
+    args = shlex.split(line.split("#", 1)[0])[1:]
+    out = subprocess.run([sys.executable, "-m", "agents.cli", *args, "--out", str(tmp_path / "chaos.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "| fault | expected | observed | held |" in out.stdout
+    assert (tmp_path / "chaos.json").exists()
