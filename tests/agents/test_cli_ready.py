@@ -47,3 +47,18 @@ def test_the_select_hint_uses_the_request_beside_a_loaded_scenario(monkeypatch):
     assert request_file(["scenarios/atlas.jsonl"]) == "scenarios/atlas-request.json"
     assert request_file(["scenarios/synthetic-topk.jsonl"]) == "REQUEST.json"  # it has no request file
     assert request_file([]) == "REQUEST.json"
+
+
+def test_the_readme_shows_what_a_terminal_gets():
+    import re
+
+    block = next(b for b in re.findall(r"```text\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+                 if "freshplan: ready" in b)
+    loaded, ready = block.split("\n", 1)
+    shown_broker = re.search(r"broker (\S+)", ready).group(1)  # a free port, different each run
+    state = Path(".freshplan")
+    expected = ready_text(Ready(shown_broker, True, "http://127.0.0.1:6066", state / "freshplan.duckdb",
+                                state / "run.json", True, None, state, True, "scenarios/atlas-request.json"),
+                          terminal=True)
+    assert ready.rstrip("\n") == expected
+    assert loaded == loaded_line(13, "scenarios/atlas.jsonl", "ft2.x", terminal=True)
