@@ -74,6 +74,25 @@ def _paragraphs(text: str) -> list[str]:
     return out
 
 
+@pytest.mark.parametrize("page", ["README.md"] + [f"docs/{p}" for p in sorted(set(MANUAL + GENERATED))])
+def test_every_link_to_a_page_or_section_leads_somewhere(page):
+    text = re.sub(r"```.*?```", "", (ROOT / page).read_text(), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if target.startswith(("http:", "https:")):
+            continue
+        name, _, anchor = target.partition("#")
+        linked = (ROOT / page).parent / name if name else ROOT / page
+        assert linked.exists(), (page, target)
+        if anchor:
+            assert anchor in _anchors(linked.read_text()), (page, target)
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
 @pytest.mark.parametrize("page", GENERATED)
 def test_a_generated_page_is_what_the_code_says(page):
     generate = _module("generate")
