@@ -23,7 +23,7 @@ DESCRIPTION = """freshplan keeps LLM context plans fresh: it watches source chan
 versions, revocations and clock ticks on Kafka, invalidates exactly the plans that depend on
 them, recompiles them, and serves budgeted selections over HTTP.
 
-Settings come from FRESHPLAN_* environment variables (see README) and the flags below.
+Settings come from FRESHPLAN_* environment variables (see docs/settings.md) and the flags below.
 Without KAFKA_BOOTSTRAP_SERVERS, `run` starts an embedded Kafka-protocol broker (Tansu)."""
 
 
