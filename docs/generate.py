@@ -1,9 +1,8 @@
-"""Writes the generated reference pages from the code: `python docs/generate.py [--check]`.
+"""Writes docs/settings.md, http-api.md and topics.md from the code: `python docs/generate.py [--check]`."""
 
-docs/settings.md from `streams/settings.py` (and the Kafka security settings), docs/http-api.md
-from `agents/openapi.json`, docs/topics.md from `schemas/json/`. With --check nothing is written
-and the exit code is 1 when a page differs from what the code says (the test suite runs this).
-"""
+# settings.md comes from the docstrings and `from_env` of streams/settings.py and
+# streams/kafka_security.py, http-api.md from agents/openapi.json, topics.md from schemas/json/.
+# --check writes nothing and exits 1 when a page differs from what the code says (a test runs it).
 
 from __future__ import annotations
 
