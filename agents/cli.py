@@ -23,7 +23,7 @@ DESCRIPTION = """freshplan keeps LLM context plans fresh: it watches source chan
 versions, revocations and clock ticks on Kafka, invalidates exactly the plans that depend on
 them, recompiles them, and serves budgeted selections over HTTP.
 
-Settings come from FRESHPLAN_* environment variables (see README) and the flags below.
+Settings come from FRESHPLAN_* environment variables (see docs/settings.md) and the flags below.
 Without KAFKA_BOOTSTRAP_SERVERS, `run` starts an embedded Kafka-protocol broker (Tansu)."""
 
 
@@ -32,6 +32,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import faust
 
     from agents.access import AccessError, load_access, write_run_file
+    from agents.cli_ready import Ready, loaded_line, ready_text, request_file
     from agents.loader import load_file
     from agents.logs import configure as configure_logging
     from agents.shutdown import bounded_stop
@@ -43,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from streams.kafka_security import KafkaSecurityError
 
     settings = _settings(args)
-    configure_logging(settings.log_level, settings.log_format)
+    terminal = configure_logging(settings.log_level, settings.log_format) == "text"
     try:
         settings.kafka.validate()
         settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -68,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop.run_until_complete(ensure_topics(settings, bootstrap))
         for path in args.load or ():
             count, token = load_file(settings, bootstrap, Path(path))
-            print(f"freshplan: loaded {count} events from {path} (freshness token {token})", flush=True)
+            print(loaded_line(count, path, token, terminal), flush=True)
         http = f"http://{settings.web_host}:{settings.web_port}"
         run_info = dict(kept, bootstrap_servers=bootstrap, http=http, topic_prefix=settings.topic_prefix,
                         pid=os.getpid())
@@ -82,10 +83,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 worker.collector.settle()  # what start-up built is long-lived: out of every later full collection
                 # Written only once the HTTP API answers, so `load`/`select` can rely on it.
                 write_run_file(settings.run_file, run_info)
-                where = (f"the secret is in {settings.run_file}" if access.local_token
-                         else f"callers from {settings.callers_file}")
-                print(f"freshplan: ready: broker {bootstrap} ({'embedded' if broker else 'external'}), "
-                      f"HTTP {http}, state {settings.db_path}; {where}", flush=True)
+                print(ready_text(Ready(bootstrap, broker is not None, http, settings.db_path, settings.run_file,
+                                       bool(access.local_token), settings.callers_file, settings.state_dir,
+                                       settings.state_dir == Settings().state_dir, request_file(args.load or [])),
+                                 terminal), flush=True)
 
             async def stop(self) -> None:
                 await bounded_stop(super().stop(), lambda: (settings.run_file.unlink(missing_ok=True),

@@ -28,12 +28,22 @@ class JsonLines(logging.Formatter):
 # lines before a worker is ready); their warnings and errors still show.
 CHATTY = ("faust", "mode", "aiokafka")
 
+# Our own INFO lines that narrate start-up (broker up, topics created, scenario published,
+# objects frozen, partitions read): on a terminal `freshplan run`'s ready block says what they
+# would, so a person reads a few lines; JSON logs keep them for machines.
+STARTUP_NARRATORS = ("streams.broker", "streams.admin", "agents.loader", "agents.collector", "agents.replica")
+
+
+def _not_startup_narration(record: logging.LogRecord) -> bool:
+    return record.levelno > logging.INFO or record.name not in STARTUP_NARRATORS
+
 
 def configure(level: str, fmt: str, stream: TextIO | None = None) -> str:
     """Root logging for a process; returns the format chosen.
 
     `auto` writes short text lines to a terminal and JSON lines anywhere else (files, pipes, log
-    collectors). Below DEBUG, the libraries' service chatter is left out in either format.
+    collectors). Below DEBUG, the libraries' service chatter is left out in either format, and on
+    a terminal our own start-up narration too (the ready block replaces it).
     """
     stream = stream or sys.stderr
     if fmt == "auto":
@@ -43,6 +53,8 @@ def configure(level: str, fmt: str, stream: TextIO | None = None) -> str:
                          logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     quiet = logging.getLogger().level > logging.DEBUG
+    if fmt == "text" and quiet:
+        handler.addFilter(_not_startup_narration)
     for name in CHATTY:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level) if quiet else logging.NOTSET)
     return fmt

@@ -188,7 +188,7 @@ def _checked(topic: str, doc: Any) -> InputEvent:
     except (ValueError, TypeError, KeyError, OverflowError) as exc:
         raise InvalidEvent("invalid_value", f"{topic} event: a field holds a value of the right type that this "
                            f"service cannot use ({type(exc).__name__}); check it against the topic's "
-                           "JSON Schema and the README's field rules") from None
+                           "JSON Schema and its fields in docs/topics.md") from None
     return InputEvent(event_id=doc["event_id"], occurred_at=occurred, topic=topic, payload=payload,
                       content_hash=content_hash(doc))
 

@@ -104,7 +104,7 @@ class Catalog:
                                "CLI); the previous version stays active") from None
         except ModelError:
             raise InvalidEvent("invalid_policy", "a decision type's loss or observations do not form a decision "
-                               "model (see the README); the previous version stays active") from None
+                               "model (see docs/plans.md); the previous version stays active") from None
         names = [c.decision_type for c in bundle.contracts]
         owned = self.db.execute("SELECT decision_type, bundle_id FROM contracts WHERE decision_type IN "
                                 "(SELECT unnest(?)) AND bundle_id <> ?", [names, bundle.bundle_id]).fetchall()

@@ -19,9 +19,9 @@ class KafkaSecurity:
     """How every Kafka client of the process authenticates and encrypts; PLAINTEXT when unset."""
 
     protocol: str = "PLAINTEXT"
-    """KAFKA_SECURITY_PROTOCOL: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
+    """KAFKA_SECURITY_PROTOCOL: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, for every Kafka client (Faust's too)."""
     sasl_mechanism: str | None = None
-    """KAFKA_SASL_MECHANISM: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (SASL protocols only)."""
+    """KAFKA_SASL_MECHANISM: PLAIN (when unset), SCRAM-SHA-256 or SCRAM-SHA-512 (SASL protocols only)."""
     sasl_username: str | None = None
     """KAFKA_SASL_USERNAME: the Kafka principal of this service."""
     sasl_password: str | None = field(default=None, repr=False)

@@ -22,7 +22,7 @@ class Settings:
     """Everything a freshplan process needs to know; injected, never read from globals."""
 
     bootstrap_servers: str | None = None
-    """Kafka `host:port[,host:port]`; None means start the embedded broker."""
+    """Kafka `host:port[,host:port]` of the cluster to use; unset starts the embedded broker."""
     app_id: str = "freshplan"
     """Faust application id: the consumer group and the changelog prefix."""
     topic_prefix: str = ""
@@ -30,7 +30,7 @@ class Settings:
     partitions: int = 4
     """Partition count of every topic the service creates (equal for co-partitioning)."""
     state_dir: Path = field(default_factory=lambda: Path(".freshplan"))
-    """Directory holding the DuckDB file, Faust's data dir and the run file."""
+    """Directory holding the DuckDB file (`freshplan.duckdb`), Faust's data dir and the run file (`run.json`)."""
     web_host: str = "127.0.0.1"
     """Interface the HTTP API binds to."""
     web_port: int = 6066
@@ -40,57 +40,71 @@ class Settings:
     wall_clock_interval: float = 1.0
     """Seconds between wall-clock ticks."""
     batch_size: int = 500
-    """Most events one agent applies in one DuckDB transaction."""
+    """Most events one agent applies in one DuckDB transaction; while a worker is behind (a fetch came back full)
+    a batch takes up to 4x as many, so a plan changed several times is recompiled and announced once."""
     batch_window: float = 0.05
     """Seconds an agent waits to fill a batch before applying what it has."""
     freshness_wait: float = 5.0
     """Longest a select waits for `at_least_as_fresh` before refusing."""
     revocation_lag_bound: float = 5.0
-    """Seconds behind on revocations beyond which no plan is served (HTTP 503)."""
+    """Seconds behind on revocations or policy versions beyond which selects are refused (HTTP 503)."""
     eager_recompile_limit: int = 500
-    """Plans one batch recompiles before announcing; larger fan-outs are announced first."""
+    """Plans one batch recompiles before announcing; a batch touching more announces them all at once
+    (successor id `null`) and compiles the successors in the background."""
     max_event_bytes: int = 1_000_000
-    """Events larger than this are dead-lettered unread."""
+    """Events larger than this (bytes) are dead-lettered unread as `oversized`."""
     max_record_bytes: int = 1_000_000
-    """Largest record the service publishes (the producer's max request size); larger plans go out compact."""
+    """Largest record the service publishes (the producer's max request size); larger plans and receipts go out
+    compact, and what still does not fit is dead-lettered `record_too_large`."""
     max_query_bytes: int = 4096
     """Longest select `query` in UTF-8 bytes; longer ones get 422 `field_too_large`."""
     max_budget_tokens: int = 1_000_000_000
     """Largest `budget.tokens` a select may ask for (422 `budget_too_large` beyond)."""
     max_budget_calls: int = 1_000_000
-    """Largest `budget.calls` a select may ask for (422 `budget_too_large` beyond)."""
+    """Largest `budget.calls` a select may ask for (422 `budget_too_large` beyond); `latency_ms` may go up to a
+    day, `privacy` and `money` up to 1e12."""
     max_clock_jump: timedelta = timedelta(days=400)
-    """A clock tick further than this past the current now is dead-lettered (`clock_jump`)."""
+    """ISO 8601 duration; a clock tick further than this past the current now is dead-lettered (`clock_jump`)
+    and changes nothing (the first tick ever has no bound)."""
     session_timeout: float = 6.0
-    """Seconds without heartbeats before the group drops a worker (Kafka's smallest allowed by default)."""
+    """Seconds without heartbeats before the group drops a worker: a killed worker's plans move after this plus
+    the rebalance (about 3 s on the embedded broker); Apache Kafka refuses less than 6 s by default."""
     rebalance_timeout: float = 3.0
     """Seconds the broker waits for members to rejoin; also bounds a cold start's first join."""
     log_level: str = "info"
-    """Logging level of the worker."""
+    """Logging level of the worker; below `debug`, Faust's, mode's and aiokafka's INFO lines are left out."""
     log_format: str = "auto"
-    """auto (short text lines on a terminal, JSON otherwise), json (one object per line) or text."""
+    """`auto`: short text lines on a terminal, JSON lines (ids and reason codes, never content) when piped; or
+    force `json` or `text`."""
     plan_retention: timedelta = timedelta(days=30)
-    """Event time a plan key may go unselected before its plan is evicted (ISO 8601 duration in the env)."""
+    """ISO 8601 duration of event time a plan key may go unselected before its plan is evicted (announced
+    `evicted`); also how long invalidated plan rows are kept."""
     receipt_retention: timedelta = timedelta(days=400)
-    """Event time receipts are kept in DuckDB (the `receipts` topic keeps them for auditors)."""
+    """ISO 8601 duration of event time receipts are kept in DuckDB (the `receipts` topic keeps them for auditors)."""
     retention_interval: float = 10.0
-    """Seconds between retention passes (each removes a bounded batch)."""
+    """Seconds between retention passes (each bounded to 1,000 removals of each kind)."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
     check_head_cache: bool = False
-    """Read the file on every in-memory select hit as well and log any disagreement (the test suite's check)."""
+    """`1`: every select answered from memory also reads the state file and logs `head cache disagrees` on a
+    difference (the test suite's check; costs the reads the cache saves)."""
     wal_limit_mb: int = 64
-    """Write-ahead log (MB) from which DuckDB checkpoints at a commit even while events apply (idle comes first)."""
+    """Write-ahead log (MB, at least 1) from which DuckDB checkpoints at a commit even while events apply; an idle
+    worker (no batch for a second) checkpoints from a sixteenth of it (docs/operate.md, "One writer")."""
     gc_freeze: bool = True
-    """Once ready, take what start-up built out of garbage collection (full collections stop pausing selects)."""
+    """Once ready, take what start-up built out of garbage collection (full collections stop pausing selects);
+    `0` leaves the collector as Python sets it."""
     kafka: KafkaSecurity = field(default_factory=KafkaSecurity)
     """TLS and SASL settings every Kafka client of the process uses."""
     token: str | None = field(default=None, repr=False)
-    """FRESHPLAN_TOKEN: the secret the CLI sends; without a callers file, `run` serves it instead of generating one."""
+    """FRESHPLAN_TOKEN: the secret the CLI sends; without a callers file, `run` serves it instead of generating one
+    (16+ characters)."""
     callers_file: Path | None = None
-    """JSON file of callers (secret hashes, principals, scopes); None means the single run.json secret."""
+    """JSON file of callers (secret hashes, principals, scopes; docs/security.md); unset means the single run.json
+    secret."""
     jwt_jwks_file: Path | None = None
-    """JWKS file with the public keys that sign end-user JWTs; JWTs are refused without it."""
+    """JWKS file with the public keys that sign end-user JWTs (set with the issuer and audience); JWTs are refused
+    without it."""
     jwt_issuer: str | None = None
     """Required `iss` of end-user JWTs."""
     jwt_audience: str | None = None
@@ -98,15 +112,18 @@ class Settings:
     jwt_principal_claim: str = "sub"
     """JWT claim naming the only principal a JWT caller may ask for."""
     allowed_origins: tuple[str, ...] = ()
-    """Browser origins allowed to call the API; any other Origin header gets 403."""
+    """Browser origins allowed to call the API (comma-separated); any other Origin header gets 403."""
     allowed_hosts: tuple[str, ...] = ()
-    """Host header names accepted (port ignored); empty means the bind address, localhost, 127.0.0.1, [::1]."""
+    """Host header names accepted (comma-separated, port ignored); empty means the bind address, localhost,
+    127.0.0.1, [::1]."""
     metrics_port: int | None = None
     """Serve /metrics on this port instead of the API port."""
     metrics_auth: str = "open"
-    """open, or status: /metrics then needs a caller with the `status` scope."""
+    """`open`, or `status`: /metrics then needs a caller with the `status` scope."""
     cdc_mapping: Path | None = None
-    """JSON file mapping Debezium tables onto freshplan records; None: rows carry freshplan's field names."""
+    """JSON file mapping Debezium tables onto freshplan records (docs/cdc.md); unset: rows carry freshplan's field
+    names. Read once at start-up: `run` and `replay` refuse to start, naming the problem, if it does not parse
+    or names an unknown field."""
 
     @property
     def db_path(self) -> Path:

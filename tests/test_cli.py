@@ -1,9 +1,11 @@
-"""The README's commands: `freshplan run` with its embedded broker, `select`, `plan`, `--help`."""
+"""The commands of README.md and docs/operate.md: `freshplan run` with its embedded broker, `select`, `plan`,
+`status`, `load`, `schemas export`, `--help`, and the same select with curl."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -68,6 +70,9 @@ def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
         assert select.returncode == 0, select.stderr + log_path.read_text()[-3000:]
         plan = json.loads(select.stdout)
         assert {a["resource_id"] for a in plan["admitted"]} == {"facility-F102", "workflow-E88", "policy-P3"}
+        shown = next(b for b in re.findall(r"```json\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+                     if '"plan_id"' in b)
+        assert _abridges(json.loads(shown), plan), "README.md's first select no longer abridges the answer"
         status = subprocess.run(FRESHPLAN + ["plan", plan["plan_id"], "--url", info["http"]], cwd=ROOT,
                                 env=env, capture_output=True, text=True, timeout=60)
         assert json.loads(status.stdout)["status"] == "fresh"
@@ -86,6 +91,9 @@ def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
         refused.value.close()
         assert refused.value.code == 401 and refused.value.headers["WWW-Authenticate"].startswith("Bearer")
         assert secret not in log_path.read_text() and str(run_file) in log_path.read_text()
+        curled = _documented_curl(tmp_path, tmp_path / "state", env["FRESHPLAN_WEB_PORT"])
+        assert curled[0]["plan_id"] == plan["plan_id"]  # the same select, answered the same
+        assert curled[1] == {"status": "ready"}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -101,6 +109,44 @@ def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
         socket.create_connection((host, int(port)), timeout=2).close()
 
 
+def _abridges(shown, real) -> bool:
+    """Whether `shown` is `real` with parts left out: "..." stands for any value, list items or keys."""
+    if shown == "..." or (isinstance(shown, str) and shown.endswith("...") and isinstance(real, str)
+                          and real.startswith(shown[:-3])):
+        return True
+    if isinstance(shown, dict):
+        return isinstance(real, dict) and all(k == "..." or (k in real and _abridges(v, real[k]))
+                                              for k, v in shown.items())
+    if isinstance(shown, list):
+        # Items in order, each matching a distinct item of the real list; "..." items stand for the rest.
+        rest = list(real) if isinstance(real, list) else None
+        if rest is None:
+            return False
+        for item in (i for i in shown if i != "..."):
+            match = next((r for r in rest if _abridges(item, r)), None)
+            if match is None:
+                return False
+            rest = rest[rest.index(match) + 1:]
+        return "..." in shown or not rest
+    return shown == real
+
+
+def _documented_curl(workdir, state_dir, port: str) -> list[dict]:
+    """Run docs/operate.md's curl lines as shown, from a directory whose `.freshplan` is this worker's state."""
+    text = (ROOT / "docs" / "operate.md").read_text()
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "curl" in b)
+    lines = [line.split("   #")[0] for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    (workdir / ".freshplan").symlink_to(state_dir)
+    (workdir / "scenarios").symlink_to(ROOT / "scenarios")
+    answers = []
+    for curl in lines[1:]:
+        script = f"{lines[0]}\n{curl}".replace("6066", port)
+        done = subprocess.run(["bash", "-c", script], cwd=workdir, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        answers.append(json.loads(done.stdout))
+    return answers
+
+
 def _loaded_token(log_path) -> str:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -109,3 +155,12 @@ def _loaded_token(log_path) -> str:
                 return line.rsplit("freshness token ", 1)[1].rstrip(")")
         time.sleep(0.2)
     raise AssertionError(log_path.read_text()[-3000:])
+
+
+def test_an_abridged_answer_may_leave_parts_out_but_not_change_them():
+    real = {"state": "INSUFFICIENT", "withheld": 1, "slots": [{"p": "a", "s": 1}, {"p": "b", "s": 2}], "t": "ft2.xyz"}
+    assert _abridges({"state": "INSUFFICIENT", "slots": [{"p": "b"}, "..."], "t": "ft2..."}, real)
+    assert not _abridges({"state": "SUFFICIENT"}, real)
+    assert not _abridges({"slots": [{"p": "b"}, {"p": "a"}]}, real)  # out of order
+    assert not _abridges({"slots": [{"p": "a"}]}, real)               # an item left out without "..."
+    assert not _abridges({"missing": 1}, real)

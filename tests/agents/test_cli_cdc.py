@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import textwrap
 
 from tests.cdc.test_fixtures import FIXTURES, fixture
 from tests.conftest import ROOT
@@ -49,3 +51,17 @@ def test_an_unusable_mapping_file_exits_2_naming_it(tmp_path):
     out = subprocess.run([sys.executable, "-m", "agents.cli", "cdc", "check", str(bad), str(sample)],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 2 and "colour" in out.stderr and "bad.json" in out.stderr
+
+
+def test_the_walk_through_in_docs_cdc_prints_the_event_it_shows(tmp_path):
+    # docs/cdc.md's mapping file (step 3), envelope and printed event (step 4), checked as a reader would.
+    blocks = re.findall(r"```json\n(.*?)```", (ROOT / "docs" / "cdc.md").read_text(), re.S)
+    mapping = next(b for b in blocks if b.lstrip().startswith('{"tables"'))
+    envelope = next(b for b in blocks if b.lstrip().startswith('{"before"'))
+    shown = next(b for b in blocks if b.lstrip().startswith('{"event_id"'))
+    (tmp_path / "mapping.json").write_text(textwrap.dedent(mapping))
+    (tmp_path / "sample.json").write_text(textwrap.dedent(envelope))
+    out = subprocess.run([sys.executable, "-m", "agents.cli", "cdc", "check", "mapping.json", "sample.json"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == json.loads(shown)

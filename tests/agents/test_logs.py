@@ -47,14 +47,29 @@ def test_auto_is_text_on_a_terminal_and_json_elsewhere_without_library_chatter(r
     assert configure("info", "auto", stream) == expected
     logging.getLogger("faust.worker").info("[^Worker]: Starting...")
     logging.getLogger("aiokafka").warning("Unable to connect")
-    logging.getLogger("agents.replica").info("replica applying %d input partitions", 8)
+    logging.getLogger("agents.ownership").info("owning plan partitions %s", [0, 1])
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2 and "Starting" not in stream.getvalue()
     if expected == "json":
         assert [orjson.loads(line)["msg"] for line in lines] == ["Unable to connect",
-                                                                 "replica applying 8 input partitions"]
+                                                                 "owning plan partitions [0, 1]"]
     else:
-        assert lines[1].endswith("INFO    replica applying 8 input partitions") and "{" not in lines[1]
+        assert lines[1].endswith("INFO    owning plan partitions [0, 1]") and "{" not in lines[1]
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_start_up_narration_is_left_to_the_ready_block_on_a_terminal_only(restored_logging, tty):
+    stream = _Stream(tty)
+    configure("info", "auto", stream)
+    logging.getLogger("streams.broker").info("embedded broker ready at %s", "127.0.0.1:9092")
+    logging.getLogger("agents.replica").info("replica applying %d input partitions", 8)
+    logging.getLogger("agents.replica").warning("input topics were reset")
+    lines = stream.getvalue().splitlines()
+    if tty:
+        assert len(lines) == 1 and lines[0].endswith("WARNING input topics were reset")
+    else:
+        assert [orjson.loads(line)["msg"] for line in lines] == [
+            "embedded broker ready at 127.0.0.1:9092", "replica applying 8 input partitions", "input topics were reset"]
 
 
 def test_debug_keeps_the_libraries_lines(restored_logging):
