@@ -110,6 +110,10 @@ class Contract:
     """Optional loss table for EVSI selection."""
     observations: Any = None
     """Optional observation likelihoods for EVSI selection."""
+    min_relevance: float | None = None
+    """BM25 a resource needs against the query to count as support (None: the plan needs one relevant item)."""
+    controller: Any = None
+    """The adaptive retrieval controller's routes, rewrite rules and budgets (None: one retrieval)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,58 @@
+"""Relevance is part of support: a question no evidence speaks to abstains, and the trace names only usable items."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timezone
+
+import orjson
+
+from compiler.pipeline import compile_request
+from tests.catalog_double import MemoryCatalog
+from tests.conftest import ATLAS_REQUEST
+
+NOW = datetime(2026, 8, 30, 9, tzinfo=timezone.utc)
+TYPE = "credit.review.continuation"
+
+
+def with_contract(**changes) -> MemoryCatalog:
+    catalog = MemoryCatalog.from_scenario("atlas.jsonl")
+    contract, policy = catalog.contracts[TYPE]
+    catalog.contracts[TYPE] = (replace(contract, **changes), policy)
+    return catalog
+
+
+def test_a_question_no_evidence_speaks_to_abstains_with_every_slot_unknown():
+    plan = compile_request(dict(ATLAS_REQUEST, query="Does the company pay for pet dental insurance?"),
+                           MemoryCatalog.from_scenario("atlas.jsonl"), NOW).plan
+    assert plan["state"] == "INSUFFICIENT" and plan["stop_reason"] == "no_relevant_evidence"
+    assert plan["admitted"] == [] and {s["state"] for s in plan["slots"]} == {"unknown"}
+    assert {r["resource_id"] for r in plan["rejected"] if r["reason"] == "not_relevant"} == {
+        "facility-F102", "policy-P3", "workflow-E88"}
+
+
+def test_without_a_question_or_with_a_relevant_one_the_seed_outcome_stands():
+    catalog = MemoryCatalog.from_scenario("atlas.jsonl")
+    asked = compile_request(ATLAS_REQUEST, catalog, NOW).plan
+    silent = compile_request(dict(ATLAS_REQUEST, query=""), catalog, NOW).plan
+    for plan in (asked, silent):
+        assert {a["resource_id"] for a in plan["admitted"]} == {"facility-F102", "workflow-E88", "policy-P3"}
+
+
+def test_a_catalogue_threshold_keeps_each_item_to_its_own_relevance():
+    # Two of the admitted three share words with the question; the workflow event shares none.
+    plan = compile_request(ATLAS_REQUEST, with_contract(min_relevance=0.5), NOW).plan
+    assert {a["resource_id"] for a in plan["admitted"]} == {"facility-F102", "policy-P3"}
+    assert {"resource_id": "workflow-E88", "reason": "not_relevant"} in plan["rejected"]
+    assert plan["state"] == "INSUFFICIENT"
+    high = compile_request(ATLAS_REQUEST, with_contract(min_relevance=50.0), NOW).plan
+    assert high["stop_reason"] == "no_relevant_evidence" and high["admitted"] == []
+
+
+def test_the_trace_reaches_plan_and_receipt_without_withheld_ids():
+    compiled = compile_request(ATLAS_REQUEST, with_contract(controller={"routes": {}}), NOW)
+    plan, receipt = compiled.plan, compiled.receipt
+    assert plan["retrieval"] == receipt["retrieval"] and plan["retrieval"]["stop"] == "support_sufficient"
+    ranked = {r["resource_id"] for e in plan["retrieval"]["trace"] for r in e.get("ranking", [])}
+    assert ranked and ranked <= {"facility-F102", "policy-P3", "rm-note-N7", "workflow-E88", "boreal-facility-F7"}
+    assert "investigation-X9" not in orjson.dumps(plan).decode()
