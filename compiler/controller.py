@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from compiler.relevance import bm25, query_terms
+from compiler.relevance import bm25, query_terms, tokenize
 from schemas.records import Contract, Resource
 
 SUPPORT_SUFFICIENT = "support_sufficient"
@@ -15,15 +15,31 @@ NO_REWRITE = "no_rewrite"
 LOOP_DETECTED = "loop_detected"
 NO_QUESTION = "no_question"
 ROUTE_ATTRIBUTE = "route"
+# A document that shares under half of what a question asks about is near it, not an answer
+# to it (the 003 seed's P1-logs and EU-residency misses share one or two words of four or five).
+DEFAULT_COVERAGE = 0.5
 
 
 @dataclass(frozen=True)
 class Rule:
-    """An explicit rewrite: when the query has any of `when`, add `add` (and drop `when` if asked)."""
+    """An explicit rewrite: when the query has any phrase of `when`, add `add` (and drop the phrase if asked).
 
-    when: frozenset[str]
-    add: tuple[str, ...]
+    Phrases and added words are held as the terms relevance scores (`no-show` is `no` and `show`),
+    so a rule matches whatever punctuation or inflection the question used.
+    """
+
+    when: tuple[frozenset[str], ...]
+    add: frozenset[str]
     drop: bool = False
+
+    def matches(self, terms: frozenset[str]) -> list[frozenset[str]]:
+        """The rule's phrases whose every term the query has."""
+        return [p for p in self.when if p and p <= terms]
+
+
+def rule(when: Sequence[str], add: Sequence[str], drop: bool = False) -> Rule:
+    """A rule from catalogue words."""
+    return Rule(tuple(query_terms(w) for w in when), frozenset().union(*(query_terms(w) for w in add)), drop)
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,8 @@ class Settings:
     max_transitions: int = 9
     per_retrieval: int | None = 3
     """Candidates kept per retrieval; None keeps every positively scored one."""
+    min_coverage: float = 0.0
+    """Share of the question's own terms a candidate must contain, itself or through a rule's words."""
 
 
 # Without a controller in the catalogue a plan is one retrieval over every admitted candidate.
@@ -45,14 +63,13 @@ ONE_SHOT = Settings(max_retrievals=1, per_retrieval=None)
 def settings_of(contract: Contract) -> Settings:
     """The controller a contract declares, or one retrieval when it declares none."""
     doc: Mapping[str, Any] | None = contract.controller
-    if not doc:
+    if doc is None:
         return ONE_SHOT
-    routes = tuple(sorted((name, frozenset(w.lower() for w in hints)) for name, hints in
+    routes = tuple(sorted((name, frozenset().union(*(query_terms(w) for w in hints))) for name, hints in
                           (doc.get("routes") or {}).items()))
-    rules = tuple(Rule(frozenset(w.lower() for w in r["when"]), tuple(w.lower() for w in r["add"]),
-                       bool(r.get("drop", False))) for r in doc.get("rewrites") or ())
+    rules = tuple(rule(r["when"], r["add"], bool(r.get("drop", False))) for r in doc.get("rewrites") or ())
     return Settings(routes, rules, int(doc.get("max_retrievals", 2)), int(doc.get("max_transitions", 9)),
-                    int(doc.get("candidates_per_retrieval", 3)))
+                    int(doc.get("candidates_per_retrieval", 3)), float(doc.get("min_coverage", DEFAULT_COVERAGE)))
 
 
 @dataclass
@@ -61,8 +78,10 @@ class Outcome:
 
     retrieved: tuple[tuple[Resource, float], ...] = ()
     """The last retrieval's candidates with their scores, best first."""
+    relevant: tuple[Resource, ...] = ()
+    """Those of them above the threshold that cover enough of the question: what it may rest on."""
     sufficient: bool = False
-    """Whether the last assessment found support above the threshold."""
+    """Whether the last assessment found relevant support."""
     stop: str = NO_QUESTION
     retrievals: int = 0
     scored: int = 0
@@ -78,16 +97,30 @@ def route(terms: frozenset[str], routes: Sequence[tuple[str, frozenset[str]]]) -
     return winners[0] if best > 0 and len(winners) == 1 else None
 
 
-def rewrite(terms: frozenset[str], rules: Sequence[Rule]) -> tuple[frozenset[str], list[int]]:
-    """The query's terms after every rule that matches and changes them, and which rules fired."""
-    out, fired = set(terms), []
-    for i, rule in enumerate(rules):
-        if not rule.when & terms:
+Stands = dict[str, frozenset[str]]
+
+
+def rewrite(terms: frozenset[str], rules: Sequence[Rule]) -> tuple[frozenset[str], list[int], Stands]:
+    """The query's terms after every rule that matches and changes them, which rules fired, and
+    for each matched term the words the rules stand in for it."""
+    out, fired, stands = set(terms), [], {}
+    for i, r in enumerate(rules):
+        phrases = r.matches(terms)
+        if not phrases:
             continue
-        after = (out - rule.when if rule.drop else out) | set(rule.add)
+        after = (out - frozenset().union(*phrases) if r.drop else out) | r.add
         if after != out:
             out, fired = after, fired + [i]
-    return frozenset(out), fired
+            for term in frozenset().union(*phrases):
+                stands[term] = stands.get(term, frozenset()) | r.add
+    return frozenset(out), fired, stands
+
+
+def coverage(asked: frozenset[str], words: set[str], stands: Mapping[str, frozenset[str]]) -> float:
+    """Share of the question's terms a document contains, itself or through a word a rule put for it."""
+    if not asked:
+        return 0.0
+    return sum(1 for t in asked if t in words or stands.get(t, frozenset()) & words) / len(asked)
 
 
 def _text(resource: Resource) -> str:
@@ -101,12 +134,13 @@ def run(query: str, pool: Sequence[Resource], settings: Settings, threshold: flo
     positive score). Scoring statistics come from the whole pool, so a routed subset keeps the
     collection's scale; only the candidates of the route are scored and charged.
     """
-    terms = query_terms(query)
+    terms = asked = query_terms(query)
     outcome = Outcome()
     if not terms:
         return outcome
     texts = [_text(r) for r in pool]
     seen = {terms}
+    stands: dict[str, frozenset[str]] = {}
     transitions = 0
 
     def step(event: dict) -> bool:
@@ -136,10 +170,14 @@ def run(query: str, pool: Sequence[Resource], settings: Settings, threshold: flo
         outcome.scored += len(members)
         outcome.retrieved = kept
         top = kept[0][1] if kept else 0.0
-        outcome.sufficient = bool(kept) and (threshold is None or top >= threshold)
+        covered = {r.id: coverage(asked, set(tokenize(_text(r))), stands) for r, _ in kept}
+        outcome.relevant = tuple(r for r, s in kept if (threshold is None or s >= threshold)
+                                 and covered[r.id] >= settings.min_coverage)
+        outcome.sufficient = bool(outcome.relevant)
         if not step({"step": "assess", "top_score": round(top, 3), "threshold": threshold,
-                     "sufficient": outcome.sufficient}):
-            outcome.sufficient = False
+                     "coverage": {i: round(v, 3) for i, v in covered.items()},
+                     "min_coverage": settings.min_coverage, "sufficient": outcome.sufficient}):
+            outcome.sufficient, outcome.relevant = False, ()
             break
         if outcome.sufficient:
             outcome.stop = SUPPORT_SUFFICIENT
@@ -147,7 +185,7 @@ def run(query: str, pool: Sequence[Resource], settings: Settings, threshold: flo
         if outcome.retrievals >= settings.max_retrievals:
             outcome.stop = RETRIEVAL_BUDGET
             break
-        after, fired = rewrite(terms, settings.rules)
+        after, fired, more = rewrite(terms, settings.rules)
         if not fired:
             outcome.stop = NO_REWRITE
             break
@@ -159,6 +197,8 @@ def run(query: str, pool: Sequence[Resource], settings: Settings, threshold: flo
             break
         seen.add(after)
         terms = after
+        for term, words in more.items():
+            stands[term] = stands.get(term, frozenset()) | words
     outcome.trace.append({"step": "stop", "reason": outcome.stop, "retrievals": outcome.retrievals,
                           "scored": outcome.scored})
     return outcome

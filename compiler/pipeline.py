@@ -275,10 +275,9 @@ def answerable(typed: Sequence[tuple[Resource, frozenset[str]]], retrieval: cont
         return tuple(typed), ()
     if not retrieval.sufficient:
         return (), tuple(sorted(r.id for r, _ in typed))
-    if contract.min_relevance is None and not contract.controller:
+    if contract.min_relevance is None and contract.controller is None:
         return tuple(typed), ()
-    floor = contract.min_relevance
-    keep = {r.id for r, s in retrieval.retrieved if floor is None or s >= floor}
+    keep = {r.id for r in retrieval.relevant}
     return (tuple(it for it in typed if it[0].id in keep),
             tuple(sorted(r.id for r, _ in typed if r.id not in keep)))
 

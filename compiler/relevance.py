@@ -17,14 +17,31 @@ STOPWORDS = frozenset(
     "they them so if than as any all s t".split())
 
 
+def stem(word: str) -> str:
+    """A light suffix stripper, so that `refunded`, `refunds` and `refund` are one term.
+
+    Only plural, past and gerund endings and a final e: enough to join a question's inflection
+    to a document's, too little to merge different words (a full stemmer is not needed here).
+    """
+    if len(word) > 4 and word.endswith("ies"):
+        word = word[:-3] + "y"
+    elif len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    for suffix in ("ing", "ed"):
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            word = word[:-len(suffix)]
+            break
+    return word[:-1] if len(word) > 3 and word.endswith("e") else word
+
+
 def tokenize(text: str) -> list[str]:
-    """Lower-case alphanumeric terms."""
-    return _TOKEN.findall(text.lower())
+    """Lower-case alphanumeric terms, lightly stemmed."""
+    return [stem(t) for t in _TOKEN.findall(text.lower())]
 
 
 def query_terms(query: str) -> frozenset[str]:
-    """The terms of a question that carry its topic (stopwords dropped)."""
-    return frozenset(t for t in tokenize(query) if t not in STOPWORDS)
+    """The terms of a question that carry its topic (stopwords dropped before stemming)."""
+    return frozenset(stem(t) for t in _TOKEN.findall(query.lower()) if t not in STOPWORDS)
 
 
 def bm25(query: str | frozenset[str], documents: Sequence[str], k1: float = 1.2, b: float = 0.75,

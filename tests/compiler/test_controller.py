@@ -40,22 +40,22 @@ def test_strong_support_stops_after_one_routed_retrieval_scoring_only_the_route(
 
 
 def test_weak_support_is_rewritten_by_a_public_rule_and_retrieved_again():
-    rules = (c.Rule(frozenset({"pto"}), ("annual", "leave", "carryover")),)
+    rules = (c.rule(["pto"], ["annual", "leave", "carryover"]),)
     weak = c.run("How much PTO rolls over?", POOL, settings(max_retrievals=2), threshold=2.0)
     assert weak.stop == c.NO_REWRITE and not weak.sufficient
     out = c.run("How much PTO rolls over?", POOL, settings(rules=rules), threshold=2.0)
     assert out.stop == c.SUPPORT_SUFFICIENT and out.retrievals == 2 and out.retrieved[0][0].id == "leave"
     rewrite = next(e for e in out.trace if e["step"] == "rewrite")
-    assert rewrite["added"] == ["annual", "carryover", "leave"] and rewrite["rules"] == [0]
+    assert rewrite["added"] == ["annual", "carryover", "leav"] and rewrite["rules"] == [0]
 
 
 def test_each_budget_and_a_loop_stop_the_controller_with_its_own_reason():
-    rules = (c.Rule(frozenset({"pto"}), ("holiday",)),)
+    rules = (c.rule(["pto"], ["holiday"]),)
     one = c.run("pto rules", POOL, settings(rules=rules, max_retrievals=1), threshold=2.0)
     assert one.stop == c.RETRIEVAL_BUDGET and one.retrievals == 1
     tight = c.run("pto rules", POOL, settings(rules=rules, max_transitions=1), threshold=2.0)
     assert tight.stop == c.TRANSITION_BUDGET and tight.retrievals == 0 and not tight.sufficient
-    swing = (c.Rule(frozenset({"pto"}), ("holiday",), drop=True), c.Rule(frozenset({"holiday"}), ("pto",), drop=True))
+    swing = (c.rule(["pto"], ["holiday"], drop=True), c.rule(["holiday"], ["pto"], drop=True))
     loop = c.run("pto", POOL, settings(rules=swing[:1] + swing[1:], max_retrievals=20, max_transitions=100),
                  threshold=2.0)
     assert loop.stop == c.LOOP_DETECTED and loop.retrievals < 20
@@ -68,4 +68,6 @@ def test_settings_come_from_the_catalogue_with_the_issue_defaults():
     s = c.settings_of(replace(base, controller={"routes": {"b": ["X"], "a": ["y"]},
                                                 "rewrites": [{"when": ["Q"], "add": ["r"]}]}))
     assert (s.max_retrievals, s.max_transitions, s.per_retrieval) == (2, 9, 3)
-    assert s.routes == (("a", frozenset({"y"})), ("b", frozenset({"x"}))) and s.rules[0].when == {"q"}
+    assert s.routes == (("a", frozenset({"y"})), ("b", frozenset({"x"}))) and s.rules[0].when == (frozenset({"q"}),)
+    hyphen = c.rule(["no-show"], ["missed appointments"])
+    assert c.rewrite(frozenset({"no", "show", "fee"}), [hyphen])[0] == {"no", "show", "fee", "miss", "appointment"}

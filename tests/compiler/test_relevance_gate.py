@@ -50,9 +50,17 @@ def test_a_catalogue_threshold_keeps_each_item_to_its_own_relevance():
 
 
 def test_the_trace_reaches_plan_and_receipt_without_withheld_ids():
-    compiled = compile_request(ATLAS_REQUEST, with_contract(controller={"routes": {}}), NOW)
+    compiled = compile_request(ATLAS_REQUEST, with_contract(controller={"min_coverage": 0.2}), NOW)
     plan, receipt = compiled.plan, compiled.receipt
     assert plan["retrieval"] == receipt["retrieval"] and plan["retrieval"]["stop"] == "support_sufficient"
     ranked = {r["resource_id"] for e in plan["retrieval"]["trace"] for r in e.get("ranking", [])}
     assert ranked and ranked <= {"facility-F102", "policy-P3", "rm-note-N7", "workflow-E88", "boreal-facility-F7"}
     assert "investigation-X9" not in orjson.dumps(plan).decode()
+
+
+def test_a_document_near_the_question_but_covering_little_of_it_does_not_answer_it():
+    # The Atlas question has eight topic terms; no single candidate covers half of them.
+    plan = compile_request(ATLAS_REQUEST, with_contract(controller={}), NOW).plan
+    assert plan["stop_reason"] == "no_relevant_evidence" and plan["retrieval"]["stop"] == "no_rewrite"
+    assess = next(e for e in plan["retrieval"]["trace"] if e["step"] == "assess")
+    assert assess["min_coverage"] == 0.5 and max(assess["coverage"].values()) < 0.5
