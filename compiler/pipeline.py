@@ -12,7 +12,7 @@ from compiler.attest import content_hash, dependency_keys, digest, next_change
 from compiler.edge import tidy_all
 from compiler.errors import AdmitError, PlanError, RequestError
 from compiler.evsi import decision_model, plan_observations
-from compiler.policy import Authorisation, CompiledPolicy
+from compiler.policy import Authorisation, CompiledPolicy, may_ask
 from compiler import controller
 from compiler.controller import settings_of
 from compiler.relevance import query_terms
@@ -148,8 +148,11 @@ def resolve_request(doc: Any, view: CatalogView, now: datetime | None) -> Resolv
         raise ClockUnknown("clock_unknown", "The service has not seen a clock tick yet, so a live "
                            "decision has no time; send decision_time or wait for the clock.", status=503)
     names = query_names(request.query)
-    # The 003 seed's scope guard: a question about another tenant stops before retrieval.
-    scoped_out = bool(names) and out_of_scope(entity_id, view.entities_named(names))
+    # The 003 seed's scope guard: a question about another tenant stops before retrieval, whether
+    # the tenant is named in its text or is the request's entity outside the principal's scope.
+    scoped_out = (contract.ask_scope and not (known and may_ask(
+        policy, principal, entity_id, purpose=request.purpose, decision_type=contract.decision_type,
+        decision_time=when))) or (bool(names) and out_of_scope(entity_id, view.entities_named(names)))
     candidates = () if scoped_out else tuple(view.candidates(entity_id, contract))
     return Resolved(request, entity_id, principal, known, contract, policy, candidates, when,
                     view.trusted_sources(), scoped_out)

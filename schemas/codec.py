@@ -260,7 +260,7 @@ def contract_from(name: str, doc: dict) -> Contract:
                     conflict_ceiling=float(doc.get("conflict_ceiling", 0.5)),
                     loss=doc.get("loss"), observations=doc.get("observations"),
                     min_relevance=None if doc.get("min_relevance") is None else float(doc["min_relevance"]),
-                    controller=doc.get("controller"))
+                    controller=doc.get("controller"), ask_scope=bool(doc.get("ask_scope", False)))
 
 
 def _source_change(doc: dict) -> SourceChange:

@@ -114,6 +114,8 @@ class Contract:
     """BM25 a resource needs against the query to count as support (None: the plan needs one relevant item)."""
     controller: Any = None
     """The adaptive retrieval controller's routes, rewrite rules and budgets (None: one retrieval)."""
+    ask_scope: bool = False
+    """Ask Cedar (`Action::"ask"` on the entity) whether the principal may ask about the entity at all."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -313,7 +313,7 @@ def _contract_doc(contract: Contract) -> dict:
     return {"purposes": list(contract.purposes), "loss": contract.loss, "threshold": contract.threshold,
             "conflict_ceiling": contract.conflict_ceiling,
             "observations": contract.observations, "min_relevance": contract.min_relevance,
-            "controller": contract.controller,
+            "controller": contract.controller, "ask_scope": contract.ask_scope,
             "propositions": [{"id": p.id, "accepted_classes": list(p.accepted_classes),
                               "required": p.required, "min_independent": p.min_independent,
                               "max_age": age(p), "threshold": p.threshold,

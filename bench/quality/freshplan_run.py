@@ -25,6 +25,9 @@ MIN_RELEVANCE = 4.0
 CEDAR = """// An analyst may use the policy documents of their own tenant only.
 permit(principal, action == Action::"use", resource)
 when { resource has tenant && principal has tenant && resource.tenant == principal.tenant };
+// ... and may ask about their own tenant only: any other is out of scope before retrieval.
+permit(principal, action == Action::"ask", resource)
+when { principal has tenant && resource has id && resource.id == principal.tenant };
 """
 MODES = ("fixed_one_shot", "adaptive")
 
@@ -52,6 +55,7 @@ def bundle_of(corpus: Corpus, mode: str) -> dict:
             "cedar": CEDAR, "sources": {d.id: [EVIDENCE_CLASS] for d in corpus.docs},
             "decision_types": {DECISION: {
                 "purposes": [PURPOSE], "min_relevance": MIN_RELEVANCE, "controller": controller_of(corpus, mode),
+                "ask_scope": True,
                 "propositions": [{"id": PROPOSITION, "accepted_classes": [EVIDENCE_CLASS], "required": True,
                                   "min_independent": 1}]}}}
 

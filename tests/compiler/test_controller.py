@@ -71,3 +71,27 @@ def test_settings_come_from_the_catalogue_with_the_issue_defaults():
     assert s.routes == (("a", frozenset({"y"})), ("b", frozenset({"x"}))) and s.rules[0].when == (frozenset({"q"}),)
     hyphen = c.rule(["no-show"], ["missed appointments"])
     assert c.rewrite(frozenset({"no", "show", "fee"}), [hyphen])[0] == {"no", "show", "fee", "miss", "appointment"}
+
+
+def test_the_policy_versions_schema_takes_the_new_catalogue_fields_and_old_bundles_stay_valid():
+    import orjson
+    import pytest
+
+    from schemas.codec import decode
+    from schemas.errors import InvalidEvent
+
+    old = {"event_id": "p-1", "schema_version": 1, "occurred_at": "2026-01-01T00:00:00Z", "bundle_id": "b",
+           "version": 1, "effective_at": "2026-01-01T00:00:00Z", "cedar": "permit(principal, action, resource);",
+           "decision_types": {"d": {"purposes": ["p"], "propositions": [{"id": "x", "accepted_classes": ["c"]}]}}}
+    assert decode("policy-versions", None, orjson.dumps(old)).payload.contracts[0].controller is None
+    new = orjson.loads(orjson.dumps(old))
+    new["decision_types"]["d"].update(min_relevance=3.5, ask_scope=True, controller={
+        "routes": {"r": ["w"]}, "rewrites": [{"when": ["a"], "add": ["b"], "drop": True}], "max_retrievals": 3,
+        "max_transitions": 12, "candidates_per_retrieval": 5, "min_coverage": 0.25})
+    contract = decode("policy-versions", None, orjson.dumps(new)).payload.contracts[0]
+    s = c.settings_of(contract)
+    assert contract.min_relevance == 3.5 and contract.ask_scope
+    assert (s.max_retrievals, s.max_transitions, s.per_retrieval, s.min_coverage) == (3, 12, 5, 0.25)
+    new["decision_types"]["d"]["controller"]["retries"] = 1
+    with pytest.raises(InvalidEvent):
+        decode("policy-versions", None, orjson.dumps(new))

@@ -64,3 +64,22 @@ def test_a_document_near_the_question_but_covering_little_of_it_does_not_answer_
     assert plan["stop_reason"] == "no_relevant_evidence" and plan["retrieval"]["stop"] == "no_rewrite"
     assess = next(e for e in plan["retrieval"]["trace"] if e["step"] == "assess")
     assert assess["min_coverage"] == 0.5 and max(assess["coverage"].values()) < 0.5
+
+
+def test_a_request_about_an_entity_outside_the_principals_scope_stops_before_retrieval():
+    from bench.quality.fixtures import load_corpus
+    from bench.quality.freshplan_run import CorpusCatalog, request_of
+
+    corpus = load_corpus("policies")
+    catalog = CorpusCatalog(corpus)
+    q = next(q for q in corpus.queries if q.id == "q02-boreal-meal")
+    own = compile_request(request_of(q), catalog, None).plan
+    assert own["state"] == "SUFFICIENT"
+    foreign = compile_request(dict(request_of(q), principal="analyst-atlas"), catalog, None)
+    plan = foreign.plan
+    assert plan["stop_reason"] == "out_of_scope" and plan["withheld"] == 0 and plan["admitted"] == []
+    assert plan["rejected"] == [] and plan["retrieval"]["trace"] == []
+    assert "boreal-" not in orjson.dumps([plan, foreign.receipt]).decode()
+    assert "principal:analyst-atlas" in foreign.dependencies     # a new tenant attribute recompiles it
+    unknown = compile_request(dict(request_of(q), principal="nobody"), catalog, None).plan
+    assert unknown["stop_reason"] == "out_of_scope" and unknown["withheld"] == 0
