@@ -209,7 +209,7 @@ def plots(result: dict, directory: Path, stem: str) -> list[str]:
                      [quality["metrics"][name][k] or 0 for k in keys], width=0.2, label=name)
         axis.set_xticks([x + 0.3 for x in range(len(keys))], keys)
         axis.set_ylim(0, 1.05)
-        axis.set_title("003 evaluation (24 frozen queries, 3 tenants)")
+        axis.set_title(f"003 evaluation, corpus {quality['protocol'].get('corpus', 'policies')}")
         axis.legend()
         names.append(_save(fig, directory, f"{stem}-quality.png"))
     return names

@@ -104,11 +104,13 @@ def run(options: BenchOptions, out_dir: Path, say: Callable[[str], None] | None 
     workload = generate(plans=options.plans, changes=options.events, seed=options.seed)
     result: dict = {"schema_version": 1, "captured_at": captured_at, "environment": env, "options": asdict(options)}
 
-    step("003 evaluation: plain top-k, fixed one-shot and freshplan on 24 frozen queries")
+    step("003 evaluation: plain top-k, fixed one-shot and the adaptive controller on two corpora")
     payload = quality_payload(captured_at, env)
     write_json(out_dir / f"{stem}-quality.json", payload)
     result["quality"] = {key: payload[key] for key in ("protocol", "metrics", "seed_figures", "losses",
                                                        "payload_sha256")}
+    result["quality"]["corpora"] = {name: {k: v for k, v in part.items() if k != "traces"}
+                                    for name, part in payload["corpora"].items()}
     result["quality"]["file"] = f"{stem}-quality.json"
 
     step("index memory per plan and restart time")

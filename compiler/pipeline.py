@@ -12,8 +12,10 @@ from compiler.attest import content_hash, dependency_keys, digest, next_change
 from compiler.edge import tidy_all
 from compiler.errors import AdmitError, PlanError, RequestError
 from compiler.evsi import decision_model, plan_observations
-from compiler.policy import Authorisation, CompiledPolicy
-from compiler.relevance import bm25
+from compiler.policy import Authorisation, CompiledPolicy, may_ask
+from compiler import controller
+from compiler.controller import settings_of
+from compiler.relevance import query_terms
 from compiler.request import DecisionRequest, parse_request, plan_key
 from compiler.resolve import out_of_scope, query_names, query_words, resolve_entity, resolve_principal, type_check
 from compiler.selection import Selection, select
@@ -146,8 +148,11 @@ def resolve_request(doc: Any, view: CatalogView, now: datetime | None) -> Resolv
         raise ClockUnknown("clock_unknown", "The service has not seen a clock tick yet, so a live "
                            "decision has no time; send decision_time or wait for the clock.", status=503)
     names = query_names(request.query)
-    # The 003 seed's scope guard: a question about another tenant stops before retrieval.
-    scoped_out = bool(names) and out_of_scope(entity_id, view.entities_named(names))
+    # The 003 seed's scope guard: a question about another tenant stops before retrieval, whether
+    # the tenant is named in its text or is the request's entity outside the principal's scope.
+    scoped_out = (contract.ask_scope and not (known and may_ask(
+        policy, principal, entity_id, purpose=request.purpose, decision_type=contract.decision_type,
+        decision_time=when))) or (bool(names) and out_of_scope(entity_id, view.entities_named(names)))
     candidates = () if scoped_out else tuple(view.candidates(entity_id, contract))
     return Resolved(request, entity_id, principal, known, contract, policy, candidates, when,
                     view.trusted_sources(), scoped_out)
@@ -188,25 +193,30 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
     admission = admit(candidates, entity_id=entity_id, principal=principal, contract=contract,
                       policy=policy, purpose=request.purpose, decision_time=when, trusted=trusted,
                       known_principal=known_principal, verdict=verdict) if not scoped_out else Admission((), (), ())
-    typed_resources = [r for r, _ in admission.typed]
-    scores = bm25(request.query, [f"{r.title} {r.content}" for r in typed_resources])
-    relevance = {r.id: s for r, s in zip(typed_resources, scores, strict=True)}
+    retrieval = controller.Outcome(stop="out_of_scope") if scoped_out else None
+    if retrieval is None:
+        retrieval = controller.run(request.query, [r for r, _ in admission.typed], settings_of(contract),
+                                   contract.min_relevance)
+    usable, unrelated = answerable(admission.typed, retrieval, contract, bool(query_terms(request.query)))
+    typed_resources = [r for r, _ in usable]
+    relevance = {r.id: s for r, s in retrieval.retrieved}
     model = decision_model(contract)
     report = None
     if model is None:
-        chosen = select(admission.typed, relevance, contract, request.budget)
+        chosen = select(usable, relevance, contract, request.budget)
     else:
         evsi_plan = plan_observations(typed_resources, model, request.budget, relevance)
         chosen = Selection(evsi_plan.admitted, evsi_plan.rejected, evsi_plan.spent, False)
         report = evsi_plan.report
     by_id = {r.id: r for r in candidates}
     withheld = [by_id[i] for i in admission.withheld]
-    slots = fill_slots(chosen.admitted, contract, {r.id: props for r, props in admission.typed})
+    slots = fill_slots(chosen.admitted, contract, {r.id: props for r, props in usable})
     state = overall_state(slots, admission.withheld_typed)
-    stop = settled_stop(state, stop_reason(slots, chosen.budget_hit) if model is None else evsi_plan.stop_reason)
+    planner_stop = stop_reason(slots, chosen.budget_hit) if model is None else evsi_plan.stop_reason
+    stop = settled_stop(state, NO_RELEVANT_EVIDENCE if unrelated and not usable else planner_stop)
     if scoped_out:
         state, stop = "INSUFFICIENT", "out_of_scope"
-    rejected = sorted(admission.rejected + chosen.skipped)
+    rejected = sorted(admission.rejected + chosen.skipped + tuple((i, NOT_RELEVANT) for i in unrelated))
     spent = {"tokens": int(chosen.spent.tokens), "calls": int(chosen.spent.calls)}
     spent.update({k: v for k, v in chosen.spent.as_dict().items() if k not in spent})
     key = plan_key(request, entity_id)
@@ -231,7 +241,7 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
         + [{"resource_id": i, "reason": "not_authorised"} for i in admission.withheld],
         "slots": [s.as_dict() for s in slots], "state": state, "stop_reason": stop,
         "budget_spent": spent, "dependencies": deps, "decision": report,
-        "policy_errors": admission.policy_errors,
+        "policy_errors": admission.policy_errors, "retrieval": trace_of(retrieval),
     })
     receipt_id = digest(receipt, prefix="rcpt-")
     receipt["receipt_id"] = receipt_id
@@ -245,9 +255,40 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
         "rejected": [{"resource_id": i, "reason": why} for i, why in rejected],
         "withheld": len(withheld), "slots": [s.as_dict() for s in slots], "stop_reason": stop,
         "budget_spent": spent, "valid_until": valid_until and format_instant(valid_until),
-        "receipt_id": receipt_id, "decision": report,
+        "receipt_id": receipt_id, "decision": report, "retrieval": trace_of(retrieval),
     })
     return CompiledPlan(key, plan_id, receipt_id, plan, receipt, tuple(deps), valid_until, request)
+
+
+NOT_RELEVANT = "not_relevant"
+NO_RELEVANT_EVIDENCE = "no_relevant_evidence"
+
+
+def answerable(typed: Sequence[tuple[Resource, frozenset[str]]], retrieval: controller.Outcome,
+               contract: Contract, asked: bool) -> tuple[tuple[tuple[Resource, frozenset[str]], ...], tuple[str, ...]]:
+    """The typed candidates a question can rest on, and the ids of those it cannot (not relevant).
+
+    With no question there is nothing to be relevant to. Otherwise support needs the controller
+    to have found relevant evidence; a catalogue `min_relevance` or a controller then also keeps
+    each item to what was retrieved above it, while the plain default only asks that the plan
+    has one relevant item (a typed record such as a workflow event speaks to its proposition
+    whatever the question's words).
+    """
+    if not asked:
+        return tuple(typed), ()
+    if not retrieval.sufficient:
+        return (), tuple(sorted(r.id for r, _ in typed))
+    if contract.min_relevance is None and contract.controller is None:
+        return tuple(typed), ()
+    keep = {r.id for r in retrieval.relevant}
+    return (tuple(it for it in typed if it[0].id in keep),
+            tuple(sorted(r.id for r, _ in typed if r.id not in keep)))
+
+
+def trace_of(retrieval: controller.Outcome) -> dict:
+    """The controller's trace as plans and receipts carry it: only ever authorised candidates' ids."""
+    return {"stop": retrieval.stop, "retrievals": retrieval.retrievals, "scored": retrieval.scored,
+            "trace": retrieval.trace}
 
 
 def _edge_keys(query: str, contract: Contract, candidates: Sequence[Resource]) -> set[str]:

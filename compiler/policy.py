@@ -222,6 +222,31 @@ def authorise(policy: CompiledPolicy, principal: Principal, resources: Sequence[
     return verdicts(len(resources), usable, results)
 
 
+ASK = "ask"
+
+
+def may_ask(policy: CompiledPolicy, principal: Principal, entity_id: str, *, purpose: str, decision_type: str,
+            decision_time: datetime) -> bool:
+    """Whether Cedar lets the principal ask about the entity at all (`Action::"ask"` on `Entity::"<id>"`).
+
+    The bundle states the principal's scope (say, the tenants its attributes name); the entity
+    carries its id as an attribute so a policy can compare it. Errors and no decision deny.
+    """
+    try:
+        user = principal_entity(principal)
+    except Unrepresentable:
+        return False
+    entity = {"uid": {"type": "Entity", "id": entity_id}, "attrs": {"id": entity_id}, "parents": []}
+    request = {"principal": user["uid"], "action": {"type": "Action", "id": ASK},
+               "resource": {"type": "Entity", "id": entity_id},
+               "context": request_context(purpose, decision_type, decision_time)}
+    try:
+        [result] = cedarpy.is_authorized_batch([request], policy.policy_set, [user, entity])
+    except Exception:  # noqa: BLE001 - whatever the engine raises, the question is out of scope
+        return False
+    return result.decision == cedarpy.Decision.Allow and not result.diagnostics.errors
+
+
 def entity_documents(principal: Principal, resources: Sequence[Resource]) -> tuple[dict | None, list[dict], list[int]]:
     """The principal's Cedar entity (None if unrepresentable), the resources' that are, and their indexes."""
     try:

@@ -258,7 +258,9 @@ def contract_from(name: str, doc: dict) -> Contract:
     return Contract(decision_type=name, purposes=tuple(doc["purposes"]), propositions=props,
                     threshold=float(doc.get("threshold", 0.8)),
                     conflict_ceiling=float(doc.get("conflict_ceiling", 0.5)),
-                    loss=doc.get("loss"), observations=doc.get("observations"))
+                    loss=doc.get("loss"), observations=doc.get("observations"),
+                    min_relevance=None if doc.get("min_relevance") is None else float(doc["min_relevance"]),
+                    controller=doc.get("controller"), ask_scope=bool(doc.get("ask_scope", False)))
 
 
 def _source_change(doc: dict) -> SourceChange:

@@ -110,6 +110,12 @@ class Contract:
     """Optional loss table for EVSI selection."""
     observations: Any = None
     """Optional observation likelihoods for EVSI selection."""
+    min_relevance: float | None = None
+    """BM25 a resource needs against the query to count as support (None: the plan needs one relevant item)."""
+    controller: Any = None
+    """The adaptive retrieval controller's routes, rewrite rules and budgets (None: one retrieval)."""
+    ask_scope: bool = False
+    """Ask Cedar (`Action::"ask"` on the entity) whether the principal may ask about the entity at all."""
 
 
 @dataclass(frozen=True, slots=True)

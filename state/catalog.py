@@ -313,7 +313,8 @@ def _contract_doc(contract: Contract) -> dict:
         return f"PT{int(p.max_age.total_seconds())}S"
     return {"purposes": list(contract.purposes), "loss": contract.loss, "threshold": contract.threshold,
             "conflict_ceiling": contract.conflict_ceiling,
-            "observations": contract.observations,
+            "observations": contract.observations, "min_relevance": contract.min_relevance,
+            "controller": contract.controller, "ask_scope": contract.ask_scope,
             "propositions": [{"id": p.id, "accepted_classes": list(p.accepted_classes),
                               "required": p.required, "min_independent": p.min_independent,
                               "max_age": age(p), "threshold": p.threshold,

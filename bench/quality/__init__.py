@@ -1,4 +1,4 @@
-"""The 003 evaluation: plain top-k, fixed one-shot and freshplan on 39 documents and 24 frozen queries."""
+"""The 003 evaluation: plain top-k, fixed one-shot and the adaptive controller, on two corpora written apart."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import hashlib
 
 import orjson
 
-from bench.quality.contenders import fixed_one_shot, plain_top_k
-from bench.quality.fixtures import fixture_digest, load_docs, load_queries
-from bench.quality.freshplan_run import CorpusCatalog, freshplan
+from bench.quality.contenders import plain_top_k
+from bench.quality.fixtures import Corpus, load_corpus
+from bench.quality.freshplan_run import MIN_RELEVANCE, MODES, CorpusCatalog, freshplan
 from bench.quality.judge import COST_MILLI, MAX_RETRIEVAL_STEPS, WORK, judge, metrics
-from bench.quality.lexical import SUPPORT_THRESHOLD, TOP_K
 
-CONTENDERS = ("plain_top_k", "fixed_one_shot", "freshplan")
-# The 003 seed's own results (its 2026-07-15 artefact, sha256 7ea15ce2...), for side-by-side reading only:
-# they come from the seed's corpus and controller, not from this run.
+CONTENDERS = ("plain_top_k", *MODES)
+CORPUS_NAMES = ("policies", "clinics")
+# The 003 seed's own published results (its 2026-07-15 artefact, sha256 7ea15ce2...), for side-by-side
+# reading only: they come from the seed's corpus and its controller, not from this run.
 SEED_FIGURES = {
     "fixed_one_shot": {"answer_decision_accuracy": 0.625, "accepted": 15, "relevant_micro_recall": 0.736842,
                        "relevant_retrieved": 14, "answerable_query_recall": 0.722222, "route_accuracy": 0.956522,
@@ -34,34 +34,42 @@ SEED_FIGURES = {
 ENVELOPE = ("captured_at", "environment", "payload_sha256")
 
 
-def evaluate() -> dict:
-    """Every contender on every frozen query: the deterministic payload (no times, paths or machine)."""
-    docs, queries = load_docs(), load_queries()
+def evaluate_corpus(corpus: Corpus) -> dict:
+    """Every contender on every query of one corpus: protocol, metrics, losses and traces."""
+    docs, queries = corpus.docs, corpus.queries
     by_id = {d.id: d for d in docs}
-    catalog = CorpusCatalog(docs)
-    runners = {"plain_top_k": lambda q: plain_top_k(q, docs), "fixed_one_shot": lambda q: fixed_one_shot(q, docs),
-               "freshplan": lambda q: freshplan(q, docs, catalog)}
-    traces, results = [], {}
+    catalogs = {mode: CorpusCatalog(corpus, mode) for mode in MODES}
+    runners = {"plain_top_k": lambda q: plain_top_k(q, docs),
+               **{mode: (lambda q, m=mode: freshplan(q, corpus, catalogs[m])) for mode in MODES}}
     runs = {name: [run(q) for q in queries] for name, run in runners.items()}
     verdicts = {name: [judge(q, r, by_id) for q, r in zip(queries, runs[name], strict=True)] for name in runs}
-    for name in CONTENDERS:
-        results[name] = metrics(queries, runs[name], verdicts[name], routes=name == "fixed_one_shot")
-    for i, q in enumerate(queries):
-        traces.append({"query": q.id, "tenant": q.tenant, "expected": q.expected,
-                       "expected_facts": list(q.expected_facts),
-                       **{name: dict(runs[name][i], **verdicts[name][i]) for name in CONTENDERS}})
-    return {"protocol": {"seed": "003", "documents": len(docs), "tenants": 3, "queries": len(queries),
-                         "expected_abstain": sum(q.expected == "abstain" for q in queries), "top_k": TOP_K,
-                         "support_threshold": SUPPORT_THRESHOLD, "max_retrieval_steps": MAX_RETRIEVAL_STEPS,
-                         "work_units": WORK, "cost_milliunits": COST_MILLI, "fixtures_sha256": fixture_digest()},
-            "metrics": results, "seed_figures": SEED_FIGURES, "losses": losses(traces), "traces": traces}
+    results = {name: metrics(queries, runs[name], verdicts[name], routes=name != "plain_top_k")
+               for name in CONTENDERS}
+    traces = [{"query": q.id, "tenant": q.tenant, "expected": q.expected, "expected_facts": list(q.expected_facts),
+               **{name: dict(runs[name][i], **verdicts[name][i]) for name in CONTENDERS}}
+              for i, q in enumerate(queries)]
+    protocol = {"seed": "003", "corpus": corpus.name, "documents": len(docs), "tenants": len(corpus.tenants),
+                "queries": len(queries), "expected_abstain": sum(q.expected == "abstain" for q in queries),
+                "relevant_expected": sum(len(q.relevant) for q in queries if q.expected == "answer"),
+                "min_relevance": MIN_RELEVANCE, "max_retrieval_steps": MAX_RETRIEVAL_STEPS, "work_units": WORK,
+                "cost_milliunits": COST_MILLI, "fixtures_sha256": corpus.digest}
+    return {"protocol": protocol, "metrics": results, "losses": losses(traces), "traces": traces}
+
+
+def evaluate() -> dict:
+    """The deterministic payload (no times, paths or machine): the first corpus at top level, both under corpora."""
+    corpora = {name: evaluate_corpus(load_corpus(name)) for name in CORPUS_NAMES}
+    first = corpora[CORPUS_NAMES[0]]
+    return {**first, "seed_figures": SEED_FIGURES,
+            "corpora": {n: c for n, c in corpora.items() if n != CORPUS_NAMES[0]}}
 
 
 def losses(traces: list[dict]) -> list[dict]:
-    """Each query freshplan gets wrong, with its failure and what the compiler reported."""
-    return [{"query": t["query"], "expected": t["expected"], "decision": t["freshplan"]["decision"],
-             "failures": t["freshplan"]["failures"], "state": t["freshplan"].get("state"),
-             "stop_reason": t["freshplan"]["stop_reason"]} for t in traces if not t["freshplan"]["accepted"]]
+    """Each query the adaptive controller gets wrong, with its failure and what the compiler reported."""
+    return [{"query": t["query"], "expected": t["expected"], "decision": t["adaptive"]["decision"],
+             "failures": t["adaptive"]["failures"], "state": t["adaptive"].get("state"),
+             "stop_reason": t["adaptive"]["stop_reason"], "controller_stop": t["adaptive"].get("controller_stop")}
+            for t in traces if not t["adaptive"]["accepted"]]
 
 
 def payload_hash(doc: dict) -> str:

@@ -1,11 +1,11 @@
-"""The two lexical contenders of the 003 protocol: plain top-k without ACL, and fixed one-shot with ACL first."""
+"""The lexical negative control of the 003 protocol: plain top-k over every tenant, no scope guard, no ACL."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 from bench.quality.fixtures import Doc, Query
-from bench.quality.lexical import SUPPORT_THRESHOLD, out_of_scope, rank, route
+from bench.quality.lexical import SUPPORT_THRESHOLD, rank
 
 
 def event(kind: str, **fields) -> dict:
@@ -22,24 +22,6 @@ def plain_top_k(query: Query, docs: Sequence[Doc]) -> dict:
     events = [event("retrieve", step=1, query=query.text, route=None, candidates=len(ranked),
                     ranking=[[d.id, s] for d, s in ranked])]
     return _decide(ranked, events, route_taken=None, steps=1)
-
-
-def fixed_one_shot(query: Query, docs: Sequence[Doc]) -> dict:
-    """Route once, stop on another tenant's name, filter by tenant, retrieve once, decide once."""
-    chosen = route(query.text)
-    events = [event("route", query=query.text, route=chosen)]
-    foreign = out_of_scope(query.text, query.tenant)
-    if foreign:
-        # The trace says that a scope stop happened, not which tenant triggered it.
-        events += [event("scope_guard", stop="tenant-scope-mismatch"), event("decide", outcome="abstain")]
-        return {"decision": "abstain", "facts": [], "retrieved": [], "route": chosen, "retrieval_steps": 0,
-                "stop_reason": "tenant-scope-mismatch", "events": events}
-    allowed = [d for d in docs if d.tenant == query.tenant]          # the ACL gate comes before any scoring
-    pool = [d for d in allowed if chosen is None or d.route == chosen]
-    ranked = rank(query.text, pool)
-    events.append(event("retrieve", step=1, query=query.text, route=chosen, candidates=len(ranked),
-                        ranking=[[d.id, s] for d, s in ranked]))
-    return _decide(ranked, events, route_taken=chosen, steps=1)
 
 
 def _decide(ranked: list[tuple[Doc, int]], events: list[dict], route_taken: str | None, steps: int) -> dict:

@@ -1,4 +1,4 @@
-"""The frozen 003 fixtures: 39 policy documents of three tenants and 24 labelled queries."""
+"""The frozen 003 fixtures: two corpora of three tenants each, their labelled queries and catalogue entries."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import orjson
 HERE = Path(__file__).resolve().parent
 CORPUS_FILE = HERE / "corpus.json"
 QUERIES_FILE = HERE / "queries.json"
+CATALOGUE_FILE = HERE / "catalogue.json"
 TENANTS = ("atlas", "boreal", "cinder")
+# The second corpus was written apart from the first: another domain, other tenants, its own thesaurus.
+CORPORA = {"policies": HERE, "clinics": HERE / "clinics"}
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,31 @@ def load_queries(path: Path = QUERIES_FILE) -> tuple[Query, ...]:
                        tuple(r["expected_facts"]), tuple(r["relevant"]), r["why"]) for r in rows)
 
 
-def fixture_digest() -> str:
-    """SHA-256 over both fixture files, so a result names the exact inputs it was computed from."""
+def fixture_digest(directory: Path = HERE) -> str:
+    """SHA-256 over a corpus's fixture files, so a result names the exact inputs it was computed from."""
     h = hashlib.sha256()
-    for path in (CORPUS_FILE, QUERIES_FILE):
-        h.update(path.read_bytes())
+    for name in ("corpus.json", "queries.json", "catalogue.json"):
+        h.update((directory / name).read_bytes())
     return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One corpus: documents, queries, and the catalogue entry (routes, rewrite rules) its bundle ships."""
+
+    name: str
+    docs: tuple[Doc, ...]
+    queries: tuple[Query, ...]
+    tenants: tuple[str, ...]
+    routes: dict
+    rewrites: list
+    digest: str
+
+
+def load_corpus(name: str) -> Corpus:
+    """A corpus by name, from its directory."""
+    directory = CORPORA[name]
+    docs = load_docs(directory / "corpus.json")
+    catalogue = orjson.loads((directory / "catalogue.json").read_bytes())
+    return Corpus(name, docs, load_queries(directory / "queries.json"), tuple(sorted({d.tenant for d in docs})),
+                  catalogue["routes"], catalogue["rewrites"], fixture_digest(directory))

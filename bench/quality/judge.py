@@ -23,7 +23,9 @@ def charges(events: Sequence[dict]) -> tuple[int, int]:
 
 def judge(query: Query, run: dict, docs: dict[str, Doc]) -> dict:
     """Accepted only when the decision type, the exact fact set, the ACL and the step budget all hold."""
-    leaked = [i for i in run["retrieved"] if i not in docs or docs[i].tenant != query.tenant]
+    # Every channel a caller reads: what was retrieved, and whatever else the run found in plan and receipt.
+    leaked = sorted({i for i in run["retrieved"] if i not in docs or docs[i].tenant != query.tenant}
+                    | set(run.get("leaks", ())))
     failures = []
     if leaked:
         failures.append("acl-leakage")           # a hard failure that no other figure can offset
