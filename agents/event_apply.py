@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 from compiler import dependency_keys as dk
+from compiler.trust import unsourced
 from agents.plan_writer import PlanWriter, Touched, wall_now
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
@@ -21,6 +22,15 @@ from state.local_state import LocalState
 from streams.incarnation import record_mark
 
 log = logging.getLogger(__name__)
+
+
+def warn_unsourced(bundle: PolicyBundle) -> None:
+    """Say once per loaded version which authoritative classes no source may assert under it."""
+    for decision_type, classes in unsourced(bundle).items():
+        log.warning("policy bundle %s v%d names no sources for %s, which %s accepts as an authoritative "
+                    "source: every item of those classes is rejected as untrusted_source. Name the provenance "
+                    "groups in the bundle's sources, or set source_trust false to opt out (docs/plans.md)",
+                    bundle.bundle_id, bundle.version, ", ".join(classes), decision_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +183,9 @@ class EventApplier:
                     results[i] = self.state.catalog.apply_policy(payload)
                 except InvalidEvent as exc:
                     results[i] = exc
+                else:
+                    if results[i] is not None:
+                        warn_unsourced(payload)
             elif isinstance(payload, ClockTick):
                 clocks = self.state.store.clocks() if clocks is None else clocks
                 written_at = (datetime.fromtimestamp(m.timestamp, timezone.utc) if m.timestamp

@@ -32,6 +32,8 @@ def bundle(version: int = 1, event_id: str | None = None) -> Record:
     """The bench policy bundle; a new version invalidates every plan (the fan-out case)."""
     body = {"event_id": event_id or f"bench-bundle-{version}", "schema_version": 1, "occurred_at": T0,
             "bundle_id": "bench", "version": version, "effective_at": "2026-01-01T00:00:00Z", "cedar": CEDAR,
+            # Every record is its own source here: the bench measures freshness, so it opts out of trust.
+            "source_trust": False,
             "decision_types": {DECISION: {"purposes": [PURPOSE], "propositions": [
                 {"id": "limit", "accepted_classes": ["record"], "required": True, "min_independent": 1},
                 {"id": "status", "accepted_classes": ["record"], "required": False}]}}}

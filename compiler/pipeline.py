@@ -19,6 +19,7 @@ from compiler.relevance import query_terms
 from compiler.request import DecisionRequest, parse_request, plan_key
 from compiler.resolve import out_of_scope, query_names, query_words, resolve_entity, resolve_principal, type_check
 from compiler.selection import Selection, select
+from compiler.trust import rules_for
 from compiler.slots import fill_slots, overall_state, settled_stop, stop_reason
 from schemas.records import Contract, Principal, Resource
 from schemas.timefmt import format_instant
@@ -185,11 +186,13 @@ def compile_plan(request: DecisionRequest, entity_id: str, principal: Principal,
                  scoped_out: bool = False, verdict: Authorisation | None = None) -> CompiledPlan:
     """Passes 4 to 6 over already resolved inputs; an unknown principal may use nothing.
 
-    `trusted` is the source rules (evidence class -> groups that may assert it); `scoped_out`
+    `trusted` is every bundle's source rules (evidence class -> groups that may assert it); the
+    classes the contract treats as authoritative take the governing version's own (`rules_for`); `scoped_out`
     means the query names another entity, and the plan abstains with nothing admitted;
     `verdict` is Cedar's answer for `candidates` when a batch already asked it.
     """
     check_plan(request, policy, when)
+    trusted = rules_for(contract, policy.trusted, trusted or {})
     admission = admit(candidates, entity_id=entity_id, principal=principal, contract=contract,
                       policy=policy, purpose=request.purpose, decision_time=when, trusted=trusted,
                       known_principal=known_principal, verdict=verdict) if not scoped_out else Admission((), (), ())

@@ -5,16 +5,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import cedarpy
 import orjson
 from cedarpy import pst
 
 from compiler.errors import PolicyError
+from compiler.trust import bundle_trust
 from schemas.records import PolicyBundle, Principal, Resource
 from schemas.timefmt import epoch_seconds
 
@@ -45,6 +46,8 @@ class CompiledPolicy:
     """When a later version of the bundle takes over from this one (None: none is known)."""
     self_contained: bool = False
     """No condition names a User or Resource entity, so other entities in a store cannot change a decision."""
+    trusted: Mapping[str, frozenset[str]] | None = field(default=None, compare=False)
+    """Evidence class -> the groups this version's `sources` name for it; None: the bundle opted out of trust."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ def compile_policy(bundle: PolicyBundle, strict: bool = True) -> CompiledPolicy:
             raise error
     digest = hashlib.sha256(bundle.cedar.encode()).hexdigest()
     return CompiledPolicy(bundle.bundle_id, bundle.version, digest, bundle.effective_at, handle,
-                          self_contained=self_contained(bundle.cedar))
+                          self_contained=self_contained(bundle.cedar), trusted=bundle_trust(bundle))
 
 
 def self_contained(text: str) -> bool:

@@ -281,7 +281,8 @@ def _policy(doc: dict) -> PolicyBundle:
     sources = {group: tuple(classes) for group, classes in (doc.get("sources") or {}).items()}
     return PolicyBundle(bundle_id=doc["bundle_id"], version=int(doc["version"]),
                         effective_at=_instant(doc["effective_at"], "effective_at"), cedar=doc["cedar"],
-                        contracts=contracts, sources=MappingProxyType(sources))
+                        contracts=contracts, sources=MappingProxyType(sources),
+                        source_trust=bool(doc.get("source_trust", True)))
 
 
 def _revocation(doc: dict) -> Revocation:

@@ -134,6 +134,8 @@ class PolicyBundle:
     """Decision types this bundle defines."""
     sources: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: EMPTY)
     """Provenance group -> the evidence classes that source may assert (unlisted groups: any)."""
+    source_trust: bool = True
+    """Admit only named groups for the classes its contracts treat as authoritative (False: opted out)."""
 
 
 @dataclass(frozen=True, slots=True)

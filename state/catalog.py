@@ -251,9 +251,13 @@ class Catalog:
         key = (found.bundle_id, found.version)
         policy = self._policies.get(key)
         if policy is None:  # first use after a restart: parse once, then reuse
-            cedar = self.db.execute("SELECT cedar FROM policy_versions WHERE bundle_id = ? AND version = ?",
-                                    list(key)).fetchone()[0]
-            policy = compile_policy(PolicyBundle(*key, found.effective_at, cedar, ()), strict=False)
+            cedar, sources, trust = self.db.execute(
+                "SELECT cedar, sources, source_trust FROM policy_versions WHERE bundle_id = ? AND version = ?",
+                list(key)).fetchone()
+            rules = {group: tuple(classes) for group, classes in orjson.loads(sources or "{}").items()}
+            # Versions kept before the opt-out existed read as the default: trust on.
+            policy = compile_policy(PolicyBundle(*key, found.effective_at, cedar, (), rules, trust is not False),
+                                    strict=False)
             self._policies[key] = policy
         contract = self._contracts.get(key + (decision_type,))
         if contract is None:

@@ -28,10 +28,11 @@ class Governing:
 
 
 def keep_version(db: duckdb.DuckDBPyConnection, bundle: PolicyBundle, contracts: dict[str, dict]) -> None:
-    """Store one bundle version with its contracts (wire shapes by decision type) and source rules."""
-    db.execute("INSERT INTO policy_versions VALUES (?, ?, ?, ?, ?)",
+    """Store one bundle version with its contracts (wire shapes by decision type), source rules and trust."""
+    db.execute("INSERT INTO policy_versions VALUES (?, ?, ?, ?, ?, ?)",
                [bundle.bundle_id, bundle.version, bundle.effective_at, bundle.cedar,
-                orjson.dumps({group: list(classes) for group, classes in bundle.sources.items()}).decode()])
+                orjson.dumps({group: list(classes) for group, classes in bundle.sources.items()}).decode(),
+                bundle.source_trust])
     for decision_type, body in contracts.items():
         db.execute("INSERT INTO contract_versions VALUES (?, ?, ?, ?)",
                    [bundle.bundle_id, bundle.version, decision_type, orjson.dumps(body).decode()])

@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS source_rules (bundle_id VARCHAR, provenance_group VAR
   PRIMARY KEY (bundle_id, provenance_group));
 CREATE TABLE IF NOT EXISTS contracts (decision_type VARCHAR PRIMARY KEY, bundle_id VARCHAR, body VARCHAR);
 CREATE TABLE IF NOT EXISTS policy_versions (bundle_id VARCHAR, version BIGINT, effective_at TIMESTAMPTZ,
-  cedar VARCHAR, sources VARCHAR, PRIMARY KEY (bundle_id, version));
+  cedar VARCHAR, sources VARCHAR, source_trust BOOLEAN, PRIMARY KEY (bundle_id, version));
 CREATE TABLE IF NOT EXISTS contract_versions (bundle_id VARCHAR, version BIGINT, decision_type VARCHAR,
   body VARCHAR, PRIMARY KEY (bundle_id, version, decision_type));
 CREATE TABLE IF NOT EXISTS plans (

@@ -54,6 +54,8 @@ def _event_ids(db: duckdb.DuckDBPyConnection) -> None:
 def _policy_versions(db: duckdb.DuckDBPyConnection) -> None:
     """Files that kept only each bundle's latest version: that version becomes its first kept one.
 
+    Versions kept before bundles could opt out of source trust get `source_trust` NULL (on).
+
     Revocations recorded before they carried a delegation version apply as of the
     principal's version at migration (fail closed: at least as long as before).
     """
@@ -63,13 +65,18 @@ def _policy_versions(db: duckdb.DuckDBPyConnection) -> None:
         db.execute("ALTER TABLE revoked ADD COLUMN delegation_version BIGINT; "
                    "UPDATE revoked SET delegation_version = p.delegation_version FROM principals p "
                    "WHERE p.id = revoked.principal")
+    kept = {r[0] for r in db.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'policy_versions'").fetchall()}
+    if "source_trust" not in kept:
+        # NULL: kept before bundles could opt out, so the default (trust on) governs them.
+        db.execute("ALTER TABLE policy_versions ADD COLUMN source_trust BOOLEAN")
     missing = db.execute(
         "SELECT bundle_id, version, effective_at, cedar FROM policy_bundles b WHERE NOT EXISTS ("
         "SELECT 1 FROM policy_versions v WHERE v.bundle_id = b.bundle_id AND v.version = b.version)").fetchall()
     for bundle_id, version, effective_at, cedar in missing:
         rules = dict(db.execute("SELECT provenance_group, classes FROM source_rules WHERE bundle_id = ?",
                                 [bundle_id]).fetchall())
-        db.execute("INSERT INTO policy_versions VALUES (?, ?, ?, ?, ?)",
+        db.execute("INSERT INTO policy_versions VALUES (?, ?, ?, ?, ?, NULL)",
                    [bundle_id, version, effective_at, cedar, orjson.dumps(rules).decode()])
         db.execute("INSERT INTO contract_versions SELECT bundle_id, ?, decision_type, body FROM contracts "
                    "WHERE bundle_id = ?", [version, bundle_id])

@@ -96,7 +96,7 @@ def _mixed(n: int, start: int) -> list[tuple[str, dict]]:
     out = []
     for i in range(start, start + n):
         out.append(resource(f"note-{i % 7}", version=i, cls="case_note", supports=(), valid_to=None,
-                            content=f"Note {i}."))
+                            content=f"Note {i}.", provenance_group="relationship-management"))
         out.append(principal(f"bench-user-{i % 5}", delegation_version=1, desk=f"d{i}"))
         out.append(revoke_role(f"bench-gone-{i % 3}", f"role-{i}"))
         out.append(tick(f"2026-08-30T10:{i // 60 % 60:02d}:{i % 60:02d}Z"))

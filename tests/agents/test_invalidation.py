@@ -60,7 +60,7 @@ def test_duplicate_and_redelivered_events_change_nothing(setup):
 def test_identical_recompilation_is_counted_not_announced(setup):
     state, inv, query = setup
     plan = query.select(ATLAS_REQUEST)
-    same = resource("rm-note-N7", version=2, cls="case_note", valid_to=None,
+    same = resource("rm-note-N7", version=2, cls="case_note", valid_to=None, provenance_group="relationship-management",
                     content="The relationship manager says renewal was requested (typo fixed).")
     inv.apply([raw(*same)])
     assert outbox(state, "plan-invalidations") == []
@@ -231,7 +231,8 @@ def test_a_claim_in_a_class_the_contract_does_not_accept_invalidates(setup):
     state, inv, query = setup
     plan = query.select(ATLAS_REQUEST)
     # A case note is no candidate by class, only by what it claims: only the claims key reaches the plan.
-    inv.apply([raw(*resource("rm-note-N8", cls="case_note", valid_to=None))])
+    inv.apply([raw(*resource("rm-note-N8", cls="case_note", valid_to=None,
+                             provenance_group="relationship-management"))])
     status = query.plan_status(plan["plan_id"])
     assert status["status"] == "invalidated" and status["reason"] == "scope_changed"
     assert status["cause"]["dependency_key"] == "scope:ATLAS-IN-01/claims:waiver_valid"

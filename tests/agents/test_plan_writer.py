@@ -49,7 +49,7 @@ def test_an_unchanged_recompilation_later_in_time_rewrites_nothing_but_its_plan_
     receipts = db.execute("SELECT count(*) FROM receipts").fetchone()[0]
     applier.apply([raw(*tick("2026-08-30T10:00:00Z"))])  # event time moves; no horizon crossed
     db.execute("DELETE FROM outbox")
-    same = resource("rm-note-N7", version=2, cls="case_note", valid_to=None,
+    same = resource("rm-note-N7", version=2, cls="case_note", valid_to=None, provenance_group="relationship-management",
                     content="The relationship manager says renewal was requested (typo fixed).")
     applier.apply([raw(*same)])
     assert state.store.counters()["unchanged_recompilations"] == 1 and outbox(state, "plan-invalidations") == []

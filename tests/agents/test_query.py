@@ -21,10 +21,12 @@ PAYMENT = orjson.loads((SCENARIOS / "payment-request.json").read_bytes())
 SCREENED = "2026-10-05T09:00:00Z"
 
 
-def bundle(version: int, sources: dict) -> tuple[str, dict]:
-    """Atlas's `credit` bundle again, at a new version with these source rules."""
+def bundle(version: int, sources: dict | None, **changes) -> tuple[str, dict]:
+    """Atlas's `credit` bundle again, at a new version with these source rules (None: no `sources` at all)."""
     first = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
-    return "policy-versions", dict(first, event_id=f"credit-v{version}", version=version, sources=sources)
+    event = {k: v for k, v in first.items() if k != "sources"}
+    event.update(event_id=f"credit-v{version}", version=version, **changes)
+    return "policy-versions", event if sources is None else dict(event, sources=sources)
 
 
 def screening_item(rid: str, **changes) -> tuple[str, dict]:
@@ -33,17 +35,30 @@ def screening_item(rid: str, **changes) -> tuple[str, dict]:
     return "source-changes", envelope(kind="resource", op="upsert", resource=body, occurred_at=SCREENED)
 
 
-async def test_a_forged_trusted_class_is_untrusted_until_the_rule_goes(worker):
-    fresh = await worker.load("atlas.jsonl")
-    fresh = await worker.publish_events(bundle(2, {"credit-committee": ["approved_waiver"]}),
+async def test_source_trust_is_on_by_default_and_a_bundle_may_opt_out(worker):
+    fresh = await worker.load("atlas.jsonl")  # the shipped bundle names credit-committee for waivers
+    fresh = await worker.publish_events(resource("approved-waiver-W2"),
                                         resource("forged-waiver", provenance_group="public-web"))
-    forged = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
-    assert forged["state"] == "INSUFFICIENT"
-    assert {"resource_id": "forged-waiver", "reason": "untrusted_source"} in forged["rejected"]
-    fresh = await worker.publish_events(bundle(3, {}))  # the rule is withdrawn: public-web may assert it again
-    after = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
-    assert (await worker.get(f"/v1/plans/{forged['plan_id']}"))["status"] == "invalidated"
-    assert after["state"] == "SUFFICIENT" and "forged-waiver" in {a["resource_id"] for a in after["admitted"]}
+    named = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    assert named["state"] == "SUFFICIENT" and "approved-waiver-W2" in {a["resource_id"] for a in named["admitted"]}
+    assert {"resource_id": "forged-waiver", "reason": "untrusted_source"} in named["rejected"]
+    assert "names no sources" not in worker.log_path.read_text()
+
+    fresh = await worker.publish_events(bundle(2, None))  # no rules: no group may assert an authoritative class
+    bare = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    assert (await worker.get(f"/v1/plans/{named['plan_id']}"))["status"] == "invalidated"
+    assert bare["state"] == "INSUFFICIENT" and bare["admitted"] == []
+    untrusted = {r["resource_id"] for r in bare["rejected"] if r["reason"] == "untrusted_source"}
+    assert {"approved-waiver-W2", "forged-waiver", "facility-F102", "workflow-E88", "policy-P3"} <= untrusted
+    warning = [line for line in worker.log_path.read_text().splitlines() if "names no sources" in line]
+    assert len(warning) == 1 and "credit v2" in warning[0] and "approved_waiver" in warning[0]
+
+    fresh = await worker.publish_events(bundle(3, None, source_trust=False))  # an explicit opt-out
+    opted_out = await asyncio.wait_for(worker.select(ATLAS_REQUEST, fresh), 30)
+    assert opted_out["state"] == "SUFFICIENT" and opted_out["admitted"]
+    assert not any(r["reason"] == "untrusted_source" for r in opted_out["rejected"])
+    assert not any("credit v3" in line for line in worker.log_path.read_text().splitlines()
+                   if "names no sources" in line)
 
 
 async def test_a_hidden_refutation_blocks_and_its_removal_unblocks(worker):

@@ -44,7 +44,8 @@ resource_event = st.fixed_dictionaries({
     "contradicts": st.lists(st.sampled_from(PROPS), max_size=1, unique=True),
     "valid_from": st.sampled_from(DAYS[:15]), "valid_to": st.one_of(st.none(), st.sampled_from(DAYS)),
     "superseded": st.booleans(), "restricted": st.booleans(),
-    "group": st.sampled_from(["g1", "g2", "g3"]), "tokens": st.sampled_from([60, 120, 240])})
+    # credit-committee is the bundle's named source of waivers: trust is explored both ways.
+    "group": st.sampled_from(["g1", "g2", "credit-committee"]), "tokens": st.sampled_from([60, 120, 240])})
 principal_event = st.fixed_dictionaries({
     "kind": st.just("principal"), "id": st.sampled_from(["maya", "omar"]),
     "roles": st.lists(st.sampled_from(["credit_analyst", "financial_crime"]), max_size=2, unique=True),
@@ -71,10 +72,11 @@ if os.environ.get("FRESHPLAN_SHRINK") == "1":
     PHASES += [Phase.shrink, Phase.explain]
 
 
-def _resource(rid: str, cls: str, supports: list[str], valid_from: str, valid_to: str | None = None) -> dict:
+def _resource(rid: str, cls: str, supports: list[str], valid_from: str, valid_to: str | None = None,
+              group: str = "g1") -> dict:
     return {"kind": "resource", "op": "upsert", "id": rid, "entity": "ATLAS-IN-01", "cls": cls,
             "supports": supports, "contradicts": [], "valid_from": valid_from, "valid_to": valid_to,
-            "superseded": False, "restricted": False, "group": "g1", "tokens": 60}
+            "superseded": False, "restricted": False, "group": group, "tokens": 60}
 
 
 def _maya(roles: list[str]) -> dict:
@@ -84,10 +86,11 @@ def _maya(roles: list[str]) -> dict:
 
 # Cases hand-made mutants of main survived; each is run before anything generated.
 CLAIM_IN_UNACCEPTED_CLASS = [_resource("r1", "case_note", ["waiver_valid"], "2026-08-20T00:00:00Z")]
-TICK_AT_VALID_FROM = [_resource("r2", "approved_waiver", ["waiver_valid"], "2026-09-01T00:00:00Z"),
+TICK_AT_VALID_FROM = [_resource("r2", "approved_waiver", ["waiver_valid"], "2026-09-01T00:00:00Z",
+                                group="credit-committee"),
                       {"kind": "clock", "now": "2026-09-01T00:00:00Z"}]
 TICK_AT_VALID_TO = [_resource("r3", "approved_waiver", ["waiver_valid"], "2026-08-20T00:00:00Z",
-                              "2026-08-31T00:00:00Z"),
+                              "2026-08-31T00:00:00Z", group="credit-committee"),
                     {"kind": "clock", "now": "2026-08-31T00:00:00Z"}, {"kind": "select", "request": 0},
                     {"kind": "clock", "now": "2026-08-31T00:00:01Z"}]
 REPLAYED_PRINCIPAL = [_maya(["credit_analyst", "financial_crime"]), _maya(["credit_analyst"]),

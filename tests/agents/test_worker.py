@@ -114,6 +114,7 @@ async def test_another_entitys_change_does_not_invalidate_the_atlas_plan(worker)
     fresh = await worker.load("atlas.jsonl")
     plan = await worker.select(ATLAS_REQUEST, fresh)
     boreal = resource("boreal-facility-F7", entity="BOREAL-UK-02", version=2, cls="facility_record",
+                      provenance_group="facility-system",
                       supports=("facility_limit",), valid_to=None, content="Approved limit: 6.0m.")
     waiver = resource("boreal-waiver-W9", entity="BOREAL-UK-02")
     fresh = await worker.publish_events(boreal, waiver)

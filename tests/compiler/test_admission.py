@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
+import orjson
 import pytest
 
 from compiler.admission import admit, fresh_propositions, is_stale
 from compiler.pipeline import compile_request
 from compiler.slots import fill_slots
 from schemas.records import Proposition
-from tests.catalog_double import MemoryCatalog
+from tests.catalog_double import SCENARIOS, MemoryCatalog
 from tests.conftest import ATLAS_REQUEST
 
 NOW = datetime(2026, 8, 30, 9, tzinfo=timezone.utc)
@@ -76,12 +77,31 @@ def test_a_class_a_source_rule_reserves_is_untrusted_from_any_other_group(atlas)
 
 def test_a_forged_waiver_does_not_make_atlas_sufficient(atlas):
     _forged(atlas, "public-web")
-    assert compile_request(ATLAS_REQUEST, atlas, NOW).plan["state"] == "SUFFICIENT"  # before any rule
-    atlas.sources["credit"] = {"credit-committee": ("approved_waiver",)}
-    plan = compile_request(ATLAS_REQUEST, atlas, NOW)
+    plan = compile_request(ATLAS_REQUEST, atlas, NOW)  # the shipped bundle names credit-committee for waivers
     assert plan.plan["state"] == "INSUFFICIENT"
     assert {"resource_id": "waiver-public-web", "reason": "untrusted_source"} in plan.plan["rejected"]
     assert "trust:approved_waiver" in plan.dependencies
+    atlas.apply(*_bundle_v2(atlas_sources=None, source_trust=False))  # an explicit opt-out admits it again
+    assert compile_request(ATLAS_REQUEST, atlas, NOW).plan["state"] == "SUFFICIENT"
+
+
+def test_a_bundle_without_source_rules_trusts_no_group_for_its_authoritative_classes(atlas):
+    atlas.apply(*_bundle_v2(atlas_sources={}))
+    plan = compile_request(ATLAS_REQUEST, atlas, NOW).plan
+    assert plan["admitted"] == [] and plan["state"] == "INSUFFICIENT"
+    # Every typed item is of a class its proposition accepts as the one authoritative source.
+    assert {"facility-F102", "workflow-E88", "policy-P3"} <= {
+        r["resource_id"] for r in plan["rejected"] if r["reason"] == "untrusted_source"}
+
+
+def _bundle_v2(atlas_sources: dict | None, **changes) -> tuple[str, bytes]:
+    """Atlas's bundle at version 2 with these source rules (None: no `sources` field at all)."""
+    event = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    event = dict(event, event_id="credit-v2", version=2, **changes)
+    event.pop("sources")
+    if atlas_sources is not None:
+        event["sources"] = atlas_sources
+    return "policy-versions", orjson.dumps(event)
 
 
 def test_a_max_age_counts_from_observed_at_and_only_in_its_own_slot(atlas):

@@ -80,6 +80,8 @@ def test_precedence_resolves_disagreement_instead_of_conflict(screening):
         if prop["id"] == "screening_clear":
             prop["accepted_classes"] = ["screening_result", "sanctions_hit"]
             prop["precedence"] = ["sanctions_hit", "screening_result"]
+    # sanctions_hit is now the slot's authoritative class too: the vendor must be named for it.
+    bundle["sources"]["sanctions-vendor"] = ["screening_result", "sanctions_hit"]
     screening.apply("policy-versions", orjson.dumps(bundle))
     upsert(screening, "sanctions-hit-22", evidence_class="sanctions_hit", supports=[],
            contradicts=["screening_clear"], provenance_group="sanctions-vendor",
@@ -109,8 +111,9 @@ def test_entitlement_block_comes_before_conflict(screening):
                                                             "allowed_purposes": ["invoice-hold-review"],
                                                             "authority": 0.9})
     assert state(screening) == "CONFLICT"
+    # From a named source of screening results: an untrusted one would be kept out anyway, blocking nothing.
     upsert(screening, "sanctions-hit-9", supports=[], contradicts=["screening_clear"], sensitivity="restricted",
-           provenance_group="sanctions-vendor-2", attributes=HIT)
+           provenance_group="compliance-service", attributes=HIT)
     assert state(screening) == "ENTITLEMENT_BLOCK"
 
 

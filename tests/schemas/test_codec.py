@@ -12,6 +12,7 @@ from jsonschema import Draft202012Validator
 from schemas.codec import TOPICS, decode, event_key, schema_text
 from schemas.errors import InvalidEvent
 from schemas.records import Resource, SourceChange
+from tests.catalog_double import SCENARIOS
 from tests.events import resource, tick
 
 
@@ -108,3 +109,13 @@ def test_a_debezium_envelope_whose_source_is_not_an_object_is_a_schema_violation
     with pytest.raises(InvalidEvent) as caught:
         decode("source-changes", b"k", orjson.dumps({"op": "c", "after": {"id": "x"}, "source": source, "ts_ms": 1}))
     assert caught.value.error_class == "schema_violation"
+
+
+def test_a_bundle_may_opt_out_of_source_trust_and_only_with_a_boolean():
+    first = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    assert decode("policy-versions", b"credit", orjson.dumps(first)).payload.source_trust is True  # the default
+    opted = decode("policy-versions", b"credit", orjson.dumps(dict(first, source_trust=False))).payload
+    assert opted.source_trust is False
+    with pytest.raises(InvalidEvent) as bad:
+        decode("policy-versions", b"credit", orjson.dumps(dict(first, source_trust="off")))
+    assert bad.value.error_class == "schema_violation"

@@ -52,7 +52,8 @@ def test_candidates_are_the_entitys_relevant_resources(state):
     ids = [r.id for r in state.catalog.candidates("ATLAS-IN-01", contract)]
     assert ids == sorted(["facility-F102", "investigation-X9", "policy-P2", "policy-P3", "rm-note-N7",
                           "workflow-E88"])
-    apply(state, *resource("memo", cls="marketing_memo", supports=("brand_tone",)))
+    # Not from credit-committee: the shipped bundle lets that group assert only waivers and committee records.
+    apply(state, *resource("memo", cls="marketing_memo", supports=("brand_tone",), provenance_group="marketing"))
     assert "memo" not in [r.id for r in state.catalog.candidates("ATLAS-IN-01", contract)]
 
 
@@ -227,12 +228,11 @@ def test_entity_names_and_source_trust_announce_what_plans_depend_on(state):
     assert state.catalog.entities_named(["cinder foods", "boreal", "nobody"]) == {
         "cinder foods": ["CINDER-CA-03"], "boreal": ["BOREAL-UK-02"]}
     first = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
-    keys = apply(state, "policy-versions", dict(first, event_id="v2", version=2,
-                                                sources={"credit-committee": ["approved_waiver"]}))
-    assert "trust:approved_waiver" in keys
-    assert state.catalog.trusted_sources() == {"approved_waiver": frozenset({"credit-committee"})}
-    keys = apply(state, "policy-versions", dict(first, event_id="v3", version=3,
-                                                sources={"credit-committee": ["approved_waiver"]}))
+    wider = dict(first["sources"], **{"waiver-desk": ["approved_waiver"]})
+    keys = apply(state, "policy-versions", dict(first, event_id="v2", version=2, sources=wider))
+    assert "trust:approved_waiver" in keys and "trust:facility_record" not in keys
+    assert state.catalog.trusted_sources()["approved_waiver"] == {"credit-committee", "waiver-desk"}
+    keys = apply(state, "policy-versions", dict(first, event_id="v3", version=3, sources=wider))
     assert not any(k.startswith("trust:") for k in keys)  # the same rules: nobody's trust changed
 
 
@@ -311,3 +311,25 @@ def test_a_resource_written_in_a_rolled_back_transaction_is_written_again_whole(
     assert {r.id: r.content for r in state.catalog.candidates("ATLAS-IN-01", contract) if r.id in ("w", "w2")} == {
         "w": "v4 again", "w2": "new again"}
     assert apply(state, *resource("w", version=4, content="repeat")) is None
+
+
+def test_a_kept_version_keeps_its_source_trust_across_a_restart_and_an_older_file_reads_as_on(state, tmp_path):
+    first = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
+    apply(state, "policy-versions", dict(first, event_id="v2", version=2, source_trust=False))
+    state.close()
+    again = LocalState.open(tmp_path / "f.duckdb")  # a new process parses every kept version from the file
+    try:
+        _, policy = again.catalog.contract("credit.review.continuation")
+        assert (policy.version, policy.trusted) == (2, None)
+        _, v1 = again.catalog.contract("credit.review.continuation", datetime(2025, 1, 1, tzinfo=timezone.utc))
+        assert v1.version == 1 and v1.trusted["approved_waiver"] == {"credit-committee"}
+        # As a file from before the opt-out existed: its kept versions read as trust on.
+        again.store.db.execute("ALTER TABLE policy_versions DROP COLUMN source_trust")
+    finally:
+        again.close()
+    old = LocalState.open(tmp_path / "f.duckdb")
+    try:
+        _, policy = old.catalog.contract("credit.review.continuation")
+        assert policy.version == 2 and policy.trusted == v1.trusted
+    finally:
+        old.close()
