@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import orjson
@@ -125,23 +126,29 @@ def charged_events(plan: dict) -> list[dict]:
     return out
 
 
-def leaks(query: Query, corpus: Corpus, compiled) -> list[str]:
-    """Ids of other tenants' documents in any channel the caller reads (plan, rejected, trace, receipt)."""
-    text = orjson.dumps([compiled.plan, compiled.receipt]).decode()
-    found = [d.id for d in corpus.docs if d.tenant != query.tenant and f'"{d.id}"' in text]
-    return found + (["withheld-count"] if compiled.plan["withheld"] else [])
+def leaks(query: Query, corpus: Corpus, channels: Sequence[dict]) -> list[str]:
+    """Ids of other tenants' documents in any channel the caller reads (plan, receipt, plan status, ...)."""
+    text = orjson.dumps(list(channels)).decode()
+    # An id counts wherever it stands whole, quoted or inside a key such as `resource:<id>` in a cause.
+    found = [d.id for d in corpus.docs
+             if d.tenant != query.tenant and re.search(rf"(?<![\w.-]){re.escape(d.id)}(?![\w.-])", text)]
+    return found + (["withheld-count"] if any(c.get("withheld") for c in channels) else [])
 
 
-def freshplan(query: Query, corpus: Corpus, catalog: CorpusCatalog) -> dict:
-    """One compile per query; SUFFICIENT answers with the admitted documents' facts, anything else abstains."""
+def refused(code: str) -> dict:
+    """A refusal is an abstention, charged like a stop before retrieval."""
+    return {"decision": "abstain", "facts": [], "retrieved": [], "route": None, "retrieval_steps": 0,
+            "stop_reason": f"refused:{code}", "state": None, "leaks": [],
+            "events": [event("decide", outcome="abstain")]}
+
+
+def run_of(query: Query, corpus: Corpus, plan: dict, channels: Sequence[dict]) -> dict:
+    """A plan read as the contender's run: SUFFICIENT answers with the admitted documents' facts, else abstains.
+
+    `channels` is everything else the caller may read about it (the receipt, the plan's status);
+    the plan itself is always looked in for leaks.
+    """
     by_id = {d.id: d for d in corpus.docs}
-    try:
-        compiled = compile_request(request_of(query), catalog, None)
-    except RequestError as exc:   # a refusal is an abstention, charged like a stop before retrieval
-        return {"decision": "abstain", "facts": [], "retrieved": [], "route": None, "retrieval_steps": 0,
-                "stop_reason": f"refused:{exc.code}", "state": None, "leaks": [],
-                "events": [event("decide", outcome="abstain")]}
-    plan = compiled.plan
     admitted = [a["resource_id"] for a in plan["admitted"]]
     events = charged_events(plan)
     retrieves = [e for e in events if e["kind"] == "retrieve"]
@@ -153,4 +160,13 @@ def freshplan(query: Query, corpus: Corpus, catalog: CorpusCatalog) -> dict:
             "retrieved": [i for i, _ in retrieves[-1]["ranking"]] if retrieves else [],
             "route": routes[-1] if routes else None, "retrieval_steps": len(retrieves),
             "stop_reason": plan["stop_reason"], "controller_stop": plan["retrieval"]["stop"],
-            "state": plan["state"], "leaks": leaks(query, corpus, compiled), "events": events}
+            "state": plan["state"], "leaks": leaks(query, corpus, [plan, *channels]), "events": events}
+
+
+def freshplan(query: Query, corpus: Corpus, catalog: CorpusCatalog) -> dict:
+    """One compile per query, read as a run (`run_of`); a refusal abstains."""
+    try:
+        compiled = compile_request(request_of(query), catalog, None)
+    except RequestError as exc:
+        return refused(exc.code)
+    return run_of(query, corpus, compiled.plan, [compiled.receipt])

@@ -154,3 +154,15 @@ def test_the_negative_control_scores_every_tenant():
     q = next(q for q in load_queries() if q.id == "q02-boreal-meal")
     run = contenders.plain_top_k(q, load_docs())
     assert any(not i.startswith("boreal-") for i in run["retrieved"])
+
+
+def test_leakage_is_found_in_a_cause_or_dependency_key_as_well_as_a_quoted_id():
+    corpus = load_corpus("policies")
+    q = next(q for q in corpus.queries if q.tenant == "atlas")
+    other = next(d.id for d in corpus.docs if d.tenant == "boreal")
+    own = next(d.id for d in corpus.docs if d.tenant == "atlas")
+    assert freshplan_run.leaks(q, corpus, [{"cause": {"dependency_key": f"resource:{other}"}}]) == [other]
+    assert freshplan_run.leaks(q, corpus, [{"rejected": [{"resource_id": other}]}]) == [other]
+    assert freshplan_run.leaks(q, corpus, [{"withheld": 2}]) == ["withheld-count"]
+    assert freshplan_run.leaks(q, corpus, [{"cause": {"dependency_key": f"resource:{own}"}},
+                                           {"id": f"{other}-draft"}]) == []  # own ids and longer names are not
