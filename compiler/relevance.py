@@ -14,7 +14,9 @@ STOPWORDS = frozenset(
     "a an the is are was were be been being do does did done what which who whom whose when where why how "
     "much many can could should shall must may might will would i we our ours my me you your it its of to "
     "in into on at for from with and or nor by after before get gets got that this these those there their "
-    "they them so if than as any all s t".split())
+    "they them so if than as any all s t".split()
+    # Temporal prepositions and conjunctions are glue of the same kind as `after` and `before`.
+    + "until till while during since".split())
 
 
 def stem(word: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from compiler import controller as c
+from compiler.relevance import query_terms
 from schemas.records import Contract, Proposition, Resource
 
 
@@ -95,3 +96,8 @@ def test_the_policy_versions_schema_takes_the_new_catalogue_fields_and_old_bundl
     new["decision_types"]["d"]["controller"]["retries"] = 1
     with pytest.raises(InvalidEvent):
         decode("policy-versions", None, orjson.dumps(new))
+
+
+def test_temporal_glue_carries_no_topic_as_after_and_before_never_did():
+    assert query_terms("How long until a patient can obtain their chart?") == {"long", "patient", "obtain", "chart"}
+    assert query_terms("refunds before, after, until, while or since the visit") == {"refund", "visit"}
