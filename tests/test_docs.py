@@ -16,7 +16,7 @@ from streams.settings import Settings
 from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
-MANUAL = ("operate.md", "security.md", "cdc.md", "scaling.md", "plans.md", "bench.md", "settings.md")
+MANUAL = ("operate.md", "security.md", "cdc.md", "scaling.md", "plans.md", "evidence.md", "bench.md", "settings.md")
 GENERATED = ("settings.md", "http-api.md", "topics.md")
 
 
