@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timezone
 
+import orjson
+
+from compiler.pipeline import compile_request
 from compiler.trust import authoritative_classes, bundle_trust, rules_for, unsourced
 from schemas.records import PolicyBundle
-from tests.catalog_double import MemoryCatalog
+from tests.catalog_double import SCENARIOS, MemoryCatalog
 
 
 def test_authoritative_classes_are_those_one_item_can_settle_alone():
@@ -41,3 +44,13 @@ def test_a_bundle_lists_the_authoritative_classes_it_names_no_source_for():
     assert unsourced(named)["credit.review.continuation"] == (
         "approved_waiver", "committee_record", "policy_clause", "workflow_event")
     assert policy.trusted["facility_record"] == {"facility-system"}
+
+
+def test_a_typed_delegation_record_from_the_public_web_is_untrusted_under_the_shipped_bundle():
+    screening = MemoryCatalog.from_scenario("screening.jsonl")
+    genuine = screening.resources["delegation-DA-19"]
+    screening.resources["forged-DA"] = replace(genuine, id="forged-DA", provenance_group="public-web")
+    request = orjson.loads((SCENARIOS / "screening-request.json").read_bytes())
+    plan = compile_request(request, screening, None).plan
+    assert {"resource_id": "forged-DA", "reason": "untrusted_source"} in plan["rejected"]
+    assert plan["state"] == "SUFFICIENT"  # the register's own record still establishes the authority
