@@ -201,9 +201,13 @@ def register_routes(app, api: Api, access: Access) -> None:
         async def post(self, request: web.Request) -> web.Response:
             """Pause or resume applying one input topic (maintenance; the revocation guard still watches)."""
             try:
-                body: Any = await request.json()
-            except (ValueError, HTTPRequestEntityTooLarge):
-                body = None
+                body: Any = decode_body(await request.read(), api.query.limits)
+            except RequestError as exc:  # deep nesting would otherwise overflow the stack of a plain json parse
+                return error(self, 400, exc.code, "The body must be a small JSON object: {\"topic\": one of "
+                             f"{', '.join(INPUT_TOPICS)}, \"action\": \"pause\" or \"resume\"}}.")
+            except HTTPRequestEntityTooLarge:
+                return error(self, 413, "body_too_large", "The request body is larger than the server accepts "
+                             "(1 MiB); send {\"topic\": ..., \"action\": ...}.")
             topic = body.get("topic") if isinstance(body, dict) else None
             action = body.get("action") if isinstance(body, dict) else None
             if topic not in INPUT_TOPICS or action not in ("pause", "resume"):

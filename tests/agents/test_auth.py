@@ -112,6 +112,8 @@ async def test_callers_stay_within_their_principals_and_scopes(guarded):
     assert (await call(guarded, "GET", "/healthz"))[1] == {"status": "ok"}  # liveness only
     assert (await call(guarded, "GET", "/healthz", as_("credit-desk")))[1] == {"status": "ok"}  # no status scope
     assert "revocations" in (await call(guarded, "GET", "/healthz", as_("ops")))[1]
+    # This test's own anonymous request: the audit lines checked below must not rely on another test's.
+    assert code(await call(guarded, "GET", "/v1/receipts/rcpt-anonymous")) == (401, "unauthenticated")
 
     lines = [orjson.loads(line) for line in guarded.log_path.read_text().splitlines() if line.startswith("{")]
     audit = [line for line in lines if line.get("logger") == "freshplan.audit"]
@@ -122,6 +124,17 @@ async def test_callers_stay_within_their_principals_and_scopes(guarded):
     assert any(a["caller"] is None and a["outcome"] == "unauthenticated" for a in audit)
     log = guarded.log_path.read_text()
     assert not any(secret in log for secret in SECRETS.values())
+
+
+async def test_every_post_route_answers_a_deep_or_broken_body_with_a_code(guarded):
+    deep, closed = b"[" * 100_000, b"[" * 40 + b"]" * 40  # past orjson's own bound; past ours (32)
+    for path, headers in (("/v1/admin/consumers", as_("ops")), ("/v1/select", as_("credit-desk"))):
+        for body, wanted in ((deep, "malformed_json"), (closed, "body_too_deep"), (b"{oops", "malformed_json")):
+            status, doc, _ = await call(guarded, "POST", path, dict(headers, **{"Content-Type": "application/json"}),
+                                        data=body)
+            assert (status, doc["error"]["code"]) == (400, wanted), (path, body[:10], doc)
+            assert len(doc["error"]["message"]) > 30
+    assert guarded.proc.poll() is None
 
 
 async def test_end_user_jwts_name_the_only_principal(guarded):
