@@ -54,6 +54,7 @@ async def guarded(broker, tmp_path_factory):
         running.metrics_url = f"http://127.0.0.1:{metrics_port}"
         running.callers_file = callers_file
         running.fresh = await running.load("atlas.jsonl")
+        await running.select(ATLAS_REQUEST, running.fresh)  # applied: each test may select at once, run alone too
         yield running
 
 
@@ -149,6 +150,19 @@ async def test_end_user_jwts_name_the_only_principal(guarded):
         assert code(await call(guarded, "POST", "/v1/select", jwt_(bad), ATLAS_REQUEST)) == (401, "unauthenticated")
     assert code(await call(guarded, "POST", "/v1/admin/consumers", jwt_(ec.token("maya")),
                            {"topic": "clock", "action": "pause"})) == (403, "scope_missing")
+
+
+async def test_a_jwt_whose_principal_claim_is_the_wildcard_is_refused(guarded):
+    rsa, ec = SIGNERS
+    for claim in ("*", " * "):
+        for method, path, body in (("POST", "/v1/select", dict(ATLAS_REQUEST, principal="*")),
+                                   ("POST", "/v1/select", ATLAS_REQUEST), ("GET", "/v1/plans/plan-" + "0" * 20, None)):
+            status, doc, _ = await call(guarded, method, path, jwt_(ec.token(claim)), body)
+            assert (status, doc["error"]["code"]) == (403, "principal_not_literal"), (claim, path, doc)
+            assert "callers-file" in doc["error"]["message"] and "plan_id" not in doc
+    assert code(await call(guarded, "POST", "/v1/select", jwt_(rsa.token("sub-of-maya", preferred_username="*")),
+                           ATLAS_REQUEST)) == (403, "principal_not_allowed")  # only the configured claim counts
+    assert (await call(guarded, "POST", "/v1/select", jwt_(rsa.token("maya")), ATLAS_REQUEST))[0] == 200
 
 
 async def test_browsers_rebinding_and_faust_pages_are_kept_out(guarded):
