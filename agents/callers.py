@@ -43,6 +43,11 @@ class Caller:
         """Whether a select (or a read of a plan or receipt) naming this principal is allowed."""
         return (self.wildcard_allowed and "*" in self.principals) or principal in self.principals
 
+    def may_read(self, principal: str | None) -> bool:
+        """Whether a plan or receipt of this principal may be shown; one whose principal is unknown only to a
+        caller allowed any (an auditor)."""
+        return self.wildcard_allowed and "*" in self.principals if principal is None else self.may_ask_for(principal)
+
 
 def digest(secret: str) -> bytes:
     """The sha256 a callers file stores for a secret."""

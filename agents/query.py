@@ -31,6 +31,10 @@ class StateError(RequestError):
     pass_name = "state"
 
 
+MayRead = Callable[[str | None], bool]
+"""Whether the caller may see a plan or receipt of this principal (None: the principal is not known)."""
+
+
 class NotOwner(Exception):
     """The entity's plans belong to a partition another worker owns: its owner answers the select."""
 
@@ -245,21 +249,23 @@ class QueryService:
         taken, self.selected = self.selected, set()
         return taken
 
-    def plan_status(self, plan_id: str) -> dict[str, Any] | None:
+    def plan_status(self, plan_id: str, may_read: MayRead = lambda principal: True) -> dict[str, Any] | None:
         """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown.
 
         Raises NotOwner for a plan of another worker's partition that is not invalidated here: only
         its owner hears of its invalidations, so "fresh" from here (a plan handed back, or one known
         only parked) may be stale. An invalidation known here is final and answered here (the owner
-        keeps only each key's latest plan of what it took over).
+        keeps only each key's latest plan of what it took over). A plan whose principal `may_read`
+        refuses (None: the principal is not known here) is None, as an unknown one, before any owner is asked.
         """
         try:
             facts = plan_facts(self.state, plan_id)
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
-        return self._owned_status(*facts)
+        return self._owned_status(*facts, may_read)
 
-    async def plan_status_async(self, plan_id: str, read: Callable[..., Awaitable[Any]]) -> dict[str, Any] | None:
+    async def plan_status_async(self, plan_id: str, read: Callable[..., Awaitable[Any]],
+                                may_read: MayRead) -> dict[str, Any] | None:
         """As `plan_status`, the file read by `read` (the status thread, with a cursor of its own): never on the loop.
 
         Subscribers ask after every announcement they hear, so these reads come as often as invalidations.
@@ -269,9 +275,12 @@ class QueryService:
             facts = await read(lambda state: plan_facts(state, plan_id))
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
-        return self._owned_status(*facts)
+        return self._owned_status(*facts, may_read)
 
-    def _owned_status(self, status: dict[str, Any] | None, entity_id: str | None) -> dict[str, Any] | None:
+    def _owned_status(self, status: dict[str, Any] | None, entity_id: str | None, principal: str | None,
+                      may_read: MayRead) -> dict[str, Any] | None:
+        if (status is not None or entity_id is not None) and not may_read(principal):
+            return None  # no existence oracle: a plan the caller may not ask about is unknown to it
         if status is not None and status["status"] == "invalidated":
             return status
         partition = None if entity_id is None else self.foreign_partition(entity_id)
@@ -294,26 +303,26 @@ class QueryService:
         return doc
 
 
-def plan_facts(state: LocalState, plan_id: str) -> tuple[dict[str, Any] | None, str | None]:
-    """What a plan's status reads from the file: its status (or eviction), and its entity unless invalidated."""
+def plan_facts(state: LocalState, plan_id: str) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """What a plan status reads from the file: status (or eviction), entity unless invalidated, principal."""
     status = state.plans.status(plan_id) or state.retention.evicted_status(plan_id)
-    if status is not None and status["status"] == "invalidated":
-        return status, None
-    return status, _entity_of(state, plan_id)
+    entity_id, principal = _owner_of(state, plan_id)  # a plan only parked here has an entity and no status
+    return status, None if status is not None and status["status"] == "invalidated" else entity_id, principal
 
 
-def _entity_of(state: LocalState, plan_id: str) -> str | None:
-    """The canonical entity of a plan stored here or parked from `plan-dependencies`, if any."""
+def _owner_of(state: LocalState, plan_id: str) -> tuple[str | None, str | None]:
+    """The canonical entity and principal of a plan stored here or parked from `plan-dependencies`, if any."""
     db = state.store.db
-    row = db.execute("SELECT json_extract_string(plan, '$.entity_id') FROM plans WHERE plan_id = ?",
-                     [plan_id]).fetchone()
+    row = db.execute("SELECT json_extract_string(plan, '$.entity_id'), json_extract_string(plan, "
+                     "'$.request.principal') FROM plans WHERE plan_id = ?", [plan_id]).fetchone()
     if row is None:
         try:
-            row = db.execute("SELECT json_extract_string(record, '$.entity_id') FROM parked_plans "
-                             "WHERE plan_id = ? LIMIT 1", [plan_id]).fetchone()
+            row = db.execute("SELECT json_extract_string(record, '$.entity_id'), json_extract_string(record, "
+                             "'$.request.principal') FROM parked_plans WHERE plan_id = ? LIMIT 1",
+                             [plan_id]).fetchone()
         except duckdb.CatalogException:  # a file no plan feed ever wrote to (replay, a lone worker's tools)
-            return None
-    return row[0] if row else None
+            return None, None
+    return (row[0], row[1]) if row else (None, None)
 
 
 def file_health(state: LocalState) -> dict[str, Any]:

@@ -60,8 +60,9 @@ class Api:
     """Wait (up to the freshness wait) until the replica has checked its offsets against the broker."""
     receipt: Callable[[str], dict[str, Any] | None]
     """A stored receipt by id."""
-    plan_status: Callable[[str], Awaitable[dict[str, Any] | None]]
-    """A plan id's status (None: unknown here); raises NotOwner for a plan another worker answers for."""
+    plan_status: Callable[[str, Callable[[str | None], bool]], Awaitable[dict[str, Any] | None]]
+    """A plan id's status (None: unknown here, or of a principal the predicate refuses); raises NotOwner for a
+    plan another worker answers for."""
     publish: Callable[[], Awaitable[int]]
     """Publish the outbox now; never raises."""
     pause: Callable[[str], list[int]]
@@ -169,7 +170,7 @@ def register_routes(app, api: Api, access: Access) -> None:
                 return error(self, 404, "unknown_plan", "No plan has that id: plan ids are 'plan-' and "
                              f"{PLAN_ID_HEX} hex digits, as /v1/select returns them.")
             try:
-                status = await api.plan_status(plan_id)
+                status = await api.plan_status(plan_id, _reader(request))
             except NotOwner as exc:
                 code, doc = await _forwarded(api, exc, None, request.headers, f"/v1/plans/{quote(plan_id, safe='')}")
                 request[AUDIT]["plan_id"] = plan_id
@@ -190,7 +191,8 @@ def register_routes(app, api: Api, access: Access) -> None:
     class Receipt(web.View):
         async def get(self, request: web.Request, receipt_id: str) -> web.Response:
             receipt = api.receipt(receipt_id)
-            if receipt is None:
+            principal = (receipt.get("request") or {}).get("principal") if receipt is not None else None
+            if receipt is None or not _reader(request)(principal if isinstance(principal, str) else None):
                 return error(self, 404, "unknown_receipt", f"No receipt '{receipt_id}' is known to this "
                              "worker; use a receipt_id from a plan or the receipts topic.")
             request[AUDIT]["plan_id"] = receipt.get("plan_id")
@@ -262,6 +264,12 @@ def register_routes(app, api: Api, access: Access) -> None:
                 return error(self, 503, "owner_unavailable", "The consumer group has not yet said which plan "
                              "partitions this worker owns; it is ready once the rebalance completes.", "ready")
             return self.json({"status": "ready"})
+
+
+def _reader(request: web.Request) -> Callable[[str | None], bool]:
+    """Whether the request's caller may see a plan or receipt of a principal (no caller: nothing)."""
+    caller = request.get(CALLER)
+    return caller.may_read if caller is not None else (lambda principal: False)
 
 
 async def _forwarded(api: Api, exc: NotOwner, body: Any, headers,

@@ -17,7 +17,7 @@ from tests.conftest import ATLAS_REQUEST, ROOT, launch
 from tests.jwt_keys import AUDIENCE, ISSUER, make_signers, unsigned, write_jwks
 
 SECRETS = {"support-gateway": "gateway-secret-0001", "credit-desk": "desk-secret-000001",
-           "ops": "ops-secret-00000001", "auditor": "auditor-secret-0001"}
+           "ops": "ops-secret-00000001", "auditor": "auditor-secret-0001", "sam-desk": "sam-desk-secret-0001"}
 SIGNERS = make_signers()
 
 
@@ -28,7 +28,8 @@ def caller(cid: str, principals: list[str], scopes: list[str]) -> dict:
 
 CALLERS = [caller("support-gateway", ["sam", "lee"], ["select", "plans"]),
            caller("credit-desk", ["*"], ["select", "plans", "receipts"]),
-           caller("ops", [], ["admin", "status"])]
+           caller("ops", [], ["admin", "status"]),
+           caller("sam-desk", ["sam"], ["select", "plans", "receipts"])]
 
 
 def as_(cid: str) -> dict[str, str]:
@@ -108,7 +109,7 @@ async def test_callers_stay_within_their_principals_and_scopes(guarded):
     assert status == 200 and receipt["plan_id"] == plan["plan_id"] and receipt["rejected"]
     assert all(set(item) <= {"resource_id", "reason", "version"} for item in receipt["rejected"]), receipt
     assert code(await call(guarded, "GET", "/v1/receipts/rcpt-none", as_("credit-desk"))) == (404, "unknown_receipt")
-    assert (await call(guarded, "GET", f"/v1/plans/{plan['plan_id']}", as_("support-gateway")))[0] == 200
+    assert (await call(guarded, "GET", f"/v1/plans/{plan['plan_id']}", as_("credit-desk")))[0] == 200
 
     assert (await call(guarded, "GET", "/healthz"))[1] == {"status": "ok"}  # liveness only
     assert (await call(guarded, "GET", "/healthz", as_("credit-desk")))[1] == {"status": "ok"}  # no status scope
@@ -136,6 +137,43 @@ async def test_every_post_route_answers_a_deep_or_broken_body_with_a_code(guarde
             assert (status, doc["error"]["code"]) == (400, wanted), (path, body[:10], doc)
             assert len(doc["error"]["message"]) > 30
     assert guarded.proc.poll() is None
+
+
+def _unknown(doc: dict, known_id: str, unknown_id: str) -> dict:
+    return json.loads(json.dumps(doc).replace(known_id, unknown_id))
+
+
+async def test_plans_and_receipts_of_other_principals_are_unknown_to_a_caller(guarded):
+    rsa, _ = SIGNERS
+    status, plan, _ = await call(guarded, "POST", "/v1/select", as_("credit-desk"),
+                                 dict(ATLAS_REQUEST, at_least_as_fresh=guarded.fresh))
+    assert status == 200 and plan["request"]["principal"] == "maya", plan
+    plan_id, receipt_id = plan["plan_id"], plan["receipt_id"]
+    nobody_plan, nobody_receipt = "plan-" + "f" * 20, "rcpt-" + "f" * 20
+    unknown_plan = await call(guarded, "GET", f"/v1/plans/{nobody_plan}", as_("credit-desk"))
+    unknown_receipt = await call(guarded, "GET", f"/v1/receipts/{nobody_receipt}", as_("credit-desk"))
+    assert code(unknown_plan) == (404, "unknown_plan") and code(unknown_receipt) == (404, "unknown_receipt")
+
+    # A caller limited to sam, and a JWT for sam: maya's plan and receipt answer as ids nobody issued.
+    for headers in (as_("sam-desk"), as_("support-gateway"), jwt_(rsa.token("sam"))):
+        status, doc, _ = await call(guarded, "GET", f"/v1/plans/{plan_id}", headers)
+        assert status == 404 and _unknown(doc, plan_id, nobody_plan) == unknown_plan[1], doc
+    status, doc, _ = await call(guarded, "GET", f"/v1/receipts/{receipt_id}", as_("sam-desk"))
+    assert status == 404 and _unknown(doc, receipt_id, nobody_receipt) == unknown_receipt[1], doc
+    assert "withheld" not in json.dumps(doc) and "maya" not in json.dumps(doc)
+
+    # The principal's own JWT and an auditor whose principals cover it still read them.
+    status, doc, _ = await call(guarded, "GET", f"/v1/plans/{plan_id}", jwt_(rsa.token("maya")))
+    assert status == 200 and doc["plan_id"] == plan_id, doc
+    status, doc, _ = await call(guarded, "GET", f"/v1/receipts/{receipt_id}", as_("credit-desk"))
+    assert status == 200 and doc["plan_id"] == plan_id
+    # sam's own plan and receipt are sam-desk's to read.
+    status, own, _ = await call(guarded, "POST", "/v1/select", as_("sam-desk"), dict(ATLAS_REQUEST, principal="sam"))
+    assert status == 200, own
+    assert (await call(guarded, "GET", f"/v1/plans/{own['plan_id']}", as_("sam-desk")))[0] == 200
+    assert (await call(guarded, "GET", f"/v1/receipts/{own['receipt_id']}", as_("sam-desk")))[0] == 200
+    assert code(await call(guarded, "GET", f"/v1/plans/{own['plan_id']}", jwt_(rsa.token("maya")))) == (
+        404, "unknown_plan")
 
 
 async def test_end_user_jwts_name_the_only_principal(guarded):

@@ -119,6 +119,22 @@ async def test_forwarding_gives_a_hostile_caller_nothing_the_owner_would_refuse(
             status, doc, _ = await call(other.url, "/v1/select", gateway, dict(ATLAS_REQUEST, principal="sam"))
             _not_500(status, doc)
             assert status == 200 and doc["served_by"].rstrip("/").endswith(owner.url[-5:]), doc
+            sams = doc["plan_id"]
+            # maya's plan status is unknown to the sam-only caller on every path: at the owner, through the
+            # peer (which forwards or asks the owners), and with a spoofed forwarding header; same body as an
+            # id nobody issued. The desk reads it through the peer; the gateway reads sam's.
+            nobody = "plan-" + "e" * 20
+            _, unknown, _ = await call(other.url, f"/v1/plans/{nobody}", gateway, method="GET")
+            assert unknown["error"]["code"] == "unknown_plan", unknown
+            for url, extra in ((other.url, {}), (owner.url, {}), (owner.url, {FORWARDED_HEADER: "1"}),
+                               (other.url, {FORWARDED_HEADER: "1"})):
+                status, doc, _ = await call(url, f"/v1/plans/{plan['plan_id']}", {**gateway, **extra}, method="GET")
+                assert status == 404 and json.loads(json.dumps(doc).replace(plan["plan_id"], nobody)) == unknown, doc
+            for url in (other.url, owner.url):
+                status, doc, _ = await call(url, f"/v1/plans/{plan['plan_id']}", desk, method="GET")
+                assert status == 200 and doc["plan_id"] == plan["plan_id"], doc
+                status, doc, _ = await call(url, f"/v1/plans/{sams}", gateway, method="GET")
+                assert status == 200 and doc["plan_id"] == sams, doc
 
             # Huge bodies are refused where they arrive, with the service's error shape.
             huge = orjson.dumps(dict(ATLAS_REQUEST, query="x" * 3_000_000))
