@@ -15,6 +15,7 @@ from pathlib import Path
 from agents.cli_cdc import add_parser as add_cdc_parser
 from agents.cli_client import cmd_plan, cmd_select, cmd_status
 from agents.cli_settings import _cdc_mapping, _run_info, _settings
+from agents.cli_tokens import add_tokens_parser
 from streams.settings import Settings
 
 log = logging.getLogger("freshplan")
@@ -334,6 +335,7 @@ def parser() -> argparse.ArgumentParser:
                        help="plans in the restart measurement (default 1000000)")
     bench.add_argument("--seed", type=int, help="workload seed (default 7)")
     bench.set_defaults(func=cmd_bench)
+    add_tokens_parser(sub)
     chaos = sub.add_parser("chaos", help="run the fault catalogue against live workers and print what held",
                            description=cmd_chaos.__doc__)
     chaos.add_argument("--out", help="also write the outcomes as JSON to this file")

@@ -15,6 +15,7 @@ from compiler.request import Limits, parse_request, plan_key
 from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
 from agents.plan_writer import PlanWriter
+from agents.token_keys import TokenKeys
 from state.head_cache import Head
 from state.local_state import LocalState
 
@@ -65,7 +66,8 @@ class QueryService:
         # The input offsets applied and committed, kept in memory (the replica's); None: read them from the file.
         self.position: Callable[[], dict[str, dict[int, int]]] | None = None
         self.check_heads = False  # tests: compare every in-memory hit with the file (see `_check_hit`)
-        self._token_cache: tuple[object, str] | None = None
+        self.tokens = TokenKeys.ephemeral()  # a worker's: the group's key file (see agents.token_keys)
+        self._token_cache: tuple[object, bytes, str] | None = None
 
     def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
         """Record a failed read of the state file and return the refusal to send (never a 500)."""
@@ -88,7 +90,11 @@ class QueryService:
 
     def token(self) -> str:
         """Freshness token of the state as it is now."""
-        return _token_of(self.state.store)
+        return self.sign(self.state.store.position())
+
+    def sign(self, position: tuple[dict[str, dict[int, int]], str | None, int]) -> str:
+        """The signed token of a position (offsets, cluster id, rebase epoch)."""
+        return encode_token(*position, key=self.tokens.sign_with())
 
     def select(self, doc: Any) -> dict[str, Any]:
         """Return the plan for a select body, compiling on this thread; raises RequestError for bad requests."""
@@ -180,18 +186,18 @@ class QueryService:
                 raise NotOwner(entity_id, partition)
             key = plan_key(request, entity_id)
             plan = self.state.plans.fresh_plan(key)
-            token = _token_of(store) if plan is not None else None
+            token = self.sign(store.position()) if plan is not None else None
         head = (Head(plan["plan_id"], orjson.dumps(plan)) if plan is not None and isinstance(plan.get("plan_id"), str)
                 else None)
         store.heads.fill(generation, key if head else None, head, request.entity, entity_id)
         return Found(request, key, plan, token, "cache", degraded, entity_id=entity_id)
 
     def _token_at(self, position: tuple[dict[str, dict[int, int]], str | None, int]) -> str:
-        """The token of a published position (encoded once per position, not per select)."""
-        cached = self._token_cache
-        if cached is None or cached[0] is not position:
-            cached = self._token_cache = (position, encode_token(*position))
-        return cached[1]
+        """The token of a published position (signed once per position and key, not per select)."""
+        cached, key = self._token_cache, self.tokens.sign_with()
+        if cached is None or cached[0] is not position or cached[1] is not key:
+            cached = self._token_cache = (position, key, encode_token(*position, key=key))
+        return cached[2]
 
     def _check_hit(self, found: "Found", plan_id: str, version: int) -> bool:
         """Whether the file agrees with an in-memory hit; a disagreement is logged and counted (tests fail on it).
@@ -229,7 +235,8 @@ class QueryService:
         if plan is None:
             plan = self.writer.compile_select(found.request, counts, self.on_compile).plan
             served_from = "compiled"
-        return replace(found, plan=plan, token=_token_of(state.store), served_from=served_from, counts=counts)
+        return replace(found, plan=plan, token=self.sign(state.store.position()), served_from=served_from,
+                       counts=counts)
 
     def _merge(self, found: "Found") -> "Found":
         self.selects.update(found.counts)  # counted here: the selects counter belongs to the caller's thread
@@ -294,7 +301,8 @@ class QueryService:
         if figures is None:
             doc: dict[str, Any] = {"status": "state_unreadable", "revocations": revocations}
         else:
-            doc = {"status": "ok", **{k: v for k, v in figures.items() if k != "counters"},
+            doc = {"status": "ok", **{k: v for k, v in figures.items() if k not in ("counters", "position")},
+                   "freshness_token": self.sign(figures["position"]),
                    "head_cache": self.state.store.heads.sizes(),
                    "counters": dict(Counter(figures["counters"]) + self.selects), "revocations": revocations,
                    "lag": self.guard.lags() if self.guard else {}, "last_events": dict(self.last_events)}
@@ -330,7 +338,7 @@ def file_health(state: LocalState) -> dict[str, Any]:
     store = state.store
     now = store.now()
     return {"now": now and now.isoformat().replace("+00:00", "Z"), "applied_offsets": store.next_offsets(),
-            "freshness_token": _token_of(store), "plans": state.plans.counts(), "index_edges": state.index.size(),
+            "position": store.position(), "plans": state.plans.counts(), "index_edges": state.index.size(),
             "outbox": state.outbox.size(), "retention": state.retention.sizes(), "counters": store.counters()}
 
 
@@ -355,7 +363,3 @@ class Found:
     entity_id: str = ""
     """The canonical entity id the request resolved to (its partition owns the plan)."""
 
-
-def _token_of(store) -> str:
-    offsets, cluster_id, epoch = store.position()
-    return encode_token(offsets, cluster_id, epoch)

@@ -114,10 +114,11 @@ def register_routes(app, api: Api, access: Access) -> None:
                 request[AUDIT]["principal"] = body["principal"].strip()
             wanted = body.get("at_least_as_fresh") if isinstance(body, dict) else None
             if wanted:
-                try:
-                    target = read_token(wanted)
+                try:  # the MAC first, at once: a made-up token must not hold the request for the freshness wait
+                    target = read_token(wanted, access.token_keys.accepted())
                 except BadToken as exc:
-                    return error(self, 400, "invalid_freshness_token", str(exc), "attest")
+                    api.query.selects["refused.token_invalid"] += 1
+                    return error(self, 400, exc.code, str(exc), "attest")
                 # Until the replica has checked the broker, no incarnation is recorded to compare with.
                 if not target.same_incarnation(*api.incarnation()) and (
                         not await api.incarnation_checked() or not target.same_incarnation(*api.incarnation())):

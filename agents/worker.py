@@ -183,7 +183,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     guard = LagWatcher(reader.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound, kafka=kafka)
     query = QueryService(reader, plan_writer, guard)
-    query.last_events = applier.last_event
+    query.last_events, query.tokens = applier.last_event, access.token_keys
     query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
                           calls=settings.max_budget_calls)
     metrics = Metrics(reader, query, guard, probe, collector, chores)

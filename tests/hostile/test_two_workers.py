@@ -16,11 +16,11 @@ import orjson
 import pytest
 
 from agents.forward import FORWARDED_HEADER
-from schemas.freshness import encode_token, read_token
+from schemas.freshness import read_token
 from schemas.plan_partition import plan_partition
 from streams.broker import EmbeddedBroker
-from tests.conftest import (ATLAS_REQUEST, ROOT, WorkerProcess, _wait_http, eventually as _until, freshest, launch,
-                            start_peer)
+from tests.conftest import (ATLAS_REQUEST, ROOT, WorkerProcess, _wait_http, accepted_keys, eventually as _until,
+                            freshest, launch, sign_token, start_peer)
 from tests.events import principal, resource, revoke_role
 
 pytestmark = pytest.mark.timeout(150)
@@ -149,12 +149,12 @@ async def test_forwarding_gives_a_hostile_caller_nothing_the_owner_would_refuse(
             status, doc, _ = await call(other.url, "/v1/select", desk,
                                         dict(ATLAS_REQUEST, at_least_as_fresh=freshest(fresh, revoked)))
             assert status == 200 and doc["admitted"] == [] and doc["plan_id"] != plan["plan_id"], doc
-            token = read_token(revoked)
-            future = encode_token({t: {p: o + 1000 for p, o in ps.items()} for t, ps in token.offsets.items()},
-                                  token.cluster_id)
+            token = read_token(revoked, accepted_keys())
+            future = sign_token({t: {p: o + 1000 for p, o in ps.items()} for t, ps in token.offsets.items()},
+                                token.cluster_id)
             status, doc, _ = await call(other.url, "/v1/select", desk, dict(ATLAS_REQUEST, at_least_as_fresh=future))
             assert status == 503 and doc["error"]["code"] == "not_fresh_enough", doc
-            elsewhere = encode_token(token.offsets, "another-cluster")
+            elsewhere = sign_token(token.offsets, "another-cluster")
             status, doc, _ = await call(other.url, "/v1/select", desk,
                                         dict(ATLAS_REQUEST, at_least_as_fresh=elsewhere))
             assert status == 409 and doc["error"]["code"] == "token_other_incarnation", doc
