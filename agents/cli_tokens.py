@@ -1,4 +1,4 @@
-"""`freshplan tokens rotate`: a new freshness-token signing key, the old one accepted for a grace period."""
+"""`freshplan tokens init|rotate`: the freshness-token key file, made once; a new key, the old one accepted a while."""
 
 from __future__ import annotations
 
@@ -26,6 +26,21 @@ def cmd_tokens_rotate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tokens_init(args: argparse.Namespace) -> int:
+    """Make the token key file if it does not exist (what `freshplan run` does on first start), e.g. once on a
+    volume that every worker of a group mounts; an existing file is checked and kept."""
+    from agents.token_keys import TokenKeyError, TokenKeys
+
+    path = _settings(args).token_keys_path
+    try:
+        keys = TokenKeys(path).ensure()
+    except TokenKeyError as exc:
+        print(f"freshplan tokens init: {exc}", file=sys.stderr)
+        return 2
+    print(f"freshplan: {path} holds {len(keys.keys)} keys")
+    return 0
+
+
 def add_tokens_parser(sub) -> None:
     """Register `freshplan tokens rotate` on the CLI's subcommands."""
     tokens = sub.add_parser("tokens", help="the keys that sign freshness tokens")
@@ -39,3 +54,7 @@ def add_tokens_parser(sub) -> None:
                         help="seconds before the new key signs; every worker must have re-read the file by then "
                              "(default 10)")
     rotate.set_defaults(func=cmd_tokens_rotate)
+    init = tokens_sub.add_parser("init", help="make the key file if it does not exist",
+                                 description=cmd_tokens_init.__doc__)
+    init.add_argument("--state-dir", help="state directory holding token-keys.json (default .freshplan)")
+    init.set_defaults(func=cmd_tokens_init)

@@ -135,6 +135,10 @@ def register_routes(app, api: Api, access: Access) -> None:
                 result = await api.select(body)
             except NotOwner as exc:
                 status, doc = await _forwarded(api, exc, body, request.headers)
+                if status == 400 and wanted and doc.get("error", {}).get("code") == "token_invalid":
+                    log.error("the owner refused a freshness token this worker accepted: the group's workers do not "
+                              "share one token key file (FRESHPLAN_TOKEN_KEY_FILE)",
+                              extra={"error_class": "token_keys_not_shared"})
                 if status >= 300:
                     if status == 503:
                         api.query.selects["refused.owner_unavailable"] += 1
