@@ -255,8 +255,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Start an embedded broker and a worker per fault (broker reset, oversized plan, id collision, poisoned
-    `plans`, paused policies, hostile requests, clock jump, read load, withheld cause), inflict it, and print
-    a table: fault, expected, observed, held. Exits 1 if any promise broke."""
+    `plans`, paused policies, hostile requests, clock jump, read load, withheld cause, forged tokens), inflict
+    it, and print a table: fault, expected, observed, held. Exits 1 if any promise broke."""
     from bench.chaos import main as chaos_main
 
     return chaos_main(Path(args.out) if args.out else None, args.only)
@@ -341,7 +341,8 @@ def parser() -> argparse.ArgumentParser:
     chaos.add_argument("--out", help="also write the outcomes as JSON to this file")
     chaos.add_argument("--only", action="append", metavar="FAULT",
                        help="run only this fault (repeatable): reset_broker, oversized_plan, id_collision, "
-                            "poisoned_plans, paused_policies, hostile_requests, clock_jump, read_load, withheld_cause")
+                            "poisoned_plans, paused_policies, hostile_requests, clock_jump, read_load, withheld_cause, "
+                            "forged_token")
     chaos.set_defaults(func=cmd_chaos)
     schemas = sub.add_parser("schemas", help="wire contracts: JSON Schemas per topic")
     schemas_sub = schemas.add_subparsers(dest="schemas_command", required=True)
