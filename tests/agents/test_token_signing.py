@@ -7,6 +7,7 @@ import base64
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -101,3 +102,44 @@ async def test_a_rotated_key_signs_soon_after_and_the_old_one_is_accepted_throug
         assert (await _post(worker, new_token))[0] == 200
         log = worker.log_path.read_text()
         assert "token key file reloaded" in log and not any(k.hex() in log for k in rotated.accepted())
+
+
+async def test_workers_that_do_not_share_a_key_file_refuse_and_say_so(broker, tmp_path):
+    from schemas.plan_partition import plan_partition
+    from streams.broker import free_port
+    from tests.conftest import WorkerProcess, _spawn, _wait_http, sign_token
+
+    async with launch(broker, tmp_path / "a", FRESHPLAN_TOKEN_KEY_FILE=str(tmp_path / "a-keys.json")) as first:
+        fresh = await first.load("atlas.jsonl")
+        plan = await first.select(ATLAS_REQUEST, fresh)
+        port = free_port()
+        env = dict(first.env, FRESHPLAN_STATE_DIR=str(tmp_path / "b" / "state"), FRESHPLAN_WEB_PORT=str(port),
+                   FRESHPLAN_TOKEN_KEY_FILE=str(tmp_path / "b-keys.json"))  # a mistake: its own key file
+        (tmp_path / "b").mkdir()
+        log_path = tmp_path / "b" / "worker.log"
+        peer = WorkerProcess(first.settings, first.bootstrap, f"http://127.0.0.1:{port}", _spawn(env, log_path),
+                             log_path, http=first.http, env=env)
+        try:
+            await _wait_http(peer.url, peer.proc, log_path)
+            mine = plan_partition(plan["entity_id"], first.settings.partitions)
+
+            async def owner_known():
+                owned = [(w, (await w.get("/healthz")).get("owned_partitions")) for w in (first, peer)]
+                if not all(parts for _, parts in owned) or sorted(sum((p for _, p in owned), [])) != [0, 1]:
+                    return None
+                return next(w for w, parts in owned if mine not in parts)
+
+            other = await eventually(owner_known, what="both workers owning plan partitions")
+            offsets = read_token(fresh, TokenKeys(first.settings.token_keys_path).ensure().accepted())
+            token = sign_token(offsets.offsets, offsets.cluster_id,
+                               key_file=Path(other.env["FRESHPLAN_TOKEN_KEY_FILE"]))  # the non-owner's own key
+            async with other.http.post(f"{other.url}/v1/select",
+                                       json=dict(ATLAS_REQUEST, at_least_as_fresh=token)) as resp:
+                doc = await resp.json()
+            assert resp.status == 400 and doc["error"]["code"] == "token_invalid", doc  # refused by the owner
+
+            async def said():
+                return "token_keys_not_shared" in other.log_path.read_text()
+            await eventually(said, what="the forwarding worker logging that the keys are not shared")
+        finally:
+            peer.stop()

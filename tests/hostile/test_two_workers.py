@@ -99,6 +99,11 @@ async def test_forwarding_gives_a_hostile_caller_nothing_the_owner_would_refuse(
             # The operator restricted Host names: a forwarded select still reaches the owner and is served.
             status, via, _ = await call(other.url, "/v1/select", desk, dict(ATLAS_REQUEST, at_least_as_fresh=fresh))
             assert status == 200 and via["plan_id"] == plan["plan_id"], via
+            # One key file for the group: each worker accepts the tokens the other signed.
+            for url, token in ((owner.url, plan["freshness_token"]), (other.url, plan["freshness_token"]),
+                               (owner.url, via["freshness_token"]), (other.url, via["freshness_token"])):
+                status, doc, _ = await call(url, "/v1/select", desk, dict(ATLAS_REQUEST, at_least_as_fresh=token))
+                assert status == 200, doc
             assert via["served_by"].rstrip("/").endswith(owner.url[-5:])
 
             # A spoofed forwarding header gets a non-owner to refuse (never to answer from its own state).
