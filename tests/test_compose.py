@@ -24,6 +24,11 @@ def test_the_worker_service_can_be_scaled():
     state = "/var/lib/freshplan"
     assert state in worker["volumes"]  # anonymous: one state volume per replica
     assert all(v == state or v.endswith(":ro") for v in worker["volumes"])  # anything shared is read-only
+    # One token key file for the group, made once by its own service, read-only in the workers.
+    keys = compose["services"]["token-keys"]
+    assert env["FRESHPLAN_TOKEN_KEY_FILE"] == keys["environment"]["FRESHPLAN_TOKEN_KEY_FILE"] == "/keys/token-keys.json"
+    assert "token-keys:/keys:ro" in worker["volumes"] and "token-keys:/keys" in keys["volumes"]
+    assert worker["depends_on"]["token-keys"]["condition"] == "service_completed_successfully"
 
 
 def test_kafka_is_reached_over_sasl_ssl_and_acls_keep_writers_to_their_topics():
