@@ -100,7 +100,8 @@ class Settings:
     """FRESHPLAN_TOKEN: the secret the CLI sends; without a callers file, `run` serves it instead of generating one
     (16+ characters)."""
     token_key_file: Path | None = None
-    """FRESHPLAN_TOKEN_KEY_FILE: the keys signing freshness tokens; None means token-keys.json in the state dir."""
+    """FRESHPLAN_TOKEN_KEY_FILE: keys that sign freshness tokens (made on first start, 0600, re-read every second;
+    docs/security.md); unset means token-keys.json in the state dir. Every worker of a group must use the same file."""
     callers_file: Path | None = None
     """JSON file of callers (secret hashes, principals, scopes; docs/security.md); unset means the single run.json
     secret."""
