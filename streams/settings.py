@@ -99,6 +99,8 @@ class Settings:
     token: str | None = field(default=None, repr=False)
     """FRESHPLAN_TOKEN: the secret the CLI sends; without a callers file, `run` serves it instead of generating one
     (16+ characters)."""
+    token_key_file: Path | None = None
+    """FRESHPLAN_TOKEN_KEY_FILE: the keys signing freshness tokens; None means token-keys.json in the state dir."""
     callers_file: Path | None = None
     """JSON file of callers (secret hashes, principals, scopes; docs/security.md); unset means the single run.json
     secret."""
@@ -129,6 +131,11 @@ class Settings:
     def db_path(self) -> Path:
         """The DuckDB file with catalog, index, plans and offsets."""
         return self.state_dir / "freshplan.duckdb"
+
+    @property
+    def token_keys_path(self) -> Path:
+        """The token key file: FRESHPLAN_TOKEN_KEY_FILE, else token-keys.json beside the DuckDB file."""
+        return self.token_key_file or self.state_dir / "token-keys.json"
 
     @property
     def run_file(self) -> Path:
@@ -192,6 +199,7 @@ class Settings:
             kafka=KafkaSecurity.from_env(env),
             token=get("TOKEN", None),
             callers_file=get("CALLERS_FILE", None, Path),
+            token_key_file=get("TOKEN_KEY_FILE", None, Path),
             jwt_jwks_file=get("JWT_JWKS_FILE", None, Path),
             jwt_issuer=get("JWT_ISSUER", None),
             jwt_audience=get("JWT_AUDIENCE", None),
