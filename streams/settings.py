@@ -66,6 +66,9 @@ class Settings:
     max_clock_jump: timedelta = timedelta(days=400)
     """ISO 8601 duration; a clock tick further than this past the current now is dead-lettered (`clock_jump`)
     and changes nothing (the first tick ever has no bound)."""
+    max_event_skew: timedelta = timedelta(minutes=5)
+    """ISO 8601 duration; a principal record dated further than this ahead of its publication is taken as of
+    unknown time (it cannot undo a revocation; counted as `principal_time_ahead`)."""
     session_timeout: float = 6.0
     """Seconds without heartbeats before the group drops a worker: a killed worker's plans move after this plus
     the rebalance (about 3 s on the embedded broker); Apache Kafka refuses less than 6 s by default."""
@@ -193,6 +196,7 @@ class Settings:
             max_budget_tokens=get("MAX_BUDGET_TOKENS", base.max_budget_tokens, int),
             max_budget_calls=get("MAX_BUDGET_CALLS", base.max_budget_calls, int),
             max_clock_jump=get("MAX_CLOCK_JUMP", base.max_clock_jump, parse_duration),
+            max_event_skew=get("MAX_EVENT_SKEW", base.max_event_skew, parse_duration),
             session_timeout=get("SESSION_TIMEOUT", base.session_timeout, float),
             rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),
             log_level=get("LOG_LEVEL", base.log_level),
