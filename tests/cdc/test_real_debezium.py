@@ -9,9 +9,8 @@ import orjson
 import pytest
 
 from agents import cdc_local
-from schemas.freshness import encode_token
 from streams.incarnation import read_cluster_id
-from tests.conftest import ATLAS_REQUEST, launch
+from tests.conftest import ATLAS_REQUEST, launch, sign_token
 
 pytestmark = pytest.mark.skipif(cdc_local.missing() is not None, reason=str(cdc_local.missing()))
 
@@ -59,7 +58,7 @@ async def token(engine: cdc_local.Debezium, worker) -> str:
     """The freshness token covering everything Debezium has had acknowledged so far."""
     name = worker.settings.topic("source-changes")
     ends = {p: o for (t, p), o in engine.ends.items() if t == name}
-    return encode_token({"source-changes": ends}, await read_cluster_id(worker.bootstrap))
+    return sign_token({"source-changes": ends}, await read_cluster_id(worker.bootstrap))
 
 
 async def sent(engine: cdc_local.Debezium, check, what: str) -> None:
