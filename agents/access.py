@@ -1,15 +1,16 @@
-"""Who may call a worker: the callers file, or the local secret kept in run.json; plus end-user JWTs."""
+"""Who may call a worker: the callers file, or the local secret kept in run.json; plus end-user JWTs and token keys."""
 
 from __future__ import annotations
 
 import json
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from agents.callers import SCOPES, Caller, CallersFile, CallersFileError, digest
+from agents.token_keys import TokenKeyError, TokenKeys
 from agents.tokens import JwtConfigError, JwtVerifier
 from streams.settings import Settings
 
@@ -28,15 +29,17 @@ class Access:
     callers: Callable[[], tuple[Caller, ...]]
     """The current callers (the callers file's last good version, or the one local caller)."""
     reload: Callable[[], bool] | None
-    """Re-read the callers file if it changed (None without a file)."""
+    """Re-read the callers file and the token key file if they changed (None: nothing to re-read)."""
     jwt: JwtVerifier | None
     """End-user JWT verification, when configured."""
     local_token: str | None
     """The secret of the local caller, written to run.json; None with a callers file."""
+    token_keys: TokenKeys = field(default_factory=TokenKeys.ephemeral)
+    """The keys that sign and check freshness tokens (FRESHPLAN_TOKEN_KEY_FILE, shared by the group's workers)."""
 
     @classmethod
     def closed(cls) -> "Access":
-        """Nobody may call (for workers built without settling access)."""
+        """Nobody may call (for workers built without settling access); tokens signed by a key of its own."""
         return cls(lambda: (), None, None, None)
 
 
@@ -49,19 +52,23 @@ def load_access(settings: Settings) -> Access:
                                      settings.jwt_principal_claim)
     except JwtConfigError as exc:
         raise AccessError(str(exc)) from None
+    try:
+        keys = TokenKeys(settings.token_keys_path).ensure()
+    except TokenKeyError as exc:
+        raise AccessError(str(exc)) from None
     if settings.callers_file is not None:
         source = CallersFile(settings.callers_file)
         try:
             source.load()
         except CallersFileError as exc:
             raise AccessError(str(exc)) from None
-        return Access(lambda: source.callers, source.reload, jwt, None)
+        return Access(lambda: source.callers, lambda: source.reload() | keys.reload(), jwt, None, keys)
     token = settings.token or read_run_file(settings.run_file).get("token") or secrets.token_urlsafe(32)
     if len(token) < MIN_TOKEN_CHARS or not token.isascii() or any(c in token for c in ". \t"):
         raise AccessError(f"FRESHPLAN_TOKEN must be at least {MIN_TOKEN_CHARS} printable ASCII characters "
                           "without spaces or dots")
     local = (Caller(LOCAL_CALLER, frozenset({"*"}), frozenset(SCOPES), digest(token)),)
-    return Access(lambda: local, None, jwt, token)
+    return Access(lambda: local, keys.reload, jwt, token, keys)
 
 
 def read_run_file(path: Path) -> dict:

@@ -36,10 +36,17 @@ class Caller:
     """Routes it may use (see SCOPES)."""
     secret_sha256: bytes = b""
     """sha256 of its bearer secret (empty for JWT callers, which have no secret here)."""
+    wildcard_allowed: bool = True
+    """Whether "*" in `principals` means any: only for callers an operator wrote down, never for a JWT's claim."""
 
     def may_ask_for(self, principal: str) -> bool:
-        """Whether a select naming this principal is allowed."""
-        return "*" in self.principals or principal in self.principals
+        """Whether a select (or a read of a plan or receipt) naming this principal is allowed."""
+        return (self.wildcard_allowed and "*" in self.principals) or principal in self.principals
+
+    def may_read(self, principal: str | None) -> bool:
+        """Whether a plan or receipt of this principal may be shown; one whose principal is unknown only to a
+        caller allowed any (an auditor)."""
+        return self.wildcard_allowed and "*" in self.principals if principal is None else self.may_ask_for(principal)
 
 
 def digest(secret: str) -> bytes:

@@ -15,6 +15,7 @@ from pathlib import Path
 from agents.cli_cdc import add_parser as add_cdc_parser
 from agents.cli_client import cmd_plan, cmd_select, cmd_status
 from agents.cli_settings import _cdc_mapping, _run_info, _settings
+from agents.cli_tokens import add_tokens_parser
 from streams.settings import Settings
 
 log = logging.getLogger("freshplan")
@@ -255,9 +256,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Start an embedded broker and a worker per fault (broker reset, oversized plan, id collision, poisoned
-    `plans`, paused policies, hostile requests, clock jump, read load, withheld cause, revocation order),
-    inflict it, and print
-    a table: fault, expected, observed, held. Exits 1 if any promise broke."""
+    `plans`, paused policies, hostile requests, clock jump, read load, withheld cause, revocation order,
+    forged tokens), inflict it, and print a table: fault, expected, observed, held. Exits 1 if any
+    promise broke."""
     from bench.chaos import main as chaos_main
 
     return chaos_main(Path(args.out) if args.out else None, args.only)
@@ -336,13 +337,14 @@ def parser() -> argparse.ArgumentParser:
                        help="plans in the restart measurement (default 1000000)")
     bench.add_argument("--seed", type=int, help="workload seed (default 7)")
     bench.set_defaults(func=cmd_bench)
+    add_tokens_parser(sub)
     chaos = sub.add_parser("chaos", help="run the fault catalogue against live workers and print what held",
                            description=cmd_chaos.__doc__)
     chaos.add_argument("--out", help="also write the outcomes as JSON to this file")
     chaos.add_argument("--only", action="append", metavar="FAULT",
                        help="run only this fault (repeatable): reset_broker, oversized_plan, id_collision, "
                             "poisoned_plans, paused_policies, hostile_requests, clock_jump, read_load, withheld_cause, "
-                            "revocation_order")
+                            "revocation_order, forged_token")
     chaos.set_defaults(func=cmd_chaos)
     schemas = sub.add_parser("schemas", help="wire contracts: JSON Schemas per topic")
     schemas_sub = schemas.add_subparsers(dest="schemas_command", required=True)

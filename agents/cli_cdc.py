@@ -1,4 +1,4 @@
-"""`freshplan cdc check`: what a sample Debezium message becomes under a mapping file, without a broker."""
+"""`freshplan cdc check` (a sample Debezium message under a mapping file, no broker) and `freshplan cdc demo`."""
 
 from __future__ import annotations
 
@@ -55,3 +55,9 @@ def add_parser(sub) -> None:
     check.add_argument("mapping", metavar="MAPPING.json")
     check.add_argument("sample", metavar="SAMPLE.json")
     check.set_defaults(func=cmd_cdc_check)
+    from agents.cdc_demo import cmd_cdc_demo
+
+    demo = cdc_sub.add_parser("demo", help="Postgres -> Debezium -> worker: a row update invalidates a plan",
+                              description=cmd_cdc_demo.__doc__)
+    demo.add_argument("--dir", help="keep the worker's state, log and mapping file here (default: a temporary dir)")
+    demo.set_defaults(func=cmd_cdc_demo)

@@ -51,6 +51,16 @@ class RawMessage:
     """Broker timestamp in epoch seconds, for event-to-invalidation latency."""
 
 
+def _published_at(m: RawMessage) -> datetime:
+    """When a record was published: its broker timestamp, but never later than this worker's wall clock.
+
+    A producer can stamp its records (CreateTime): a stamp in the future would loosen every
+    bound judged against it, so the wall caps it; a replay judges old records by their stamps.
+    """
+    wall = datetime.now(timezone.utc)
+    return min(datetime.fromtimestamp(m.timestamp, timezone.utc), wall) if m.timestamp else wall
+
+
 def _iso(span: timedelta) -> str:
     """A span as an ISO 8601 duration of days and seconds."""
     return f"P{span.days}D" + (f"T{span.seconds}S" if span.seconds else "")
@@ -63,12 +73,14 @@ class EventApplier:
     """
 
     def __init__(self, state: LocalState, plans: PlanWriter, max_event_bytes: int = 1_000_000,
-                 max_clock_jump: timedelta | None = timedelta(days=400), cdc: CdcMapping | None = None) -> None:
+                 max_clock_jump: timedelta | None = timedelta(days=400), cdc: CdcMapping | None = None,
+                 max_event_skew: timedelta = timedelta(minutes=5)) -> None:
         self.state = state
         self.plans = plans
         self.cdc = cdc  # the CDC mapping file, loaded once at start-up
         self.max_event_bytes = max_event_bytes
         self.max_clock_jump = max_clock_jump  # a tick further past now is refused; None: unbounded
+        self.max_event_skew = max_event_skew  # a principal record dated further ahead of its publication: time unknown
         self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
         self.now: datetime | None = state.store.now()  # event time after the last batch, read by the wall clock
         self.applied_in: str | None = None  # name of the thread that applied the last batch (the writer's)
@@ -177,7 +189,7 @@ class EventApplier:
         for i, (m, event) in enumerate(fresh):
             payload = event.payload
             if isinstance(payload, PolicyBundle):
-                self._apply_identities(fresh, run, results)
+                self._apply_identities(fresh, run, results, counts)
                 run = []
                 try:
                     results[i] = self.state.catalog.apply_policy(payload)
@@ -188,14 +200,12 @@ class EventApplier:
                         warn_unsourced(payload)
             elif isinstance(payload, ClockTick):
                 clocks = self.state.store.clocks() if clocks is None else clocks
-                written_at = (datetime.fromtimestamp(m.timestamp, timezone.utc) if m.timestamp
-                              else datetime.now(timezone.utc))
-                results[i] = self._tick(payload, m.partition, written_at, clocks, ticked)
+                results[i] = self._tick(payload, m.partition, _published_at(m), clocks, ticked)
             elif isinstance(payload, Revocation) or (isinstance(payload, SourceChange) and payload.kind != "resource"):
                 run.append(i)
             elif i not in results:
                 results[i] = InvalidEvent("schema_violation", f"no handler for {type(payload).__name__}")
-        self._apply_identities(fresh, run, results)
+        self._apply_identities(fresh, run, results, counts)
         self.state.store.set_clocks(ticked)
         if ticked:
             self.now = max(self.state.store.clocks().values())
@@ -226,10 +236,21 @@ class EventApplier:
         return keyed
 
     def _apply_identities(self, fresh: list[tuple[RawMessage, InputEvent]], run: list[int],
-                          results: dict[int, list[str] | InvalidEvent | None]) -> None:
+                          results: dict[int, list[str] | InvalidEvent | None], counts: Counter[str]) -> None:
         if run:
             results.update(zip(run, self.state.catalog.apply_identities(
-                [fresh[i][1].payload for i in run], [fresh[i][1].occurred_at for i in run]), strict=True))
+                [fresh[i][1].payload for i in run], [self._made_at(*fresh[i], counts) for i in run]), strict=True))
+
+    def _made_at(self, m: RawMessage, event: InputEvent, counts: Counter[str]) -> datetime | None:
+        """An identity record's time, as far as it can be believed (None: unknown, for the revocation rule).
+
+        A record dated ahead of its own publication would be immune to every later revocation.
+        """
+        payload = event.payload
+        if isinstance(payload, SourceChange) and event.occurred_at - _published_at(m) > self.max_event_skew:
+            counts["principal_time_ahead"] += 1
+            return None
+        return event.occurred_at
 
     def _tick(self, tick: ClockTick, partition: int, written_at: datetime, clocks: dict[int, datetime],
               ticked: dict[int, datetime]) -> list[str] | InvalidEvent | None:

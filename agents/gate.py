@@ -19,6 +19,9 @@ OPEN = ""
 """Scope of a route anyone may call (details may still depend on the caller)."""
 JWT_SCOPES = frozenset({"select", "plans"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+WILDCARD = "*"
+"""In a callers file, "any principal"; as a JWT's principal claim, refused."""
+WILDCARD_CLAIM = "jwt_principal_wildcard"
 
 CALLER = web.RequestKey("freshplan_caller", Caller)
 """The authenticated caller of a request (absent on open routes called without a credential)."""
@@ -85,7 +88,9 @@ class Gate:
                 principal = self.jwt.verify(token)
             except JwtRefused as exc:
                 return None, f"jwt_{exc.reason}"
-            return Caller("jwt", frozenset({principal}), JWT_SCOPES), ""
+            if principal == WILDCARD:  # an identity provider may let users shape the claim: never "any"
+                return None, WILDCARD_CLAIM
+            return Caller("jwt", frozenset({principal}), JWT_SCOPES, wildcard_allowed=False), ""
         return None, "unknown_secret"
 
     def origin_allowed(self, origin: str) -> bool:
@@ -137,6 +142,11 @@ class Gate:
             return None
         caller, reason = self.identify(header)
         record["refusal"] = reason or None
+        if reason == WILDCARD_CLAIM:
+            return refuse(403, "principal_not_literal", "The JWT's principal claim is \"*\", which names no "
+                          "principal; its identity provider must put the end user's own principal in "
+                          f"{self.jwt.principal_claim if self.jwt else 'the principal claim'}. Only a callers-file "
+                          "entry may be allowed any principal.")
         if caller is None:
             return refuse(401, "unauthenticated", "Send `Authorization: Bearer <secret>` with a secret from the "
                           "callers file (or, for a local `freshplan run`, the secret in its state directory's "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 
+from agents.token_keys import TokenKeyError, TokenKeys
 from schemas.codec import event_key
 from schemas.freshness import encode_token
 from streams.admin import ensure_topics, producer
@@ -45,7 +46,7 @@ def read_scenario(path: Path) -> list[tuple[str, bytes | None, bytes]]:
 
 
 async def publish(settings: Settings, bootstrap: str, records: list[tuple[str, bytes | None, bytes]],
-                  progress=None) -> str:
+                  progress=None) -> str | None:
     """Publish records in order per partition; return the freshness token covering them."""
     await ensure_topics(settings, bootstrap)
     prod = producer(bootstrap, settings.kafka.client_kwargs())
@@ -69,10 +70,23 @@ async def publish(settings: Settings, bootstrap: str, records: list[tuple[str, b
                 progress(done, len(futures))
     finally:
         await prod.stop()
-    return encode_token(offsets, await read_cluster_id(bootstrap, **settings.kafka.client_kwargs()))
+    cluster_id = await read_cluster_id(bootstrap, **settings.kafka.client_kwargs())
+    return sign_offsets(settings, offsets, cluster_id)
 
 
-def load_file(settings: Settings, bootstrap: str, path: Path, progress=None) -> tuple[int, str]:
+def sign_offsets(settings: Settings, offsets: dict[str, dict[int, int]], cluster_id: str | None) -> str | None:
+    """A token for what was published, signed with the workers' current key; None (and why, logged) without it."""
+    try:
+        keys = TokenKeys(settings.token_keys_path)
+        keys.load()
+    except TokenKeyError as exc:
+        log.warning("no freshness token for what was published: %s (workers sign and check tokens with that file; "
+                    "run this where it is readable, or set FRESHPLAN_TOKEN_KEY_FILE)", exc)
+        return None
+    return encode_token(offsets, cluster_id, key=keys.sign_with())
+
+
+def load_file(settings: Settings, bootstrap: str, path: Path, progress=None) -> tuple[int, str | None]:
     """Publish one scenario file; return (events published, freshness token)."""
     records = read_scenario(path)
     token = asyncio.get_event_loop().run_until_complete(publish(settings, bootstrap, records, progress))

@@ -15,6 +15,7 @@ from compiler.request import Limits, parse_request, plan_key
 from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
 from agents.plan_writer import PlanWriter
+from agents.token_keys import TokenKeys
 from state.head_cache import Head
 from state.local_state import LocalState
 
@@ -29,6 +30,10 @@ class StateError(RequestError):
     """The worker's own state cannot be read: not the caller's fault, and nothing is served."""
 
     pass_name = "state"
+
+
+MayRead = Callable[[str | None], bool]
+"""Whether the caller may see a plan or receipt of this principal (None: the principal is not known)."""
 
 
 class NotOwner(Exception):
@@ -61,7 +66,8 @@ class QueryService:
         # The input offsets applied and committed, kept in memory (the replica's); None: read them from the file.
         self.position: Callable[[], dict[str, dict[int, int]]] | None = None
         self.check_heads = False  # tests: compare every in-memory hit with the file (see `_check_hit`)
-        self._token_cache: tuple[object, str] | None = None
+        self.tokens = TokenKeys.ephemeral()  # a worker's: the group's key file (see agents.token_keys)
+        self._token_cache: tuple[object, bytes, str] | None = None
 
     def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
         """Record a failed read of the state file and return the refusal to send (never a 500)."""
@@ -84,7 +90,11 @@ class QueryService:
 
     def token(self) -> str:
         """Freshness token of the state as it is now."""
-        return _token_of(self.state.store)
+        return self.sign(self.state.store.position())
+
+    def sign(self, position: tuple[dict[str, dict[int, int]], str | None, int]) -> str:
+        """The signed token of a position (offsets, cluster id, rebase epoch)."""
+        return encode_token(*position, key=self.tokens.sign_with())
 
     def select(self, doc: Any) -> dict[str, Any]:
         """Return the plan for a select body, compiling on this thread; raises RequestError for bad requests."""
@@ -176,18 +186,18 @@ class QueryService:
                 raise NotOwner(entity_id, partition)
             key = plan_key(request, entity_id)
             plan = self.state.plans.fresh_plan(key)
-            token = _token_of(store) if plan is not None else None
+            token = self.sign(store.position()) if plan is not None else None
         head = (Head(plan["plan_id"], orjson.dumps(plan)) if plan is not None and isinstance(plan.get("plan_id"), str)
                 else None)
         store.heads.fill(generation, key if head else None, head, request.entity, entity_id)
         return Found(request, key, plan, token, "cache", degraded, entity_id=entity_id)
 
     def _token_at(self, position: tuple[dict[str, dict[int, int]], str | None, int]) -> str:
-        """The token of a published position (encoded once per position, not per select)."""
-        cached = self._token_cache
-        if cached is None or cached[0] is not position:
-            cached = self._token_cache = (position, encode_token(*position))
-        return cached[1]
+        """The token of a published position (signed once per position and key, not per select)."""
+        cached, key = self._token_cache, self.tokens.sign_with()
+        if cached is None or cached[0] is not position or cached[1] is not key:
+            cached = self._token_cache = (position, key, encode_token(*position, key=key))
+        return cached[2]
 
     def _check_hit(self, found: "Found", plan_id: str, version: int) -> bool:
         """Whether the file agrees with an in-memory hit; a disagreement is logged and counted (tests fail on it).
@@ -225,7 +235,8 @@ class QueryService:
         if plan is None:
             plan = self.writer.compile_select(found.request, counts, self.on_compile).plan
             served_from = "compiled"
-        return replace(found, plan=plan, token=_token_of(state.store), served_from=served_from, counts=counts)
+        return replace(found, plan=plan, token=self.sign(state.store.position()), served_from=served_from,
+                       counts=counts)
 
     def _merge(self, found: "Found") -> "Found":
         self.selects.update(found.counts)  # counted here: the selects counter belongs to the caller's thread
@@ -245,21 +256,23 @@ class QueryService:
         taken, self.selected = self.selected, set()
         return taken
 
-    def plan_status(self, plan_id: str) -> dict[str, Any] | None:
+    def plan_status(self, plan_id: str, may_read: MayRead = lambda principal: True) -> dict[str, Any] | None:
         """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown.
 
         Raises NotOwner for a plan of another worker's partition that is not invalidated here: only
         its owner hears of its invalidations, so "fresh" from here (a plan handed back, or one known
         only parked) may be stale. An invalidation known here is final and answered here (the owner
-        keeps only each key's latest plan of what it took over).
+        keeps only each key's latest plan of what it took over). A plan whose principal `may_read`
+        refuses (None: the principal is not known here) is None, as an unknown one, before any owner is asked.
         """
         try:
             facts = plan_facts(self.state, plan_id)
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
-        return self._owned_status(*facts)
+        return self._owned_status(*facts, may_read)
 
-    async def plan_status_async(self, plan_id: str, read: Callable[..., Awaitable[Any]]) -> dict[str, Any] | None:
+    async def plan_status_async(self, plan_id: str, read: Callable[..., Awaitable[Any]],
+                                may_read: MayRead) -> dict[str, Any] | None:
         """As `plan_status`, the file read by `read` (the status thread, with a cursor of its own): never on the loop.
 
         Subscribers ask after every announcement they hear, so these reads come as often as invalidations.
@@ -269,9 +282,12 @@ class QueryService:
             facts = await read(lambda state: plan_facts(state, plan_id))
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
-        return self._owned_status(*facts)
+        return self._owned_status(*facts, may_read)
 
-    def _owned_status(self, status: dict[str, Any] | None, entity_id: str | None) -> dict[str, Any] | None:
+    def _owned_status(self, status: dict[str, Any] | None, entity_id: str | None, principal: str | None,
+                      may_read: MayRead) -> dict[str, Any] | None:
+        if (status is not None or entity_id is not None) and not may_read(principal):
+            return None  # no existence oracle: a plan the caller may not ask about is unknown to it
         if status is not None and status["status"] == "invalidated":
             return status
         partition = None if entity_id is None else self.foreign_partition(entity_id)
@@ -285,7 +301,8 @@ class QueryService:
         if figures is None:
             doc: dict[str, Any] = {"status": "state_unreadable", "revocations": revocations}
         else:
-            doc = {"status": "ok", **{k: v for k, v in figures.items() if k != "counters"},
+            doc = {"status": "ok", **{k: v for k, v in figures.items() if k not in ("counters", "position")},
+                   "freshness_token": self.sign(figures["position"]),
                    "head_cache": self.state.store.heads.sizes(),
                    "counters": dict(Counter(figures["counters"]) + self.selects), "revocations": revocations,
                    "lag": self.guard.lags() if self.guard else {}, "last_events": dict(self.last_events)}
@@ -294,26 +311,26 @@ class QueryService:
         return doc
 
 
-def plan_facts(state: LocalState, plan_id: str) -> tuple[dict[str, Any] | None, str | None]:
-    """What a plan's status reads from the file: its status (or eviction), and its entity unless invalidated."""
+def plan_facts(state: LocalState, plan_id: str) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """What a plan status reads from the file: status (or eviction), entity unless invalidated, principal."""
     status = state.plans.status(plan_id) or state.retention.evicted_status(plan_id)
-    if status is not None and status["status"] == "invalidated":
-        return status, None
-    return status, _entity_of(state, plan_id)
+    entity_id, principal = _owner_of(state, plan_id)  # a plan only parked here has an entity and no status
+    return status, None if status is not None and status["status"] == "invalidated" else entity_id, principal
 
 
-def _entity_of(state: LocalState, plan_id: str) -> str | None:
-    """The canonical entity of a plan stored here or parked from `plan-dependencies`, if any."""
+def _owner_of(state: LocalState, plan_id: str) -> tuple[str | None, str | None]:
+    """The canonical entity and principal of a plan stored here or parked from `plan-dependencies`, if any."""
     db = state.store.db
-    row = db.execute("SELECT json_extract_string(plan, '$.entity_id') FROM plans WHERE plan_id = ?",
-                     [plan_id]).fetchone()
+    row = db.execute("SELECT json_extract_string(plan, '$.entity_id'), json_extract_string(plan, "
+                     "'$.request.principal') FROM plans WHERE plan_id = ?", [plan_id]).fetchone()
     if row is None:
         try:
-            row = db.execute("SELECT json_extract_string(record, '$.entity_id') FROM parked_plans "
-                             "WHERE plan_id = ? LIMIT 1", [plan_id]).fetchone()
+            row = db.execute("SELECT json_extract_string(record, '$.entity_id'), json_extract_string(record, "
+                             "'$.request.principal') FROM parked_plans WHERE plan_id = ? LIMIT 1",
+                             [plan_id]).fetchone()
         except duckdb.CatalogException:  # a file no plan feed ever wrote to (replay, a lone worker's tools)
-            return None
-    return row[0] if row else None
+            return None, None
+    return (row[0], row[1]) if row else (None, None)
 
 
 def file_health(state: LocalState) -> dict[str, Any]:
@@ -321,7 +338,7 @@ def file_health(state: LocalState) -> dict[str, Any]:
     store = state.store
     now = store.now()
     return {"now": now and now.isoformat().replace("+00:00", "Z"), "applied_offsets": store.next_offsets(),
-            "freshness_token": _token_of(store), "plans": state.plans.counts(), "index_edges": state.index.size(),
+            "position": store.position(), "plans": state.plans.counts(), "index_edges": state.index.size(),
             "outbox": state.outbox.size(), "retention": state.retention.sizes(), "counters": store.counters()}
 
 
@@ -346,7 +363,3 @@ class Found:
     entity_id: str = ""
     """The canonical entity id the request resolved to (its partition owns the plan)."""
 
-
-def _token_of(store) -> str:
-    offsets, cluster_id, epoch = store.position()
-    return encode_token(offsets, cluster_id, epoch)

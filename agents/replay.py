@@ -40,7 +40,7 @@ async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapp
             state.store.record_cluster(await read_cluster_id(bootstrap, **kafka))
         writer = PlanWriter(state, settings.topic)
         applier = EventApplier(state, writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
-                               cdc=cdc)
+                               cdc=cdc, max_event_skew=settings.max_event_skew)
         started = time.perf_counter()
         applied = {}
         for name in INPUT_TOPICS:

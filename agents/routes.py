@@ -60,8 +60,9 @@ class Api:
     """Wait (up to the freshness wait) until the replica has checked its offsets against the broker."""
     receipt: Callable[[str], dict[str, Any] | None]
     """A stored receipt by id."""
-    plan_status: Callable[[str], Awaitable[dict[str, Any] | None]]
-    """A plan id's status (None: unknown here); raises NotOwner for a plan another worker answers for."""
+    plan_status: Callable[[str, Callable[[str | None], bool]], Awaitable[dict[str, Any] | None]]
+    """A plan id's status (None: unknown here, or of a principal the predicate refuses); raises NotOwner for a
+    plan another worker answers for."""
     publish: Callable[[], Awaitable[int]]
     """Publish the outbox now; never raises."""
     pause: Callable[[str], list[int]]
@@ -113,10 +114,11 @@ def register_routes(app, api: Api, access: Access) -> None:
                 request[AUDIT]["principal"] = body["principal"].strip()
             wanted = body.get("at_least_as_fresh") if isinstance(body, dict) else None
             if wanted:
-                try:
-                    target = read_token(wanted)
+                try:  # the MAC first, at once: a made-up token must not hold the request for the freshness wait
+                    target = read_token(wanted, access.token_keys.accepted())
                 except BadToken as exc:
-                    return error(self, 400, "invalid_freshness_token", str(exc), "attest")
+                    api.query.selects["refused.token_invalid"] += 1
+                    return error(self, 400, exc.code, str(exc), "attest")
                 # Until the replica has checked the broker, no incarnation is recorded to compare with.
                 if not target.same_incarnation(*api.incarnation()) and (
                         not await api.incarnation_checked() or not target.same_incarnation(*api.incarnation())):
@@ -133,6 +135,10 @@ def register_routes(app, api: Api, access: Access) -> None:
                 result = await api.select(body)
             except NotOwner as exc:
                 status, doc = await _forwarded(api, exc, body, request.headers)
+                if status == 400 and wanted and doc.get("error", {}).get("code") == "token_invalid":
+                    log.error("the owner refused a freshness token this worker accepted: the group's workers do not "
+                              "share one token key file (FRESHPLAN_TOKEN_KEY_FILE)",
+                              extra={"error_class": "token_keys_not_shared"})
                 if status >= 300:
                     if status == 503:
                         api.query.selects["refused.owner_unavailable"] += 1
@@ -169,7 +175,7 @@ def register_routes(app, api: Api, access: Access) -> None:
                 return error(self, 404, "unknown_plan", "No plan has that id: plan ids are 'plan-' and "
                              f"{PLAN_ID_HEX} hex digits, as /v1/select returns them.")
             try:
-                status = await api.plan_status(plan_id)
+                status = await api.plan_status(plan_id, _reader(request))
             except NotOwner as exc:
                 code, doc = await _forwarded(api, exc, None, request.headers, f"/v1/plans/{quote(plan_id, safe='')}")
                 request[AUDIT]["plan_id"] = plan_id
@@ -190,7 +196,8 @@ def register_routes(app, api: Api, access: Access) -> None:
     class Receipt(web.View):
         async def get(self, request: web.Request, receipt_id: str) -> web.Response:
             receipt = api.receipt(receipt_id)
-            if receipt is None:
+            principal = (receipt.get("request") or {}).get("principal") if receipt is not None else None
+            if receipt is None or not _reader(request)(principal if isinstance(principal, str) else None):
                 return error(self, 404, "unknown_receipt", f"No receipt '{receipt_id}' is known to this "
                              "worker; use a receipt_id from a plan or the receipts topic.")
             request[AUDIT]["plan_id"] = receipt.get("plan_id")
@@ -201,9 +208,13 @@ def register_routes(app, api: Api, access: Access) -> None:
         async def post(self, request: web.Request) -> web.Response:
             """Pause or resume applying one input topic (maintenance; the revocation guard still watches)."""
             try:
-                body: Any = await request.json()
-            except (ValueError, HTTPRequestEntityTooLarge):
-                body = None
+                body: Any = decode_body(await request.read(), api.query.limits)
+            except RequestError as exc:  # deep nesting would otherwise overflow the stack of a plain json parse
+                return error(self, 400, exc.code, "The body must be a small JSON object: {\"topic\": one of "
+                             f"{', '.join(INPUT_TOPICS)}, \"action\": \"pause\" or \"resume\"}}.")
+            except HTTPRequestEntityTooLarge:
+                return error(self, 413, "body_too_large", "The request body is larger than the server accepts "
+                             "(1 MiB); send {\"topic\": ..., \"action\": ...}.")
             topic = body.get("topic") if isinstance(body, dict) else None
             action = body.get("action") if isinstance(body, dict) else None
             if topic not in INPUT_TOPICS or action not in ("pause", "resume"):
@@ -258,6 +269,12 @@ def register_routes(app, api: Api, access: Access) -> None:
                 return error(self, 503, "owner_unavailable", "The consumer group has not yet said which plan "
                              "partitions this worker owns; it is ready once the rebalance completes.", "ready")
             return self.json({"status": "ready"})
+
+
+def _reader(request: web.Request) -> Callable[[str | None], bool]:
+    """Whether the request's caller may see a plan or receipt of a principal (no caller: nothing)."""
+    caller = request.get(CALLER)
+    return caller.may_read if caller is not None else (lambda principal: False)
 
 
 async def _forwarded(api: Api, exc: NotOwner, body: Any, headers,

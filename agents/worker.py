@@ -110,7 +110,7 @@ class Worker:
                    receipt=reader.plans.receipt, publish=self.publish_outbox, pause=self.replica.pause,
                    resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.status.metrics_text,
                    health=self.status.health, owner_url=self.owner_url, forward=self._forward,
-                   plan_status=lambda plan_id: self.query.plan_status_async(plan_id, self.status.read),
+                   plan_status=lambda plan_id, may: self.query.plan_status_async(plan_id, self.status.read, may),
                    owners_known=lambda: self.ownership.owned is not None)
 
     def owner_url(self, partition: int) -> str | None:
@@ -179,11 +179,11 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     chores = Chores()
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
-                           cdc=cdc)
+                           cdc=cdc, max_event_skew=settings.max_event_skew)
     guard = LagWatcher(reader.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound, kafka=kafka)
     query = QueryService(reader, plan_writer, guard)
-    query.last_events = applier.last_event
+    query.last_events, query.tokens = applier.last_event, access.token_keys
     query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
                           calls=settings.max_budget_calls)
     metrics = Metrics(reader, query, guard, probe, collector, chores)

@@ -16,8 +16,10 @@ import aiohttp
 import orjson
 
 from agents.loader import read_scenario
+from agents.token_keys import TokenKeys
 from bench.harness import ROOT, BenchWorker, _ready, start_worker
 from streams.admin import producer
+from schemas.freshness import encode_token, read_token
 from streams.broker import EmbeddedBroker
 
 SCENARIOS = ROOT / "scenarios"
@@ -221,9 +223,34 @@ async def revocation_order(worker: BenchWorker, directory: Path) -> Outcome:
                    f"{len(after['admitted'])} admitted, {after['withheld']} withheld", after["admitted"] == [])
 
 
+async def forged_token(worker: BenchWorker, directory: Path) -> Outcome:
+    """Freshness tokens made up with the real cluster id and offsets no broker reached, unsigned or re-signed."""
+    token, plan = await _loaded(worker)
+    keys = TokenKeys(worker.settings.token_keys_path)
+    keys.load()
+    real = read_token(plan["freshness_token"], keys.accepted())
+    far = {t: {p: o + 10**9 for p, o in parts.items()} for t, parts in real.offsets.items()}
+    unsigned = "ft2." + plan["freshness_token"].split(".")[1]
+    resigned = encode_token(far, real.cluster_id, real.epoch, key=b"chaos" * 8)
+    started = time.monotonic()
+    refused = await asyncio.gather(*[_post(worker, dict(ATLAS, at_least_as_fresh=t))
+                                     for t in [unsigned, resigned] * 50])
+    took = time.monotonic() - started
+    codes = {doc.get("error", {}).get("code") for _, doc in refused}
+    good = await worker.select(ATLAS, token)
+    wait = worker.settings.freshness_wait
+    # Each would have held its select for the whole wait before signing: all of them in seconds is "at once".
+    held = codes == {"token_invalid"} and all(s == 400 for s, _ in refused) and took < min(wait / 2, 5.0)
+    held = held and bool(good["plan_id"])
+    return Outcome("100 forged freshness tokens (real cluster id, far-future offsets; unsigned or signed with "
+                   "another key)", f"400 token_invalid at once (not held for the {wait:g} s freshness wait); a "
+                   "served token still works", f"{', '.join(sorted(map(str, codes)))} in {took:.2f}s; served token "
+                   f"{'works' if good['plan_id'] else 'refused'}", bool(held))
+
+
 FAULTS: list[Callable[[BenchWorker, Path], Awaitable[Outcome]]] = [
     reset_broker, oversized_plan, id_collision, poisoned_plans, paused_policies, hostile_requests, clock_jump,
-    read_load, withheld_cause, revocation_order]
+    read_load, withheld_cause, revocation_order, forged_token]
 
 
 async def run_chaos(directory: Path, progress=print, only: list[str] | None = None) -> list[Outcome]:

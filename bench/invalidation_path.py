@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bench import relay
+from bench import faust_relay, relay
 from bench.harness import BenchWorker, run_ceiling, start_worker
 from bench.stats import named_latencies, percentiles, stalls_during
 from bench.scale_out import throughput
@@ -63,6 +63,10 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
             say(f"bare relay through the same broker at {hot_rate:g} events/s, serial stages of {stages} ms")
             floor = await relay.sweep(bootstrap, worker.settings.kafka.client_kwargs(), worker.settings.partitions,
                                       hot_rate, rate_seconds, stages, round(worker.settings.batch_window * 1000))
+            say(f"a bare Faust agent as relay at {hot_rate:g} events/s: Faust's fetch wait, then 10 ms set in code")
+            kafka = worker.settings.kafka.client_kwargs()
+            events = max(1, int(hot_rate * rate_seconds))
+            faust_hops = [await faust_relay.relay(bootstrap, kafka, hot_rate, events, wait) for wait in (None, 10)]
             # Before the fan-out restarts the worker (which starts its figures afresh).
             streamed = await worker.health()
             say(f"fan-out: one policy version over {fanout_plans} plans")
@@ -74,7 +78,7 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
     return {"throughput": {"freshplan": throughput, "ceiling_bare_faust": ceiling,
                            "ratio_to_ceiling": ratio and round(ratio, 4)},
             "latency_by_rate": latency, "selects_under_stream": selects, "hot_plan": hot, "fanout": fanout,
-            "relay_floor": {"stages": floor, "worker_batch_ms": batch_ms},
+            "relay_floor": {"stages": floor, "worker_batch_ms": batch_ms}, "faust_relay": faust_hops,
             "worker_counters": {k: v for k, v in health["counters"].items() if not k.startswith("selects")},
             # Pauses that held the worker's loop during the whole run (the tails above include them).
             "worker_loop_stall_max_seconds": health.get("loop_stall_max_seconds"), "worker_gc": health.get("gc"),

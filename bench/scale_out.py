@@ -37,7 +37,8 @@ async def cluster(bootstrap: str, directory: Path, http: aiohttp.ClientSession, 
     """`n` workers on one set of topics and one consumer group, each with its own state and port."""
     tag, token = uuid.uuid4().hex[:8], secrets.token_urlsafe(32)
     return list(await asyncio.gather(*(start_worker(bootstrap, directory / f"worker-{i}", http, tag=tag,
-                                                    FRESHPLAN_TOKEN=token, **extra) for i in range(n))))
+                                                    FRESHPLAN_TOKEN=token, FRESHPLAN_TOKEN_KEY_FILE=str(
+                                                        directory / "token-keys.json"), **extra) for i in range(n))))
 
 
 async def applied(workers: list[BenchWorker], token: str, timeout: float = 900.0) -> list[dict]:

@@ -31,6 +31,7 @@ def subscriber_lines(path: dict) -> list[str]:
     lines += _table(["stream", "achieved/s", "measured events", "p50 ms", "p95 ms", "p99 ms", "max ms",
                      "unapplied at end", "backlog", "loop stalls > 20 ms"], rows)
     lines += relay_lines(path.get("relay_floor"), hot)
+    lines += faust_relay_lines(path.get("faust_relay"))
     selects = path.get("selects_under_stream")
     if selects:
         rate = next(iter(selects.values()))["select_rate"]
@@ -69,6 +70,17 @@ def relay_lines(floor: dict | None, hot: dict | None) -> list[str]:
     return lines + _table(["serial stage ms", "events", "p50 ms", "p95 ms", "p99 ms", "max ms", "lost"],
                           [[s["stage_ms"], s["events"], s.get("p50_ms"), s.get("p95_ms"), s.get("p99_ms"),
                             s.get("max_ms"), s["lost"]] for s in floor["stages"]])
+
+
+def faust_relay_lines(runs: list[dict] | None) -> list[str]:
+    """The same hop through a bare Faust agent: with Faust's hard-coded 1.5 s fetch wait, and with it set in code."""
+    if not runs:
+        return []
+    lines = ["", "The same hop through a bare Faust agent (group consumer, `take_events`, the app's producer), "
+             "same broker, same run: whether Faust's agents can carry the inputs at the fast path's latency.", ""]
+    return lines + _table(["fetch wait ms", "events", "p50 ms", "p95 ms", "p99 ms", "max ms", "lost"],
+                          [[r["fetch_wait_ms"], r["events"], r.get("p50_ms"), r.get("p95_ms"), r.get("p99_ms"),
+                            r.get("max_ms"), r["lost"]] for r in runs]) + [""]
 
 
 def longest_stage_within(floor: dict | None, p99_ms: float) -> dict | None:

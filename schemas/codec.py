@@ -14,7 +14,7 @@ from urllib.parse import urljoin
 import orjson
 import fastjsonschema
 
-from schemas import debezium, fastcheck
+from schemas import debezium, debezium_shapes, fastcheck
 from schemas.cdc_mapping import CdcMapping
 from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.records import (ClockTick, Contract, Entity, InputEvent, PolicyBundle, Principal,
@@ -146,7 +146,8 @@ def document(topic: str, key: bytes | None, value: bytes | None, *, position: st
         return doc
     if kind := debezium.control_kind(doc):
         raise SkippedEvent(kind)
-    if debezium.is_debezium(doc):
+    debezium_shapes.refuse(doc)
+    if debezium.is_debezium(doc) or debezium_shapes.is_unwrapped(doc):
         try:
             return debezium.from_debezium(doc, cdc)
         except (ValueError, TypeError, KeyError, OverflowError, OSError) as exc:
@@ -271,7 +272,8 @@ def _source_change(doc: dict) -> SourceChange:
     if kind == "resource":
         # A fact is as fresh as the event that last confirmed it, unless the source says when.
         record = resource_from(body, _opt_instant(doc.get("occurred_at"), "occurred_at"))
-        return SourceChange(kind=kind, op=op, record_id=body["id"], record=record)
+        return SourceChange(kind=kind, op=op, record_id=body["id"], record=record,
+                            unavailable=tuple(sorted((doc.get("unavailable") or {}).items())))
     build = {"principal": principal_from, "entity": entity_from}[kind]
     return SourceChange(kind=kind, op=op, record_id=body["id"], record=build(body))
 
@@ -302,7 +304,7 @@ _PAYLOAD = {"source-changes": _source_change, "policy-versions": _policy,
 def event_key(topic: str, doc: dict) -> bytes | None:
     """The message key the design assigns to an input event (None for the clock)."""
     if topic == "source-changes":
-        if debezium.is_debezium(doc):
+        if debezium.is_debezium(doc) or debezium_shapes.is_unwrapped(doc):
             doc = debezium.from_debezium(doc)
         return str(doc[doc["kind"]]["id"]).encode()
     if topic == "policy-versions":

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import orjson
 
-from schemas import cdc_mapping, connect_types
+from schemas import cdc_mapping, connect_types, debezium_shapes as shapes
 from schemas.cdc_mapping import CdcMapping, TableMapping
 from schemas.connect_types import ColumnError
 from schemas.errors import InvalidEvent
 
-_OPS = {"c": "upsert", "u": "upsert", "r": "upsert", "d": "delete"}
 # Source fields that together name one change, by the field that identifies the connector's
 # position (MySQL binlog file and offset and row, SQL Server and Oracle change numbers, Postgres LSN).
 _POSITIONS = (("file", ("file", "pos", "row")), ("change_lsn", ("change_lsn", "commit_lsn", "event_serial_no")),
@@ -21,36 +21,17 @@ _POSITIONS = (("file", ("file", "pos", "row")), ("change_lsn", ("change_lsn", "c
               ("lsn", ("lsn", "txId")))
 # The connector's software version is no part of where a change came from.
 _VOLATILE = {"version"}
-_HEARTBEAT = "io.debezium.connector.common.Heartbeat"
-_TRANSACTION = "io.debezium.connector.common.TransactionMetadataValue"
-_TRANSACTION_FIELDS = {"status", "id", "event_count", "data_collections", "ts_ms"}
+UNAVAILABLE = "__debezium_unavailable_value"
+# The placeholder as Debezium writes it in a bytea column (base64) and in a Connect Decimal.
+_UNAVAILABLE_FORMS = {UNAVAILABLE, "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="}
+UNKNOWN_EVENT_TIME = "1970-01-01T00:00:00Z"
+"""`occurred_at` of a CDC record whose envelope carries neither `source.ts_ms` nor `ts_ms` (with
+`occurred_at_source: "unknown"`): the epoch, so it is never later than anything it could be ordered against."""
+_TIE_BITS = 22  # low bits of a MySQL version: GTID sequence number or binlog position within one millisecond
 
-
-def _unwrap(doc: Any) -> tuple[Any, dict | None]:
-    """The payload and Connect schema of a JsonConverter document (schema None without schemas)."""
-    if isinstance(doc, dict) and set(doc) == {"schema", "payload"}:
-        return doc["payload"], doc["schema"] if isinstance(doc["schema"], dict) else None
-    return doc, None
-
-
-def is_debezium(doc: Any) -> bool:
-    """True when the document looks like a Debezium envelope (optionally wrapped in payload)."""
-    doc, _ = _unwrap(doc)
-    op = doc.get("op") if isinstance(doc, dict) else None
-    return isinstance(op, str) and op in _OPS and ("after" in doc or "before" in doc)
-
-
-def control_kind(doc: Any) -> str | None:
-    """`heartbeat` or `transaction` for Debezium's own messages (no row change), else None."""
-    body, schema = _unwrap(doc)
-    name = (schema or {}).get("name")
-    name = name if isinstance(name, str) else ""
-    if name.endswith(_HEARTBEAT) or (isinstance(body, dict) and set(body) == {"ts_ms"}):
-        return "heartbeat"
-    if name.endswith(_TRANSACTION) or (isinstance(body, dict) and body.get("status") in ("BEGIN", "END")
-                                       and "id" in body and set(body) <= _TRANSACTION_FIELDS):
-        return "transaction"
-    return None
+is_debezium = shapes.is_envelope
+control_kind = shapes.control_kind
+_unwrap = shapes.unwrap
 
 
 def table_name(source: Any) -> str:
@@ -61,15 +42,24 @@ def table_name(source: Any) -> str:
     return f"{scope}.{source.get('table')}" if scope else str(source.get("table") or "")
 
 
+def qualified_table(source: Any) -> str:
+    """Database, schema and table of a change (those present), so equal table names never share an event id."""
+    if not isinstance(source, dict):
+        return ""
+    return ".".join(str(source[k]) for k in ("db", "schema", "table") if source.get(k) not in (None, ""))
+
+
 def from_debezium(doc: dict[str, Any], mapping: CdcMapping | None = None) -> dict[str, Any]:
-    """Turn an envelope into a source-changes document, or raise InvalidEvent naming table and column.
+    """Turn an envelope (or an unwrapped row) into a source-changes document, or raise InvalidEvent.
 
     Without a mapping the row carries freshplan's field names (a `kind` column selects
     principal or entity rows). The event id is derived from the source position so that a
     replayed envelope deduplicates.
     """
+    if shapes.is_unwrapped(doc):
+        doc = shapes.envelope_of_unwrapped(doc)
     doc, schema = _unwrap(doc)
-    op = _OPS[doc["op"]]
+    op = shapes.ROW_OPS[doc["op"]]
     which = "after" if op == "upsert" else "before"
     row = doc.get(which)
     row = dict(row) if isinstance(row, dict) else {}
@@ -80,21 +70,58 @@ def from_debezium(doc: dict[str, Any], mapping: CdcMapping | None = None) -> dic
     source = source or {}
     table = table_name(source)
     columns = connect_types.row_fields(schema, which)
+    # Columns Debezium could not read (unchanged TOASTed values without REPLICA IDENTITY FULL) were not sent.
+    missing = {c for c, v in row.items() if _unavailable(v)}
+    row = {c: v for c, v in row.items() if c not in missing}
+    incremental = source.get("snapshot") == "incremental"
     try:
         if mapping is None:
             kind = row.pop("kind", "resource")
             record = {c: connect_types.by_schema(columns.get(c) or {}, v) if c in columns else v
                       for c, v in row.items()}
+            unavailable = {c: c for c in missing}
+            if kind == "resource" and op == "upsert" and "version" not in record and incremental:
+                record["version"] = 0
         else:
             kind, record = _mapped(mapping, table, op, row, columns, source)
+            target = mapping.tables[table].fields
+            unavailable = {f: c for f, c in target.items() if c in missing}
     except ColumnError as exc:
         raise InvalidEvent("invalid_value", f"table {table}: {exc}") from None
-    position = source_position(source) or str(doc.get("ts_ms"))
-    event_id = f"dbz:{source.get('table', kind)}:{record.get('id')}:{position}:{doc['op']}"
-    ts_ms = doc.get("ts_ms") or source.get("ts_ms") or 0
-    occurred = datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
-    return {"event_id": event_id, "schema_version": 1, "occurred_at": occurred,
-            "kind": kind, "op": op, kind: record}
+    if incremental:
+        # Incremental snapshot rows carry no position of their own: name them by what they say.
+        position = "snapshot:" + hashlib.sha256(orjson.dumps(row, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    else:
+        position = source_position(source) or str(doc.get("ts_ms"))
+    where = qualified_table(source) or kind
+    event_id = f"dbz:{where}:{record.get('id')}:{position}:{doc['op']}"
+    occurred, known = event_time(doc, source)
+    out = {"event_id": event_id, "schema_version": 1, "occurred_at": occurred, "occurred_at_source": known,
+           "kind": kind, "op": op, kind: record}
+    if unavailable and op == "upsert":
+        if kind != "resource":
+            column = ", ".join(sorted(unavailable.values()))
+            raise InvalidEvent("unavailable_value", f"table {table or '(none)'} column {column}: Debezium did not "
+                               "send this unchanged TOASTed value and freshplan keeps stored values only for "
+                               f"resources; run ALTER TABLE {table or '<table>'} REPLICA IDENTITY FULL")
+        out["unavailable"] = dict(sorted(unavailable.items()))
+    return out
+
+
+def _unavailable(value: Any) -> bool:
+    if isinstance(value, str):
+        return value in _UNAVAILABLE_FORMS
+    return isinstance(value, list) and len(value) == 1 and value[0] in _UNAVAILABLE_FORMS
+
+
+def event_time(doc: dict, source: dict) -> tuple[str, str]:
+    """`occurred_at` of a change and where it came from: the source's commit time, else the connector's
+    processing time, else unknown (UNKNOWN_EVENT_TIME)."""
+    for where, value in (("source.ts_ms", source.get("ts_ms")), ("ts_ms", doc.get("ts_ms"))):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=value)
+            return moment.isoformat().replace("+00:00", "Z"), where
+    return UNKNOWN_EVENT_TIME, "unknown"
 
 
 def _mapped(mapping: CdcMapping, table: str, op: str, row: dict, columns: dict, source: dict) -> tuple[str, dict]:
@@ -113,16 +140,29 @@ def _mapped(mapping: CdcMapping, table: str, op: str, row: dict, columns: dict, 
 def position_version(source: dict, table: str) -> int:
     """A version from the source position, which only moves forward for one row.
 
-    Postgres: the LSN. MySQL: the binlog file's sequence number, then the offset in it.
+    Postgres: the LSN. MySQL: the source commit time in milliseconds, then the GTID's sequence
+    number (else the binlog position) in the low bits, which survives a binlog reset and a
+    failover (a file-and-offset version goes backwards there). Incremental snapshot rows: 0,
+    so that a snapshot read is never ahead of a streamed change of the same row.
     """
-    lsn, file, pos = source.get("lsn"), source.get("file"), source.get("pos")
+    if source.get("snapshot") == "incremental":
+        return 0
+    lsn, file, pos, ts_ms = source.get("lsn"), source.get("file"), source.get("pos"), source.get("ts_ms")
     if isinstance(lsn, int) and not isinstance(lsn, bool) and lsn >= 0:
         return lsn
-    match = re.search(r"(\d+)$", file) if isinstance(file, str) else None
-    if match and isinstance(pos, int) and 0 <= pos < 2 ** 32:
-        return int(match.group(1)) * 2 ** 32 + pos
+    if isinstance(file, str) and isinstance(ts_ms, int) and not isinstance(ts_ms, bool) and ts_ms > 0:
+        tie = _gtid_sequence(source.get("gtid"))
+        if tie is None:
+            tie = pos if isinstance(pos, int) and not isinstance(pos, bool) and pos >= 0 else 0
+        return (ts_ms << _TIE_BITS) | (tie & ((1 << _TIE_BITS) - 1))
     raise InvalidEvent("invalid_value", f"table {table} maps no version column and its source position "
-                       "(Postgres lsn, MySQL file and pos) is missing; map a version column")
+                       "(Postgres lsn; MySQL file with source ts_ms) is missing; map a version column")
+
+
+def _gtid_sequence(gtid: Any) -> int | None:
+    """The transaction number of a MySQL (`uuid:N`) or MariaDB (`domain-server-N`) GTID."""
+    match = re.search(r"[:-](\d+)$", gtid) if isinstance(gtid, str) else None
+    return int(match.group(1)) if match else None
 
 
 def source_position(source: Any) -> str:
@@ -145,8 +185,8 @@ def tombstone(key: bytes | None, position: str, mapping: CdcMapping | None = Non
     if not key:
         return None
     kind, rid = key_record(key, mapping)
-    return {"event_id": f"dbz:tombstone:{rid}:{position}", "schema_version": 1,
-            "occurred_at": "1970-01-01T00:00:00Z", "kind": kind, "op": "delete", kind: {"id": rid}}
+    return {"event_id": f"dbz:tombstone:{rid}:{position}", "schema_version": 1, "occurred_at": UNKNOWN_EVENT_TIME,
+            "occurred_at_source": "unknown", "kind": kind, "op": "delete", kind: {"id": rid}}
 
 
 def key_record(key: bytes, mapping: CdcMapping | None) -> tuple[str, str]:

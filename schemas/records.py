@@ -176,6 +176,8 @@ class SourceChange:
     """Id of the record changed."""
     record: Resource | Principal | Entity | None
     """The new record on upsert; None on delete."""
+    unavailable: tuple[tuple[str, str], ...] = ()
+    """(field, source column) pairs the source did not send (unchanged TOASTed values): keep the stored ones."""
 
 
 Payload = SourceChange | PolicyBundle | Revocation | ClockTick

@@ -51,11 +51,13 @@ def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[da
     principals = {r[0]: list(r[1:]) for r in db.execute(
         "SELECT id, roles, attributes, delegation_version, deleted, made_at FROM principals "
         "WHERE id IN (SELECT unnest(?))", [pids]).fetchall()} if pids else {}
-    # (principal, kind, value) -> [effective_at, issued_by, event_id, delegation_version]; only the batch's keys
+    # (principal, kind, value) -> [effective_at, issued_by, event_id, delegation_version]; only the batch's keys,
+    # found through the index on principal (a key built of the three columns would scan every row)
+    wanted = set(rkeys)
     revoked = {tuple(r[:3]): list(r[3:]) for r in db.execute(
         "SELECT principal, kind, value, effective_at, issued_by, event_id, delegation_version FROM revoked "
-        "WHERE principal || chr(31) || kind || chr(31) || value IN (SELECT unnest(?))",
-        [[chr(31).join(k) for k in rkeys]]).fetchall()} if rkeys else {}
+        "WHERE principal IN (SELECT unnest(?))", [sorted({k[0] for k in rkeys})]).fetchall()
+        if tuple(r[:3]) in wanted} if rkeys else {}
     # principal -> the latest effective_at of its revocations: an upsert reads this one value, never the list
     horizons = dict(db.execute("SELECT principal, effective_at FROM revocation_horizons "
                                "WHERE principal IN (SELECT unnest(?))", [pids]).fetchall()) if pids else {}
@@ -134,17 +136,24 @@ def _principal(change: SourceChange, made_at: datetime | None, principals: dict,
     if new is None:
         if old is not None and old[3]:
             return None
+        if made_at is None:
+            counts["principal_time_unknown"] += 1
+            _warn_unknown_time(change.record_id)
+        changed.add(change.record_id)
         if old is None:
             # A tombstone: an upsert made before this delete cannot bring the principal back later.
             principals[change.record_id] = [(), "{}", None, True, made_at]
-            changed.add(change.record_id)
             return []
-        principals[change.record_id] = old[:3] + [True, old[4]]  # a delete keeps the version it deleted
-        changed.add(change.record_id)
+        # A delete keeps the version it deleted; its slot for the record's time holds the delete's.
+        principals[change.record_id] = old[:3] + [True, made_at]
         return [dk.principal(change.record_id)]
-    if old is not None and old[3] and not _recreates(old, new, made_at):
-        return None
-    if old is not None and not old[3] and new.delegation_version < old[2]:
+    if old is not None and old[3]:
+        if not _recreates(old, new, made_at):
+            if old[2] is None or new.delegation_version > old[2]:
+                old[2] = new.delegation_version  # a later re-create must pass every version refused here
+                changed.add(new.id)
+            return None
+    elif old is not None and _rank(new.delegation_version, made_at) < _rank(old[2], old[4]):
         return None
     horizon = horizons.get(new.id)
     if made_at is None and horizon is not None:
@@ -159,11 +168,19 @@ def _principal(change: SourceChange, made_at: datetime | None, principals: dict,
     return [dk.principal(change.record_id)]
 
 
+def _rank(version: int | None, made_at: datetime | None) -> tuple:
+    """Which of two records of a principal is the later: the version, then the time (unknown is earliest).
+
+    At an equal version and time the record read last wins, as it always has.
+    """
+    return (version or 0, made_at or _EPOCH)
+
+
 def _recreates(old: list, new: Principal, made_at: datetime | None) -> bool:
-    """Whether an upsert brings a deleted principal back: a higher version than deleted, or made after the delete."""
-    if old[2] is not None:
-        return new.delegation_version > old[2]
-    return made_at is not None and old[4] is not None and made_at > old[4]
+    """Whether an upsert brings a deleted principal back: a version above any deleted or refused, made after."""
+    if old[2] is not None and new.delegation_version <= old[2]:
+        return False
+    return old[4] is None or (made_at is not None and made_at > old[4])
 
 
 def _crosses(before: datetime | None, after: datetime | None, horizon: datetime | None) -> bool:

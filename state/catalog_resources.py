@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import orjson
@@ -54,6 +55,7 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
             "SELECT id, version, deleted, entity, evidence_class, supports, contradicts FROM resources "
             "WHERE id IN (SELECT unnest(?))", [sorted(ids - set(current))]).fetchall())
     stored = set(current)
+    kept = _kept(store, changes)
     written: dict[str, Resource | None] = {}
     out: list[list[str] | InvalidEvent | None] = []
     for change in changes:
@@ -73,6 +75,15 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
         if old is not None and new.version <= old[0]:
             out.append(None)
             continue
+        if change.unavailable:
+            base = written[new.id] if new.id in written else kept.get(new.id)
+            if base is None:
+                out.append(InvalidEvent("unavailable_value", "column " + ", ".join(c for _, c in change.unavailable)
+                                        + ": Debezium did not send this unchanged TOASTed value and no stored value "
+                                        "exists to keep; set REPLICA IDENTITY FULL on the source table (ALTER TABLE "
+                                        "... REPLICA IDENTITY FULL) so that updates carry every column"))
+                continue
+            new = replace(new, **{f: getattr(base, f) for f, _ in change.unavailable})
         allowed = rules.get(new.provenance_group or "")
         if allowed is not None and new.evidence_class not in allowed:
             out.append(InvalidEvent("class_not_allowed_for_source", "the resource's provenance_group may not "
@@ -89,6 +100,15 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
         store.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
     remember(known, {rid: current[rid] for rid in set(current) & ids})
     return out
+
+
+def _kept(store: Store, changes: Sequence[SourceChange]) -> dict[str, Resource]:
+    """The stored rows of resources whose upserts left columns out (read only when one does)."""
+    ids = sorted({c.record_id for c in changes if c.unavailable and c.record is not None})
+    if not ids:
+        return {}
+    return {r[0]: resource_row(r) for r in store.db.execute(
+        f"SELECT {RESOURCE_COLS} FROM resources WHERE NOT deleted AND id IN (SELECT unnest(?))", [ids]).fetchall()}
 
 
 def _write(store: Store, new: list[Resource], stored: list[Resource]) -> None:

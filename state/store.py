@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS principals (
 CREATE TABLE IF NOT EXISTS revoked (
   principal VARCHAR, kind VARCHAR, value VARCHAR, effective_at TIMESTAMPTZ, issued_by VARCHAR,
   event_id VARCHAR, delegation_version BIGINT, PRIMARY KEY (principal, kind, value));
+CREATE INDEX IF NOT EXISTS revoked_principal ON revoked (principal);
 CREATE TABLE IF NOT EXISTS revocation_horizons (principal VARCHAR PRIMARY KEY, effective_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS entities (id VARCHAR PRIMARY KEY, aliases VARCHAR[], deleted BOOLEAN NOT NULL DEFAULT false);
 CREATE TABLE IF NOT EXISTS policy_bundles (

@@ -95,9 +95,12 @@ def _offset_marks(db: duckdb.DuckDBPyConnection) -> None:
 
 
 def _principal_times(db: duckdb.DuckDBPyConnection) -> None:
-    """Principal records gain their event time; those stored before it are of unknown time.
+    """Principal records gain their event time; the migration changes no one's access.
 
-    A record of unknown time cannot undo a revocation (fail closed) until its next upsert.
+    Each stored revocation already applies as of a version (the event's, or the one stored when
+    it was read): a record of a principal with revocations is dated just after the latest of them,
+    so the time rule adds nothing and what it holds today it holds after the upgrade (no plan
+    becomes stale). Other records are of unknown time: a later revocation withdraws from them.
     """
     columns = {r[0] for r in db.execute(
         "SELECT column_name FROM duckdb_columns() WHERE table_name = 'principals'").fetchall()}
@@ -105,4 +108,6 @@ def _principal_times(db: duckdb.DuckDBPyConnection) -> None:
         return
     db.execute("ALTER TABLE principals ADD COLUMN made_at TIMESTAMPTZ; "
                "INSERT OR REPLACE INTO revocation_horizons SELECT principal, max(effective_at) FROM revoked "
-               "GROUP BY principal")
+               "GROUP BY principal; "
+               "UPDATE principals SET made_at = h.effective_at + INTERVAL 1 MICROSECOND "
+               "FROM revocation_horizons h WHERE h.principal = principals.id")

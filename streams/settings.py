@@ -66,6 +66,9 @@ class Settings:
     max_clock_jump: timedelta = timedelta(days=400)
     """ISO 8601 duration; a clock tick further than this past the current now is dead-lettered (`clock_jump`)
     and changes nothing (the first tick ever has no bound)."""
+    max_event_skew: timedelta = timedelta(minutes=5)
+    """ISO 8601 duration; a principal record dated further than this ahead of its publication is taken as of
+    unknown time (it cannot undo a revocation; counted as `principal_time_ahead`)."""
     session_timeout: float = 6.0
     """Seconds without heartbeats before the group drops a worker: a killed worker's plans move after this plus
     the rebalance (about 3 s on the embedded broker); Apache Kafka refuses less than 6 s by default."""
@@ -99,6 +102,9 @@ class Settings:
     token: str | None = field(default=None, repr=False)
     """FRESHPLAN_TOKEN: the secret the CLI sends; without a callers file, `run` serves it instead of generating one
     (16+ characters)."""
+    token_key_file: Path | None = None
+    """FRESHPLAN_TOKEN_KEY_FILE: keys that sign freshness tokens (made on first start, 0600, re-read every second;
+    docs/security.md); unset means token-keys.json in the state dir. Every worker of a group must use the same file."""
     callers_file: Path | None = None
     """JSON file of callers (secret hashes, principals, scopes; docs/security.md); unset means the single run.json
     secret."""
@@ -129,6 +135,11 @@ class Settings:
     def db_path(self) -> Path:
         """The DuckDB file with catalog, index, plans and offsets."""
         return self.state_dir / "freshplan.duckdb"
+
+    @property
+    def token_keys_path(self) -> Path:
+        """The token key file: FRESHPLAN_TOKEN_KEY_FILE, else token-keys.json beside the DuckDB file."""
+        return self.token_key_file or self.state_dir / "token-keys.json"
 
     @property
     def run_file(self) -> Path:
@@ -185,6 +196,7 @@ class Settings:
             max_budget_tokens=get("MAX_BUDGET_TOKENS", base.max_budget_tokens, int),
             max_budget_calls=get("MAX_BUDGET_CALLS", base.max_budget_calls, int),
             max_clock_jump=get("MAX_CLOCK_JUMP", base.max_clock_jump, parse_duration),
+            max_event_skew=get("MAX_EVENT_SKEW", base.max_event_skew, parse_duration),
             session_timeout=get("SESSION_TIMEOUT", base.session_timeout, float),
             rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),
             log_level=get("LOG_LEVEL", base.log_level),
@@ -192,6 +204,7 @@ class Settings:
             kafka=KafkaSecurity.from_env(env),
             token=get("TOKEN", None),
             callers_file=get("CALLERS_FILE", None, Path),
+            token_key_file=get("TOKEN_KEY_FILE", None, Path),
             jwt_jwks_file=get("JWT_JWKS_FILE", None, Path),
             jwt_issuer=get("JWT_ISSUER", None),
             jwt_audience=get("JWT_AUDIENCE", None),

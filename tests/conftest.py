@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.loader import publish, read_scenario
+from agents.token_keys import TokenKeys
 from schemas.freshness import encode_token, read_token
 from streams.broker import EmbeddedBroker, free_port
 from streams.settings import Settings
@@ -27,19 +29,43 @@ SCENARIOS = ROOT / "scenarios"
 ATLAS_REQUEST = orjson.loads((SCENARIOS / "atlas-request.json").read_bytes())
 
 
+_TOKEN_KEYS: list[Path] = []
+
+
+def token_key_file() -> Path:
+    """One token key file per test process, shared by every worker `launch` starts (as a group's workers share one)."""
+    if not _TOKEN_KEYS:
+        directory = Path(tempfile.mkdtemp(prefix="freshplan-keys-"))
+        _TOKEN_KEYS.append(TokenKeys(directory / "token-keys.json").ensure().path)
+    return _TOKEN_KEYS[0]
+
+
+def accepted_keys() -> tuple[bytes, ...]:
+    """The keys `launch`'s workers accept now (to read their tokens in a test)."""
+    return TokenKeys(token_key_file()).ensure().accepted()
+
+
+def sign_token(offsets: dict[str, dict[int, int]], cluster: str | None, epoch: int | None = None,
+               key_file: Path | None = None) -> str:
+    """A token as the workers sign it (with the test process's key file unless another is named)."""
+    keys = TokenKeys(key_file or token_key_file())
+    keys.load()
+    return encode_token(offsets, cluster, epoch, key=keys.sign_with())
+
+
 def freshest(*tokens: str) -> str:
     """One token covering all of `tokens`: each publish's token names only the partitions it wrote to."""
     merged: dict[str, dict[int, int]] = {}
     clusters = set()
     for token in tokens:
-        decoded = read_token(token)
+        decoded = read_token(token, accepted_keys())
         clusters.add(decoded.cluster_id)
         for topic, parts in decoded.offsets.items():
             for partition, offset in parts.items():
                 here = merged.setdefault(topic, {})
                 here[partition] = max(here.get(partition, 0), offset)
     [cluster] = clusters  # tokens of one broker incarnation only
-    return encode_token(merged, cluster)
+    return sign_token(merged, cluster)
 
 
 @pytest.fixture(scope="session")
@@ -230,7 +256,7 @@ async def launch(broker, directory: Path, wait: bool = True, **extra: str):
                FRESHPLAN_STATE_DIR=str(directory / "state"), FRESHPLAN_WEB_PORT=str(port),
                FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10",
                FRESHPLAN_REVOCATION_LAG_BOUND="1", FRESHPLAN_TOKEN=secrets.token_urlsafe(32),
-               FRESHPLAN_CHECK_HEAD_CACHE="1")
+               FRESHPLAN_CHECK_HEAD_CACHE="1", FRESHPLAN_TOKEN_KEY_FILE=str(token_key_file()))
     env.update(extra)
     settings = Settings.from_env(env)
     log_path = directory / "worker.log"

@@ -24,6 +24,11 @@ def test_the_worker_service_can_be_scaled():
     state = "/var/lib/freshplan"
     assert state in worker["volumes"]  # anonymous: one state volume per replica
     assert all(v == state or v.endswith(":ro") for v in worker["volumes"])  # anything shared is read-only
+    # One token key file for the group, made once by its own service, read-only in the workers.
+    keys = compose["services"]["token-keys"]
+    assert env["FRESHPLAN_TOKEN_KEY_FILE"] == keys["environment"]["FRESHPLAN_TOKEN_KEY_FILE"] == "/keys/token-keys.json"
+    assert "token-keys:/keys:ro" in worker["volumes"] and "token-keys:/keys" in keys["volumes"]
+    assert worker["depends_on"]["token-keys"]["condition"] == "service_completed_successfully"
 
 
 def test_kafka_is_reached_over_sasl_ssl_and_acls_keep_writers_to_their_topics():
@@ -47,3 +52,25 @@ def test_the_image_contains_every_package():
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     copied = set(re.findall(r"^COPY (\w+) \1$", (ROOT / "Dockerfile").read_text(), re.M))
     assert {name.split(".")[0] for name in packages} <= copied  # subpackages come with their top level
+
+
+def test_postgres_and_debezium_run_beside_kafka_with_the_documented_mapping():
+    import json
+
+    from schemas.cdc_mapping import parse
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert "wal_level=logical" in services["postgres"]["command"]
+    connect = services["connect"]
+    assert connect["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert connect["environment"]["BOOTSTRAP_SERVERS"] == services["worker"]["environment"]["KAFKA_BOOTSTRAP_SERVERS"]
+    assert 'username="cdc"' in connect["environment"]["CONNECT_PRODUCER_SASL_JAAS_CONFIG"]  # the ACL's only writer
+    config = json.loads((ROOT / "deploy" / "debezium" / "postgres-connector.json").read_text())["config"]
+    assert config["transforms.route.replacement"] == "source-changes" and config["plugin.name"] == "pgoutput"
+    assert all(v.startswith("${file:") for k, v in config.items() if "password" in k)  # never a literal
+    worker = services["worker"]
+    path = worker["environment"]["FRESHPLAN_CDC_MAPPING"]
+    [mount] = [v for v in worker["volumes"] if v.startswith("./deploy/debezium:")]
+    mapping = parse((ROOT / "deploy" / "debezium" / path.removeprefix(mount.split(":")[1] + "/")).read_text())
+    assert set(config["table.include.list"].split(",")) == set(mapping.tables)

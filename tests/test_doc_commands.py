@@ -51,6 +51,16 @@ EXERCISED = {
     ".venv/bin/freshplan cdc check mapping.json sample.json":
         ("tests/agents/test_cli_cdc.py::test_the_walk_through_in_docs_cdc_prints_the_event_it_shows",
          '"cdc", "check", "mapping.json", "sample.json"'),
+    ".venv/bin/freshplan tokens init":
+        ("tests/agents/test_cli_tokens.py::test_tokens_init_makes_a_private_key_file_once", '_shown("tokens init")'),
+    ".venv/bin/freshplan tokens rotate":
+        ("tests/agents/test_cli_tokens.py::test_tokens_rotate_signs_after_10_s_and_keeps_the_old_key_a_day",
+         '_shown("tokens rotate")'),
+    ".venv/bin/freshplan tokens rotate --grace 0 --sign-after 2":
+        ("tests/agents/test_cli_tokens.py::test_tokens_rotate_retiring_a_leaked_key_ends_its_window_two_seconds_later",
+         '_shown("tokens rotate --grace 0 --sign-after 2")'),
+    ".venv/bin/freshplan cdc demo":
+        ("tests/cdc/test_demo.py::test_the_cdc_walkthrough_shows_the_invalidation_and_the_new_plan", '"cdc", "demo"'),
     ".venv/bin/python examples/cache_subscriber.py --max-seconds 10":
         ("tests/streams/test_plan_cache.py::test_cache_follows_invalidations_and_survives_restart",
          "examples/cache_subscriber.py"),

@@ -24,6 +24,9 @@ done
 $bin/kafka-acls.sh $BS --add --allow-principal User:policy-service --operation Write --operation Describe --topic policy-versions
 $bin/kafka-acls.sh $BS --add --allow-principal User:iam --operation Write --operation Describe --topic revocations
 $bin/kafka-acls.sh $BS --add --allow-principal User:cdc --operation Write --operation Describe --topic source-changes
+# Kafka Connect (Debezium) keeps its configs, offsets and status in topics of its own, as the cdc user.
+$bin/kafka-acls.sh $BS --add --allow-principal User:cdc --operation All --resource-pattern-type prefixed --topic connect-
+$bin/kafka-acls.sh $BS --add --allow-principal User:cdc --operation All --resource-pattern-type prefixed --group connect-
 # freshplan: read every input and the internal `plan-dependencies` (take-overs), write its outputs
 # and clock ticks, its consumer group, and Faust's internal topics (prefix = the app id).
 for t in source-changes policy-versions revocations clock plans plan-dependencies; do

@@ -15,7 +15,9 @@ from streams.settings import Settings
 def test_a_local_secret_is_generated_once_and_kept(tmp_path):
     settings = Settings(state_dir=tmp_path)
     first = load_access(settings)
-    assert first.local_token and len(first.local_token) >= 32 and first.reload is None
+    assert first.local_token and len(first.local_token) >= 32 and first.reload is not None  # the token keys
+    assert stat.S_IMODE(settings.token_keys_path.stat().st_mode) == 0o600
+    assert load_access(settings).token_keys.sign_with() == first.token_keys.sign_with()  # kept across restarts
     assert match(first.callers(), first.local_token).scopes == {"select", "plans", "receipts", "status", "admin"}
     write_run_file(settings.run_file, {"token": first.local_token})
     assert stat.S_IMODE(settings.run_file.stat().st_mode) == 0o600

@@ -17,7 +17,7 @@ from tests.conftest import ATLAS_REQUEST, ROOT, launch
 from tests.jwt_keys import AUDIENCE, ISSUER, make_signers, unsigned, write_jwks
 
 SECRETS = {"support-gateway": "gateway-secret-0001", "credit-desk": "desk-secret-000001",
-           "ops": "ops-secret-00000001", "auditor": "auditor-secret-0001"}
+           "ops": "ops-secret-00000001", "auditor": "auditor-secret-0001", "sam-desk": "sam-desk-secret-0001"}
 SIGNERS = make_signers()
 
 
@@ -28,7 +28,8 @@ def caller(cid: str, principals: list[str], scopes: list[str]) -> dict:
 
 CALLERS = [caller("support-gateway", ["sam", "lee"], ["select", "plans"]),
            caller("credit-desk", ["*"], ["select", "plans", "receipts"]),
-           caller("ops", [], ["admin", "status"])]
+           caller("ops", [], ["admin", "status"]),
+           caller("sam-desk", ["sam"], ["select", "plans", "receipts"])]
 
 
 def as_(cid: str) -> dict[str, str]:
@@ -54,6 +55,7 @@ async def guarded(broker, tmp_path_factory):
         running.metrics_url = f"http://127.0.0.1:{metrics_port}"
         running.callers_file = callers_file
         running.fresh = await running.load("atlas.jsonl")
+        await running.select(ATLAS_REQUEST, running.fresh)  # applied: each test may select at once, run alone too
         yield running
 
 
@@ -107,11 +109,13 @@ async def test_callers_stay_within_their_principals_and_scopes(guarded):
     assert status == 200 and receipt["plan_id"] == plan["plan_id"] and receipt["rejected"]
     assert all(set(item) <= {"resource_id", "reason", "version"} for item in receipt["rejected"]), receipt
     assert code(await call(guarded, "GET", "/v1/receipts/rcpt-none", as_("credit-desk"))) == (404, "unknown_receipt")
-    assert (await call(guarded, "GET", f"/v1/plans/{plan['plan_id']}", as_("support-gateway")))[0] == 200
+    assert (await call(guarded, "GET", f"/v1/plans/{plan['plan_id']}", as_("credit-desk")))[0] == 200
 
     assert (await call(guarded, "GET", "/healthz"))[1] == {"status": "ok"}  # liveness only
     assert (await call(guarded, "GET", "/healthz", as_("credit-desk")))[1] == {"status": "ok"}  # no status scope
     assert "revocations" in (await call(guarded, "GET", "/healthz", as_("ops")))[1]
+    # This test's own anonymous request: the audit lines checked below must not rely on another test's.
+    assert code(await call(guarded, "GET", "/v1/receipts/rcpt-anonymous")) == (401, "unauthenticated")
 
     lines = [orjson.loads(line) for line in guarded.log_path.read_text().splitlines() if line.startswith("{")]
     audit = [line for line in lines if line.get("logger") == "freshplan.audit"]
@@ -122,6 +126,54 @@ async def test_callers_stay_within_their_principals_and_scopes(guarded):
     assert any(a["caller"] is None and a["outcome"] == "unauthenticated" for a in audit)
     log = guarded.log_path.read_text()
     assert not any(secret in log for secret in SECRETS.values())
+
+
+async def test_every_post_route_answers_a_deep_or_broken_body_with_a_code(guarded):
+    deep, closed = b"[" * 100_000, b"[" * 40 + b"]" * 40  # past orjson's own bound; past ours (32)
+    for path, headers in (("/v1/admin/consumers", as_("ops")), ("/v1/select", as_("credit-desk"))):
+        for body, wanted in ((deep, "malformed_json"), (closed, "body_too_deep"), (b"{oops", "malformed_json")):
+            status, doc, _ = await call(guarded, "POST", path, dict(headers, **{"Content-Type": "application/json"}),
+                                        data=body)
+            assert (status, doc["error"]["code"]) == (400, wanted), (path, body[:10], doc)
+            assert len(doc["error"]["message"]) > 30
+    assert guarded.proc.poll() is None
+
+
+def _unknown(doc: dict, known_id: str, unknown_id: str) -> dict:
+    return json.loads(json.dumps(doc).replace(known_id, unknown_id))
+
+
+async def test_plans_and_receipts_of_other_principals_are_unknown_to_a_caller(guarded):
+    rsa, _ = SIGNERS
+    status, plan, _ = await call(guarded, "POST", "/v1/select", as_("credit-desk"),
+                                 dict(ATLAS_REQUEST, at_least_as_fresh=guarded.fresh))
+    assert status == 200 and plan["request"]["principal"] == "maya", plan
+    plan_id, receipt_id = plan["plan_id"], plan["receipt_id"]
+    nobody_plan, nobody_receipt = "plan-" + "f" * 20, "rcpt-" + "f" * 20
+    unknown_plan = await call(guarded, "GET", f"/v1/plans/{nobody_plan}", as_("credit-desk"))
+    unknown_receipt = await call(guarded, "GET", f"/v1/receipts/{nobody_receipt}", as_("credit-desk"))
+    assert code(unknown_plan) == (404, "unknown_plan") and code(unknown_receipt) == (404, "unknown_receipt")
+
+    # A caller limited to sam, and a JWT for sam: maya's plan and receipt answer as ids nobody issued.
+    for headers in (as_("sam-desk"), as_("support-gateway"), jwt_(rsa.token("sam"))):
+        status, doc, _ = await call(guarded, "GET", f"/v1/plans/{plan_id}", headers)
+        assert status == 404 and _unknown(doc, plan_id, nobody_plan) == unknown_plan[1], doc
+    status, doc, _ = await call(guarded, "GET", f"/v1/receipts/{receipt_id}", as_("sam-desk"))
+    assert status == 404 and _unknown(doc, receipt_id, nobody_receipt) == unknown_receipt[1], doc
+    assert "withheld" not in json.dumps(doc) and "maya" not in json.dumps(doc)
+
+    # The principal's own JWT and an auditor whose principals cover it still read them.
+    status, doc, _ = await call(guarded, "GET", f"/v1/plans/{plan_id}", jwt_(rsa.token("maya")))
+    assert status == 200 and doc["plan_id"] == plan_id, doc
+    status, doc, _ = await call(guarded, "GET", f"/v1/receipts/{receipt_id}", as_("credit-desk"))
+    assert status == 200 and doc["plan_id"] == plan_id
+    # sam's own plan and receipt are sam-desk's to read.
+    status, own, _ = await call(guarded, "POST", "/v1/select", as_("sam-desk"), dict(ATLAS_REQUEST, principal="sam"))
+    assert status == 200, own
+    assert (await call(guarded, "GET", f"/v1/plans/{own['plan_id']}", as_("sam-desk")))[0] == 200
+    assert (await call(guarded, "GET", f"/v1/receipts/{own['receipt_id']}", as_("sam-desk")))[0] == 200
+    assert code(await call(guarded, "GET", f"/v1/plans/{own['plan_id']}", jwt_(rsa.token("maya")))) == (
+        404, "unknown_plan")
 
 
 async def test_end_user_jwts_name_the_only_principal(guarded):
@@ -136,6 +188,19 @@ async def test_end_user_jwts_name_the_only_principal(guarded):
         assert code(await call(guarded, "POST", "/v1/select", jwt_(bad), ATLAS_REQUEST)) == (401, "unauthenticated")
     assert code(await call(guarded, "POST", "/v1/admin/consumers", jwt_(ec.token("maya")),
                            {"topic": "clock", "action": "pause"})) == (403, "scope_missing")
+
+
+async def test_a_jwt_whose_principal_claim_is_the_wildcard_is_refused(guarded):
+    rsa, ec = SIGNERS
+    for claim in ("*", " * "):
+        for method, path, body in (("POST", "/v1/select", dict(ATLAS_REQUEST, principal="*")),
+                                   ("POST", "/v1/select", ATLAS_REQUEST), ("GET", "/v1/plans/plan-" + "0" * 20, None)):
+            status, doc, _ = await call(guarded, method, path, jwt_(ec.token(claim)), body)
+            assert (status, doc["error"]["code"]) == (403, "principal_not_literal"), (claim, path, doc)
+            assert "callers-file" in doc["error"]["message"] and "plan_id" not in doc
+    assert code(await call(guarded, "POST", "/v1/select", jwt_(rsa.token("sub-of-maya", preferred_username="*")),
+                           ATLAS_REQUEST)) == (403, "principal_not_allowed")  # only the configured claim counts
+    assert (await call(guarded, "POST", "/v1/select", jwt_(rsa.token("maya")), ATLAS_REQUEST))[0] == 200
 
 
 async def test_browsers_rebinding_and_faust_pages_are_kept_out(guarded):

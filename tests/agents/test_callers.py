@@ -32,6 +32,14 @@ def test_callers_are_matched_by_secret_and_kept_to_their_principals():
     assert match(callers, "guess") is None and match(callers, "") is None
 
 
+def test_only_a_written_down_caller_may_use_the_wildcard():
+    from agents.callers import Caller
+
+    literal = Caller("jwt", frozenset({"*"}), frozenset({"select"}), wildcard_allowed=False)
+    assert not literal.may_ask_for("maya") and literal.may_ask_for("*")
+    assert Caller("desk", frozenset({"*"}), frozenset({"select"})).may_ask_for("maya")
+
+
 def line_of(text: str, key: str, nth: int) -> int:
     """1-based line of the nth occurrence of `"key":` in text."""
     at = -1

@@ -7,10 +7,10 @@ from decimal import ROUND_HALF_UP, Decimal
 import orjson
 
 from compiler.pipeline import compile_request
-from schemas.freshness import encode_token, read_token
+from schemas.freshness import read_token
 from bench.baselines import admissible_ids, plain_top_k, post_filtered_top_k, score
 from tests.catalog_double import SCENARIOS, MemoryCatalog
-from tests.conftest import ATLAS_REQUEST, freshest
+from tests.conftest import ATLAS_REQUEST, accepted_keys, freshest, sign_token
 from tests.events import envelope
 
 PAYMENT = orjson.loads((SCENARIOS / "payment-request.json").read_bytes())
@@ -99,7 +99,7 @@ async def test_each_pass_refuses_its_own_bad_request(worker):
         (dict(PAYMENT, purpose="marketing"), 422, "purpose_not_allowed", "type-check"),
         (dict(PAYMENT, decision_time="2025-06-01T00:00:00Z"), 422, "policy_not_effective", "admit"),
         (dict(PAYMENT, budget={"tokens": 0}), 422, "empty_budget", "plan"),
-        (dict(PAYMENT, at_least_as_fresh="yesterday"), 400, "invalid_freshness_token", "attest"),
+        (dict(PAYMENT, at_least_as_fresh="yesterday"), 400, "token_invalid", "attest"),
     ]
     for body, status, code, pass_name in cases:
         error = (await worker.select(body, expect=status))["error"]
@@ -107,8 +107,8 @@ async def test_each_pass_refuses_its_own_bad_request(worker):
     async with worker.http.post(f"{worker.url}/v1/select", data=b"{oops",
                                 headers={"Content-Type": "application/json"}) as resp:
         assert resp.status == 400 and (await resp.json())["error"]["code"] == "malformed_json"
-    cluster = read_token((await worker.get("/healthz"))["freshness_token"]).cluster_id
-    ahead = encode_token({"revocations": {0: 99}}, cluster)  # offsets this worker will never have applied
+    cluster = read_token((await worker.get("/healthz"))["freshness_token"], accepted_keys()).cluster_id
+    ahead = sign_token({"revocations": {0: 99}}, cluster)  # offsets this worker will never have applied
     async with worker.http.post(f"{worker.url}/v1/select", json=dict(PAYMENT, at_least_as_fresh=ahead)) as resp:
         body = await resp.json()
         assert resp.status == 503 and body["error"]["code"] == "not_fresh_enough", body

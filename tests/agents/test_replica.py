@@ -18,6 +18,7 @@ from schemas.freshness import decode_token
 from state.local_state import LocalState
 from streams.settings import INPUT_TOPICS, Settings
 from tests.catalog_double import SCENARIOS
+from tests.conftest import token_key_file
 
 A, B = TopicPartition("in", 0), TopicPartition("in", 1)
 
@@ -109,7 +110,7 @@ async def test_an_error_while_topping_up_is_raised_after_the_records_taken_are_a
 
 @pytest.mark.timeout(60)
 async def test_a_failing_batch_timing_hook_never_stops_the_replica_applying(broker, tmp_path):
-    settings = Settings(topic_prefix=f"hook{uuid.uuid4().hex[:8]}-")
+    settings = Settings(topic_prefix=f"hook{uuid.uuid4().hex[:8]}-", token_key_file=token_key_file())
     token = await publish(settings, broker.bootstrap_servers, read_scenario(SCENARIOS / "atlas.jsonl"))
     state = LocalState.open(tmp_path / "f.duckdb")
     applier = EventApplier(state, PlanWriter(state, settings.topic))

@@ -94,11 +94,22 @@ async def test_a_plan_status_is_read_on_the_status_thread_and_decided_on_the_loo
     query = status.query
     plan = query.select(ATLAS_REQUEST)
     seen = _threads_of(status)
-    assert (await query.plan_status_async(plan["plan_id"], status.read))["status"] == "fresh"
-    assert await query.plan_status_async("plan-unknown", status.read) is None
+    asked: list[str | None] = []
+
+    def anyone(principal):
+        asked.append(principal)
+        return True
+
+    assert (await query.plan_status_async(plan["plan_id"], status.read, anyone))["status"] == "fresh"
+    assert asked == [ATLAS_REQUEST["principal"]]  # the plan's principal, read with its status
+    assert await query.plan_status_async("plan-unknown", status.read, anyone) is None
     assert seen and set(seen) == {f"{THREAD_NAME}_0"}
+    assert await query.plan_status_async(plan["plan_id"], status.read, lambda p: False) is None  # as if unknown
     query.foreign_partition = lambda entity_id: 3  # another worker owns the entity now: its owner answers
     with pytest.raises(NotOwner):
-        await query.plan_status_async(plan["plan_id"], status.read)
+        await query.plan_status_async(plan["plan_id"], status.read, anyone)
     with pytest.raises(NotOwner):  # the in-process path decides the same
         query.plan_status(plan["plan_id"])
+    # A caller who may not see the plan is refused before any owner is asked: nothing is forwarded for it.
+    assert await query.plan_status_async(plan["plan_id"], status.read, lambda p: p == "sam") is None
+    assert query.plan_status(plan["plan_id"], lambda p: False) is None

@@ -8,10 +8,9 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from schemas.freshness import encode_token
 from streams.incarnation import read_cluster_id
 from tests.cdc.test_fixtures import FIXTURES, fixture, message
-from tests.conftest import ATLAS_REQUEST, launch
+from tests.conftest import ATLAS_REQUEST, launch, sign_token
 from tests.events import resource
 
 
@@ -29,7 +28,7 @@ async def produce(worker, *names: str) -> str:
                          on_delivery=lambda err, msg: delivered.append(-1 if err else msg.offset()))
     assert await asyncio.get_running_loop().run_in_executor(None, producer.flush, 30) == 0
     assert len(delivered) == len(names) and min(delivered) >= 0
-    return encode_token({"source-changes": {0: max(delivered) + 1}}, await read_cluster_id(worker.bootstrap))
+    return sign_token({"source-changes": {0: max(delivered) + 1}}, await read_cluster_id(worker.bootstrap))
 
 
 @pytest.mark.timeout(180)

@@ -144,10 +144,10 @@ async def test_a_reset_external_broker_is_refused_until_the_operator_rebases(wor
 
 
 async def test_a_token_of_another_cluster_is_refused(worker):
-    from schemas.freshness import encode_token
+    from tests.conftest import sign_token
 
     loaded = await worker.load("atlas.jsonl")
     await worker.select(ATLAS_REQUEST, loaded)
-    forged = encode_token({"revocations": {0: 0}}, f"some-other-cluster-{uuid.uuid4().hex[:6]}")
+    forged = sign_token({"revocations": {0: 0}}, f"some-other-cluster-{uuid.uuid4().hex[:6]}")
     refused = await worker.select(ATLAS_REQUEST, forged, expect=409)
     assert refused["error"]["code"] == "token_other_incarnation"

@@ -17,12 +17,12 @@ import orjson
 import pytest
 
 from agents.forward import FORWARDED_HEADER
-from schemas.freshness import encode_token, read_token
+from schemas.freshness import read_token
 from schemas.plan_partition import plan_partition
 from schemas.timefmt import format_instant
 from streams.broker import EmbeddedBroker
-from tests.conftest import (ATLAS_REQUEST, ROOT, WorkerProcess, _wait_http, eventually as _until, freshest, launch,
-                            start_peer)
+from tests.conftest import (ATLAS_REQUEST, ROOT, WorkerProcess, _wait_http, accepted_keys, eventually as _until,
+                            freshest, launch, sign_token, start_peer)
 from tests.events import regrant, resource, revoke_role
 
 pytestmark = pytest.mark.timeout(150)
@@ -101,6 +101,11 @@ async def test_forwarding_gives_a_hostile_caller_nothing_the_owner_would_refuse(
             # The operator restricted Host names: a forwarded select still reaches the owner and is served.
             status, via, _ = await call(other.url, "/v1/select", desk, dict(ATLAS_REQUEST, at_least_as_fresh=fresh))
             assert status == 200 and via["plan_id"] == plan["plan_id"], via
+            # One key file for the group: each worker accepts the tokens the other signed.
+            for url, token in ((owner.url, plan["freshness_token"]), (other.url, plan["freshness_token"]),
+                               (owner.url, via["freshness_token"]), (other.url, via["freshness_token"])):
+                status, doc, _ = await call(url, "/v1/select", desk, dict(ATLAS_REQUEST, at_least_as_fresh=token))
+                assert status == 200, doc
             assert via["served_by"].rstrip("/").endswith(owner.url[-5:])
 
             # A spoofed forwarding header gets a non-owner to refuse (never to answer from its own state).
@@ -121,6 +126,22 @@ async def test_forwarding_gives_a_hostile_caller_nothing_the_owner_would_refuse(
             status, doc, _ = await call(other.url, "/v1/select", gateway, dict(ATLAS_REQUEST, principal="sam"))
             _not_500(status, doc)
             assert status == 200 and doc["served_by"].rstrip("/").endswith(owner.url[-5:]), doc
+            sams = doc["plan_id"]
+            # maya's plan status is unknown to the sam-only caller on every path: at the owner, through the
+            # peer (which forwards or asks the owners), and with a spoofed forwarding header; same body as an
+            # id nobody issued. The desk reads it through the peer; the gateway reads sam's.
+            nobody = "plan-" + "e" * 20
+            _, unknown, _ = await call(other.url, f"/v1/plans/{nobody}", gateway, method="GET")
+            assert unknown["error"]["code"] == "unknown_plan", unknown
+            for url, extra in ((other.url, {}), (owner.url, {}), (owner.url, {FORWARDED_HEADER: "1"}),
+                               (other.url, {FORWARDED_HEADER: "1"})):
+                status, doc, _ = await call(url, f"/v1/plans/{plan['plan_id']}", {**gateway, **extra}, method="GET")
+                assert status == 404 and json.loads(json.dumps(doc).replace(plan["plan_id"], nobody)) == unknown, doc
+            for url in (other.url, owner.url):
+                status, doc, _ = await call(url, f"/v1/plans/{plan['plan_id']}", desk, method="GET")
+                assert status == 200 and doc["plan_id"] == plan["plan_id"], doc
+                status, doc, _ = await call(url, f"/v1/plans/{sams}", gateway, method="GET")
+                assert status == 200 and doc["plan_id"] == sams, doc
 
             # Huge bodies are refused where they arrive, with the service's error shape.
             huge = orjson.dumps(dict(ATLAS_REQUEST, query="x" * 3_000_000))
@@ -135,12 +156,12 @@ async def test_forwarding_gives_a_hostile_caller_nothing_the_owner_would_refuse(
             status, doc, _ = await call(other.url, "/v1/select", desk,
                                         dict(ATLAS_REQUEST, at_least_as_fresh=freshest(fresh, revoked)))
             assert status == 200 and doc["admitted"] == [] and doc["plan_id"] != plan["plan_id"], doc
-            token = read_token(revoked)
-            future = encode_token({t: {p: o + 1000 for p, o in ps.items()} for t, ps in token.offsets.items()},
-                                  token.cluster_id)
+            token = read_token(revoked, accepted_keys())
+            future = sign_token({t: {p: o + 1000 for p, o in ps.items()} for t, ps in token.offsets.items()},
+                                token.cluster_id)
             status, doc, _ = await call(other.url, "/v1/select", desk, dict(ATLAS_REQUEST, at_least_as_fresh=future))
             assert status == 503 and doc["error"]["code"] == "not_fresh_enough", doc
-            elsewhere = encode_token(token.offsets, "another-cluster")
+            elsewhere = sign_token(token.offsets, "another-cluster")
             status, doc, _ = await call(other.url, "/v1/select", desk,
                                         dict(ATLAS_REQUEST, at_least_as_fresh=elsewhere))
             assert status == 409 and doc["error"]["code"] == "token_other_incarnation", doc

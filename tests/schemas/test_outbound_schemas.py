@@ -132,3 +132,17 @@ def test_the_validators_refuse_what_the_schemas_forbid():
     tick = {"event_id": "e", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z", "now": "2026-08-30T00:00:00Z"}
     assert check["clock"].is_valid(dict(tick, extra=1)) and check["clock"].is_valid(tick)
     assert not validators(documented=True)["clock"].is_valid(dict(tick, extra=1))
+
+
+def test_every_dead_letter_class_the_code_raises_is_in_the_dead_letters_schema():
+    import re
+
+    from tests.conftest import ROOT
+
+    raised = set()
+    for package in ("schemas", "compiler", "state", "agents", "streams"):
+        for path in (ROOT / package).rglob("*.py"):
+            raised |= set(re.findall(r'InvalidEvent\(\s*"([a-z_]+)"', path.read_text()))
+    schema = orjson.loads((ROOT / "schemas" / "json" / "dead-letters.schema.json").read_bytes())
+    allowed = set(schema["properties"]["error_class"]["enum"])
+    assert raised and raised <= allowed, sorted(raised - allowed)

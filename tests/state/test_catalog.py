@@ -180,13 +180,14 @@ def test_a_record_of_unknown_time_cannot_undo_a_revocation(state):
     assert state.store.counters().get("principal_time_unknown") == 1
 
 
-def test_a_deleted_principal_comes_back_only_at_a_higher_version(state):
+def test_a_deleted_principal_comes_back_only_at_a_higher_version_made_after_the_delete(state):
     delete = ("source-changes", envelope(kind="principal", op="delete", principal={"id": "maya"}))
     assert apply(state, *delete) == ["principal:maya"]
     assert apply(state, *_maya(2)) is None and apply(state, *_maya(3)) is None
     assert state.catalog.principal("maya") is None
-    assert apply(state, *_maya(4)) == ["principal:maya"]
-    assert state.catalog.principal("maya").delegation_version == 4
+    assert apply(state, *_maya(4)) is None                    # higher, but made before the delete
+    assert apply(state, *_maya(5, at="2026-08-30T09:30:00Z")) == ["principal:maya"]
+    assert state.catalog.principal("maya").delegation_version == 5
 
 
 def test_a_delete_read_before_its_principal_keeps_out_records_made_before_it(state):
@@ -197,8 +198,11 @@ def test_a_delete_read_before_its_principal_keeps_out_records_made_before_it(sta
     assert apply(state, "source-changes", dict(envelope(kind="principal", op="upsert", principal=zed),
                                                occurred_at="2026-08-30T08:00:00Z")) is None
     assert state.catalog.principal("zed") is None
+    # The refused version 7 is remembered: only a higher one, made after the delete, brings zed back.
     assert apply(state, "source-changes", dict(envelope(kind="principal", op="upsert", principal=zed),
-                                               occurred_at="2026-08-30T09:30:00Z")) == ["principal:zed"]
+                                               occurred_at="2026-08-30T09:30:00Z")) is None
+    assert apply(state, "source-changes", dict(envelope(kind="principal", op="upsert", principal=dict(
+        zed, delegation_version=8)), occurred_at="2026-08-30T09:30:00Z")) == ["principal:zed"]
 
 
 def test_observed_at_is_stored_and_an_older_file_gains_the_column(state, tmp_path):

@@ -9,7 +9,7 @@ from schemas.codec import decode
 from schemas.records import Principal
 from state.catalog_identities import _matters
 from state.local_state import LocalState
-from tests.events import envelope, principal, revoke_role
+from tests.events import envelope, principal, regrant, revoke_role
 
 
 def _events() -> list[tuple[str, dict]]:
@@ -31,7 +31,7 @@ def _events() -> list[tuple[str, dict]]:
         delete("principal", "p"),
         delete("principal", "p"),                           # deleted already: ignored
         principal("p", delegation_version=1, sessions=["s1"]),  # below the deleted version: ignored
-        principal("p", delegation_version=4, sessions=["s1"]),
+        regrant("p", 4, sessions=["s1"]),                   # higher and made after the delete: back
         entity("E1", "Acme Corp"),
         entity("E1", "Acme", "ACME Holdings"),
         delete("entity", "E1"),

@@ -1,0 +1,107 @@
+"""Event time, event ids, versions and message shapes of Debezium records (Postgres captured here; MySQL shapes
+as Debezium's documentation gives them: there is no MySQL server on these machines)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from schemas.cdc_mapping import parse
+from schemas.codec import decode
+from schemas.debezium import UNKNOWN_EVENT_TIME, from_debezium, position_version
+from schemas.errors import InvalidEvent
+
+MAPPING = parse(orjson.dumps({"tables": {
+    "crm.documents": {"kind": "resource", "fields": {"id": "doc_id", "entity": "customer_id", "tokens": "n",
+                                                     "evidence_class": "cls", "content": "body"}},
+    "iam.users": {"kind": "principal",
+                  "fields": {"id": "user_id", "roles": "roles", "attributes": "attrs"}}}}).decode())
+ROW = {"doc_id": "d1", "customer_id": "E1", "n": 5, "cls": "memo", "body": "text"}
+
+
+def mysql(**source) -> dict:
+    base = {"connector": "mysql", "db": "crm", "table": "documents", "server_id": 1, "file": "mysql-bin.000001",
+            "pos": 100, "row": 0, "ts_ms": 1_788_080_400_000}
+    return {"before": None, "after": dict(ROW), "op": "u", "ts_ms": 1_788_080_499_000, "source": base | source}
+
+
+def test_event_time_is_the_source_commit_time_then_the_connector_time_then_unknown():
+    doc = dict(mysql(), after={"id": "d1", "version": 1, "entity": "E1", "tokens": 1, "evidence_class": "memo"})
+    assert from_debezium(doc)["occurred_at"] == "2026-08-30T09:00:00Z"
+    assert from_debezium(doc)["occurred_at_source"] == "source.ts_ms"
+    del doc["source"]["ts_ms"]
+    assert from_debezium(doc)["occurred_at"] == "2026-08-30T09:01:39Z"
+    assert from_debezium(doc)["occurred_at_source"] == "ts_ms"
+    del doc["ts_ms"]
+    unknown = from_debezium(doc)
+    assert (unknown["occurred_at"], unknown["occurred_at_source"]) == (UNKNOWN_EVENT_TIME, "unknown")
+    event = decode("source-changes", None, orjson.dumps(mysql()), cdc=MAPPING)
+    assert event.payload.record.observed_at == event.occurred_at  # observed_at defaults to the commit time
+
+
+def test_equal_table_names_in_two_schemas_get_two_event_ids():
+    pg = {"connector": "postgresql", "db": "app", "table": "customers", "lsn": 7, "txId": 3, "snapshot": "true"}
+    first = from_debezium({"op": "r", "after": {"id": "c1", "version": 1}, "source": dict(pg, schema="inventory")})
+    second = from_debezium({"op": "r", "after": {"id": "c1", "version": 1}, "source": dict(pg, schema="archive")})
+    assert first["event_id"] != second["event_id"] and "app.archive.customers" in second["event_id"]
+
+
+def test_mysql_versions_survive_a_binlog_reset_and_follow_gtids():
+    before_reset = position_version(mysql(file="mysql-bin.000042", pos=9_000)["source"], "crm.documents")
+    after_reset = position_version(mysql(file="mysql-bin.000001", pos=4, ts_ms=1_788_080_401_000)["source"], "t")
+    assert after_reset > before_reset
+    same_ms = [position_version(mysql(gtid=f"3E11FA47-71CA-11E1-9E33-C80AA9429562:{n}", pos=p)["source"], "t")
+               for n, p in ((5, 900), (6, 100))]
+    assert same_ms[0] < same_ms[1]  # the GTID orders changes of one millisecond, not the position
+    with pytest.raises(InvalidEvent, match="map a version column"):
+        position_version({"connector": "mysql", "file": "mysql-bin.000001", "pos": 4}, "crm.documents")
+
+
+def test_incremental_snapshot_rows_get_stable_ids_and_never_pass_streamed_changes():
+    source = {"connector": "postgresql", "db": "app", "schema": "crm", "table": "documents", "snapshot": "incremental",
+              "ts_ms": 1_788_080_400_000, "lsn": None, "txId": None}
+    read = {"op": "r", "after": dict(ROW), "source": source, "ts_ms": 1}
+    again = dict(read, ts_ms=2, source=dict(source, ts_ms=1_788_080_500_000))
+    first, second = from_debezium(read, MAPPING), from_debezium(again, MAPPING)
+    assert first["event_id"] == second["event_id"] and first["resource"]["version"] == 0
+    changed = from_debezium(dict(read, after=dict(ROW, body="new")), MAPPING)
+    assert changed["event_id"] != first["event_id"]
+
+
+@pytest.mark.parametrize("value, error_class", [
+    ({"op": "t", "ts_ms": 1, "source": {"connector": "postgresql", "schema": "crm", "table": "documents"},
+      "before": None, "after": None}, "truncate_not_applied"),
+    ({"op": "m", "ts_ms": 1, "source": {"connector": "postgresql", "lsn": 5},
+      "message": {"prefix": "p", "content": "aGk="}}, "logical_message"),
+    ({"source": {"connector": "mysql", "file": "mysql-bin.000003", "pos": 1}, "databaseName": "crm",
+      "ddl": "ALTER TABLE documents ADD COLUMN x int", "tableChanges": []}, "schema_change"),
+    ({"doc_id": "d1", "customer_id": "E1", "n": 5, "cls": "memo"}, "unwrapped_without_metadata"),
+    ({"doc_id": "d1", "__op": "c", "__deleted": "false"}, "unwrapped_without_metadata"),
+    ({"op": "x", "source": {"connector": "postgresql"}, "after": {}}, "unknown_debezium_op"),
+])
+def test_every_shape_gets_a_reason_that_names_it(value, error_class):
+    with pytest.raises(InvalidEvent) as bad:
+        decode("source-changes", None, orjson.dumps(value), cdc=MAPPING)
+    assert bad.value.error_class == error_class
+
+
+def test_unwrapped_rows_map_and_a_deleted_row_deletes():
+    flat = dict(ROW, __op="u", __table="documents", __db="crm", __file="mysql-bin.000002", __pos=7,
+                __source_ts_ms=1_788_080_400_000, __deleted="false")
+    event = decode("source-changes", None, orjson.dumps(flat), cdc=MAPPING)
+    assert event.payload.op == "upsert" and event.payload.record.content == "text"
+    gone = decode("source-changes", None, orjson.dumps(dict(flat, __op="d", __deleted="true")), cdc=MAPPING)
+    assert gone.payload.op == "delete" and gone.payload.record_id == "d1"
+
+
+def test_unavailable_toast_values_are_not_sent_and_principals_say_how_to_fix_it():
+    doc = mysql()
+    doc["after"]["body"] = "__debezium_unavailable_value"
+    out = from_debezium(doc, MAPPING)
+    assert "content" not in out["resource"] and out["unavailable"] == {"content": "body"}
+    user = {"op": "u", "ts_ms": 1, "after": {"user_id": "maya", "roles": ["__debezium_unavailable_value"],
+                                             "attrs": "{}"},
+            "source": {"connector": "postgresql", "schema": "iam", "table": "users", "lsn": 9, "txId": 1}}
+    with pytest.raises(InvalidEvent, match="column roles.*REPLICA IDENTITY FULL") as bad:
+        from_debezium(user, MAPPING)
+    assert bad.value.error_class == "unavailable_value"
