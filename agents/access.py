@@ -62,13 +62,26 @@ def load_access(settings: Settings) -> Access:
             source.load()
         except CallersFileError as exc:
             raise AccessError(str(exc)) from None
-        return Access(lambda: source.callers, lambda: source.reload() | keys.reload(), jwt, None, keys)
+        return Access(lambda: source.callers, lambda: _each(source.reload, keys.reload), jwt, None, keys)
     token = settings.token or read_run_file(settings.run_file).get("token") or secrets.token_urlsafe(32)
     if len(token) < MIN_TOKEN_CHARS or not token.isascii() or any(c in token for c in ". \t"):
         raise AccessError(f"FRESHPLAN_TOKEN must be at least {MIN_TOKEN_CHARS} printable ASCII characters "
                           "without spaces or dots")
     local = (Caller(LOCAL_CALLER, frozenset({"*"}), frozenset(SCOPES), digest(token)),)
     return Access(lambda: local, keys.reload, jwt, token, keys)
+
+
+def _each(*reloads: Callable[[], bool]) -> bool:
+    """Run every reload even if one fails: a broken key file must never delay removing a caller."""
+    changed, failed = False, None
+    for reload in reloads:
+        try:
+            changed = reload() or changed
+        except Exception as exc:  # noqa: BLE001 - re-raised below, once every reload has had its turn
+            failed = failed or exc
+    if failed is not None:
+        raise failed
+    return changed
 
 
 def read_run_file(path: Path) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from agents.cli_settings import _settings
@@ -41,6 +42,14 @@ def cmd_tokens_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds, 0 or more and finite (argparse turns the ValueError into a usage error)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
 def add_tokens_parser(sub) -> None:
     """Register `freshplan tokens rotate` on the CLI's subcommands."""
     tokens = sub.add_parser("tokens", help="the keys that sign freshness tokens")
@@ -48,9 +57,9 @@ def add_tokens_parser(sub) -> None:
     rotate = tokens_sub.add_parser("rotate", help="add a new signing key; the old one stays accepted for a grace",
                                    description=cmd_tokens_rotate.__doc__)
     rotate.add_argument("--state-dir", help="state directory holding token-keys.json (default .freshplan)")
-    rotate.add_argument("--grace", type=float, default=86_400.0,
+    rotate.add_argument("--grace", type=_seconds, default=86_400.0,
                         help="seconds the previous keys stay accepted once the new one signs (default 86400)")
-    rotate.add_argument("--sign-after", dest="sign_after", type=float, default=10.0,
+    rotate.add_argument("--sign-after", dest="sign_after", type=_seconds, default=10.0,
                         help="seconds before the new key signs; every worker must have re-read the file by then "
                              "(default 10)")
     rotate.set_defaults(func=cmd_tokens_rotate)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import logging
 import os
+import re
 import secrets
 import stat
 import time
@@ -20,6 +22,9 @@ SIGN_DELAY_SECONDS = 10.0
 """After a rotation, how long the new key is only accepted: every worker re-reads the file (each second) first."""
 DEFAULT_GRACE_SECONDS = 86_400.0
 """How long a retired key is still accepted after a rotation (tokens it signed keep working that long)."""
+
+
+_HEX_KEY = re.compile(r"[0-9a-fA-F]{64}")
 
 
 class TokenKeyError(ValueError):
@@ -52,7 +57,7 @@ def parse(raw: bytes, source: str) -> tuple[TokenKey, ...]:
     """The keys of a key file's bytes; TokenKeyError names the entry and field of the first problem."""
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # a file nested past the parser's depth is as unreadable
         raise TokenKeyError(f"{source} is not JSON; restore it from a copy or run `freshplan tokens rotate`") from None
     items = doc.get("keys") if isinstance(doc, dict) else None
     if not isinstance(items, list) or not items:
@@ -61,12 +66,10 @@ def parse(raw: bytes, source: str) -> tuple[TokenKey, ...]:
     for n, item in enumerate(items):
         where = f"{source} keys[{n}]"
         secret = item.get("secret") if isinstance(item, dict) else None
-        if not isinstance(secret, str) or len(secret) != 64:
+        # fromhex skips whitespace: 64 spaces would be an empty key, so the spelling is checked first
+        if not isinstance(secret, str) or not _HEX_KEY.fullmatch(secret):
             raise TokenKeyError(f"{where}.secret must be 64 hex digits (32 random bytes)")
-        try:
-            value = bytes.fromhex(secret)
-        except ValueError:
-            raise TokenKeyError(f"{where}.secret must be 64 hex digits (32 random bytes)") from None
+        value = bytes.fromhex(secret)
         until = item.get("accepted_until")
         keys.append(TokenKey(value, _instant(item.get("signs_from"), f"{where}.signs_from"),
                              None if until is None else _instant(until, f"{where}.accepted_until")))
@@ -103,11 +106,18 @@ def _write_new(path: Path, data: bytes, replace: bool) -> None:
 
 def rotate(path: Path, grace: float = DEFAULT_GRACE_SECONDS, sign_delay: float = SIGN_DELAY_SECONDS,
            now: float | None = None) -> tuple[TokenKey, ...]:
-    """Add a new key that signs after `sign_delay`; keys still open get `grace` more; expired keys are dropped."""
+    """Add a new key that signs after `sign_delay`; every kept key ends at most `grace` after; expired are dropped.
+
+    Every key, also one an earlier rotation retired, ends within the grace: `--grace 0` retires all at once
+    (a leaked file leaks every key in it).
+    """
+    if not (math.isfinite(grace) and grace >= 0 and math.isfinite(sign_delay) and sign_delay >= 0):
+        raise TokenKeyError("--grace and --sign-after must be finite numbers of seconds, 0 or more")
     now = time.time() if now is None else now
-    current = TokenKeys(path, lambda: now).load()
+    current = TokenKeys(path, lambda: now).read()
     starts = now + sign_delay
-    kept = tuple(k if k.accepted_until is not None else TokenKey(k.secret, k.signs_from, starts + grace)
+    ends = starts + grace
+    kept = tuple(TokenKey(k.secret, k.signs_from, ends if k.accepted_until is None else min(k.accepted_until, ends))
                  for k in current if k.accepted_until is None or k.accepted_until > now)
     keys = (TokenKey(secrets.token_bytes(32), starts, None),) + kept
     _write_new(path, dump(keys), replace=True)
@@ -138,14 +148,19 @@ class TokenKeys:
         self.load()
         return self
 
+    def read(self) -> tuple[TokenKey, ...]:
+        """The file's keys, whether or not one signs now (what a rotation starts from)."""
+        return parse(self._read(), str(self.path))
+
     def load(self) -> tuple[TokenKey, ...]:
         """Read the file now; TokenKeyError (start-up stops on it) when it is unreadable, open to others, or bad."""
         raw = self._read()
         keys = parse(raw, str(self.path))
-        self._seen = hashlib.sha256(raw).digest()
         if self.signing_key(keys) is None:
             raise TokenKeyError(f"{self.path} has no key that signs now (each is retired or starts later); "
                                 "run `freshplan tokens rotate`")
+        # Only a file taken is remembered: one refused (say, a key that signs in a moment) is read again.
+        self._seen = hashlib.sha256(raw).digest()
         self.keys = keys
         return keys
 
