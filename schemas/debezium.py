@@ -99,11 +99,7 @@ def from_debezium(doc: dict[str, Any], mapping: CdcMapping | None = None) -> dic
     out = {"event_id": event_id, "schema_version": 1, "occurred_at": occurred, "occurred_at_source": known,
            "kind": kind, "op": op, kind: record}
     if unavailable and op == "upsert":
-        if kind != "resource":
-            column = ", ".join(sorted(unavailable.values()))
-            raise InvalidEvent("unavailable_value", f"table {table or '(none)'} column {column}: Debezium did not "
-                               "send this unchanged TOASTed value and freshplan keeps stored values only for "
-                               f"resources; run ALTER TABLE {table or '<table>'} REPLICA IDENTITY FULL")
+        # The applier keeps the stored values of these fields (or dead-letters the change if none are stored).
         out["unavailable"] = dict(sorted(unavailable.items()))
     return out
 

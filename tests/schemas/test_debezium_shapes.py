@@ -94,14 +94,16 @@ def test_unwrapped_rows_map_and_a_deleted_row_deletes():
     assert gone.payload.op == "delete" and gone.payload.record_id == "d1"
 
 
-def test_unavailable_toast_values_are_not_sent_and_principals_say_how_to_fix_it():
+def test_unavailable_toast_values_are_not_sent_for_resources_and_principals():
     doc = mysql()
     doc["after"]["body"] = "__debezium_unavailable_value"
     out = from_debezium(doc, MAPPING)
     assert "content" not in out["resource"] and out["unavailable"] == {"content": "body"}
     user = {"op": "u", "ts_ms": 1, "after": {"user_id": "maya", "roles": ["__debezium_unavailable_value"],
-                                             "attrs": "{}"},
+                                             "attrs": "__debezium_unavailable_value"},
             "source": {"connector": "postgresql", "schema": "iam", "table": "users", "lsn": 9, "txId": 1}}
-    with pytest.raises(InvalidEvent, match="column roles.*REPLICA IDENTITY FULL") as bad:
-        from_debezium(user, MAPPING)
-    assert bad.value.error_class == "unavailable_value"
+    out = from_debezium(user, MAPPING)
+    assert out["principal"] == {"id": "maya"} and out["unavailable"] == {"attributes": "attrs", "roles": "roles"}
+    change = decode("source-changes", None, orjson.dumps(user), cdc=MAPPING).payload
+    assert change.unavailable == (("attributes", "attrs"), ("roles", "roles"))
+    assert "__debezium_unavailable_value" not in repr(change.record)
