@@ -137,9 +137,10 @@ def position_version(source: dict, table: str) -> int:
     """A version from the source position, which only moves forward for one row.
 
     Postgres: the LSN. MySQL: the source commit time in milliseconds, then the GTID's sequence
-    number (else the binlog position) in the low bits, which survives a binlog reset and a
-    failover (a file-and-offset version goes backwards there). Incremental snapshot rows: 0,
-    so that a snapshot read is never ahead of a streamed change of the same row.
+    number (else the binlog position) in the low bits. Only the commit time survives a binlog
+    reset and a failover (a file-and-offset version goes backwards there); the tie-break orders
+    changes within one server id and tick, since two servers' GTIDs and positions are not comparable.
+    Incremental snapshot rows: 0, so that a snapshot read is never ahead of a streamed change of the same row.
     """
     if source.get("snapshot") == "incremental":
         return 0
