@@ -272,10 +272,10 @@ def _source_change(doc: dict) -> SourceChange:
     if kind == "resource":
         # A fact is as fresh as the event that last confirmed it, unless the source says when.
         record = resource_from(body, _opt_instant(doc.get("occurred_at"), "occurred_at"))
-        return SourceChange(kind=kind, op=op, record_id=body["id"], record=record,
-                            unavailable=tuple(sorted((doc.get("unavailable") or {}).items())))
-    build = {"principal": principal_from, "entity": entity_from}[kind]
-    return SourceChange(kind=kind, op=op, record_id=body["id"], record=build(body))
+    else:
+        record = {"principal": principal_from, "entity": entity_from}[kind](body)
+    return SourceChange(kind=kind, op=op, record_id=body["id"], record=record,
+                        unavailable=tuple(sorted((doc.get("unavailable") or {}).items())))
 
 
 def _policy(doc: dict) -> PolicyBundle:

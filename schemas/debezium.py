@@ -99,11 +99,7 @@ def from_debezium(doc: dict[str, Any], mapping: CdcMapping | None = None) -> dic
     out = {"event_id": event_id, "schema_version": 1, "occurred_at": occurred, "occurred_at_source": known,
            "kind": kind, "op": op, kind: record}
     if unavailable and op == "upsert":
-        if kind != "resource":
-            column = ", ".join(sorted(unavailable.values()))
-            raise InvalidEvent("unavailable_value", f"table {table or '(none)'} column {column}: Debezium did not "
-                               "send this unchanged TOASTed value and freshplan keeps stored values only for "
-                               f"resources; run ALTER TABLE {table or '<table>'} REPLICA IDENTITY FULL")
+        # The applier keeps the stored values of these fields (or dead-letters the change if none are stored).
         out["unavailable"] = dict(sorted(unavailable.items()))
     return out
 
@@ -141,9 +137,10 @@ def position_version(source: dict, table: str) -> int:
     """A version from the source position, which only moves forward for one row.
 
     Postgres: the LSN. MySQL: the source commit time in milliseconds, then the GTID's sequence
-    number (else the binlog position) in the low bits, which survives a binlog reset and a
-    failover (a file-and-offset version goes backwards there). Incremental snapshot rows: 0,
-    so that a snapshot read is never ahead of a streamed change of the same row.
+    number (else the binlog position) in the low bits. Only the commit time survives a binlog
+    reset and a failover (a file-and-offset version goes backwards there); the tie-break orders
+    changes within one server id and tick, since two servers' GTIDs and positions are not comparable.
+    Incremental snapshot rows: 0, so that a snapshot read is never ahead of a streamed change of the same row.
     """
     if source.get("snapshot") == "incremental":
         return 0

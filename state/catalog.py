@@ -51,11 +51,9 @@ class Catalog:
     def apply_source_change(self, change: SourceChange, at: datetime | None = None) -> list[str] | None:
         """Apply an upsert or delete made at event time `at` (None: unknown); None when older than stored."""
         if change.kind == "resource":
-            return self._apply_resource(change)
-        return self.apply_identities([change], [at])[0]
-
-    def _apply_resource(self, change: SourceChange) -> list[str] | None:
-        result = self.apply_resources([change])[0]
+            result = self.apply_resources([change])[0]
+        else:
+            result = self.apply_identities([change], [at])[0]
         if isinstance(result, InvalidEvent):
             raise result
         return result
@@ -74,7 +72,7 @@ class Catalog:
         return self.store.cached("catalog.rules", load)
 
     def apply_identities(self, items: Sequence[Identity],
-                         times: Sequence[datetime | None] | None = None) -> list[list[str] | None]:
+                         times: Sequence[datetime | None] | None = None) -> list[list[str] | InvalidEvent | None]:
         """Apply principal and entity changes and revocations in order, in bulk (see `apply_identities`)."""
         return apply_identities(self.store, items, times, self._stored_policy_texts)
 

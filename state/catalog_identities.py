@@ -6,7 +6,9 @@ import functools
 import logging
 import re
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timezone
+from types import MappingProxyType
 from typing import Callable, Sequence
 
 import orjson
@@ -14,6 +16,7 @@ import pyarrow as pa
 
 from compiler import dependency_keys as dk
 from compiler.policy import principal_representable
+from schemas.errors import InvalidEvent
 from schemas.records import Entity, Principal, Revocation, SourceChange
 from state.store import Store
 
@@ -33,8 +36,11 @@ IDENTITY_MEMO = PRINCIPAL_MEMO + ENTITY_MEMO
 
 
 def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[datetime | None] | None,
-                     policy_texts: Callable[[], list[str]]) -> list[list[str] | None]:
+                     policy_texts: Callable[[], list[str]]) -> list[list[str] | InvalidEvent | None]:
     """Apply the changes in order, as one by one; the dependency keys each touched (None: older than stored).
+
+    An upsert that left fields out (Debezium's unchanged TOASTed columns) keeps the stored
+    values of those fields, and is an InvalidEvent (`unavailable_value`) when none are stored.
 
     `times` are the events' times (None or the epoch: unknown), which the revocation rule reads
     (see `revocation_applies`). The batch's rows are read once, the changes played over them in
@@ -68,7 +74,7 @@ def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[da
     changed_h: set[str] = set()
     changed_e: set[str] = set()
     counts: Counter[str] = Counter()
-    out: list[list[str] | None] = []
+    out: list[list[str] | InvalidEvent | None] = []
     for item, at in zip(items, times, strict=True):
         if isinstance(item, Revocation):
             out.append(_revoke(item, principals, revoked, horizons, changed_r, changed_h, counts))
@@ -130,9 +136,15 @@ def revocation_applies(made_at: datetime | None, version: int | None, effective_
 
 
 def _principal(change: SourceChange, made_at: datetime | None, principals: dict, horizons: dict, changed: set,
-               policy_texts: Callable[[], list[str]], counts: Counter[str]) -> list[str] | None:
+               policy_texts: Callable[[], list[str]],
+               counts: Counter[str]) -> list[str] | InvalidEvent | None:
     new: Principal | None = change.record  # type: ignore[assignment]
     old = principals.get(change.record_id)
+    if new is not None and change.unavailable:
+        kept = _kept_principal(change, new, old, made_at)
+        if not isinstance(kept, Principal):
+            return kept
+        new = kept
     if new is None:
         if old is not None and old[3]:
             return None
@@ -166,6 +178,34 @@ def _principal(change: SourceChange, made_at: datetime | None, principals: dict,
             and not _matters(old, new, policy_texts):
         return []
     return [dk.principal(change.record_id)]
+
+
+def _kept_principal(change: SourceChange, new: Principal, old: list | None,
+                    made_at: datetime | None) -> Principal | InvalidEvent | None:
+    """An upsert that left fields out, with the stored record's values of them; or what to answer instead.
+
+    Only a live stored record has values to keep. Over a deleted one the upsert goes on with
+    its own (empty) fields when it is refused all the same (made before the delete, or at no
+    higher version: only its version and time are read, as of a whole record, so a refusal
+    still raises the tombstone's version); when it would bring the principal back, or its
+    version is what was left out, nothing can complete it and it is dead-lettered, changing nothing.
+    """
+    fields = {f for f, _ in change.unavailable}
+    if old is not None and not old[3]:
+        stored = {"roles": tuple(old[0] or ()), "attributes": MappingProxyType(orjson.loads(old[1] or "{}")),
+                  "delegation_version": old[2] or 0}
+        return replace(new, **{f: stored[f] for f in fields if f in stored})
+    if old is not None and "delegation_version" not in fields and not _recreates(old, new, made_at):
+        return new
+    return unavailable_value(change, "principal")
+
+
+def unavailable_value(change: SourceChange, kind: str) -> InvalidEvent:
+    """The dead letter of an upsert whose left-out fields have no stored value to keep."""
+    return InvalidEvent("unavailable_value", "column " + ", ".join(c for _, c in change.unavailable)
+                        + f": Debezium did not send this unchanged TOASTed value, and no stored {kind} holds a value "
+                        "to keep; set REPLICA IDENTITY FULL on the source table (ALTER TABLE ... REPLICA IDENTITY "
+                        "FULL) so that updates carry every column")
 
 
 def _rank(version: int | None, made_at: datetime | None) -> tuple:
@@ -273,10 +313,14 @@ def _revoke(revocation: Revocation, principals: dict, revoked: dict, horizons: d
     return [dk.principal(revocation.principal)]
 
 
-def _entity(change: SourceChange, entities: dict, changed: set) -> list[str] | None:
+def _entity(change: SourceChange, entities: dict, changed: set) -> list[str] | InvalidEvent | None:
     new: Entity | None = change.record  # type: ignore[assignment]
     row = entities.get(change.record_id)
     old = row[0] if row is not None and not row[1] else None
+    if new is not None and any(f == "aliases" for f, _ in change.unavailable):  # its only field but the id
+        if row is None or row[1]:
+            return unavailable_value(change, "entity")
+        new = replace(new, aliases=tuple(old or ()))
     names = {change.record_id.lower()} | {a.lower() for a in (old or ())}
     if new is None:
         if row is None or row[1]:

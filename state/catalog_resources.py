@@ -11,6 +11,7 @@ import pyarrow as pa
 from compiler import dependency_keys as dk
 from schemas.errors import InvalidEvent
 from schemas.records import Resource, SourceChange
+from state.catalog_identities import unavailable_value
 from state.row_writes import SMALL_INSERT_ROWS, insert_values
 from state.store import Store
 
@@ -78,10 +79,7 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
         if change.unavailable:
             base = written[new.id] if new.id in written else kept.get(new.id)
             if base is None:
-                out.append(InvalidEvent("unavailable_value", "column " + ", ".join(c for _, c in change.unavailable)
-                                        + ": Debezium did not send this unchanged TOASTed value and no stored value "
-                                        "exists to keep; set REPLICA IDENTITY FULL on the source table (ALTER TABLE "
-                                        "... REPLICA IDENTITY FULL) so that updates carry every column"))
+                out.append(unavailable_value(change, "resource"))
                 continue
             new = replace(new, **{f: getattr(base, f) for f, _ in change.unavailable})
         allowed = rules.get(new.provenance_group or "")

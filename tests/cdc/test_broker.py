@@ -8,10 +8,11 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
+from schemas.debezium import UNAVAILABLE
 from streams.incarnation import read_cluster_id
 from tests.cdc.test_fixtures import FIXTURES, fixture, message
 from tests.conftest import ATLAS_REQUEST, launch, sign_token
-from tests.events import resource
+from tests.events import resource, revoke_role
 
 
 def waiver_slot(plan: dict) -> str:
@@ -20,14 +21,18 @@ def waiver_slot(plan: dict) -> str:
 
 async def produce(worker, *names: str) -> str:
     """Publish fixtures in order on one partition (Debezium keeps a row's changes in order); return the token."""
+    return await produce_messages(worker, [message(fixture(name)) for name in names])
+
+
+async def produce_messages(worker, messages: list[tuple[bytes | None, bytes | None]]) -> str:
+    """Publish (key, value) pairs in order on partition 0 of source-changes; return the freshness token."""
     producer = Producer({"bootstrap.servers": worker.bootstrap, "acks": "all"})
     delivered: list[int] = []
-    for name in names:
-        key, value = message(fixture(name))
+    for key, value in messages:
         producer.produce(worker.settings.topic("source-changes"), key=key, value=value, partition=0,
                          on_delivery=lambda err, msg: delivered.append(-1 if err else msg.offset()))
     assert await asyncio.get_running_loop().run_in_executor(None, producer.flush, 30) == 0
-    assert len(delivered) == len(names) and min(delivered) >= 0
+    assert len(delivered) == len(messages) and min(delivered) >= 0
     return sign_token({"source-changes": {0: max(delivered) + 1}}, await read_cluster_id(worker.bootstrap))
 
 
@@ -83,3 +88,46 @@ async def test_run_refuses_a_mapping_file_naming_an_unknown_field(broker, tmp_pa
     assert code == 2
     log = worker.log_path.read_text()
     assert "colour" in log and str(bad) in log and "unknown resource fields" in log
+
+
+def _row(table: str, lsn: int, key: dict, after: dict) -> tuple[bytes, bytes]:
+    """A Postgres update (schemas off, REPLICA IDENTITY DEFAULT: no `before`), committed 2026-08-30 09:10."""
+    schema, name = table.split(".")
+    source = {"connector": "postgresql", "name": "dbserver1", "db": "appdb", "schema": schema, "table": name,
+              "txId": lsn // 10, "lsn": lsn, "snapshot": "false", "ts_ms": 1_788_080_400_000 + 10 * 60_000}
+    return orjson.dumps(key), orjson.dumps({"before": None, "after": after, "op": "u", "source": source,
+                                            "ts_ms": 1_788_080_400_000 + 10 * 60_001})
+
+
+@pytest.mark.timeout(180)
+async def test_unchanged_toasted_principal_and_entity_columns_keep_the_stored_values(broker, tmp_path):
+    """maya's roles left out by Debezium are her stored roles: made after the revocation, they re-grant."""
+    mapping = orjson.loads((FIXTURES / "mapping.json").read_bytes())
+    mapping["tables"]["crm.companies"] = {"kind": "entity", "fields": {"id": "company_id", "aliases": "names"}}
+    (tmp_path / "mapping.json").write_bytes(orjson.dumps(mapping))
+    async with launch(broker, tmp_path / "w", FRESHPLAN_CDC_MAPPING=str(tmp_path / "mapping.json")) as worker:
+        await worker.load("atlas.jsonl")
+        fresh = await produce(worker, "pg_snapshot_read_with_schema")
+        assert waiver_slot(await worker.select(ATLAS_REQUEST, fresh)) == "supported"
+        fresh = await worker.publish_events(revoke_role("maya", "credit_analyst"))  # effective 09:00
+        assert waiver_slot(await worker.select(ATLAS_REQUEST, fresh)) != "supported"
+
+        fresh = await produce_messages(worker, [
+            _row("iam.users", 24030000, {"user_id": "maya"}, {"user_id": "maya", "roles": [UNAVAILABLE],
+                 "attrs": '{"unit": "corporate-credit"}', "delegation_version": 4}),
+            _row("crm.companies", 24030010, {"company_id": "ATLAS-IN-01"},
+                 {"company_id": "ATLAS-IN-01", "names": [UNAVAILABLE]}),
+            _row("iam.users", 24030020, {"user_id": "ghost"}, {"user_id": "ghost", "roles": [UNAVAILABLE],
+                 "attrs": "{}", "delegation_version": 1}),
+            _row("crm.companies", 24030030, {"company_id": "NOBODY"},
+                 {"company_id": "NOBODY", "names": [UNAVAILABLE]})])
+        # Her stored role, in a record made at 09:10, re-grants; "Atlas" is still the entity's alias.
+        assert waiver_slot(await worker.select(ATLAS_REQUEST, fresh)) == "supported"
+
+        letters = await worker.records("dead-letters", lambda seen: len(seen) >= 2)
+        assert sorted(d["error_class"] for d in letters) == ["unavailable_value"] * 2
+        assert {d["message"].split(":")[0] for d in letters} == {"column roles", "column names"}
+        assert all("REPLICA IDENTITY FULL" in d["message"] for d in letters)
+        counters = (await worker.get("/healthz"))["counters"]
+        assert {k: v for k, v in counters.items() if k.startswith("dead_letters.")} == {
+            "dead_letters.unavailable_value": 2}
