@@ -40,6 +40,12 @@ def targets(result: dict) -> list[dict]:
     if history:
         rows.append(_row(f"apply batch with {history['history']:,} event ids and key changes recorded vs a new file",
                          "<= 1.5x", max(history["ratio_history_vs_fresh"].values()), 1.5, "<=", "{:.2f}x"))
+    cost = (result.get("batch_cost") or {}).get("by_size") or {}
+    for size, bound in (("1", 2.0), ("170", 25.0)):
+        if size in cost:
+            rows.append(_row(f"apply batch of {size} resource upsert{'s' if size != '1' else ''} touching no plan "
+                             "(writer time, median)", f"<= {bound:g} ms", cost[size]["median_ms"], bound, "<=",
+                             "{:.1f} ms"))
     revoked = result.get("revocations")
     if revoked:
         rows.append(_row(f"{revoked['upserts']:,} principal upserts over {revoked['revocations']:,} revocations",

@@ -12,8 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from bench import (cache_contenders, history_cost, index_cost, invalidation_path, quality, revocation_cost, scale_out,
-                   takeover)
+from bench import (batch_cost, cache_contenders, history_cost, index_cost, invalidation_path, quality,
+                   revocation_cost, scale_out, takeover)
 from bench.profile import profile_apply
 from bench.report import HOT_PLAN_P99_MS, plots, targets, write_json
 from bench.summary import longest_stage_within, markdown
@@ -119,6 +119,9 @@ def run(options: BenchOptions, out_dir: Path, say: Callable[[str], None] | None 
 
     step(f"apply batch cost with {options.history_events:,} event ids and key changes recorded")
     result["history"] = history_cost.measure(options.history_events)
+
+    step("apply batches of 1 and 170 resource upserts that touch no plan (writer time before recompiling)")
+    result["batch_cost"] = batch_cost.measure()
 
     step("2,000 principal upserts over 20,000 revocations of the principal, beside none")
     result["revocations"] = revocation_cost.measure()
