@@ -10,11 +10,9 @@ from pathlib import Path
 
 import orjson
 
-from agents.event_apply import EventApplier, RawMessage
-from agents.loader import read_scenario
-from agents.plan_writer import PlanWriter
+from agents.event_apply import RawMessage
+from bench.history_cost import atlas_state
 from bench.streaming import SCENARIOS
-from state.local_state import LocalState
 
 SIZES = (1, 170)  # 170: the events a batch held at 1,000 events/s in the bench (issue 29's figure)
 
@@ -22,12 +20,8 @@ SIZES = (1, 170)  # 170: the events a batch held at 1,000 events/s in the bench 
 def measure(batches: int = 30, sizes: tuple[int, ...] = SIZES) -> dict:
     """Median and p90 writer ms per batch of resource upserts that touch no plan, by batch size."""
     with tempfile.TemporaryDirectory(prefix="fpbench-batch-") as tmp:
-        state = LocalState.open(Path(tmp) / "f.duckdb")
+        state, applier, offsets = atlas_state(Path(tmp) / "f.duckdb")
         try:
-            applier = EventApplier(state, PlanWriter(state, lambda name: f"bench-{name}"))
-            offsets = itertools.count()
-            applier.apply([RawMessage(topic, 0, next(offsets), key, value)
-                           for topic, key, value in read_scenario(SCENARIOS / "atlas.jsonl")])
             base = next(orjson.loads(line)["event"] for line in (SCENARIOS / "atlas.jsonl").read_text().splitlines()
                         if orjson.loads(line)["event"].get("kind") == "resource")
             versions = itertools.count(1_000)

@@ -13,14 +13,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bench.relay import _read, _send_at_rate
+from bench.relay import _read, _send_at_rate, relay_topics
 from bench.stats import percentiles
 from streams.admin import producer, stop_within
 
@@ -30,14 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 async def relay(bootstrap: str, kafka: dict[str, Any], rate: float, events: int, fetch_wait_ms: int | None,
                 partitions: int = 2, timeout: float = 60.0) -> dict:
     """Latency from the sender's send to the reader reading what the Faust agent passed on (p50/p99 ms)."""
-    tag = uuid.uuid4().hex[:8]
-    inbound, outbound = f"bench-frelay-in-{tag}", f"bench-frelay-out-{tag}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(inbound, partitions, 1), NewTopic(outbound, partitions, 1)])
-    finally:
-        await admin.close()
+    inbound, outbound = await relay_topics(bootstrap, kafka, "bench-frelay", partitions)
+    tag = inbound.rsplit("-", 1)[1]
     command = [sys.executable, "-m", "bench.faust_relay", "--bootstrap", bootstrap, "--inbound", inbound,
                "--outbound", outbound, "--group", f"bench-frelay-{tag}"]
     if fetch_wait_ms is not None:

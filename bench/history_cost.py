@@ -7,6 +7,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import duckdb
 import orjson
@@ -25,12 +26,8 @@ def measure(history: int = 1_000_000, batches: int = 30) -> dict:
     """Median apply time of hot-plan batches (new events, then repeats of them) on a new file and after `history`
     ids and key changes are recorded; and the two ledger statements on the composite keys used before, as a baseline."""
     with tempfile.TemporaryDirectory(prefix="fpbench-history-") as tmp:
-        state = LocalState.open(Path(tmp) / "f.duckdb")
+        state, applier, offsets = atlas_state(Path(tmp) / "f.duckdb")
         try:
-            applier = EventApplier(state, PlanWriter(state, lambda name: f"bench-{name}"))
-            offsets = itertools.count()
-            applier.apply([RawMessage(topic, 0, next(offsets), key, value)
-                           for topic, key, value in read_scenario(SCENARIOS / "atlas.jsonl")])
             QueryService(state, applier.plans).select(orjson.loads((SCENARIOS / "atlas-request.json").read_bytes()))
             edits = iter(hot_edits(4 * batches * BATCH + 3 * BATCH))
             _apply_times(applier, edits, offsets, 3)  # warm: the first batches fill the writer's memo
@@ -47,6 +44,16 @@ def measure(history: int = 1_000_000, batches: int = 30) -> dict:
             "composite_keys_baseline_ms": composite,
             "composite_ratio_history_vs_fresh": {
                 kind: round(composite[str(history)][kind] / composite["1000"][kind], 2) for kind in composite["1000"]}}
+
+
+def atlas_state(path: Path) -> tuple[LocalState, EventApplier, Iterator[int]]:
+    """A state file with the Atlas scenario applied, its applier, and the offsets to go on from."""
+    state = LocalState.open(path)
+    applier = EventApplier(state, PlanWriter(state, lambda name: f"bench-{name}"))
+    offsets = itertools.count()
+    applier.apply([RawMessage(topic, 0, next(offsets), key, value)
+                   for topic, key, value in read_scenario(SCENARIOS / "atlas.jsonl")])
+    return state, applier, offsets
 
 
 def _apply_times(applier: EventApplier, edits, offsets, batches: int) -> dict:

@@ -25,14 +25,7 @@ async def relay(bootstrap: str, kafka: dict[str, Any], partitions: int, rate: fl
     broker hops put under the hot-plan figure; with one, what a batch of that length costs.
     The sender is the bench's producer (`send_at_rate`), the relay's the worker's (no linger).
     """
-    tag = uuid.uuid4().hex[:8]
-    inbound, outbound = f"bench-relay-in-{tag}", f"bench-relay-out-{tag}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(inbound, partitions, 1), NewTopic(outbound, partitions, 1)])
-    finally:
-        await admin.close()
+    inbound, outbound = await relay_topics(bootstrap, kafka, "bench-relay", partitions)
     source = _consumer(bootstrap, kafka, inbound, partitions, fetch_wait_ms)
     reader = _consumer(bootstrap, kafka, outbound, partitions, 10)
     # The sender is the bench's (as `send_at_rate`); the relay's sends as the worker's Faust producer (no linger).
@@ -62,6 +55,19 @@ async def relay(bootstrap: str, kafka: dict[str, Any], partitions: int, rate: fl
         await asyncio.gather(*tasks, return_exceptions=True)
         for client in (source, reader, send, relay_send):
             await stop_within(client)
+
+
+async def relay_topics(bootstrap: str, kafka: dict[str, Any], prefix: str, partitions: int) -> tuple[str, str]:
+    """Create a fresh inbound and outbound topic for one relay run; their names."""
+    tag = uuid.uuid4().hex[:8]
+    inbound, outbound = f"{prefix}-in-{tag}", f"{prefix}-out-{tag}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kafka)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(inbound, partitions, 1), NewTopic(outbound, partitions, 1)])
+    finally:
+        await admin.close()
+    return inbound, outbound
 
 
 async def sweep(bootstrap: str, kafka: dict[str, Any], partitions: int, rate: float, seconds: float,
