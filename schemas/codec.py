@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
@@ -272,6 +273,8 @@ def _source_change(doc: dict) -> SourceChange:
     if kind == "resource":
         # A fact is as fresh as the event that last confirmed it, unless the source says when.
         record = resource_from(body, _opt_instant(doc.get("occurred_at"), "occurred_at"))
+        if doc.get("log_ordered") is True:
+            record = replace(record, log_ordered=True)
     else:
         record = {"principal": principal_from, "entity": entity_from}[kind](body)
     return SourceChange(kind=kind, op=op, record_id=body["id"], record=record,

@@ -13,6 +13,7 @@ from schemas import cdc_mapping, connect_types, debezium_shapes as shapes
 from schemas.cdc_mapping import CdcMapping, TableMapping
 from schemas.connect_types import ColumnError
 from schemas.errors import InvalidEvent
+from schemas.records import LOG_TICK_BITS
 
 # Source fields that together name one change, by the field that identifies the connector's
 # position (MySQL binlog file and offset and row, SQL Server and Oracle change numbers, Postgres LSN).
@@ -27,7 +28,6 @@ _UNAVAILABLE_FORMS = {UNAVAILABLE, "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="}
 UNKNOWN_EVENT_TIME = "1970-01-01T00:00:00Z"
 """`occurred_at` of a CDC record whose envelope carries neither `source.ts_ms` nor `ts_ms` (with
 `occurred_at_source: "unknown"`): the epoch, so it is never later than anything it could be ordered against."""
-_TIE_BITS = 22  # low bits of a MySQL version: GTID sequence number or binlog position within one millisecond
 
 is_debezium = shapes.is_envelope
 control_kind = shapes.control_kind
@@ -101,6 +101,8 @@ def from_debezium(doc: dict[str, Any], mapping: CdcMapping | None = None) -> dic
     if unavailable and op == "upsert":
         # The applier keeps the stored values of these fields (or dead-letters the change if none are stored).
         out["unavailable"] = dict(sorted(unavailable.items()))
+    if kind == "resource" and op == "upsert" and mapping is not None and _log_ticked(mapping, table, source):
+        out["log_ordered"] = True
     return out
 
 
@@ -136,30 +138,30 @@ def _mapped(mapping: CdcMapping, table: str, op: str, row: dict, columns: dict, 
 def position_version(source: dict, table: str) -> int:
     """A version from the source position, which only moves forward for one row.
 
-    Postgres: the LSN. MySQL: the source commit time in milliseconds, then the GTID's sequence
-    number (else the binlog position) in the low bits. Only the commit time survives a binlog
-    reset and a failover (a file-and-offset version goes backwards there); the tie-break orders
-    changes within one server id and tick, since two servers' GTIDs and positions are not comparable.
+    Postgres: the LSN (every change has its own). MySQL: the source commit time in milliseconds,
+    shifted left `LOG_TICK_BITS`: only the commit time survives a binlog reset and a failover
+    (positions and GTIDs restart), and many changes share a tick (MySQL before 8.0 stamps whole
+    seconds; one transaction's changes share its time and GTID). Those are ordered by the log
+    itself: the event is `log_ordered`, and a change at the stored tick is stored one above it.
     Incremental snapshot rows: 0, so that a snapshot read is never ahead of a streamed change of the same row.
     """
     if source.get("snapshot") == "incremental":
         return 0
-    lsn, file, pos, ts_ms = source.get("lsn"), source.get("file"), source.get("pos"), source.get("ts_ms")
+    lsn, file, ts_ms = source.get("lsn"), source.get("file"), source.get("ts_ms")
     if isinstance(lsn, int) and not isinstance(lsn, bool) and lsn >= 0:
         return lsn
     if isinstance(file, str) and isinstance(ts_ms, int) and not isinstance(ts_ms, bool) and ts_ms > 0:
-        tie = _gtid_sequence(source.get("gtid"))
-        if tie is None:
-            tie = pos if isinstance(pos, int) and not isinstance(pos, bool) and pos >= 0 else 0
-        return (ts_ms << _TIE_BITS) | (tie & ((1 << _TIE_BITS) - 1))
+        return ts_ms << LOG_TICK_BITS
     raise InvalidEvent("invalid_value", f"table {table} maps no version column and its source position "
                        "(Postgres lsn; MySQL file with source ts_ms) is missing; map a version column")
 
 
-def _gtid_sequence(gtid: Any) -> int | None:
-    """The transaction number of a MySQL (`uuid:N`) or MariaDB (`domain-server-N`) GTID."""
-    match = re.search(r"[:-](\d+)$", gtid) if isinstance(gtid, str) else None
-    return int(match.group(1)) if match else None
+def _log_ticked(mapping: CdcMapping, table: str, source: dict) -> bool:
+    """Whether `position_version` made the version of a commit-time tick (MySQL), not of a unique position."""
+    target = mapping.tables.get(table)
+    lsn = source.get("lsn")
+    return (target is not None and "version" not in target.fields and source.get("snapshot") != "incremental"
+            and not (isinstance(lsn, int) and not isinstance(lsn, bool)))
 
 
 def source_position(source: Any) -> str:

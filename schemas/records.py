@@ -10,6 +10,10 @@ from typing import Any, Mapping
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
+LOG_TICK_BITS = 22
+"""Low bits of a log-ordered version left for the changes of one row within one tick (see `Resource.log_ordered`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Resource:
     """A versioned source record that may become evidence."""
@@ -46,6 +50,9 @@ class Resource:
     """Free attributes visible to Cedar (e.g. `allowed_roles`)."""
     observed_at: datetime | None = None
     """When the fact was last confirmed: what a proposition's `max_age` counts from (None: `valid_from`)."""
+    log_ordered: bool = False
+    """The version is a source log's tick (`LOG_TICK_BITS`): a change at the stored tick is a later one, read in log
+    order, and is stored one version above the stored one (MySQL without a version column)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from compiler import dependency_keys as dk
 from schemas.errors import InvalidEvent
-from schemas.records import Resource, SourceChange
+from schemas.records import LOG_TICK_BITS, Resource, SourceChange
 from state.catalog_identities import unavailable_value
 from state.row_writes import SMALL_INSERT_ROWS, insert_values
 from state.store import Store
@@ -74,8 +74,11 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
             out.append(keys)
             continue
         if old is not None and new.version <= old[0]:
-            out.append(None)
-            continue
+            if not (new.log_ordered and new.version >> LOG_TICK_BITS == old[0] >> LOG_TICK_BITS):
+                out.append(None)
+                continue
+            # A later change within the stored tick (read in log order): one above, so plan ids still move on.
+            new = replace(new, version=old[0] + 1)
         if change.unavailable:
             base = written[new.id] if new.id in written else kept.get(new.id)
             if base is None:

@@ -131,3 +131,20 @@ async def test_unchanged_toasted_principal_and_entity_columns_keep_the_stored_va
         counters = (await worker.get("/healthz"))["counters"]
         assert {k: v for k, v in counters.items() if k.startswith("dead_letters.")} == {
             "dead_letters.unavailable_value": 2}
+
+
+@pytest.mark.timeout(120)
+async def test_a_second_mysql_change_of_one_tick_is_applied_not_ignored(broker, tmp_path):
+    """One transaction updates the waiver twice: both changes carry its commit time; the later one must win."""
+    async with launch(broker, tmp_path, FRESHPLAN_CDC_MAPPING=str(FIXTURES / "mapping.json")) as worker:
+        await worker.select(ATLAS_REQUEST, await worker.load("atlas.jsonl"))
+        created = fixture("mysql_create_with_schema")
+        first = await worker.select(ATLAS_REQUEST, await produce_messages(worker, [message(created)]))
+        assert waiver_slot(first) == "supported"
+        value = created["value"]
+        payload = dict(value["payload"], op="u", before=value["payload"]["after"],
+                       after=dict(value["payload"]["after"], valid_to=20694),            # expired the day before
+                       source=dict(value["payload"]["source"], pos=value["payload"]["source"]["pos"] + 400))
+        again = dict(created, value=dict(value, payload=payload))
+        plan = await worker.select(ATLAS_REQUEST, await produce_messages(worker, [message(again)]))
+        assert waiver_slot(plan) == "unknown" and plan["plan_id"] != first["plan_id"]

@@ -46,13 +46,18 @@ def test_equal_table_names_in_two_schemas_get_two_event_ids():
     assert first["event_id"] != second["event_id"] and "app.archive.customers" in second["event_id"]
 
 
-def test_mysql_versions_survive_a_binlog_reset_and_follow_gtids():
+def test_mysql_versions_survive_a_binlog_reset_and_share_a_tick_in_log_order():
     before_reset = position_version(mysql(file="mysql-bin.000042", pos=9_000)["source"], "crm.documents")
     after_reset = position_version(mysql(file="mysql-bin.000001", pos=4, ts_ms=1_788_080_401_000)["source"], "t")
     assert after_reset > before_reset
-    same_ms = [position_version(mysql(gtid=f"3E11FA47-71CA-11E1-9E33-C80AA9429562:{n}", pos=p)["source"], "t")
-               for n, p in ((5, 900), (6, 100))]
-    assert same_ms[0] < same_ms[1]  # the GTID orders changes of one millisecond, not the position
+    # One transaction's changes (one GTID, one time), or any of one tick: equal versions, ordered by the log.
+    same_tick = [from_debezium(mysql(gtid=f"3E11FA47-71CA-11E1-9E33-C80AA9429562:{n}", pos=p), MAPPING)
+                 for n, p in ((5, 900), (5, 1_200), (6, 100))]
+    assert len({e["resource"]["version"] for e in same_tick}) == 1 and all(e["log_ordered"] for e in same_tick)
+    postgres = {"connector": "postgresql", "db": "crm", "schema": "public", "table": "documents", "lsn": 77}
+    assert "log_ordered" not in from_debezium({"op": "u", "after": dict(ROW), "source": postgres},
+                                              parse(orjson.dumps({"tables": {"public.documents": {
+                                                  "kind": "resource", "fields": {"id": "doc_id"}}}}).decode()))
     with pytest.raises(InvalidEvent, match="map a version column"):
         position_version({"connector": "mysql", "file": "mysql-bin.000001", "pos": 4}, "crm.documents")
 
@@ -66,20 +71,6 @@ def test_after_a_failover_the_new_servers_restarted_position_and_gtid_are_not_ju
         new = mysql(server_id=556677, file="mysql-bin.000001", pos=154, row=0, gtid=gtid,
                     ts_ms=old["ts_ms"] + 1)["source"]
         assert position_version(new, "crm.documents") > position_version(old, "crm.documents"), gtid
-
-
-def test_within_one_server_and_one_tick_the_gtid_orders_changes_across_a_binlog_rotation():
-    """MySQL before 8.0 stamps whole seconds: many changes share a tick; a rotation restarts the position."""
-    tick = 1_788_080_400_000  # ts_ms of a MySQL 5.7 event: seconds * 1000
-    gtid = "3E11FA47-71CA-11E1-9E33-C80AA9429562:"
-    before = mysql(file="mysql-bin.000041", pos=1_073_741_000, gtid=gtid + "77", ts_ms=tick)["source"]
-    after = mysql(file="mysql-bin.000042", pos=154, gtid=gtid + "78", ts_ms=tick)["source"]
-    assert position_version(after, "t") > position_version(before, "t")
-    maria = [mysql(file="mysql-bin.000003", pos=p, gtid=f"0-1-{n}", ts_ms=tick)["source"]
-             for n, p in ((9, 900), (10, 4))]
-    assert position_version(maria[1], "t") > position_version(maria[0], "t")  # MariaDB: domain-server-sequence
-    later = mysql(file="mysql-bin.000041", pos=4, ts_ms=tick + 1000)["source"]  # the next second, no GTID
-    assert position_version(later, "t") > position_version(before, "t")
 
 
 def test_incremental_snapshot_rows_get_stable_ids_and_never_pass_streamed_changes():
