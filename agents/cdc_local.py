@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from streams.processes import end_process
+
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = ("Debezium needs Java 17 or newer on PATH (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`) "
@@ -104,12 +106,7 @@ class LocalPostgres:
     def stop(self) -> None:
         """Stop the server and remove its files."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            end_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

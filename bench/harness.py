@@ -17,6 +17,7 @@ from agents.loader import publish
 from bench.stats import exposition
 from schemas.freshness import decode_token
 from streams.broker import free_port
+from streams.processes import end_process
 from streams.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,12 +104,7 @@ class BenchWorker:
 
     def stop(self) -> None:
         """SIGTERM and wait."""
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end_process(self.proc)
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -13,6 +13,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from streams.processes import end_process
+
 log = logging.getLogger(__name__)
 
 
@@ -84,12 +86,7 @@ class EmbeddedBroker:
         """Terminate the broker process and wait for it."""
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        end_process(self.process, timeout=10)
 
     def __enter__(self) -> "EmbeddedBroker":
         return self.start()

@@ -22,6 +22,7 @@ from agents.loader import publish, read_scenario
 from agents.token_keys import TokenKeys
 from schemas.freshness import encode_token, read_token
 from streams.broker import EmbeddedBroker, free_port
+from streams.processes import end_process
 from streams.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,12 +270,7 @@ async def launch(broker, directory: Path, wait: bool = True, **extra: str):
             running.http = http
             yield running
     finally:
-        running.proc.terminate()
-        try:
-            running.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            running.proc.kill()
-            running.proc.wait()
+        end_process(running.proc, timeout=20)
         # Every worker here compares its in-memory select hits with the file (FRESHPLAN_CHECK_HEAD_CACHE).
         if log_path.exists() and b"head cache disagrees" in log_path.read_bytes():
             raise AssertionError(f"the head cache disagreed with the state file; see {log_path}")
