@@ -274,7 +274,8 @@ def _source_change(doc: dict) -> SourceChange:
         # A fact is as fresh as the event that last confirmed it, unless the source says when.
         record = resource_from(body, _opt_instant(doc.get("occurred_at"), "occurred_at"))
         if doc.get("log_ordered") is True:
-            record = replace(record, log_ordered=True)
+            record = replace(record, log_ordered=True, log_position=doc.get("log_position"),
+                             log_snapshot=doc.get("log_snapshot") is True)
     else:
         record = {"principal": principal_from, "entity": entity_from}[kind](body)
     return SourceChange(kind=kind, op=op, record_id=body["id"], record=record,

@@ -22,6 +22,8 @@ _POSITIONS = (("file", ("file", "pos", "row")), ("change_lsn", ("change_lsn", "c
               ("lsn", ("lsn", "txId")))
 # The connector's software version is no part of where a change came from.
 _VOLATILE = {"version"}
+# `source.snapshot` of a row read by an initial or blocking snapshot (Debezium's SnapshotRecord, lower case).
+_SNAPSHOT_FLAGS = {"true", "first", "first_in_data_collection", "last_in_data_collection", "last"}
 UNAVAILABLE = "__debezium_unavailable_value"
 # The placeholder as Debezium writes it in a bytea column (base64) and in a Connect Decimal.
 _UNAVAILABLE_FORMS = {UNAVAILABLE, "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="}
@@ -103,7 +105,24 @@ def from_debezium(doc: dict[str, Any], mapping: CdcMapping | None = None) -> dic
         out["unavailable"] = dict(sorted(unavailable.items()))
     if kind == "resource" and op == "upsert" and mapping is not None and _log_ticked(mapping, table, source):
         out["log_ordered"] = True
+        pos = source.get("pos")
+        if isinstance(pos, int) and not isinstance(pos, bool) and pos >= 0:
+            out["log_position"] = f"{source['file']}:{pos}"
+        if snapshot_read(source, doc["op"]):
+            out["log_snapshot"] = True
     return out
+
+
+def snapshot_read(source: dict, op: str) -> bool:
+    """Whether a change is a row of an initial or blocking snapshot (not an incremental one, not streamed).
+
+    `source.snapshot` says so (`true`, `first`, `first_in_data_collection`, `last_in_data_collection`,
+    `last`); an unwrapped row whose SMT left that field out is a snapshot row when its op is `r`.
+    """
+    flag = source.get("snapshot")
+    if flag is None:
+        return op == "r"
+    return flag is True or flag in _SNAPSHOT_FLAGS
 
 
 def _unavailable(value: Any) -> bool:
@@ -143,6 +162,8 @@ def position_version(source: dict, table: str) -> int:
     (positions and GTIDs restart), and many changes share a tick (MySQL before 8.0 stamps whole
     seconds; one transaction's changes share its time and GTID). Those are ordered by the log
     itself: the event is `log_ordered`, and a change at the stored tick is stored one above it.
+    A snapshot row's tick is when its table's read began; the event also names the binlog position
+    the snapshot was read at (`log_position`, `log_snapshot`), from which streamed changes replace it.
     Incremental snapshot rows: 0, so that a snapshot read is never ahead of a streamed change of the same row.
     """
     if source.get("snapshot") == "incremental":

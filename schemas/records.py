@@ -53,6 +53,10 @@ class Resource:
     log_ordered: bool = False
     """The version is a source log's tick (`LOG_TICK_BITS`): a change at the stored tick is a later one, read in log
     order, and is stored one version above the stored one (MySQL without a version column)."""
+    log_position: str | None = None
+    """Where a log-ordered change is in the source log, `<binlog file>:<position>` (a snapshot row: its snapshot's)."""
+    log_snapshot: bool = False
+    """A log-ordered snapshot read: the row as of `log_position`, though its tick is when its table's read began."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,25 @@ def test_after_a_failover_the_new_servers_restarted_position_and_gtid_are_not_ju
         assert position_version(new, "crm.documents") > position_version(old, "crm.documents"), gtid
 
 
+@pytest.mark.parametrize("flag, op, snapshot", [
+    ("true", "r", True), ("first", "r", True), ("first_in_data_collection", "r", True),
+    ("last_in_data_collection", "r", True), ("last", "r", True), (True, "r", True),
+    ("true", "c", True),                                       # ReadToInsertEvent made the snapshot row a create
+    ("false", "u", False), (False, "c", False), (None, "r", True), (None, "u", False)])
+def test_mysql_snapshot_rows_name_the_binlog_position_they_were_read_at(flag, op, snapshot):
+    """A snapshot row's file/pos is its snapshot's consistent point, its ts_ms when its table's read began."""
+    source = {"server_id": 0, "gtid": None, "file": "mysql-bin.000004", "pos": 157, "snapshot": flag}
+    if flag is None:
+        del source["snapshot"]  # an unwrapped row whose SMT left source.snapshot out
+    event = from_debezium(dict(mysql(**source), op=op), MAPPING)
+    assert event["log_ordered"] is True and event["log_position"] == "mysql-bin.000004:157"
+    assert event.get("log_snapshot", False) is snapshot
+    record = decode("source-changes", None, orjson.dumps(event)).payload.record
+    assert (record.log_position, record.log_snapshot) == ("mysql-bin.000004:157", snapshot)
+    incremental = from_debezium(dict(mysql(snapshot="incremental"), op="r"), MAPPING)
+    assert not {"log_ordered", "log_position", "log_snapshot"} & set(incremental)
+
+
 def test_incremental_snapshot_rows_get_stable_ids_and_never_pass_streamed_changes():
     source = {"connector": "postgresql", "db": "app", "schema": "crm", "table": "documents", "snapshot": "incremental",
               "ts_ms": 1_788_080_400_000, "lsn": None, "txId": None}
