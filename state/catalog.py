@@ -35,11 +35,18 @@ class Catalog:
         self._migrate()
 
     def _migrate(self) -> None:
-        """Files written before `observed_at` get the column, NULL: those rows age from `valid_from` as before."""
+        """Files written before `observed_at` get the column, NULL: those rows age from `valid_from` as before.
+
+        Files written before `log_tick` and `log_snapshot` get them, NULL: a log-ordered row's tick is
+        then its version's (none was raised above it), and no stored row is a snapshot row.
+        """
         columns = {r[0] for r in self.db.execute(
             "SELECT column_name FROM duckdb_columns() WHERE table_name = 'resources'").fetchall()}
-        if "observed_at" not in columns:
-            self.db.execute("ALTER TABLE resources ADD COLUMN observed_at TIMESTAMPTZ")
+        added = [(name, kind) for name, kind in (("observed_at", "TIMESTAMPTZ"), ("log_tick", "BIGINT"),
+                                                 ("log_snapshot", "VARCHAR")) if name not in columns]
+        for name, kind in added:
+            self.db.execute(f"ALTER TABLE resources ADD COLUMN {name} {kind}")
+        if added:
             self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
 
     def forget_cached(self) -> None:

@@ -12,6 +12,7 @@ from compiler import dependency_keys as dk
 from schemas.errors import InvalidEvent
 from schemas.records import LOG_TICK_BITS, Resource, SourceChange
 from state.catalog_identities import unavailable_value
+from state.log_order import newer
 from state.row_writes import SMALL_INSERT_ROWS, insert_values
 from state.store import Store
 
@@ -25,7 +26,8 @@ _RESOURCE_TYPES = {"version": "BIGINT", "entity": "VARCHAR", "evidence_class": "
                    "title": "VARCHAR", "content": "VARCHAR", "supports": "VARCHAR[]", "contradicts": "VARCHAR[]",
                    "valid_from": "TIMESTAMPTZ", "valid_to": "TIMESTAMPTZ", "superseded_by": "VARCHAR",
                    "provenance_group": "VARCHAR", "sensitivity": "VARCHAR", "attributes": "VARCHAR",
-                   "deleted": "BOOLEAN", "observed_at": "TIMESTAMPTZ"}
+                   "deleted": "BOOLEAN", "observed_at": "TIMESTAMPTZ", "log_tick": "BIGINT", "log_snapshot": "VARCHAR"}
+_COLUMNS = ", ".join(("id", *_RESOURCE_TYPES))  # what `_values` and `resource_table` write, in their order
 
 
 def resource_row(row: tuple) -> Resource:
@@ -46,14 +48,16 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
     A change is None when it is older than what is stored, and an InvalidEvent when its
     source may not assert its evidence class (the bundles' `sources` rules).
     """
-    # id -> (version, deleted, entity, evidence_class, supports, contradicts) of rows the writer
-    # read or wrote: a resource edited again (a hot one) needs no read. Only this path writes resources.
+    # id -> (version, deleted, entity, evidence_class, supports, contradicts, log_tick, log_snapshot) of
+    # rows the writer read or wrote: a resource edited again (a hot one) needs no read. Only this path
+    # writes resources.
     known = store.cached("catalog.resources", dict)
     ids = {c.record_id for c in changes}
     current: dict[str, tuple] = {i: known[i] for i in ids if i in known}
     if len(current) < len(ids):
         current.update((r[0], r[1:]) for r in store.db.execute(
-            "SELECT id, version, deleted, entity, evidence_class, supports, contradicts FROM resources "
+            "SELECT id, version, deleted, entity, evidence_class, supports, contradicts, log_tick, log_snapshot "
+            "FROM resources "
             "WHERE id IN (SELECT unnest(?))", [sorted(ids - set(current))]).fetchall())
     stored = set(current)
     kept = _kept(store, changes)
@@ -73,11 +77,13 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
             written[change.record_id] = None
             out.append(keys)
             continue
+        tick = new.version >> LOG_TICK_BITS if new.log_ordered else None
+        if old is not None and not _newer(new, tick, old):
+            out.append(None)
+            continue
         if old is not None and new.version <= old[0]:
-            if not (new.log_ordered and new.version >> LOG_TICK_BITS == old[0] >> LOG_TICK_BITS):
-                out.append(None)
-                continue
-            # A later change within the stored tick (read in log order): one above, so plan ids still move on.
+            # A later change of the stored tick (read in log order), or one committed during a snapshot
+            # (its tick is below the snapshot row's): one above, so plan ids still move on.
             new = replace(new, version=old[0] + 1)
         if change.unavailable:
             base = written[new.id] if new.id in written else kept.get(new.id)
@@ -91,16 +97,28 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
                                     "assert its evidence_class (see the policy bundle's sources); "
                                     "the resource is not applied"))
             continue
-        current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts)
+        point = new.log_position if new.log_snapshot else None
+        current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts,
+                           tick, point)
         written[new.id] = new
         out.append(keys + dk.scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts))
     upserts = [r for r in written.values() if r is not None]
-    _write(store, [r for r in upserts if r.id not in stored], [r for r in upserts if r.id in stored])
+    order = {r.id: current[r.id][6:] for r in upserts}
+    _write(store, [r for r in upserts if r.id not in stored], [r for r in upserts if r.id in stored], order)
     deletes = [rid for rid, r in written.items() if r is None]
     if deletes:
         store.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
     remember(known, {rid: current[rid] for rid in set(current) & ids})
     return out
+
+
+def _newer(new: Resource, tick: int | None, old: tuple) -> bool:
+    """Whether an upsert replaces the stored row `old` (a tuple of `apply_resources`' memo)."""
+    if tick is None:
+        return new.version > old[0]
+    # Rows stored before ticks were kept have never been raised above their tick: it is their version's.
+    stored_tick = old[6] if old[6] is not None else old[0] >> LOG_TICK_BITS
+    return newer(tick, new.log_position, new.log_snapshot, stored_tick, old[7])
 
 
 def _kept(store: Store, changes: Sequence[SourceChange]) -> dict[str, Resource]:
@@ -112,29 +130,34 @@ def _kept(store: Store, changes: Sequence[SourceChange]) -> dict[str, Resource]:
         f"SELECT {RESOURCE_COLS} FROM resources WHERE NOT deleted AND id IN (SELECT unnest(?))", [ids]).fetchall()}
 
 
-def _write(store: Store, new: list[Resource], stored: list[Resource]) -> None:
-    """Insert new resources and update stored ones in place: a few rows' upsert costs several times either."""
+def _write(store: Store, new: list[Resource], stored: list[Resource], order: dict[str, tuple]) -> None:
+    """Insert new resources and update stored ones in place: a few rows' upsert costs several times either.
+
+    `order` holds each row's (log_tick, log_snapshot): what later log-ordered changes are judged against.
+    """
+    # Columns by name: files migrated from different versions hold them in different orders.
     if len(stored) > UPDATE_RESOURCES:
-        store.insert_rows("resources", resource_table(new + stored))
+        store.insert_rows("resources", resource_table(new + stored, order), columns=True)
         return
     if len(new) > SMALL_INSERT_ROWS:
-        store.insert_rows("resources", resource_table(new), verb="INSERT INTO")
+        store.insert_rows("resources", resource_table(new, order), verb="INSERT INTO", columns=True)
     elif new:
-        insert_values(store.db, "resources", [_values(r) for r in new], verb="INSERT INTO")
+        insert_values(store.db, f"resources ({_COLUMNS})", [_values(r, order) for r in new], verb="INSERT INTO")
     if stored:
-        store.update_rows("resources", ("id",), tuple(_RESOURCE_TYPES), [_values(r) for r in stored],
+        store.update_rows("resources", ("id",), tuple(_RESOURCE_TYPES), [_values(r, order) for r in stored],
                           ", ".join(f"{c} = CAST({{{c}}} AS {t})" for c, t in _RESOURCE_TYPES.items()))
 
 
-def _values(r: Resource) -> tuple:
-    """A resource's row in the column order of the resources table (as `resource_table`)."""
+def _values(r: Resource, order: dict[str, tuple]) -> tuple:
+    """A resource's row in the order of `_COLUMNS` (as `resource_table`)."""
     return (r.id, r.version, r.entity, r.evidence_class, r.tokens, r.title, r.content, list(r.supports),
             list(r.contradicts), r.valid_from, r.valid_to, r.superseded_by, r.provenance_group, r.sensitivity,
-            orjson.dumps(dict(r.attributes)).decode(), False, r.observed_at)
+            orjson.dumps(dict(r.attributes)).decode(), False, r.observed_at, *order.get(r.id, (None, None)))
 
 
-def resource_table(resources: Sequence[Resource]) -> pa.Table:
-    """Arrow rows in the column order of the resources table."""
+def resource_table(resources: Sequence[Resource], order: dict[str, tuple] | None = None) -> pa.Table:
+    """Arrow rows in the order of `_COLUMNS` (`order`: as `_write`'s)."""
+    ticks = [(order or {}).get(r.id, (None, None)) for r in resources]
     strings = pa.list_(pa.string())
     when = pa.timestamp("us", tz="UTC")
     return pa.table({
@@ -152,6 +175,8 @@ def resource_table(resources: Sequence[Resource]) -> pa.Table:
         "attributes": [orjson.dumps(dict(r.attributes)).decode() for r in resources],
         "deleted": pa.array([False] * len(resources), pa.bool_()),
         "observed_at": pa.array([r.observed_at for r in resources], when),
+        "log_tick": pa.array([t for t, _ in ticks], pa.int64()),
+        "log_snapshot": pa.array([p for _, p in ticks], pa.string()),
     })
 
 

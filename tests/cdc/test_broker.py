@@ -148,3 +148,24 @@ async def test_a_second_mysql_change_of_one_tick_is_applied_not_ignored(broker, 
         again = dict(created, value=dict(value, payload=payload))
         plan = await worker.select(ATLAS_REQUEST, await produce_messages(worker, [message(again)]))
         assert waiver_slot(plan) == "unknown" and plan["plan_id"] != first["plan_id"]
+
+
+@pytest.mark.timeout(120)
+async def test_a_mysql_change_committed_during_the_snapshot_replaces_the_snapshot_row(broker, tmp_path):
+    """The waiver was expired after the snapshot's consistent point but 40 s before its table was read: newer."""
+    async with launch(broker, tmp_path, FRESHPLAN_CDC_MAPPING=str(FIXTURES / "mapping.json")) as worker:
+        await worker.select(ATLAS_REQUEST, await worker.load("atlas.jsonl"))
+        created = fixture("mysql_create_with_schema")
+        value = created["value"]
+        streamed = value["payload"]["source"]
+        read = dict(value["payload"], op="r", source=dict(streamed, snapshot="true", server_id=0, thread=None,
+                                                          pos=streamed["pos"] - 400))  # the consistent point
+        snapshot = dict(created, value=dict(value, payload=read))
+        first = await worker.select(ATLAS_REQUEST, await produce_messages(worker, [message(snapshot)]))
+        assert waiver_slot(first) == "supported"
+        expired = dict(value["payload"], op="u", before=read["after"],
+                       after=dict(read["after"], valid_to=20694),                         # expired the day before
+                       source=dict(streamed, ts_ms=streamed["ts_ms"] - 40_000))           # committed before the read
+        change = dict(created, value=dict(value, payload=expired))
+        plan = await worker.select(ATLAS_REQUEST, await produce_messages(worker, [message(change)]))
+        assert waiver_slot(plan) == "unknown" and plan["plan_id"] != first["plan_id"]
