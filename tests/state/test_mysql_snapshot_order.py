@@ -112,8 +112,8 @@ def test_another_binlog_name_leaves_commit_times_to_judge(tmp_path):
     state = LocalState.open(tmp_path / "f.duckdb")
     try:
         apply(state, snapshot("as of the snapshot"))
-        assert apply(state, streamed("other server, earlier", POINT + 10_000, file="binlog.000001", pos=900)) is None
-        assert apply(state, streamed("other server, later", READ + 1_000, file="binlog.000001", pos=950)) is not None
+        assert apply(state, streamed("other server, earlier", POINT + 10_000, file="binlog.000009", pos=900)) is None
+        assert apply(state, streamed("other server, later", READ + 1_000, file="binlog.000009", pos=950)) is not None
         assert stored(state)[1] == "other server, later"
     finally:
         state.close()
