@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import uuid
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Callable
@@ -23,9 +24,10 @@ LOGICAL = {
     "io.debezium.time.Date": "date_days",
     "org.apache.kafka.connect.data.Date": "date_days",
     "org.apache.kafka.connect.data.Decimal": "decimal",
+    "io.debezium.data.Uuid": "uuid",
 }
 # The type names a mapping file may declare (`decimal:<scale>` besides these).
-DECLARED = ("json", "timestamp_millis", "timestamp_micros", "timestamp_nanos", "iso", "date_days")
+DECLARED = ("json", "timestamp_millis", "timestamp_micros", "timestamp_nanos", "iso", "date_days", "boolean", "uuid")
 
 
 class ColumnError(ValueError):
@@ -82,6 +84,31 @@ def _json(value: Any) -> Any:
         raise ColumnError("is not valid JSON") from None
 
 
+def _boolean(value: Any) -> bool:
+    # MySQL's BOOLEAN is TINYINT(1): Debezium sends 0 or 1 unless a converter makes it a Connect boolean.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ColumnError("is not a boolean (true, false, 0 or 1)")
+
+
+def _uuid(value: Any) -> str:
+    """A UUID's canonical text (lower case), from its text or its 16 bytes (MySQL BINARY(16)) as Debezium sends
+    them: base64 (the default), URL-safe base64, or hex (`binary.handling.mode`)."""
+    if not isinstance(value, str):
+        raise ColumnError("is not a UUID")
+    try:
+        if len(value) == 24:  # base64 of 16 bytes; no UUID text is 24 characters long
+            raw = base64.b64decode(value.replace("-", "+").replace("_", "/"), validate=True)
+            return str(uuid.UUID(bytes=raw))
+        return str(uuid.UUID(value))  # also 32 hex digits
+    except (ValueError, binascii.Error):
+        raise ColumnError("is not a UUID") from None
+
+
 def decimal(value: Any, scale: Any) -> int | float:
     """A Connect Decimal: base64 of the big-endian two's-complement unscaled integer, with its scale."""
     try:
@@ -104,7 +131,7 @@ def decimal(value: Any, scale: Any) -> int | float:
 
 _DECODERS: dict[str, Callable[[Any], Any]] = {
     "json": _json, "timestamp_millis": _epoch(1_000), "timestamp_micros": _epoch(1_000_000),
-    "timestamp_nanos": _epoch(1_000_000_000), "iso": _iso, "date_days": _days,
+    "timestamp_nanos": _epoch(1_000_000_000), "iso": _iso, "date_days": _days, "boolean": _boolean, "uuid": _uuid,
 }
 
 

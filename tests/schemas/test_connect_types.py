@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from schemas.connect_types import ColumnError, by_name, by_schema, decimal, row_fields, valid_type
@@ -58,3 +60,24 @@ def test_row_fields_and_declared_type_names():
     assert row_fields(schema, "after") == {"a": {"field": "a", "type": "int32"}}
     assert row_fields(schema, "before") == {} and row_fields(None, "after") == {}
     assert valid_type("decimal:2") and valid_type("json") and not valid_type("decimal:x") and not valid_type("money")
+
+
+def test_booleans_and_uuids_decode_as_debezium_sends_them():
+    # MySQL BOOLEAN is TINYINT(1): 0 or 1 without a converter; Postgres and BIT(1): JSON booleans.
+    decoded = [by_name("boolean", v) for v in (True, False, 1, 0, "true", "FALSE")]
+    assert decoded == [True, False, True, False, True, False] and {type(v) for v in decoded} == {bool}  # 1 == True
+    for bad in (2, -1, "yes", 1.0, []):
+        with pytest.raises(ColumnError, match="is not a boolean"):
+            by_name("boolean", bad)
+    ref = "6f1c2a4e-9b3d-4c5e-8a7f-0123456789ab"
+    assert by_name("uuid", ref.upper()) == ref and by_schema({"type": "string", "name": "io.debezium.data.Uuid"},
+                                                             ref.upper()) == ref
+    # MySQL BINARY(16), as binary.handling.mode writes it: bytes (base64 in JSON), base64-url-safe, hex.
+    assert by_name("uuid", "bxwqTps9TF6KfwEjRWeJqw==") == ref
+    assert by_name("uuid", base64.urlsafe_b64encode(bytes.fromhex("fbff" + "00" * 14)).decode()) == (
+        "fbff0000-0000-0000-0000-000000000000")
+    assert by_name("uuid", ref.replace("-", "")) == ref
+    for bad in ("not-a-uuid", "bxwqTps9TF6KfwEjRWeJ", "AAAAAAAAAAAAAAAAAAAAAAA=", 42):
+        with pytest.raises(ColumnError, match="is not a UUID"):
+            by_name("uuid", bad)
+    assert valid_type("boolean") and valid_type("uuid")
