@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -19,6 +20,15 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 })
 # Fields that are ids on the wire: a numeric primary key becomes its decimal text.
 _ID_FIELDS = frozenset({"id", "entity", "superseded_by", "evidence_class"})
+ATTRIBUTE = "attributes."
+"""A field `attributes.<name>` maps one column to one attribute (Cedar sees `resource.<name>`), beside any
+`attributes` column: a boolean or uuid column, say, which no other field takes."""
+_ATTRIBUTE_NAME = r"^attributes\.[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def attribute_field(kind: str, field: str) -> bool:
+    """Whether `field` names one attribute of a record of `kind` (`attributes.<name>`)."""
+    return "attributes" in FIELDS[kind] and re.match(_ATTRIBUTE_NAME, field) is not None
 
 
 class MappingError(ValueError):
@@ -61,16 +71,18 @@ class CdcMapping:
 def mapping_schema() -> dict[str, Any]:
     """The JSON Schema of the mapping file (written by `freshplan schemas export`)."""
     def table(kind: str) -> dict[str, Any]:
-        names = list(FIELDS[kind])
+        names: dict[str, Any] = {"enum": list(FIELDS[kind])}
+        if "attributes" in FIELDS[kind]:
+            names = {"anyOf": [names, {"pattern": _ATTRIBUTE_NAME}]}
         return {"type": "object", "required": ["kind", "fields"], "additionalProperties": False,
                 "properties": {
                     "kind": {"const": kind},
-                    "fields": {"type": "object", "required": ["id"], "propertyNames": {"enum": names},
+                    "fields": {"type": "object", "required": ["id"], "propertyNames": names,
                                "additionalProperties": {"type": "string", "minLength": 1}},
                     "types": {"type": "object", "additionalProperties": {
                         "type": "string", "pattern": "^(json|timestamp_millis|timestamp_micros|timestamp_nanos"
-                                                     "|iso|date_days|decimal:[0-9]{1,2})$"}},
-                    "defaults": {"type": "object", "propertyNames": {"enum": names}}}}
+                                                     "|iso|date_days|boolean|uuid|decimal:[0-9]{1,2})$"}},
+                    "defaults": {"type": "object", "propertyNames": names}}}
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "$id": "https://freshplan.dev/schemas/cdc-mapping.schema.json",
             "title": "FRESHPLAN_CDC_MAPPING: Debezium tables to freshplan records",
@@ -103,9 +115,10 @@ def _table(name: str, table: str, body: Any) -> TableMapping:
     if not all(isinstance(part, dict) for part in (fields, types, defaults)):
         raise MappingError(f"{where}: fields, types and defaults must be objects")
     for part, names in (("fields", fields), ("defaults", defaults)):
-        if unknown := set(names) - set(FIELDS[kind]):
+        if unknown := {f for f in names if f not in FIELDS[kind] and not attribute_field(kind, f)}:
+            keyed = ", or attributes.<name>" if "attributes" in FIELDS[kind] else ""
             raise MappingError(f"{where} {part} names unknown {kind} fields {sorted(unknown)}; "
-                               f"known: {', '.join(FIELDS[kind])}")
+                               f"known: {', '.join(FIELDS[kind])}{keyed}")
     if "id" not in fields:
         raise MappingError(f"{where} must map the id field to a column")
     if not all(isinstance(c, str) and c for c in fields.values()):
@@ -113,7 +126,8 @@ def _table(name: str, table: str, body: Any) -> TableMapping:
     for column, type_name in types.items():
         if not isinstance(type_name, str) or not connect_types.valid_type(type_name):
             raise MappingError(f"{where} types: column {column!r} has an unknown type; use json, "
-                               "timestamp_millis, timestamp_micros, timestamp_nanos, iso, date_days or decimal:<scale>")
+                               "timestamp_millis, timestamp_micros, timestamp_nanos, iso, date_days, boolean, uuid "
+                               "or decimal:<scale>")
     return TableMapping(table, kind, MappingProxyType(dict(fields)), MappingProxyType(dict(types)),
                         MappingProxyType(dict(defaults)))
 
@@ -122,10 +136,12 @@ def apply(table: TableMapping, row: dict[str, Any], schema_fields: dict[str, dic
     """Map one row onto a record of the table's kind; raise ColumnError(column, reason) on a bad column.
 
     The envelope's own logical types win over the file's declared types. Columns the file does
-    not name are ignored, so a new column in the table changes nothing.
+    not name are ignored, so a new column in the table changes nothing. `attributes.<name>` fields
+    join the attributes (over a mapped `attributes` column's keys of that name).
     """
     record: dict[str, Any] = {}
-    for field in FIELDS[table.kind]:
+    keyed = sorted(f for f in {*table.fields, *table.defaults} if f.startswith(ATTRIBUTE))
+    for field in (*FIELDS[table.kind], *keyed):
         column = table.fields.get(field)
         if column is not None and column in row:
             value = row[column]
@@ -144,4 +160,8 @@ def apply(table: TableMapping, row: dict[str, Any], schema_fields: dict[str, dic
             value = str(value)
         if value is not None:
             record[field] = value
+    named = {f[len(ATTRIBUTE):]: record.pop(f) for f in keyed if f in record}
+    attributes = record.get("attributes", {})
+    if named and isinstance(attributes, dict):  # anything else is the attributes column's schema violation
+        record["attributes"] = {**attributes, **named}
     return record

@@ -87,7 +87,8 @@ def from_debezium(doc: dict[str, Any], mapping: CdcMapping | None = None) -> dic
         else:
             kind, record = _mapped(mapping, table, op, row, columns, source)
             target = mapping.tables[table].fields
-            unavailable = {f: c for f, c in target.items() if c in missing}
+            # An attribute's column left out keeps the stored attributes whole: records keep whole fields.
+            unavailable = {f.split(".")[0]: c for f, c in sorted(target.items()) if c in missing}
     except ColumnError as exc:
         raise InvalidEvent("invalid_value", f"table {table}: {exc}") from None
     if incremental:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import uuid
 
 import orjson
 import pytest
@@ -12,7 +14,7 @@ from schemas.debezium import UNAVAILABLE
 from streams.incarnation import read_cluster_id
 from tests.cdc.test_fixtures import FIXTURES, fixture, message
 from tests.conftest import ATLAS_REQUEST, launch, sign_token
-from tests.events import resource, revoke_role
+from tests.events import policy_version, resource, revoke_role
 
 
 def waiver_slot(plan: dict) -> str:
@@ -169,3 +171,38 @@ async def test_a_mysql_change_committed_during_the_snapshot_replaces_the_snapsho
         change = dict(created, value=dict(value, payload=expired))
         plan = await worker.select(ATLAS_REQUEST, await produce_messages(worker, [message(change)]))
         assert waiver_slot(plan) == "unknown" and plan["plan_id"] != first["plan_id"]
+
+
+@pytest.mark.timeout(180)
+async def test_mysql_boolean_and_binary_uuid_columns_become_cedar_attributes(broker, tmp_path):
+    """TINYINT(1) arrives as 0/1 and BINARY(16) as base64: mapped as attributes, a Cedar policy reads both."""
+    mapping = orjson.loads((FIXTURES / "mapping.json").read_bytes())
+    table = mapping["tables"]["crm.documents"]
+    table["fields"].update({"attributes.archived": "archived", "attributes.case_ref": "case_ref"})
+    table["types"].update({"archived": "boolean", "case_ref": "uuid"})
+    (tmp_path / "mapping.json").write_bytes(orjson.dumps(mapping))
+    blocked = "6f1c2a4e-9b3d-4c5e-8a7f-0123456789ab"
+    topic, bundle = policy_version(2, "2026-01-01T00:00:00Z")
+    bundle["cedar"] += ("forbid(principal, action == Action::\"use\", resource)\n"
+                        f"when {{ (resource has archived && resource.archived) || "
+                        f"(resource has case_ref && resource.case_ref == \"{blocked}\") }};\n")
+    update = fixture("mysql_update_schemaless")
+
+    def row(n: int, archived: int, case_ref: bytes) -> tuple[bytes | None, bytes | None]:
+        value = update["value"]
+        after = dict(value["after"], archived=archived, case_ref=base64.b64encode(case_ref).decode())
+        source = dict(value["source"], ts_ms=value["source"]["ts_ms"] + n * 1000, pos=value["source"]["pos"] + n)
+        return message(dict(update, value=dict(value, after=after, source=source)))
+
+    allowed = uuid.uuid4().bytes
+    async with launch(broker, tmp_path / "w", FRESHPLAN_CDC_MAPPING=str(tmp_path / "mapping.json")) as worker:
+        await worker.load("atlas.jsonl")
+        await worker.publish_events((topic, bundle))
+        states = []
+        for n, archived, case_ref in ((1, 0, allowed), (2, 1, allowed), (3, 0, allowed),
+                                      (4, 0, uuid.UUID(blocked).bytes)):
+            plan = await worker.select(ATLAS_REQUEST, await produce_messages(worker, [row(n, archived, case_ref)]))
+            states.append(waiver_slot(plan))
+        assert states == ["supported", "unknown", "supported", "unknown"]
+        counters = (await worker.get("/healthz"))["counters"]
+        assert not {k for k in counters if k.startswith("dead_letters.")}, counters

@@ -24,9 +24,10 @@ TABLE = """CREATE TABLE {s}.documents (
 COLUMNS = {"id": "doc_id", "version": "rev", "entity": "customer_id", "title": "title", "content": "body",
            "tokens": "token_count", "evidence_class": "doc_class", "supports": "claims", "contradicts": "refutes",
            "valid_from": "valid_from", "valid_to": "valid_to", "observed_at": "reviewed",
-           "provenance_group": "source_system", "sensitivity": "sensitivity", "attributes": "acl"}
+           "provenance_group": "source_system", "sensitivity": "sensitivity", "attributes": "acl",
+           "attributes.external_ref": "external_ref", "attributes.archived": "archived"}
 SCHEMALESS_TYPES = {"valid_from": "timestamp_micros", "valid_to": "iso", "reviewed": "date_days", "acl": "json",
-                    "token_count": "decimal:0"}
+                    "token_count": "decimal:0", "external_ref": "uuid", "archived": "boolean"}
 
 
 def insert(schema: str, doc_id: str, *, tokens: int = 100, body: str = "'Waiver W2 approved by the committee.'") -> str:

@@ -53,3 +53,29 @@ def test_apply_maps_columns_types_and_defaults_and_ignores_new_columns():
     assert apply(table, {"doc_id": "d", "acl": "{}"}, schema)["attributes"] == "{}"
     with pytest.raises(ColumnError, match="column acl: is not valid JSON"):
         apply(table, {"doc_id": "d", "acl": "{"}, {})
+
+
+def test_attribute_fields_map_boolean_and_uuid_columns_beside_the_attributes_column():
+    doc = {"tables": {"kb.documents": {"kind": "resource", "fields": {
+        "id": "doc_id", "attributes": "acl", "attributes.archived": "archived", "attributes.external_ref": "ref"},
+        "types": {"acl": "json", "archived": "boolean", "ref": "uuid"}, "defaults": {"attributes.region": "eu"}}}}
+    fastjsonschema.compile(mapping_schema())(doc)
+    table = parse(json.dumps(doc)).tables["kb.documents"]
+    row = {"doc_id": "d", "acl": '{"allowed_roles": ["a"], "archived": "x"}', "archived": 1,
+           "ref": "6F1C2A4E-9B3D-4C5E-8A7F-0123456789AB"}
+    attributes = apply(table, row, {})["attributes"]
+    assert attributes == {"allowed_roles": ["a"], "archived": True, "region": "eu",
+                          "external_ref": "6f1c2a4e-9b3d-4c5e-8a7f-0123456789ab"}
+    assert attributes["archived"] is True  # Cedar must see a Boolean, not the Long 1
+    schema = {"archived": {"type": "boolean"}, "ref": {"type": "string", "name": "io.debezium.data.Uuid"}}
+    assert apply(table, {"doc_id": "d", "archived": False, "ref": None}, schema)["attributes"] == {
+        "archived": False, "region": "eu"}  # a NULL column is no attribute (a policy reading it is denied)
+    with pytest.raises(ColumnError, match="column archived: is not a boolean"):
+        apply(table, {"doc_id": "d", "archived": "maybe"}, {})
+    for fields, words in (({"id": "a", "attributes.bad-name": "c"}, "unknown resource fields"),
+                          ({"id": "a", "attributes.x": "c"}, "unknown entity fields")):
+        kind = "entity" if "entity" in words else "resource"
+        with pytest.raises(MappingError, match=words):
+            parse(json.dumps({"tables": {"t.a": {"kind": kind, "fields": fields}}}))
+        with pytest.raises(fastjsonschema.JsonSchemaException):
+            fastjsonschema.compile(mapping_schema())({"tables": {"t.a": {"kind": kind, "fields": fields}}})

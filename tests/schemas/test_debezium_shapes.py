@@ -129,6 +129,16 @@ def test_unwrapped_rows_map_and_a_deleted_row_deletes():
     assert gone.payload.op == "delete" and gone.payload.record_id == "d1"
 
 
+def test_an_unavailable_attribute_column_keeps_the_stored_attributes_whole():
+    mapping = parse(orjson.dumps({"tables": {"crm.documents": {"kind": "resource", "fields": {
+        "id": "doc_id", "entity": "customer_id", "tokens": "n", "evidence_class": "cls", "attributes": "acl",
+        "attributes.note": "note"}, "types": {"acl": "json"}}}}).decode())
+    doc = mysql()
+    doc["after"].update(acl='{"allowed_roles": ["a"]}', note="__debezium_unavailable_value")
+    out = from_debezium(doc, mapping)
+    assert out["unavailable"] == {"attributes": "note"} and "note" not in out["resource"]["attributes"]
+
+
 def test_unavailable_toast_values_are_not_sent_for_resources_and_principals():
     doc = mysql()
     doc["after"]["body"] = "__debezium_unavailable_value"
