@@ -13,6 +13,7 @@ import pyarrow as pa
 from compiler.request import parse_request, plan_key
 from schemas.plan_partition import plan_partition
 from schemas.timefmt import parse_instant
+from state.dependency_index import replace_edges
 from state.store import Store
 
 WIRE_ONLY = ("compiled_as_of", "compiled_in", "dependencies", "receipt", "replaces")
@@ -235,12 +236,10 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None,
         stale = [plan_id for plan_id, status in held.items() if status != "fresh"]
         # Invalidated ones too are their keys' heads, indexed, as in `restore_parked` (the caller requeues them).
         db.execute("INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM _restore_plans")
-        keys = [r.plan_key for r in rows]
-        db.execute("DELETE FROM dependency_index WHERE plan_key IN (SELECT unnest(?::VARCHAR[]))", [keys])
         db.execute("INSERT INTO receipts (receipt_id, plan_id, receipt, stored_at) SELECT DISTINCT ON (receipt_id) "
                    "receipt_id, plan_id, receipt, compiled_at FROM _restore_plans "
                    "WHERE receipt IS NOT NULL AND receipt_id NOT IN (SELECT receipt_id FROM receipts)")
-        db.execute("INSERT INTO dependency_index SELECT dep_key, plan_key FROM _restore_edges")
+        replace_edges(db, "SELECT plan_key FROM _restore_plans", "SELECT dep_key, plan_key FROM _restore_edges")
     finally:
         for name in tables:
             db.unregister(name)
@@ -286,8 +285,7 @@ def restore_parked(store: Store, partitions: Collection[int], compiled_at: datet
     # so no parked plan of an owned key is left neither current nor announced (a peer may serve it again).
     store.heads.remove_all()  # restored heads replace held ones
     db.execute(f"INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM {mine}", [owned])
-    db.execute(f"DELETE FROM dependency_index WHERE plan_key IN (SELECT plan_key FROM {mine})", [owned])
-    db.execute(f"INSERT INTO dependency_index SELECT unnest(from_json(deps, '[\"VARCHAR\"]')), plan_key FROM {mine}",
-               [owned])
+    replace_edges(db, f"SELECT plan_key FROM {mine}",
+                  f"SELECT unnest(from_json(deps, '[\"VARCHAR\"]')) AS dep_key, plan_key FROM {mine}", [owned])
     store.heads_changed()
     return ParkedRestore(considered, considered - unrestorable - len(stale), unrestorable, stale)
