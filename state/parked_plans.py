@@ -102,6 +102,11 @@ class ParkedPlans:
         elif "superseded" not in columns:  # files parked before records named the plan they replaced
             self.db.execute("ALTER TABLE parked_plans ADD COLUMN superseded VARCHAR")
             self.db.execute("CHECKPOINT")
+        # Take-overs, restarts and status reads find parked plans by id (a scan of every parked record
+        # otherwise). Created after the migrations above: DuckDB alters no table an index depends on.
+        if not self.db.execute("SELECT 1 FROM duckdb_indexes() WHERE index_name = 'parked_plans_plan'").fetchone():
+            self.db.execute("CREATE INDEX parked_plans_plan ON parked_plans (plan_id)")
+            self.db.execute("CHECKPOINT")
 
     def park(self, records: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
         """Keep these records (validated `plan-dependencies` values, in topic order) as `succession` decides.
