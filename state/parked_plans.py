@@ -183,13 +183,16 @@ class ParkedPlans:
                                "WHERE plan_id IN (SELECT unnest(?::VARCHAR[]))", [plan_ids]).fetchall()
         return [(orjson.loads(text), ok) for text, ok in rows]
 
-    def unknown_records(self, partitions: Collection[int]) -> list[dict[str, Any]]:
-        """The parked records of these partitions whose plan ids the file has never stored."""
+    def unknown(self, partitions: Collection[int]) -> list[tuple[str, str, bool]]:
+        """(plan id, plan key, restorable) of the parked plans of these partitions whose ids the file never stored.
+
+        Ids, not records: a restart finds thousands of them and restores them where they lie.
+        """
         if not partitions:
             return []
-        rows = self.db.execute("SELECT record FROM parked_plans WHERE partition IN (SELECT unnest(?::INTEGER[])) "
+        return self.db.execute("SELECT plan_id, plan_key, unrestorable IS NULL FROM parked_plans "
+                               "WHERE partition IN (SELECT unnest(?::INTEGER[])) "
                                "AND plan_id NOT IN (SELECT plan_id FROM plans)", [sorted(partitions)]).fetchall()
-        return [orjson.loads(text) for (text,) in rows]
 
     def keys_of(self, partitions: Collection[int]) -> list[str]:
         """Plan keys owned by these partitions."""

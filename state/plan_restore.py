@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat
 from datetime import datetime
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import orjson
 import pyarrow as pa
@@ -249,17 +249,30 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None,
 
 
 def restore_parked(store: Store, partitions: Collection[int], compiled_at: datetime | None,
-                   topic_of: Callable[[str], str] = str) -> ParkedRestore:
+                   topic_of: Callable[[str], str] = str, plan_ids: Sequence[str] | None = None) -> ParkedRestore:
     """Make the restorable parked plans of these partitions current, in SQL over `parked_plans` alone.
 
     The same rows as `restore` of their records (they were prepared when parked), without a
-    Python pass over them. The caller holds the transaction.
+    Python pass over them; with `plan_ids`, only the parked plans with those ids. The caller
+    holds the transaction.
     """
-    if not partitions:
+    if not partitions or plan_ids is not None and not plan_ids:
         return ParkedRestore()
-    db = store.db
-    owned = sorted(partitions)
     source = "parked_plans WHERE partition IN (SELECT unnest($1::INTEGER[]))"
+    if plan_ids is None:
+        return _restore_parked(store, sorted(partitions), compiled_at, topic_of, source)
+    # A table of ids, not a subquery over `plans`: the plan rows this restore inserts must not change the set.
+    store.db.register("_restore_ids", pa.table({"plan_id": pa.array(list(plan_ids), pa.string())}))
+    try:
+        return _restore_parked(store, sorted(partitions), compiled_at, topic_of,
+                               f"{source} AND plan_id IN (SELECT plan_id FROM _restore_ids)")
+    finally:
+        store.db.unregister("_restore_ids")
+
+
+def _restore_parked(store: Store, owned: list[int], compiled_at: datetime | None, topic_of: Callable[[str], str],
+                    source: str) -> ParkedRestore:
+    db = store.db
     considered, unrestorable = db.execute(
         f"SELECT count(*), count(*) FILTER (WHERE unrestorable IS NOT NULL) FROM {source}", [owned]).fetchone()
     mine = f"{source} AND unrestorable IS NULL"
