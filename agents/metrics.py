@@ -139,7 +139,9 @@ class _StateCollector:
                                 ("ignored_old_versions", "Events ignored as older versions"),
                                 ("plans_evicted", "Plans evicted after going unselected for the retention span"),
                                 ("plan_rows_expired", "Rows of invalidated or evicted plans deleted by retention"),
-                                ("receipts_expired", "Receipts deleted from local state after their retention span")):
+                                ("receipts_expired", "Receipts deleted from local state after their retention span"),
+                                ("event_ids_expired", "Event ids forgotten after the event-id retention"),
+                                ("event_id_generations_dropped", "Event-id generation tables dropped by retention")):
             yield CounterMetricFamily(f"freshplan_{name}", help_text, value=counters.get(name, 0))
         yield from _labelled(counters, {
             "applied.": CounterMetricFamily("freshplan_events_applied", "Input events applied", labels=["topic"]),

@@ -123,15 +123,18 @@ class Ownership:
         judged, and the head this file kept for that key is announced (at worst once too often),
         since nothing here says whether its successor's worker announced it.
         """
-        records = self.parked.unknown_records(kept)
-        if not records:
+        unknown = self.parked.unknown(kept)  # ids: restored where they lie, as `take_over` does
+        evicted = self._evicted([plan_id for plan_id, _, _ in unknown])
+        unknown = [u for u in unknown if u[0] not in evicted]
+        if not unknown:
             return TakeOver()
-        keys = {r["plan_key"] for r in records}
         now = self.state.store.now()
-        heads = self.state.plans.heads_stamped(sorted(keys), parse=False)
+        heads = self.state.plans.heads_stamped(sorted({key for _, key, _ in unknown}), parse=False)
         announced = self._announce_orphans([(key, head[0]) for key, head in heads.items() if head[2] == "fresh"], now)
-        caught = self.adopt(records, kept, prefer={r["plan_id"] for r in records}, keep_fresh_heads=False)
-        return replace(caught, stale=announced + caught.stale)
+        caught = self.take_over(kept, [plan_id for plan_id, _, _ in unknown])
+        judged = set(caught.stale)  # one that cannot stand in for a compilation is followed by nobody here
+        passed = self._announce_orphans([(k, i) for i, k, ok in unknown if not ok and i not in judged], now)
+        return replace(caught, stale=announced + caught.stale + passed)
 
     def hand_back(self, partitions: Collection[int]) -> int:
         """Stop serving and indexing plans of these partitions: their new owner announces what goes stale."""
@@ -145,8 +148,9 @@ class Ownership:
         self.state.store.bump_many({"plans_handed_back": len(keys)})
         return len(keys)
 
-    def take_over(self, partitions: Collection[int]) -> TakeOver:
-        """Make the parked plans of gained partitions current; announce those an applied event made stale.
+    def take_over(self, partitions: Collection[int], plan_ids: Sequence[str] | None = None) -> TakeOver:
+        """Make the parked plans of gained partitions (only those with `plan_ids`, if given) current; announce
+        those an applied event made stale.
 
         `adopt` over the parked records, done where they lie: staleness and the restore are SQL
         over `parked_plans`, and only the stale records are read back, to be announced.
@@ -154,9 +158,9 @@ class Ownership:
         started = time.perf_counter()
         store = self.state.store
         now = store.now()
-        stale = self.key_changes.stale_parked(sorted(partitions), now, store.incarnation()[0])
+        stale = self.key_changes.stale_parked(sorted(partitions), now, store.incarnation()[0], plan_ids)
         judged_at = time.perf_counter()
-        result = restore_parked(store, partitions, compiled_at=now, topic_of=self.plans.topic_of)
+        result = restore_parked(store, partitions, compiled_at=now, topic_of=self.plans.topic_of, plan_ids=plan_ids)
         restored_at = time.perf_counter()
         judged = self.parked.records_of(list(stale))
         restored = {r["plan_id"] for r, restorable in judged if restorable} - set(result.known_invalidated)

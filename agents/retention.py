@@ -17,7 +17,7 @@ BATCH = 1000
 
 
 class RetentionTimer:
-    """Stamps what this worker served, evicts what nobody here selected, expires old rows and receipts.
+    """Stamps what this worker served, evicts what nobody here selected, expires old rows, receipts and event ids.
 
     Only a plan's owner serves it (selects for another owner's entity are forwarded), so the
     owner's stamps are the whole story and the owner alone evicts and announces `evicted`. An
@@ -60,10 +60,14 @@ class RetentionTimer:
         except Exception:  # noqa: BLE001 - housekeeping must never stop a worker; the next pass retries
             log.exception("retention pass failed; nothing was removed")
             return None
-        removed = len(result.evicted) + result.plan_rows_expired + result.receipts_expired
-        log.log(logging.INFO if removed else logging.DEBUG,
-                "retention pass: %d plans evicted, %d old plan rows and %d receipts expired, %d selects stamped",
-                len(result.evicted), result.plan_rows_expired, result.receipts_expired, len(selected),
+        ids = result.event_ids
+        removed = len(result.evicted) + result.plan_rows_expired + result.receipts_expired + ids.generations_dropped
+        log.log(logging.INFO if removed or ids.opened else logging.DEBUG,
+                "retention pass: %d plans evicted, %d old plan rows and %d receipts expired, %d event ids forgotten "
+                "(%d generations dropped%s), %d selects stamped",
+                len(result.evicted), result.plan_rows_expired, result.receipts_expired, ids.ids_dropped,
+                ids.generations_dropped, ", a new one opened" if ids.opened else "", len(selected),
                 extra={"plans_evicted": len(result.evicted), "plan_rows_expired": result.plan_rows_expired,
-                       "receipts_expired": result.receipts_expired})
+                       "receipts_expired": result.receipts_expired, "event_ids_expired": ids.ids_dropped,
+                       "event_id_generations_dropped": ids.generations_dropped})
         return result

@@ -306,7 +306,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         await writer.run(_prune, state, committed)
 
     retention = RetentionTimer(state, query, RetentionPolicy(settings.plan_retention, settings.receipt_retention,
-                                                             BATCH),
+                                                             BATCH, settings.event_id_retention),
                                RetentionTopics(settings.topic("plan-invalidations"), settings.topic("plans"),
                                                settings.topic("clock"), settings.topic("plan-dependencies")))
 

@@ -12,8 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from bench import (batch_cost, cache_contenders, history_cost, index_cost, invalidation_path, quality,
-                   revocation_cost, scale_out, takeover)
+from bench import (batch_cost, cache_contenders, event_id_prune, history_cost, index_cost, invalidation_path,
+                   quality, restart_cost, revocation_cost, scale_out, takeover)
 from bench.profile import profile_apply
 from bench.report import HOT_PLAN_P99_MS, plots, targets, write_json
 from bench.summary import longest_stage_within, markdown
@@ -56,6 +56,12 @@ class BenchOptions:
     """Plans in the restart measurement."""
     history_events: int = 1_000_000
     """Event ids and key changes recorded before the apply batch is timed again (a long-running worker's file)."""
+    restart_parked: int = 20_000
+    """Plans peers recompiled for a worker's kept partitions while it was down, parked before it is ready again."""
+    event_ids: int = 2_000_000
+    """Event ids held when old ones are forgotten (generation dropped vs rows deleted)."""
+    event_ids_expired: int = 100_000
+    """Of those, the ids forgotten."""
     seed: int = 7
     """Seed of the generated workload."""
 
@@ -64,6 +70,7 @@ class BenchOptions:
         """Small enough for a test run; same code paths."""
         return cls(events=300, plans=30, rates=(100,), rate_seconds=1.0, fanout_plans=600, cache_events=150,
                    index_plans=2_000, restart_plans=20_000, history_events=20_000, takeover_plans=10_000,
+                   restart_parked=2_000, event_ids=200_000, event_ids_expired=10_000,
                    select_rates=(0, 200), select_rate=20.0, takeover_timeout=60.0, session_timeout=4.0)
 
 
@@ -128,6 +135,13 @@ def run(options: BenchOptions, out_dir: Path, say: Callable[[str], None] | None 
 
     step(f"take-over of {options.takeover_plans:,} parked plans (in process)")
     result["takeover"] = takeover.measure(options.takeover_plans)
+
+    step(f"restart with {options.restart_parked:,} plans recompiled by a peer meanwhile (in process)")
+    result["restart"] = restart_cost.measure(options.restart_parked)
+
+    step(f"forgetting {options.event_ids_expired:,} of {options.event_ids:,} event ids: generation dropped vs rows "
+         "deleted")
+    result["event_ids"] = event_id_prune.measure(options.event_ids, options.event_ids_expired)
 
     step(f"caches: TTL 1/10/60 s, flush-all and freshplan over {options.cache_events} events")
     cache_workload = generate(plans=options.plans, changes=options.cache_events, seed=options.seed)
@@ -282,6 +296,12 @@ def next_steps(result: dict) -> list[str]:
         slowest = max(phases, key=phases.get) if phases else "n/a"
         steps.append(f"Taking parked plans over spends most in its {slowest} phase ({phases.get(slowest)} s): see "
                      "`takeover.phases` (step 3).")
+    if any(m.startswith("restart with") for m in missed):
+        ours = result.get("restart", {}).get("where_they_lie", {})
+        steps.append(f"A restart with plans compiled meanwhile spent {ours.get('open_seconds')} s opening the file and "
+                     f"{ours.get('follow_seconds')} s following its assignment, with {ours.get('wal_mb_at_follow')} MB "
+                     "of log when it began (a checkpoint at DuckDB's log cap, when due, falls into it): see "
+                     "`restart` (step 3).")
     if any(m.startswith("take-over after") for m in missed):
         steps.append("Take-over after kill -9 waits for the group's session timeout (the group cannot notice a "
                      "dead member sooner) before the survivor judges its parked plans; see `owned_all_seconds` "

@@ -132,6 +132,39 @@ def takeover_lines(take: dict | None) -> list[str]:
             "announced without cause. In process: no broker, no group rebalance (the kill -9 row times those).", ""]
 
 
+def restart_lines(restart: dict | None) -> list[str]:
+    """A worker restarted after its kept partitions' plans were recompiled elsewhere (in process, no broker)."""
+    if not restart:
+        return []
+    ours, before = restart["where_they_lie"], restart["as_records"]
+    return ["## Restart after a long absence (in process)", "",
+            f"A worker stopped owning partitions {restart['partitions_kept']} with {restart['plans']:,} plans current; "
+            f"meanwhile a peer recompiled every one ({restart['changed_share']:.0%} with a dependency key changed, "
+            f"{restart['stale']:,} made stale by an event it never announced). Restarted on its file (median of "
+            f"{restart['repeats']}), it opened it in {ours['open_seconds']} s, parked the peer's records as its feed "
+            f"does in {ours['feed_seconds']} s, and followed the same assignment in {ours['follow_seconds']} s: "
+            f"ready after {ours['ready_seconds']} s against the {restart['target_seconds']:g} s target "
+            f"({restart['ratio_to_target']}x). {ours['heads_current']:,} records current, {ours['announced']:,} "
+            f"announced (every kept head and every stale record), {ours['queued']:,} queued for recompiling, "
+            f"{restart['lost']} lost. Taking the same records over as records (`Ownership.adopt`, the restart's "
+            f"path before) was ready after {before['ready_seconds']} s "
+            f"({restart['ratio_as_records_vs_where_they_lie']}x).", ""]
+
+
+def event_id_lines(ids: dict | None) -> list[str]:
+    """Forgetting old event ids: a generation dropped against the same ids deleted."""
+    if not ids:
+        return []
+    return ["## Forgetting old event ids", "",
+            f"Of {ids['total']:,} event ids, the {ids['expired']:,} older than the retention were forgotten (median "
+            f"of {ids['repeats']} copies, statement and commit): dropping their generation took "
+            f"{ids['rotation_seconds']} s, deleting them from one table {ids['delete_seconds']} s "
+            f"({ids['delete_us_per_id']} us an id; {ids['ratio_delete_vs_rotation']}x). What generations cost a "
+            f"batch of {ids['claim_batch']} new ids: {ids['claim_ms_without_older']} ms with the other "
+            f"{ids['older_ids']:,} ids in the same table, {ids['claim_ms_with_older']} ms with them in an older "
+            f"generation ({ids['claim_ratio_with_vs_without']}x).", ""]
+
+
 def _yes(flag) -> str:
     return "n/a" if flag is None else ("yes" if flag else "no")
 
@@ -173,6 +206,8 @@ def markdown(result: dict, images: list[str]) -> str:
                   f"(ratio {fan.get('ratio_to_bare_producer')}x).", ""]
         lines += scale_lines(path.get("scale_out"))
     lines += takeover_lines(result.get("takeover"))
+    lines += restart_lines(result.get("restart"))
+    lines += event_id_lines(result.get("event_ids"))
     caches = result.get("caches")
     if caches:
         lines += [f"## Caches on the same change stream ({caches['events']:,} events at {caches['event_rate']:g}/s "

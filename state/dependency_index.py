@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterable
 
+import duckdb
 import pyarrow as pa
 
 from compiler import dependency_keys as dk
@@ -17,6 +18,22 @@ from state.store import Store
 LOOKUP_CHUNK = 32
 SCAN_FROM = 500
 LIST_INSERT = 5_000  # edges written from list parameters; more through an Arrow scan
+
+
+def replace_edges(db: duckdb.DuckDBPyConnection, plan_keys: str, edges: str, params: list | None = None) -> None:
+    """Make the edges of the plan keys `plan_keys` selects exactly the (dep_key, plan_key) rows `edges` selects.
+
+    Only the difference is written: DuckDB removes each deleted row from `dependency_index_key` at
+    commit, about 12 us an edge, so deleting and re-inserting the 800,000 unchanged edges of 20,000
+    recompiled plans cost 9.7 s at commit, against 0.7 s for the 20,000 that changed (measured).
+    Both queries are SQL over the caller's relations (registered tables or subqueries on `params`).
+    """
+    held = f"SELECT dep_key, plan_key FROM dependency_index SEMI JOIN ({plan_keys}) k USING (plan_key)"
+    db.execute(f"DELETE FROM dependency_index WHERE rowid IN (SELECT d.rowid FROM dependency_index d "
+               f"SEMI JOIN ({plan_keys}) k USING (plan_key) ANTI JOIN ({edges}) e USING (dep_key, plan_key))",
+               params or [])
+    db.execute(f"INSERT INTO dependency_index SELECT dep_key, plan_key FROM ({edges}) e "
+               f"ANTI JOIN ({held}) h USING (dep_key, plan_key)", params or [])
 
 
 class DependencyIndex:

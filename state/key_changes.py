@@ -187,13 +187,24 @@ class KeyChanges:
         return {plan_id: Staleness(key, topic, partition, offset, event_id)
                 for plan_id, key, topic, partition, offset, event_id in rows}
 
-    def stale_parked(self, partitions: Sequence[int], now: datetime | None,
-                     cluster_id: str | None) -> dict[str, Staleness]:
-        """`stale_plans` of the parked plans (`ParkedPlans`) of these partitions, judged in SQL where they lie."""
-        if not partitions:
+    def stale_parked(self, partitions: Sequence[int], now: datetime | None, cluster_id: str | None,
+                     plan_ids: Sequence[str] | None = None) -> dict[str, Staleness]:
+        """`stale_plans` of the parked plans (`ParkedPlans`) of these partitions, judged in SQL where they lie.
+
+        With `plan_ids`, only the parked plans with those ids are judged.
+        """
+        if not partitions or plan_ids is not None and not plan_ids:
             return {}
-        rows = self.db.execute("WITH " + _PARKED_SQL + ", " + _STALE_SQL,
-                               [now, cluster_id, sorted(partitions)]).fetchall()
+        parked = "parked_plans WHERE partition IN (SELECT unnest($3::INTEGER[]))"
+        if plan_ids is not None:
+            parked += " AND plan_id IN (SELECT plan_id FROM _stale_ids)"
+            self.db.register("_stale_ids", pa.table({"plan_id": pa.array(list(plan_ids), pa.string())}))
+        try:
+            rows = self.db.execute("WITH " + _PARKED_SQL.replace("{parked}", parked) + ", " + _STALE_SQL,
+                                   [now, cluster_id, sorted(partitions)]).fetchall()
+        finally:
+            if plan_ids is not None:
+                self.db.unregister("_stale_ids")
         return {plan_id: Staleness(key, topic, partition, offset, event_id)
                 for plan_id, key, topic, partition, offset, event_id in rows}
 
@@ -225,14 +236,15 @@ QUALIFY row_number() OVER (PARTITION BY plan_id ORDER BY rank, dep_key, "offset"
 """
 
 # The two inputs of _STALE_SQL over parked plans: each plan's key is its as_of id.
+# {parked} is the parked rows judged: "parked_plans WHERE ..." (the partitions are $3).
 _PARKED_SQL = f"""
 _kc_plans AS (
   SELECT plan_id, plan_key AS as_of_id, $2::VARCHAR IS NULL OR compiled_in IS DISTINCT FROM $2 AS foreign_offsets,
          coalesce(len(deps), 0) = 0 AS no_keys, deps
   FROM (SELECT plan_id, plan_key, compiled_in, from_json(deps, '{DEPS_TYPE}') AS deps
-        FROM parked_plans WHERE partition IN (SELECT unnest($3::INTEGER[])))),
+        FROM {{parked}})),
 _kc_as_of AS (
   SELECT as_of_id, a['topic'] AS topic, a['partition'] AS partition, a['next_offset'] AS next_offset
   FROM (SELECT plan_key AS as_of_id, unnest(from_json(as_of, '{AS_OF_TYPE}')) AS a
-        FROM parked_plans WHERE partition IN (SELECT unnest($3::INTEGER[]))))
+        FROM {{parked}}))
 """

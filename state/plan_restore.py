@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat
 from datetime import datetime
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import orjson
 import pyarrow as pa
@@ -13,6 +13,7 @@ import pyarrow as pa
 from compiler.request import parse_request, plan_key
 from schemas.plan_partition import plan_partition
 from schemas.timefmt import parse_instant
+from state.dependency_index import replace_edges
 from state.store import Store
 
 WIRE_ONLY = ("compiled_as_of", "compiled_in", "dependencies", "receipt", "replaces")
@@ -235,12 +236,10 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None,
         stale = [plan_id for plan_id, status in held.items() if status != "fresh"]
         # Invalidated ones too are their keys' heads, indexed, as in `restore_parked` (the caller requeues them).
         db.execute("INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM _restore_plans")
-        keys = [r.plan_key for r in rows]
-        db.execute("DELETE FROM dependency_index WHERE plan_key IN (SELECT unnest(?::VARCHAR[]))", [keys])
         db.execute("INSERT INTO receipts (receipt_id, plan_id, receipt, stored_at) SELECT DISTINCT ON (receipt_id) "
                    "receipt_id, plan_id, receipt, compiled_at FROM _restore_plans "
                    "WHERE receipt IS NOT NULL AND receipt_id NOT IN (SELECT receipt_id FROM receipts)")
-        db.execute("INSERT INTO dependency_index SELECT dep_key, plan_key FROM _restore_edges")
+        replace_edges(db, "SELECT plan_key FROM _restore_plans", "SELECT dep_key, plan_key FROM _restore_edges")
     finally:
         for name in tables:
             db.unregister(name)
@@ -250,17 +249,30 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None,
 
 
 def restore_parked(store: Store, partitions: Collection[int], compiled_at: datetime | None,
-                   topic_of: Callable[[str], str] = str) -> ParkedRestore:
+                   topic_of: Callable[[str], str] = str, plan_ids: Sequence[str] | None = None) -> ParkedRestore:
     """Make the restorable parked plans of these partitions current, in SQL over `parked_plans` alone.
 
     The same rows as `restore` of their records (they were prepared when parked), without a
-    Python pass over them. The caller holds the transaction.
+    Python pass over them; with `plan_ids`, only the parked plans with those ids. The caller
+    holds the transaction.
     """
-    if not partitions:
+    if not partitions or plan_ids is not None and not plan_ids:
         return ParkedRestore()
-    db = store.db
-    owned = sorted(partitions)
     source = "parked_plans WHERE partition IN (SELECT unnest($1::INTEGER[]))"
+    if plan_ids is None:
+        return _restore_parked(store, sorted(partitions), compiled_at, topic_of, source)
+    # A table of ids, not a subquery over `plans`: the plan rows this restore inserts must not change the set.
+    store.db.register("_restore_ids", pa.table({"plan_id": pa.array(list(plan_ids), pa.string())}))
+    try:
+        return _restore_parked(store, sorted(partitions), compiled_at, topic_of,
+                               f"{source} AND plan_id IN (SELECT plan_id FROM _restore_ids)")
+    finally:
+        store.db.unregister("_restore_ids")
+
+
+def _restore_parked(store: Store, owned: list[int], compiled_at: datetime | None, topic_of: Callable[[str], str],
+                    source: str) -> ParkedRestore:
+    db = store.db
     considered, unrestorable = db.execute(
         f"SELECT count(*), count(*) FILTER (WHERE unrestorable IS NOT NULL) FROM {source}", [owned]).fetchone()
     mine = f"{source} AND unrestorable IS NULL"
@@ -286,8 +298,7 @@ def restore_parked(store: Store, partitions: Collection[int], compiled_at: datet
     # so no parked plan of an owned key is left neither current nor announced (a peer may serve it again).
     store.heads.remove_all()  # restored heads replace held ones
     db.execute(f"INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM {mine}", [owned])
-    db.execute(f"DELETE FROM dependency_index WHERE plan_key IN (SELECT plan_key FROM {mine})", [owned])
-    db.execute(f"INSERT INTO dependency_index SELECT unnest(from_json(deps, '[\"VARCHAR\"]')), plan_key FROM {mine}",
-               [owned])
+    replace_edges(db, f"SELECT plan_key FROM {mine}",
+                  f"SELECT unnest(from_json(deps, '[\"VARCHAR\"]')) AS dep_key, plan_key FROM {mine}", [owned])
     store.heads_changed()
     return ParkedRestore(considered, considered - unrestorable - len(stale), unrestorable, stale)

@@ -1,4 +1,4 @@
-"""Retention: evict plans nobody selects, expire old plan rows and receipts, in bounded batches."""
+"""Retention: evict plans nobody selects, expire old plan rows, receipts and event ids, in bounded passes."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pyarrow as pa
 
 from compiler import dependency_keys as dk
 from schemas.timefmt import format_instant
+from state import event_generations
+from state.event_generations import Pruned
 from state.invalidations import Invalidation
 from state.outbox import Outbox
 from state.store import Store
@@ -35,6 +37,8 @@ class RetentionPolicy:
     """Receipts are deleted from DuckDB this long after they were stored (the `receipts` topic keeps them)."""
     batch: int = 1000
     """Most plan keys, plan rows and receipts one pass removes, each."""
+    event_id_span: timedelta = timedelta(days=7)
+    """Event ids are remembered at least this long after their first claim, at most twice it (`event_generations`)."""
 
 
 @dataclass(frozen=True)
@@ -47,11 +51,14 @@ class PassResult:
     """Rows of invalidated (superseded or evicted) plans deleted."""
     receipts_expired: int = 0
     """Receipts deleted."""
+    event_ids: Pruned = Pruned()
+    """Event-id generations dropped (with the ids they held) and whether a new one opened."""
 
     def counts(self) -> dict[str, int]:
         """Counters for `Store.bump_many`."""
         return {"plans_evicted": len(self.evicted), "plan_rows_expired": self.plan_rows_expired,
-                "receipts_expired": self.receipts_expired}
+                "receipts_expired": self.receipts_expired, "event_ids_expired": self.event_ids.ids_dropped,
+                "event_id_generations_dropped": self.event_ids.generations_dropped}
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,10 @@ class Retention:
         evicted = self._evict(now, now - policy.plan_span, policy.batch, topics, invalidated_at)
         rows = self._expire_plan_rows(now - policy.plan_span, policy.batch)
         receipts = self._expire_receipts(now - policy.receipt_span, policy.batch)
-        result = PassResult(evicted, rows, receipts)
+        event_ids = event_generations.prune(self.db, now, policy.event_id_span)
+        if event_ids.generations_dropped or event_ids.opened:
+            self.store.forget(event_generations.OLDER_MEMO, event_generations.LEGACY_MEMO)
+        result = PassResult(evicted, rows, receipts, event_ids)
         self.store.bump_many(result.counts())
         return result
 
@@ -219,6 +229,7 @@ class Retention:
                 "successor_plan_id": None}
 
     def sizes(self) -> dict[str, int]:
-        """Stamped plan keys and eviction markers held."""
+        """Stamped plan keys, eviction markers and event-id generations held."""
         return {"stamped_keys": self.db.execute("SELECT count(*) FROM plan_selected").fetchone()[0],
-                "evicted_markers": self.db.execute("SELECT count(*) FROM evicted_plans").fetchone()[0]}
+                "evicted_markers": self.db.execute("SELECT count(*) FROM evicted_plans").fetchone()[0],
+                **event_generations.sizes(self.db)}

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from state.checkpoints import Checkpoints
 from state.drained import DrainedConnection
+from state.event_generations import LEGACY_MEMO, OLDER_MEMO, has_legacy, older_tables
 from state.event_ids import claim_any, claim_scoped
 from state.head_cache import HeadCache
 from state.row_writes import UPDATE_ROWS, insert_rows, update_rows
@@ -320,13 +321,14 @@ class Store:
         Each gets `new` (first time on that topic), `duplicate` (seen with the same content, in
         this list or before) or `conflict` (the id was seen on that topic with other content).
         Ids recorded before ids were scoped by topic match any topic and count as duplicates.
+        Ids are remembered for the event-id retention only (`event_generations.prune`).
         """
         if not events:
             return []
-        if self._memo is not None and not self.cached("legacy_event_ids", lambda: self.db.execute(
-                "SELECT count(*) > 0 FROM applied_events WHERE topic = ''").fetchone()[0]):
-            return claim_scoped(self.db, events)
-        return claim_any(self.db, events)
+        older = self.cached(OLDER_MEMO, lambda: older_tables(self.db))  # generations: see state.event_generations
+        if self._memo is not None and not self.cached(LEGACY_MEMO, lambda: has_legacy(self.db, older)):
+            return claim_scoped(self.db, events, older)
+        return claim_any(self.db, events, older)
 
     # -- clock -------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import duckdb
 import orjson
 
+from state import event_generations
+
 
 def migrate(db: duckdb.DuckDBPyConnection) -> None:
     """Bring files written by earlier versions up to the current schema, all of it or none (one transaction)."""
@@ -27,6 +29,7 @@ def _migrate(db: duckdb.DuckDBPyConnection) -> None:
                    "ALTER TABLE outbox ADD COLUMN src_offset BIGINT; "
                    "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; UPDATE outbox SET standby = false")
     _event_ids(db)
+    event_generations.ensure(db)
     _policy_versions(db)
     _offset_marks(db)
     _principal_times(db)

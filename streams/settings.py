@@ -86,6 +86,11 @@ class Settings:
     """ISO 8601 duration of event time receipts are kept in DuckDB (the `receipts` topic keeps them for auditors)."""
     retention_interval: float = 10.0
     """Seconds between retention passes (each bounded to 1,000 removals of each kind)."""
+    event_id_retention: timedelta = timedelta(days=7)
+    """ISO 8601 duration of event time (at least `PT1H`) an event id is remembered after it was first applied (up to
+    twice this):
+    a repeat within it is a counted duplicate, a repeat after it is applied again (versions still ignore older
+    upserts; docs/operate.md, "Retention")."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
     check_head_cache: bool = False
@@ -217,6 +222,7 @@ class Settings:
             plan_retention=get("PLAN_RETENTION", base.plan_retention, parse_duration),
             receipt_retention=get("RECEIPT_RETENTION", base.receipt_retention, parse_duration),
             retention_interval=get("RETENTION_INTERVAL", base.retention_interval, float),
+            event_id_retention=get("EVENT_ID_RETENTION", base.event_id_retention, parse_duration),
             check_head_cache=get("CHECK_HEAD_CACHE", base.check_head_cache, bool),
             gc_freeze=get("GC_FREEZE", base.gc_freeze, bool),
             wal_limit_mb=get("WAL_LIMIT_MB", base.wal_limit_mb, int),

@@ -171,6 +171,44 @@ def test_a_restart_hands_back_what_the_file_held_and_no_longer_owns(nodes, tmp_p
         a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
 
 
+
+def test_a_restart_takes_over_what_peers_compiled_meanwhile_for_its_kept_partitions(nodes, tmp_path):
+    """Many keys at once, judged and restored where they lie: stale, unrestorable and evicted records included."""
+    a, _ = nodes
+    a.own(0, 1)
+    a.query.select(ATLAS_REQUEST)
+    [record] = a.published("plan-dependencies")
+    old = [dict(record, plan_id=f"old-{i}", plan_key=f"pk-{i}") for i in range(30)]
+    a.feed(old)  # a owned these keys before it stopped
+    assert set(a.state.plans.head_ids([r["plan_key"] for r in old]).values()) == {r["plan_id"] for r in old}
+    a.state.close()
+    again = Node(tmp_path / "a.duckdb")
+    try:
+        [(topic, by_partition)] = list(record["compiled_as_of"].items())[:1]
+        (partition, offset), = list(by_partition.items())[:1]
+        changed = dict(record, plan_id="new-stale", plan_key="pk-0", replaces="old-0",
+                       dependencies=[*record["dependencies"], "resource:changed-since"])
+        compact = dict(record, plan_id="new-compact", plan_key="pk-1", replaces="old-1",
+                       admitted=[dict(i, content_omitted=True) for i in record["admitted"]])
+        peers = [changed, compact] + [dict(r, plan_id=f"new-{i}", replaces=r["plan_id"]) for i, r in enumerate(old)][2:]
+        peers.append(dict(record, plan_id="new-evicted", plan_key="pk-evicted"))
+        again.state.store.db.execute("INSERT INTO evicted_plans VALUES ('new-evicted', 'pk-evicted', NULL, '{}')")
+        again.state.key_changes.record({(topic, int(partition), int(offset)): ["resource:changed-since"]})
+        with again.state.store.transaction():
+            again.parked.park(peers)  # the feed read them before the group assigned anything
+        taken_before = again.counter("plans_taken_over")
+        again.own(0, 1)  # kept: nothing is gained
+        heads = again.state.plans.head_ids([f"pk-{i}" for i in range(30)] + ["pk-evicted"])
+        assert heads == {"pk-0": "new-stale", "pk-1": "old-1", **{f"pk-{i}": f"new-{i}" for i in range(2, 30)}}
+        announced = {r["plan_id"] for r in again.published("plan-invalidations")}
+        # Every head it kept (a peer may not have announced it), the stale record and the one nobody here follows.
+        assert announced == {r["plan_id"] for r in old} | {"new-stale", "new-compact"}
+        assert again.state.queue.size() == 1 and again.counter("plans_taken_over") - taken_before == 28
+        assert again.query.select(ATLAS_REQUEST)["plan_id"] == record["plan_id"]  # its own key still serves
+    finally:
+        again.state.close()
+        a.state = LocalState.open(tmp_path / "a.duckdb")  # for the fixture's close
+
 async def _owned(w) -> list[int] | None:
     return (await w.get("/healthz"))["owned_partitions"]
 

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import ATLAS_REQUEST, start_peer
-from tests.events import tick
+from tests.events import resource, tick
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,7 +45,7 @@ async def test_an_unselected_plan_is_evicted_announced_and_compiled_again(worker
     assert evicted["cause"]["dependency_key"] == "retention:plan"
     health = await _until(worker, lambda h: h["counters"].get("plans_evicted") == 1)
     assert health["plans"] == {"fresh": 1} and health["index_edges"] == both["index_edges"] // 2
-    assert health["retention"] == {"stamped_keys": 1, "evicted_markers": 1}
+    assert (health["retention"]["stamped_keys"], health["retention"]["evicted_markers"]) == (1, 1)
     status = await worker.get(f"/v1/plans/{idle['plan_id']}")
     assert status["status"] == "invalidated" and status["reason"] == "evicted"
     async with worker.http.get(f"{worker.url}/metrics") as resp:
@@ -59,6 +59,40 @@ async def test_an_unselected_plan_is_evicted_announced_and_compiled_again(worker
     await asyncio.sleep(1)                                        # several passes: nothing else goes
     everything = await worker.everything("plan-invalidations")
     assert [r["plan_id"] for r in everything if r["reason"] == "evicted"] == [idle["plan_id"]]
+    assert worker.proc.poll() is None
+
+
+async def test_a_duplicate_within_the_event_id_retention_is_skipped_after_a_rotation_and_applied_after_it(worker):
+    worker.stop()
+    worker.env.update(FRESHPLAN_RETENTION_INTERVAL="0.2", FRESHPLAN_EVENT_ID_RETENTION="P7D")
+    await worker.restart()
+    loaded = await worker.load("atlas.jsonl")                      # event time 2026-08-30T09:00:00Z
+    before = await worker.select(ATLAS_REQUEST, loaded)
+    topic, waiver = resource("approved-waiver-W2", version=2, content="Waiver W2, amended.")
+    await worker.publish_events((topic, waiver))
+    first = await _until(worker, lambda h: h["counters"].get("invalidations", 0) >= 1)
+    amended = await worker.select(ATLAS_REQUEST)
+    assert amended["plan_id"] != before["plan_id"]
+    await _until(worker, lambda h: h["retention"]["event_id_generations"] == 1 and h["now"] is not None)
+    await worker.publish_events(tick("2026-09-07T09:00:00Z"))     # 8 days on: the generation rotates
+    await _until(worker, lambda h: h["retention"]["event_id_generations"] == 2)
+
+    await worker.publish_events((topic, waiver))                   # a producer's retry, days later
+    again = await _until(worker, lambda h: h["counters"].get("duplicate_events", 0)
+                         > first["counters"].get("duplicate_events", 0))
+    assert again["counters"].get("ignored_old_versions", 0) == first["counters"].get("ignored_old_versions", 0)
+    assert again["counters"]["invalidations"] == first["counters"]["invalidations"]
+    assert "event_ids_expired" not in again["counters"]
+
+    await worker.publish_events(tick("2026-09-15T09:00:00Z"))     # two spans on: the old generation is dropped
+    dropped = await _until(worker, lambda h: h["counters"].get("event_id_generations_dropped") == 1)
+    assert dropped["counters"]["event_ids_expired"] >= 2          # Atlas's events and the waiver's
+    await worker.publish_events((topic, waiver))                   # forgotten: applied again, its version ignored
+    late = await _until(worker, lambda h: h["counters"].get("ignored_old_versions", 0)
+                        > first["counters"].get("ignored_old_versions", 0))
+    assert late["counters"]["duplicate_events"] == again["counters"]["duplicate_events"]
+    assert late["counters"]["invalidations"] == first["counters"]["invalidations"]
+    assert (await worker.select(ATLAS_REQUEST))["plan_id"] == amended["plan_id"]  # nothing changed
     assert worker.proc.poll() is None
 
 

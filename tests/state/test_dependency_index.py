@@ -44,3 +44,23 @@ def test_edges_written_from_lists_or_through_arrow_are_the_same(index, monkeypat
     index.replace_many({"pk-7": ["principal:m", "policy:p", "resource:x"], "pk-9000": ["principal:m"]})
     assert sorted(index.affected_pairs(["principal:m", "resource:x"])) == [
         ("pk-7", "principal:m"), ("pk-7", "resource:x"), ("pk-9000", "principal:m")]
+
+
+def test_replacing_edges_from_sql_writes_only_what_differs(index):
+    db = index.store.db
+    before = dict(((k, d), r) for r, d, k in db.execute("SELECT rowid, dep_key, plan_key FROM dependency_index")
+                  .fetchall())
+    db.execute("CREATE TEMP TABLE wanted AS SELECT * FROM (VALUES ('policy:p', 'pk-1'), ('resource:r1', 'pk-1'), "
+               "('resource:new', 'pk-1'), ('policy:p', 'pk-2')) v(dep_key, plan_key)")
+    dependency_index.replace_edges(db, "SELECT plan_key FROM (VALUES ('pk-1'), ('pk-2'), ('pk-9')) k(plan_key)",
+                                   "SELECT dep_key, plan_key FROM wanted")
+    after = dict(((k, d), r) for r, d, k in db.execute("SELECT rowid, dep_key, plan_key FROM dependency_index")
+                 .fetchall())
+    assert {d for k, d in after if k == "pk-1"} == {"policy:p", "resource:r1", "resource:new"}
+    assert {d for k, d in after if k == "pk-2"} == {"policy:p"}
+    assert not {d for k, d in after if k == "pk-9"}  # a key given no edges has none left
+    # An edge both sides hold is the same row: unchanged edges are neither deleted nor written again.
+    assert after[("pk-1", "policy:p")] == before[("pk-1", "policy:p")]
+    assert after[("pk-1", "resource:r1")] == before[("pk-1", "resource:r1")]
+    assert {k: after[k] for k in after if k[0] not in ("pk-1", "pk-2", "pk-9")} == {
+        k: before[k] for k in before if k[0] not in ("pk-1", "pk-2", "pk-9")}

@@ -97,3 +97,22 @@ def test_the_superseded_ids_kept_are_bounded_and_never_name_the_current_plan():
     wins, superseded, _ = succession(held, {"plan_id": "old-3", "replaces": "p0"})
     assert wins and "old-3" not in superseded and superseded[0] == "old-0"
     assert succession(None, {"plan_id": "p1"}) == (True, [], False)
+
+
+def test_a_file_parked_before_the_plan_id_index_gets_it_and_finds_each_plan_by_its_current_id(tmp_path):
+    store = Store(tmp_path / "old.duckdb")
+    ParkedPlans(store, 4).park([RECORD])
+    # As files of 2026-11-30 were: no `superseded` column (added by ALTER, which an index would refuse) and no index.
+    store.db.execute("DROP INDEX parked_plans_plan")
+    store.db.execute("ALTER TABLE parked_plans DROP COLUMN superseded")
+    store.close()
+    store = Store(tmp_path / "old.duckdb")
+    try:
+        parked = ParkedPlans(store, 4)
+        assert store.db.execute("SELECT count(*) FROM duckdb_indexes() WHERE table_name = 'parked_plans' "
+                                "AND index_name = 'parked_plans_plan'").fetchone()[0] == 1
+        parked.park([dict(RECORD, plan_id="p2", replaces="p1")])
+        assert [r["plan_id"] for r, _ in parked.records_of(["p1", "p2"])] == ["p2"]  # the replaced id is gone
+        assert store.db.execute("SELECT plan_key FROM parked_plans WHERE plan_id = 'p2'").fetchall() == [("pk-1",)]
+    finally:
+        store.close()

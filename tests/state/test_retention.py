@@ -188,3 +188,25 @@ def test_files_from_before_retention_get_receipt_stamps(tmp_path):
         assert state.store.db.execute("SELECT stored_at FROM receipts").fetchone()[0] == START
     finally:
         state.close()
+
+
+def test_a_pass_drops_aged_event_id_generations_and_counts_the_ids(setup):
+    """The applier's own ids: an event re-sent within the span is a duplicate, after two spans it applies again."""
+    state, inv, query = setup
+    waiver = dict(resource("approved-waiver-W2", version=9)[1], event_id="w-9")
+    inv.apply([raw("source-changes", waiver)])
+    run_pass(state, query)
+    advance(state, inv, 7)
+    assert run_pass(state, query).event_ids.opened
+    inv.apply([raw("source-changes", waiver)])
+    counters = state.store.counters()
+    assert counters["duplicate_events"] == 1 and "ignored_old_versions" not in counters
+    advance(state, inv, 7)
+    result = run_pass(state, query)
+    assert result.event_ids.generations_dropped == 1 and result.event_ids.ids_dropped >= 2  # Atlas's, W2's
+    inv.apply([raw("source-changes", waiver)])  # forgotten: applied again, and its version changes nothing
+    counters = state.store.counters()
+    assert counters["duplicate_events"] == 1 and counters["ignored_old_versions"] == 1
+    assert counters["event_ids_expired"] == result.event_ids.ids_dropped
+    assert counters["event_id_generations_dropped"] == 1
+    assert state.retention.sizes()["event_id_generations"] == 2
