@@ -1,4 +1,4 @@
-"""One worker against two on the same workload: events/s, recompilations per worker, take-over after kill -9."""
+"""Clusters of workers on one set of topics: start, warm, events/s and CPU per worker, take-over after kill -9."""
 
 from __future__ import annotations
 
@@ -14,12 +14,16 @@ from typing import Callable
 import aiohttp
 import orjson
 
+from bench import shards
 from bench.harness import BenchWorker, cpu_seconds, start_worker
-from bench.stats import lost_invalidations, owns_all, split_between, unapplied
+from bench.stats import lost_invalidations
 from bench.streaming import Listener
 from bench.workload import Record, Workload, resource
 from schemas.freshness import decode_token
 from streams.settings import INPUT_TOPICS
+
+PER_WORKER = ("FRESHPLAN_STATE_DIR", "FRESHPLAN_WEB_PORT", "FRESHPLAN_TOPIC_PREFIX", "FRESHPLAN_APP_ID")
+"""Settings each worker of a cluster has of its own (`start_worker` sets them); the rest a joiner copies."""
 
 Progress = Callable[[str], None]
 
@@ -41,11 +45,19 @@ async def cluster(bootstrap: str, directory: Path, http: aiohttp.ClientSession, 
                                                         directory / "token-keys.json"), **extra) for i in range(n))))
 
 
+async def join(peer: BenchWorker, directory: Path, http: aiohttp.ClientSession) -> BenchWorker:
+    """A fresh worker (empty state) joining `peer`'s cluster: same topics, group, secret and settings."""
+    tag = peer.env["FRESHPLAN_APP_ID"].removeprefix("bench-")
+    same = {k: v for k, v in peer.env.items() if k.startswith("FRESHPLAN_") and k not in PER_WORKER}
+    return await start_worker(peer.bootstrap, directory, http, tag=tag, **same)
+
+
 async def applied(workers: list[BenchWorker], token: str, timeout: float = 900.0) -> list[dict]:
     """Wait until every worker has applied everything up to `token` and published its own outbox.
 
     Unlike `BenchWorker.caught_up`, standby records (kept in case a peer dies) do not count:
-    they are pruned on a timer, and waiting for it would charge the timer to the cluster.
+    they are pruned on a timer, and waiting for it would charge the timer to the cluster. Where
+    workers report shards, a partition of a sharded topic is waited for only at its holder.
     """
     target = decode_token(token)
     loop = asyncio.get_running_loop()
@@ -53,12 +65,13 @@ async def applied(workers: list[BenchWorker], token: str, timeout: float = 900.0
     pending = list(workers)
     healths: dict[int, dict] = {}
     started, left_at_start = loop.time(), None
+    prefix = workers[0].settings.topic_prefix
     while pending:
         left = 0
-        for w in list(pending):
-            health = await w.health()
-            offsets = health["applied_offsets"]
-            behind = unapplied(target, offsets)
+        looked = [(w, await w.health()) for w in pending]
+        split = shards.partitioned_topics([h for _, h in looked], prefix)
+        for w, health in looked:
+            behind = shards.behind(target, health, split, prefix)
             if health["outbox"] == 0 and behind == 0:
                 healths[id(w)] = health
                 pending.remove(w)
@@ -123,12 +136,14 @@ async def throughput(workers: list[BenchWorker], changes: list[Record], pin: boo
         for w in workers:
             w.pin(None)
     per_worker = []
+    prefix = workers[0].settings.topic_prefix
     for b, h, c0, c1 in zip(before, after, cpu_before, cpu_after, strict=True):
         delta = Counter(h["counters"]) - b
         # What the worker's process used meanwhile (its /healthz polls included): the part that does not split.
         per_worker.append({"compilations": delta["compilations"], "invalidations": delta["invalidations"],
                            "unchanged_recompilations": delta["unchanged_recompilations"],
-                           "cpu_seconds": None if c0 is None or c1 is None else round(c1 - c0, 2)})
+                           "cpu_seconds": None if c0 is None or c1 is None else round(c1 - c0, 2),
+                           "shard": shards.figures(h, prefix)})
     return {"workers": len(workers), "pinned": pinned, "settled_seconds": settled,
             "events": len(changes), "seconds": round(seconds, 3),
             "events_per_second": round(len(changes) / seconds, 1), "per_worker": per_worker,
@@ -136,13 +151,13 @@ async def throughput(workers: list[BenchWorker], changes: list[Record], pin: boo
 
 
 async def settle(workers: list[BenchWorker], timeout: float = 60.0) -> float | None:
-    """Seconds until the group shared every input partition out among the workers, once each; None if it did not."""
+    """Seconds until the group shared every partition out among the workers, once each, none restoring;
+    None if it did not (partitions of their shards where workers report them, else of their input duty)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    partitions = workers[0].settings.partitions
+    partitions, prefix = workers[0].settings.partitions, workers[0].settings.topic_prefix
     while loop.time() - started < timeout:
-        duties = [(await w.health()).get("duty", {}) for w in workers]
-        if split_between(duties, INPUT_TOPICS, partitions):
+        if shards.shared_out([await w.health() for w in workers], partitions, prefix):
             return round(loop.time() - started, 3)
         await asyncio.sleep(0.2)
     return None
@@ -159,9 +174,9 @@ async def takeover(survivor: BenchWorker, victim: BenchWorker, workload: Workloa
                    timeout: float) -> dict:
     """Publish edits that change every plan, kill -9 one worker at once, and time the survivor's take-over.
 
-    Done when the survivor's duty covers every input partition and every affected plan has been
-    announced on `plan-invalidations` (by either worker, before or after the kill). Plans never
-    announced within `timeout` are counted as lost.
+    Done when the survivor holds every partition (its shard, restored, where reported; else its
+    input duty) and every affected plan has been announced on `plan-invalidations` (by either
+    worker, before or after the kill). Plans never announced within `timeout` are counted as lost.
     """
     edits, expected = touch_every_entity(workload, keys, version=9_000_000)
     ids = {orjson.loads(v)["event_id"] for _, _, v in edits}
@@ -174,10 +189,10 @@ async def takeover(survivor: BenchWorker, victim: BenchWorker, workload: Workloa
         while time.perf_counter() < deadline and (owned_at is None or announced_at is None):
             if owned_at is None:
                 try:
-                    duty = (await survivor.health()).get("duty", {})
+                    health = await survivor.health()
                 except aiohttp.ClientError:
-                    duty = {}
-                if owns_all(duty, INPUT_TOPICS, survivor.settings.partitions):
+                    health = {}
+                if shards.holds_all(health, survivor.settings.partitions, survivor.settings.topic_prefix):
                     owned_at = time.perf_counter()
             if announced_at is None and not lost_invalidations(
                     expected, {a.plan_key for a in listener.seen if a.event_id in ids}):
