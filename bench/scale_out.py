@@ -229,29 +229,3 @@ def cpu_bound(one: dict, two: dict) -> dict:
         return {}
     return {"cpu_busiest_2_vs_1": round(max(pair) / single[0], 3),
             "events_per_second_2_vs_1_ceiling": round(one["seconds"] / max(pair), 3)}
-
-
-async def measure(bootstrap: str, workload: Workload, directory: Path, one: dict, *, takeover_timeout: float,
-                  session_timeout: float, say: Progress) -> dict:
-    """2 workers on `workload` against `one` (the single pinned worker's run of it), then a kill -9."""
-    async with aiohttp.ClientSession() as http:
-        workers = await cluster(bootstrap, directory, http, 2, FRESHPLAN_SESSION_TIMEOUT=f"{session_timeout:g}")
-        try:
-            say(f"2 workers: warming {len(workload.requests)} plans, then the same {len(workload.changes)} events, "
-                "one core each")
-            keys = await warm(workers, workload)
-            double = await throughput(workers, workload.changes, pin=True)
-            say("2 workers: kill -9 of one right after edits that change every plan")
-            taken = dict(await takeover(workers[0], workers[1], workload, keys, takeover_timeout),
-                         session_timeout=session_timeout)
-        finally:
-            for w in workers:
-                if w.proc.poll() is None:
-                    w.stop()
-    single = {"workers": 1, "pinned": one["pinned"], "events": one["events"], "seconds": one["seconds"],
-              "events_per_second": one["events_per_second"],
-              "per_worker": [{"compilations": one["compilations"], "invalidations": one["invalidations"],
-                              "unchanged_recompilations": one["identical_recompilations"],
-                              "cpu_seconds": one.get("cpu_seconds")}],
-              "total_compilations": one["compilations"]}
-    return {"one": single, "two": double, "ratios": ratios(single, double), "takeover": taken}
