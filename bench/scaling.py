@@ -10,7 +10,7 @@ from typing import Callable
 import aiohttp
 
 from bench import shard_restore, state_size
-from bench.scale_out import cluster, cores, ratios, settle, takeover, throughput, warm
+from bench.scale_out import cluster, cores, ratios, refresh, settle, takeover, throughput, warm
 from bench.workload import Workload, bulk
 
 Progress = Callable[[str], None]
@@ -76,6 +76,7 @@ async def _run(bootstrap: str, workload: Workload, directory: Path, http: aiohtt
             say(f"{n} workers: restarted on their files, then kill -9 of one right after edits that change every plan")
             await asyncio.gather(*(w.restart() for w in workers))
             await settle(workers)
+            keys = await refresh(workers, workload)
             taken = dict(await takeover(workers[0], workers[1], workload, keys, takeover_timeout),
                          session_timeout=session_timeout)
         return run, taken
