@@ -301,6 +301,8 @@ def scale_plot(scale: dict, directory: Path, name: str) -> str:
     size.set_ylim(0, max(single_mb, 1) * 1.3)
     size.set_ylabel("DuckDB state per worker (MB)")
     size.set_title("State per worker (red: issue 28 bound)")
+    rate.set_ylim(bottom=0)
+    cpu.set_ylim(bottom=0)
     for axis in (rate, cpu, size):
         axis.set_xticks(counts)
         axis.set_xlabel("workers")
