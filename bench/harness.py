@@ -21,6 +21,8 @@ from streams.processes import end_process
 from streams.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+PORT_ATTEMPTS = 3
+"""Starts of a worker whose HTTP port another process took before it could bind it."""
 
 
 @dataclass
@@ -44,15 +46,24 @@ class BenchWorker:
         """Publish (topic, key, value) records; the freshness token covering them."""
         return await publish(self.settings, self.bootstrap, records)
 
-    async def select(self, body: dict, fresh: str | None = None) -> dict:
-        """POST /v1/select; raise on anything but 200."""
+    async def select(self, body: dict, fresh: str | None = None, wait_for_owner: float = 0.0) -> dict:
+        """POST /v1/select; raise on anything but 200.
+
+        With `wait_for_owner`, a 503 (the owner is moving in a rebalance) is retried after the
+        answer's `retry_after` for up to that many seconds.
+        """
         if fresh:
             body = dict(body, at_least_as_fresh=fresh)
-        async with self.http.post(f"{self.url}/v1/select", json=body, headers=self.auth) as resp:
-            doc = await resp.json()
-            if resp.status != 200:
+        deadline = asyncio.get_running_loop().time() + wait_for_owner
+        while True:
+            async with self.http.post(f"{self.url}/v1/select", json=body, headers=self.auth) as resp:
+                doc = await resp.json()
+            if resp.status == 200:
+                return doc
+            pause = float((doc.get("error") or {}).get("retry_after") or 1)
+            if resp.status != 503 or asyncio.get_running_loop().time() + pause > deadline:
                 raise RuntimeError(f"select failed with {resp.status}: {doc}")
-            return doc
+            await asyncio.sleep(pause)
 
     async def health(self) -> dict:
         """GET /healthz."""
@@ -87,11 +98,16 @@ class BenchWorker:
             await asyncio.sleep(poll)
 
     async def restart(self) -> None:
-        """Start a new process on the same topics, group and state."""
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=self.env, cwd=ROOT,
-                                         stdout=log, stderr=subprocess.STDOUT)
-        await _ready(self)
+        """Start a new process on the same topics, group and state (on another port if its own was taken)."""
+        spawned_at = _log_size(self.log_path)
+        self.proc = _spawn(self.env, self.log_path)
+        await _started(self, spawned_at)
+
+    def move_to(self, port: int) -> None:
+        """Serve HTTP on another port from the next start on."""
+        self.env["FRESHPLAN_WEB_PORT"] = str(port)
+        self.settings = Settings.from_env(self.env)
+        self.url = f"http://127.0.0.1:{port}"
 
     def pin(self, cpus: set[int] | None) -> bool:
         """Pin every thread of the worker to `cpus` (None: every core this process may use); False if refused."""
@@ -147,24 +163,72 @@ async def start_worker(bootstrap: str, directory: Path, http: aiohttp.ClientSess
                FRESHPLAN_TOKEN=secrets.token_urlsafe(32))
     env.update(extra)  # a cluster passes one shared FRESHPLAN_TOKEN
     log_path = directory / "worker.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=env, cwd=ROOT,
-                                stdout=log, stderr=subprocess.STDOUT)
-    worker = BenchWorker(Settings.from_env(env), bootstrap, f"http://127.0.0.1:{port}", proc, log_path, http, env)
-    await _ready(worker)
+    spawned_at = _log_size(log_path)
+    proc = _spawn(env, log_path)
+    url = f"http://127.0.0.1:{env['FRESHPLAN_WEB_PORT']}"
+    worker = BenchWorker(Settings.from_env(env), bootstrap, url, proc, log_path, http, env)
+    await _started(worker, spawned_at)
     return worker
 
 
-async def _ready(worker: BenchWorker) -> None:
+def _spawn(env: dict, log_path: Path) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "agents.cli", "run"], env=env, cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT)
+
+
+def _log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+class PortTaken(RuntimeError):
+    """The worker could not bind its HTTP port: another process holds it."""
+
+
+async def _started(worker: BenchWorker, spawned_at: int) -> None:
+    """Wait until `worker` is ready; if its port was taken, start it on another one (a few times).
+
+    `free_port` releases the port before the worker binds it, and meanwhile any outgoing
+    connection on the machine may be given it as its local port: with several workers and
+    their Kafka clients starting at once, that happens.
+    """
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            await _ready(worker, spawned_at)
+            return
+        except PortTaken:
+            if attempt + 1 == PORT_ATTEMPTS:
+                raise
+        worker.move_to(free_port())
+        spawned_at = _log_size(worker.log_path)
+        worker.proc = _spawn(worker.env, worker.log_path)
+
+
+def _port_taken(log_path: Path, since: int) -> bool:
+    with open(log_path, "rb") as log:
+        log.seek(since)
+        return b"address already in use" in log.read()
+
+
+async def _ready(worker: BenchWorker, spawned_at: int | None = None) -> None:
+    """Wait until the worker answers /healthz with its revocations ok; from `spawned_at` on its log is watched for
+    a port it could not bind."""
     deadline = asyncio.get_running_loop().time() + 90
     while True:
-        if worker.proc.poll() is not None:
-            raise RuntimeError(f"worker exited with {worker.proc.returncode}; see {worker.log_path}")
         try:
             if (await worker.health())["revocations"]["state"] == "ok":
                 return
         except aiohttp.ClientError:
             pass
+        # Faust logs a port it cannot bind and may take a long while to exit after it.
+        if spawned_at is not None and _port_taken(worker.log_path, spawned_at):
+            worker.stop()
+            raise PortTaken(f"port of {worker.url} taken; see {worker.log_path}")
+        if worker.proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {worker.proc.returncode}; see {worker.log_path}")
         if asyncio.get_running_loop().time() > deadline:
             worker.stop()
             raise RuntimeError(f"worker did not start within 90s; see {worker.log_path}")

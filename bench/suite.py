@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Callable
 
 from bench import (batch_cost, cache_contenders, event_id_prune, history_cost, index_cost, invalidation_path,
-                   quality, restart_cost, revocation_cost, scale_out, takeover)
+                   quality, restart_cost, revocation_cost, scaling, takeover)
 from bench.profile import profile_apply
-from bench.report import HOT_PLAN_P99_MS, plots, targets, write_json
+from bench.report import HOT_PLAN_P99_MS, SCALE_EVENTS_2_VS_1, plots, targets, write_json
 from bench.summary import longest_stage_within, markdown
 from bench.workload import generate
 
@@ -42,6 +42,12 @@ class BenchOptions:
     """How long the survivor of a kill -9 gets before unannounced plans count as lost."""
     session_timeout: float = 6.0
     """Workers' FRESHPLAN_SESSION_TIMEOUT (the service's default): how soon the group notices a killed worker."""
+    scale_workers: tuple[int, ...] = (1, 2, 4)
+    """Cluster sizes run on the same workload (1 must be among them: the figures are ratios to it)."""
+    scale_resources: int = 20_000
+    """Resources of entities no plan is about, added to each cluster's catalog so that state has bulk to split."""
+    restore_resources: int = 100_000
+    """Resources in the shard a fresh worker restores on joining (measured only where /healthz reports `shard`)."""
     fanout_plans: int = 100_000
     """Plans indexed for the policy-version fan-out (copies of one compiled plan)."""
     cache_events: int = 3_000
@@ -71,7 +77,8 @@ class BenchOptions:
         return cls(events=300, plans=30, rates=(100,), rate_seconds=1.0, fanout_plans=600, cache_events=150,
                    index_plans=2_000, restart_plans=20_000, history_events=20_000, takeover_plans=10_000,
                    restart_parked=2_000, event_ids=200_000, event_ids_expired=10_000,
-                   select_rates=(0, 200), select_rate=20.0, takeover_timeout=60.0, session_timeout=4.0)
+                   select_rates=(0, 200), select_rate=20.0, takeover_timeout=60.0, session_timeout=4.0,
+                   scale_resources=200, restore_resources=2_000)
 
 
 def environment() -> dict:
@@ -178,10 +185,11 @@ async def _broker_part(options: BenchOptions, workload, out_dir: Path, step, boo
             servers, workload, tmp / "path", rates=options.rates, rate_seconds=options.rate_seconds,
             fanout_plans=options.fanout_plans, hot_rate=options.hot_rate, select_rates=options.select_rates,
             select_rate=options.select_rate, session_timeout=options.session_timeout, say=step)
-        result["scale_out"] = await scale_out.measure(servers, workload, tmp / "cluster",
-                                                      result["throughput"]["freshplan"],
-                                                      takeover_timeout=options.takeover_timeout,
-                                                      session_timeout=options.session_timeout, say=step)
+        result["scale_out"] = await scaling.measure(servers, workload, tmp / "cluster", workers=options.scale_workers,
+                                                    bulk_resources=options.scale_resources,
+                                                    restore_resources=options.restore_resources,
+                                                    takeover_timeout=options.takeover_timeout,
+                                                    session_timeout=options.session_timeout, say=step)
         return result
 
     with tempfile.TemporaryDirectory(prefix="fpbench-") as tmp:
@@ -274,23 +282,26 @@ def next_steps(result: dict) -> list[str]:
     if any(m.startswith("100,000-plan") for m in missed):
         steps.append("Fan-out time grows with the plans handled one by one before the announcements go out; build "
                      "large fan-outs column-wise and publish them in pre-built batches (step 4).")
-    if any(m.startswith(("total recompilations", "recompilations of the busiest", "events/s, 2 workers"))
-           for m in missed):
-        ratios = result.get("invalidation_path", {}).get("scale_out", {}).get("ratios", {})
+    if any(m.startswith(("total recompilations", "recompilations of the busiest", "events/s, 2 workers",
+                         "CPU s of each", "state file of each")) for m in missed):
+        scale = result.get("invalidation_path", {}).get("scale_out") or {}
+        ratios = scale.get("ratios", {})
+        why = (": this build reports no `shard` in /healthz, so every worker still applies and keeps every "
+               "resource; issue 28's partitioning by entity is what the CPU and state rows wait for (step 2)."
+               if scale.get("sharded") is False else
+               ": each worker's `shard` figures in the scale section say which part still repeats (step 2).")
         if ratios.get("cpu_busiest_2_vs_1") is not None:
             steps.append(f"The busier of 2 workers used {ratios['cpu_busiest_2_vs_1']:.0%} of the single worker's "
-                         "CPU for the same events: every worker decodes, dedupes and applies every event to its "
-                         "replicated catalog, and only recompiling splits. On free cores 2 workers could reach at most "
+                         "CPU for the same events: every worker decodes, dedupes and applies every event it holds, "
+                         "and only what splits gets cheaper. On free cores 2 workers could reach at most "
                          f"{ratios['events_per_second_2_vs_1_ceiling']:.2f}x the events/s of one (measured "
                          f"{ratios.get('events_per_second_2_vs_1')}x, the broker and the bench sharing the two "
-                         "pinned cores). 1.5x needs the part every worker repeats below a third of the work: "
-                         "a cheaper replicated apply, or a catalog sharded by entity beside the plans (a design "
-                         "change) (step 2).")
+                         f"pinned cores). {SCALE_EVENTS_2_VS_1:g}x needs the part every worker repeats below a ninth "
+                         "of the work" + why)
         else:
-            steps.append("Plans are owned by partition, but every worker still applies every event to its "
-                         "replicated catalog (most of a worker's CPU once recompiling is split), and on two cores "
-                         "the broker and the bench share the pinned cores: make the replicated apply cheaper than "
-                         "decode (step 2).")
+            steps.append("Plans are owned by partition, but every worker still applies every event it holds (most "
+                         "of a worker's CPU once recompiling is split), and on two cores the broker and the bench "
+                         "share the pinned cores" + why)
     if any(m.startswith("take-over of") for m in missed):
         phases = result.get("takeover", {}).get("phases", {})
         slowest = max(phases, key=phases.get) if phases else "n/a"
@@ -302,7 +313,7 @@ def next_steps(result: dict) -> list[str]:
                      f"{ours.get('follow_seconds')} s following its assignment, with {ours.get('wal_mb_at_follow')} MB "
                      "of log when it began (a checkpoint at DuckDB's log cap, when due, falls into it): see "
                      "`restart` (step 3).")
-    if any(m.startswith("take-over after") for m in missed):
+    if any(m.startswith(("take-over after", "kill -9 of one")) for m in missed):
         steps.append("Take-over after kill -9 waits for the group's session timeout (the group cannot notice a "
                      "dead member sooner) before the survivor judges its parked plans; see `owned_all_seconds` "
                      "against `announced_all_seconds`, and consider a shorter session timeout (step 3).")

@@ -133,3 +133,14 @@ def apply_catalog(invalidator, records: list[tuple[str, bytes | None, bytes]]) -
         offsets[topic] = offsets.get(topic, -1) + 1
         messages.append(RawMessage(topic, 0, offsets[topic], key, value))
     invalidator.apply(messages)
+
+
+def bulk(resources: int, per_entity: int = 10, prefix: str = "B") -> list[Record]:
+    """Entities no plan is about, with `per_entity` resources each: state that splits by entity and nothing else."""
+    records: list[Record] = []
+    for i in range(-(-resources // per_entity)):
+        records.append(entity(f"{prefix}{i}", f"bulk-{prefix}{i}"))
+        for j in range(min(per_entity, resources - i * per_entity)):
+            rid = f"{prefix}{i}-r{j}"
+            records.append(resource(rid, f"{prefix}{i}", 1, f"bulk-{rid}-1", "status"))
+    return records

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.report import invalidation_rows, takeover_row, targets
+from bench.report import invalidation_rows, scale_rows, takeover_row, targets
 
 
 def _path(**over) -> dict:
@@ -111,3 +111,32 @@ def test_what_a_run_did_not_measure_is_missed_and_says_so():
 def test_small_fanouts_name_their_size_and_other_sections_keep_their_rows():
     rows = targets({"invalidation_path": _path(fanout={"fanout_plans": 631, "ratio_to_bare_producer": 1.1})})
     assert _by_measure(rows)["100,000-plan fan-out, last announcement vs bare aiokafka producer (631 plans)"]["met"]
+
+
+def test_issue_28_rows_bound_cpu_and_state_per_worker_and_the_kill_by_the_session_timeout():
+    scale = {"scaling": {"1": {"workers": 1, "cpu_busiest_vs_1": 1.0, "state_largest_vs_1": 1.0,
+                               "state_bound_vs_1": 1.0},
+                         "2": {"workers": 2, "cpu_busiest_vs_1": 0.55, "state_largest_vs_1": 0.6,
+                               "state_bound_vs_1": 0.625},
+                         "4": {"workers": 4, "cpu_busiest_vs_1": 0.31, "state_largest_vs_1": 0.9,
+                               "state_bound_vs_1": None}},
+             "takeover": {"plans": 200, "announced_all_seconds": 9.4, "timeout_seconds": 120.0, "lost": 0,
+                          "session_timeout": 6.0}}
+    rows = _by_measure(scale_rows(scale))
+    assert [(m, r["met"]) for m, r in rows.items()] == [
+        ("CPU s of each of 2 workers vs 1 worker (same input)", True),
+        ("CPU s of each of 4 workers vs 1 worker (same input)", False),
+        ("state file of each of 2 workers vs 1 worker", True),
+        ("state file of each of 4 workers vs 1 worker", False),
+        ("kill -9 of one of 2 workers: every affected plan announced (200 plans)", False)]
+    assert rows["state file of each of 2 workers vs 1 worker"]["target"] == (
+        "<= replicated part + 1/2 of the rest = 0.62x")
+    assert rows["state file of each of 4 workers vs 1 worker"]["gap"] == "replicated part not measured"
+    kill = rows["kill -9 of one of 2 workers: every affected plan announced (200 plans)"]
+    assert kill["target"] == "<= session timeout + 3 s = 9 s, 0 lost" and kill["shown"] == "9.4 s, 0 lost"
+    scale["takeover"].update(announced_all_seconds=5.0, lost=2)
+    kill = _by_measure(scale_rows(scale))["kill -9 of one of 2 workers: every affected plan announced (200 plans)"]
+    assert not kill["met"] and kill["gap"] == "2 invalidations lost"
+    # The 2-vs-1 events/s row carries issue 28's target now.
+    assert _by_measure(invalidation_rows(_path()))["events/s, 2 workers vs 1 (each pinned to its own core)"][
+        "target"] == ">= 1.8x"

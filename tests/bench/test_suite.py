@@ -41,14 +41,17 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert all(s["failures"] == 0 and s["count"] + s["compiled"] == 20 for s in selects.values())
     assert selects["200"]["stream"]["events"] == 200
     scale = path["scale_out"]
-    assert [len(scale[n]["per_worker"]) for n in ("one", "two")] == [1, 2]
-    assert all(p["compilations"] > 0 for p in scale["two"]["per_worker"])
+    assert [len(run["per_worker"]) for run in scale["runs"].values()] == [1, 2, 4]
+    assert all(run["events"] == 300 for run in scale["runs"].values())  # the same workload for every cluster
+    assert all(p["compilations"] > 0 for p in scale["runs"]["2"]["per_worker"])
     assert scale["ratios"]["total_compilations_2_vs_1"] > 0
-    assert all(p["cpu_seconds"] > 0 for n in ("one", "two") for p in scale[n]["per_worker"])  # measured, per worker
-    assert scale["two"]["settled_seconds"] is not None  # the run began with the partitions shared out
+    assert all(p["cpu_seconds"] > 0 and p["state_bytes"] > 0  # measured, per worker
+               for run in scale["runs"].values() for p in run["per_worker"])
+    assert scale["runs"]["2"]["settled_seconds"] is not None  # the run began with the partitions shared out
     assert 0 < scale["ratios"]["events_per_second_2_vs_1_ceiling"]
     assert scale["takeover"]["plans"] == 30 and scale["takeover"]["lost"] == 0
     assert scale["takeover"]["takeover_seconds"] is not None
+    assert scale["replicated"]["bytes"] > 0 and scale["restore"]["resources"] == 2_000
     assert path["fanout"]["invalidations_seen"] == path["fanout"]["fanout_plans"] > 600   # announced first
     assert path["fanout"]["bare_producer_seconds"] > 0
     caches = result["caches"]["contenders"]
@@ -57,15 +60,17 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert {t["measure"].split(" (")[0] for t in result["targets"]} >= {
         "events/s per worker vs bare Faust agent", "subscriber p99, one hot plan", "select p99",
         "100,000-plan fan-out, last announcement vs bare aiokafka producer", "total recompilations, 2 workers vs 1",
-        "events/s, 2 workers vs 1", "take-over after kill -9", "stale serves", "unnecessary invalidations announced"}
+        "events/s, 2 workers vs 1", "take-over after kill -9", "stale serves", "unnecessary invalidations announced",
+        "CPU s of each of 2 workers vs 1 worker", "state file of each of 4 workers vs 1 worker",
+        "kill -9 of one of 2 workers: every affected plan announced"}
     for t in result["targets"]:                           # each printed with its verdict
         assert ("met   " if t["met"] else "MISSED") + "  " + t["measure"] in out.stdout
     summary = result_file.with_suffix(".md").read_text()
     assert "## Targets" in summary and "bare Faust agent" in summary and "plain_top_k" in summary
-    assert "## 1 worker against 2" in summary and "hot Atlas plan, 200/s" in summary
+    assert "## 1, 2, 4 workers" in summary and "hot Atlas plan, 200/s" in summary
     assert "| serial stage ms |" in summary and "loop stalls > 20 ms |" in summary
     plots = list(tmp_path.glob("*.png"))
-    assert len(plots) == 3 and all(p.stat().st_size > 5_000 for p in plots)
+    assert len(plots) == 4 and all(p.stat().st_size > 5_000 for p in plots)
     assert (tmp_path / result["quality"]["file"]).exists() and (tmp_path / result["profile"]["file"]).exists()
 
 

@@ -5,32 +5,59 @@ from __future__ import annotations
 from bench.summary import longest_stage_within, relay_lines, scale_lines
 
 
-def test_scale_out_section_names_the_figures():
-    run = {"workers": 1, "pinned": True, "events": 10, "seconds": 2.0, "events_per_second": 5.0,
-           "per_worker": [{"compilations": 7}], "total_compilations": 7}
-    two = dict(run, workers=2, per_worker=[{"compilations": 7}, {"compilations": 8}], total_compilations=15)
-    text = "\n".join(scale_lines({
-        "one": run, "two": two, "ratios": {"events_per_second_2_vs_1": 1.0, "total_compilations_2_vs_1": 2.14,
-                                           "busiest_worker_share_of_1": 1.14},
-        "takeover": {"plans": 30, "owned_all_seconds": 4.5, "announced_all_seconds": 6.25, "lost": 0,
-                     "timeout_seconds": 60.0, "session_timeout": 4.0}}))
-    assert "| 2 | yes | 10 | 2.0 | 5.0 | 7 / 8 | 15 |" in text
-    assert "total recompilations 2.14x" in text
-    assert "session timeout 4 s" in text and "every input partition after 4.5 s" in text
-    assert "announced after 6.25 s; 0 plans were never announced within 60 s" in text
+def _scale(sharded: bool = False, restore: dict | None = None) -> dict:
+    def worker(compilations: int, cpu: float, stored: int, shard: dict | None = None) -> dict:
+        return {"compilations": compilations, "cpu_seconds": cpu, "state_bytes": stored, "shard": shard}
+
+    shard = {"partitions": {"source-changes-by-entity": [0, 1]}, "resources": 200, "entities": 20, "plans": 3,
+             "restoring": []} if sharded else None
+    runs = {"1": {"workers": 1, "pinned": True, "seconds": 2.0, "events_per_second": 5.0,
+                  "per_worker": [worker(7, 2.0, 40 * 2**20, shard)]},
+            "2": {"workers": 2, "pinned": True, "seconds": 1.5, "events_per_second": 6.7,
+                  "per_worker": [worker(4, 1.8, 30 * 2**20, shard), worker(3, 1.7, 31 * 2**20, shard)]}}
+    return {"workload": {"events": 10, "plans": 7, "catalog_events": 900, "bulk_resources": 800, "partitions": 4},
+            "pinning": "1 and 2 worker(s) ran pinned.", "sharded": sharded, "runs": runs,
+            "scaling": {"1": {"events_per_second_vs_1": 1.0, "cpu_seconds_vs_1": [1.0], "state_bytes_vs_1": [1.0],
+                              "state_bound_vs_1": 1.0},
+                        "2": {"events_per_second_vs_1": 1.34, "cpu_seconds_vs_1": [0.9, 0.85],
+                              "state_bytes_vs_1": [0.75, 0.775], "state_bound_vs_1": 0.625}},
+            "ratios": {"events_per_second_2_vs_1": 1.34, "total_compilations_2_vs_1": 1.0,
+                       "busiest_worker_share_of_1": 0.571, "cpu_busiest_2_vs_1": 0.9,
+                       "events_per_second_2_vs_1_ceiling": 1.111},
+            "replicated": {"bytes": 10 * 2**20, "how": "file bytes of one worker fed no entity resources"},
+            "takeover": {"plans": 30, "owned_all_seconds": 4.5, "announced_all_seconds": 6.25, "lost": 0,
+                         "timeout_seconds": 60.0, "session_timeout": 4.0},
+            "restore": restore or {"measured": False, "resources": 100_000,
+                                   "reason": "not measurable on this build: x"}}
+
+
+def test_scale_section_names_every_figure_of_every_cluster():
+    text = "\n".join(scale_lines(_scale()))
+    assert "## 1, 2 workers (same workload, one run)" in text and "1 and 2 worker(s) ran pinned." in text
+    assert "| 1 | yes | 2.0 | 5.0 | 1.0x | 7 | 2.0 | 1.0x | 40.0 | 1.0x | - |" in text
+    assert ("| 2 | yes | 1.5 | 6.7 | 1.34x | 4 / 3 | 1.8 / 1.7 | 0.9x / 0.85x | 30.0 / 31.0 | 0.75x / 0.775x "
+            "| 0.625x |") in text
+    assert "Replicated part: 10.0 MB (25% of one worker's 40.0 MB), measured as the file bytes of one worker" in text
+    assert "This build reports no `shard` in /healthz" in text
+    assert "used 90% of the single worker's CPU" in text and "at most 1.111x" in text
+    assert "session timeout 4 s" in text and "every partition after 4.5 s" in text
+    assert "announced on `plan-invalidations` after 6.25 s; 0 plans were never announced within 60 s" in text
+    assert "Restore of a 100,000-resource shard: not measurable on this build: x." in text
     assert "{" not in text
-    assert "CPU s per worker" in text and "at most" not in text  # no CPU figures: no ceiling claimed
-    with_cpu = "\n".join(scale_lines({
-        "one": dict(run, per_worker=[{"compilations": 7, "cpu_seconds": 2.0}]),
-        "two": dict(two, per_worker=[{"compilations": 7, "cpu_seconds": 1.8}, {"compilations": 8, "cpu_seconds": 1.7}]),
-        "ratios": {"events_per_second_2_vs_1": 1.0, "total_compilations_2_vs_1": 2.14,
-                   "busiest_worker_share_of_1": 1.14, "cpu_busiest_2_vs_1": 0.9,
-                   "events_per_second_2_vs_1_ceiling": 1.111},
-        "takeover": {"plans": 30, "owned_all_seconds": 4.5, "announced_all_seconds": 6.25, "lost": 0,
-                     "timeout_seconds": 60.0, "session_timeout": 4.0}}))
-    assert "| 2.0 |" in with_cpu and "1.8 / 1.7 |" in with_cpu
-    assert "used 90% of the single worker's CPU" in with_cpu and "at most 1.111x" in with_cpu
     assert scale_lines(None) == []
+
+
+def test_a_sharded_build_shows_what_each_shard_held_and_how_long_a_joiner_restored():
+    restore = {"measured": True, "resources": 100_000, "published_records": 220_000, "restored_seconds": 14.2,
+               "assigned_seconds": 6.1, "restored_after_assigned_seconds": 8.1, "timeout_seconds": 600.0,
+               "joiner": {"partitions": {"source-changes-by-entity": [2, 3]}, "resources": 100_000}}
+    text = "\n".join(scale_lines(_scale(sharded=True, restore=restore)))
+    assert "| 2 | 1 | source-changes-by-entity [0, 1] | 200 | 20 | 3 |" in text and "no `shard`" not in text
+    assert ("its shard (100000 resources, partitions source-changes-by-entity [2, 3]) was restored after 14.2 s "
+            "from its start (8.1 s after /healthz first named its partitions, 6.1 s in)") in text
+    assert "{" not in text
+    still = dict(restore, restored_seconds=None, restored_after_assigned_seconds=None)
+    assert "still restoring after 600 s" in "\n".join(scale_lines(_scale(sharded=True, restore=still)))
 
 
 def test_relay_section_lists_each_stage_and_the_workers_batch():

@@ -1,0 +1,86 @@
+"""1, 2 and 4 workers on one workload: the figures against 1 worker, and a tiny run through the broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import scaling
+from bench.report import scale_plot, scale_rows
+from bench.state_size import replicated_only
+from bench.summary import scale_lines
+from bench.workload import Workload, bulk, generate
+
+
+def _run(n: int, eps: float, cpu: list[float | None], stored: list[int | None]) -> dict:
+    return {"workers": n, "pinned": n <= 2, "events_per_second": eps,
+            "per_worker": [{"cpu_seconds": c, "state_bytes": b} for c, b in zip(cpu, stored, strict=True)]}
+
+
+def test_every_worker_is_compared_with_the_single_worker_and_its_share_of_state():
+    runs = {"1": _run(1, 1000, [4.0], [100]), "2": _run(2, 1800, [2.0, 2.2], [60, 58]),
+            "4": _run(4, 1500, [1.0, 1.2, None, 1.1], [40, 41, 39, 42])}
+    figures = scaling.scaling(runs, replicated_bytes=20)
+    assert figures["1"]["events_per_second_vs_1"] == 1.0 and figures["1"]["state_bound_vs_1"] == 1.0
+    two = figures["2"]
+    assert two["events_per_second_vs_1"] == 1.8 and two["cpu_seconds_vs_1"] == [0.5, 0.55]
+    assert two["cpu_busiest_vs_1"] == 0.55 and two["state_bytes_vs_1"] == [0.6, 0.58]
+    assert two["state_largest_vs_1"] == 0.6 and two["state_bound_bytes"] == 60 and two["state_bound_vs_1"] == 0.6
+    four = figures["4"]
+    assert four["cpu_seconds_vs_1"] == [0.25, 0.3, None, 0.275]
+    assert four["cpu_busiest_vs_1"] is None  # one worker's CPU unknown: no claim about the busiest
+    assert four["state_bound_vs_1"] == 0.4 and four["state_largest_vs_1"] == 0.42
+    assert scaling.scaling(runs, None)["2"]["state_bound_vs_1"] is None  # no replicated part: no bound
+
+
+def test_the_report_says_which_runs_could_not_be_pinned():
+    assert "cannot each be pinned" not in scaling.pinning([1, 2], 2)
+    said = scaling.pinning([1, 2, 4], 2)
+    assert said.startswith("1 and 2 worker(s) ran pinned") and "4 workers cannot each be pinned on 2 core(s)" in said
+
+
+@pytest.mark.timeout(400)
+async def test_a_tiny_scale_run_reports_every_size_of_cluster_and_loses_nothing(broker, tmp_path):
+    workload = generate(plans=6, changes=60, seed=11)
+    said: list[str] = []
+    result = await scaling.measure(broker.bootstrap_servers, workload, tmp_path / "scale", workers=(1, 2, 4),
+                                   bulk_resources=40, restore_resources=200, takeover_timeout=60.0,
+                                   session_timeout=4.0, say=said.append)
+    assert list(result["runs"]) == list(result["scaling"]) == ["1", "2", "4"]
+    for n, run in result["runs"].items():
+        assert run["workers"] == int(n) == len(run["per_worker"]) and run["events"] == 60
+        assert run["total_compilations"] == sum(p["compilations"] for p in run["per_worker"])
+        assert all(p["state_bytes"] > 0 and p["state"]["wal_bytes"] == 0 for p in run["per_worker"])  # clean stops
+        assert all(p["cpu_seconds"] is not None for p in run["per_worker"])
+        assert len(result["scaling"][n]["cpu_seconds_vs_1"]) == len(result["scaling"][n]["state_bytes_vs_1"]) == int(n)
+    assert result["scaling"]["1"]["events_per_second_vs_1"] == 1.0
+    assert result["workload"] == {"events": 60, "plans": 6, "catalog_events": len(workload.catalog) + len(bulk(40)),
+                                  "bulk_resources": 40, "partitions": 4}
+    scaled = Workload(workload.catalog + bulk(40), workload.requests, workload.changes)
+    assert result["replicated"]["events"] == len(replicated_only(scaled)) and result["replicated"]["bytes"] > 0
+    assert result["ratios"]["total_compilations_2_vs_1"] is not None
+
+    take = result["takeover"]
+    assert take["lost"] == 0 and take["plans"] == len({(b["principal"], b["entity"]) for b in workload.requests})
+    assert take["announced_all_seconds"] is not None and take["session_timeout"] == 4.0
+
+    restore = result["restore"]
+    if result["sharded"]:  # a build that partitions state: the joiner restored its half
+        assert restore["measured"] and restore["restored_seconds"] is not None
+        assert restore["joiner"]["resources"] >= 200 and restore["joiner"]["restoring"] == []
+    else:
+        assert restore["measured"] is False and restore["reason"].startswith("not measurable on this build")
+        assert all(p["shard"] is None for run in result["runs"].values() for p in run["per_worker"])
+    if result["cores"] < 4:
+        assert "cannot each be pinned" in result["pinning"] and not result["runs"]["4"]["pinned"]
+        assert any("cannot each be pinned" in line for line in said)  # said while it ran, too
+
+    rows = {r["measure"]: r for r in scale_rows(result)}
+    assert {"CPU s of each of 2 workers vs 1 worker (same input)",
+            "CPU s of each of 4 workers vs 1 worker (same input)", "state file of each of 2 workers vs 1 worker",
+            "state file of each of 4 workers vs 1 worker",
+            "kill -9 of one of 2 workers: every affected plan announced (6 plans)"} <= set(rows)
+    assert rows["kill -9 of one of 2 workers: every affected plan announced (6 plans)"]["shown"].endswith(", 0 lost")
+    text = "\n".join(scale_lines(result))
+    assert "## 1, 2, 4 workers" in text and "{" not in text and "Replicated part:" in text
+    assert ("not measurable on this build" in text) != result["sharded"]
+    assert (tmp_path / scale_plot(result, tmp_path, "scale.png")).stat().st_size > 5_000
