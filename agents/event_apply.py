@@ -18,6 +18,7 @@ from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.outbound import input_dead_letter, letter_key
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
+from state.catalog_resources import Mine, OtherShard, everything
 from state.local_state import LocalState
 from streams.incarnation import record_mark
 
@@ -74,8 +75,9 @@ class EventApplier:
 
     def __init__(self, state: LocalState, plans: PlanWriter, max_event_bytes: int = 1_000_000,
                  max_clock_jump: timedelta | None = timedelta(days=400), cdc: CdcMapping | None = None,
-                 max_event_skew: timedelta = timedelta(minutes=5)) -> None:
+                 max_event_skew: timedelta = timedelta(minutes=5), mine: Mine = everything) -> None:
         self.state = state
+        self.mine = mine  # whether a resource's entity is in this worker's shard (see `ShardState.mine`)
         self.plans = plans
         self.cdc = cdc  # the CDC mapping file, loaded once at start-up
         self.max_event_bytes = max_event_bytes
@@ -171,6 +173,32 @@ class EventApplier:
         self.plans.recompile(touched, counts)
         store.bump_many(counts)
 
+    def restore_resources(self, messages: Sequence[RawMessage], mine: Mine) -> int:
+        """Apply the resource changes of a gained shard from its history, in order; how many changed a row.
+
+        Run inside the take-over's transaction, on the writer. Offsets, the event-id ledger and
+        plans are left alone (the live path applied these events already for the shards it held,
+        and a take-over judges parked plans by the key changes recorded here); what the history
+        holds that is invalid was dead-lettered by whoever owned the shard then.
+        """
+        changes: list[tuple[RawMessage, SourceChange, str]] = []
+        for m in messages:
+            try:
+                event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                               max_bytes=self.max_event_bytes, cdc=self.cdc)
+            except (SkippedEvent, InvalidEvent):
+                continue
+            if isinstance(event.payload, SourceChange) and event.payload.kind == "resource":
+                changes.append((m, event.payload, event.event_id))
+        if not changes:
+            return 0
+        results = self.state.catalog.apply_resources([c for _, c, _ in changes], mine)
+        keyed = {(m.topic, m.partition, m.offset): keys for (m, _, _), keys in zip(changes, results, strict=True)
+                 if isinstance(keys, list) and keys}
+        self.state.key_changes.record(keyed, {(m.topic, m.partition, m.offset): event_id
+                                              for m, _, event_id in changes})
+        return len(keyed)
+
     def _apply_events(self, fresh: list[tuple[RawMessage, InputEvent]],
                       counts: Counter[str]) -> list[tuple[list[str], dict[str, str], dict]]:
         """Apply events in order, in bulk; (keys, plans due by time, cause) per applied event.
@@ -182,7 +210,9 @@ class EventApplier:
         resources = [(i, e.payload) for i, (_, e) in enumerate(fresh)
                      if isinstance(e.payload, SourceChange) and e.payload.kind == "resource"]
         results: dict[int, list[str] | InvalidEvent | None] = dict(zip(
-            (i for i, _ in resources), self.state.catalog.apply_resources([c for _, c in resources]), strict=True))
+            (i for i, _ in resources), self.state.catalog.apply_resources([c for _, c in resources], self.mine),
+            strict=True))
+        resource_at = {i for i, _ in resources}
         clocks: dict[int, datetime] | None = None
         ticked: dict[int, datetime] = {}
         run: list[int] = []
@@ -214,8 +244,14 @@ class EventApplier:
         latest: dict[str, tuple[RawMessage, InputEvent]] = {}
         for i, (m, event) in enumerate(fresh):
             keys = results[i]
+            if isinstance(keys, OtherShard):
+                counts["resources_of_other_shards"] += 1
+                continue
             if isinstance(keys, InvalidEvent):
-                self._dead_letter(m, keys.error_class, keys.message, counts)
+                # Only a resource's shard owner judges it, and it may not be its partition's duty owner,
+                # which alone promotes what is held on standby: such a letter is the owner's to send.
+                self._dead_letter(m, keys.error_class, keys.message, counts,
+                                  standby=self._standby and i not in resource_at)
                 continue
             if keys is None:
                 counts["ignored_old_versions"] += 1
@@ -301,11 +337,13 @@ class EventApplier:
                 touched[plan_key] = (order, dep_key, cause)
         return {k: (dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
 
-    def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
+    def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str],
+                     standby: bool | None = None) -> None:
+        standby = self._standby if standby is None else standby
         record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value)
         self.state.outbox.add_many([(self.plans.topic_of("dead-letters"), letter_key(m.key), record)],
-                                   [(m.topic, m.partition, m.offset)], standby=self._standby)
-        self.held_on_standby = self.held_on_standby or self._standby
+                                   [(m.topic, m.partition, m.offset)], standby=standby)
+        self.held_on_standby = self.held_on_standby or standby
         counts[f"dead_letters.{error_class}"] += 1
         log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class,
                     extra={"topic": m.topic, "partition": m.partition, "offset": m.offset,

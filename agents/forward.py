@@ -64,10 +64,18 @@ def owner_unavailable(why: str) -> tuple[int, dict[str, Any]]:
                    "timeout)."}}
 
 
+def shard_restoring(partition: int) -> tuple[int, dict[str, Any]]:
+    """The 503 refusal for a select whose entity's shard this worker is still restoring: never a partial answer."""
+    return 503, {"error": {
+        "code": "shard_restoring", "pass": "forward", "retry_after": RETRY_AFTER_SECONDS,
+        "message": f"This worker was just given entity partition {partition} and is still restoring its resources "
+                   f"from source-changes; retry in {RETRY_AFTER_SECONDS} s (it answers once the shard is whole)."}}
+
+
 def retry_headers(status: int, doc: Any) -> dict[str, str]:
     """`Retry-After` for an owner_unavailable refusal, to send with it; empty otherwise."""
     error = doc.get("error") if isinstance(doc, dict) else None
-    if status == 503 and isinstance(error, dict) and error.get("code") == "owner_unavailable":
+    if status == 503 and isinstance(error, dict) and error.get("code") in ("owner_unavailable", "shard_restoring"):
         return {"Retry-After": str(error.get("retry_after", RETRY_AFTER_SECONDS))}
     return {}
 

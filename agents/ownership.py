@@ -42,8 +42,11 @@ class Ownership:
     """
 
     def __init__(self, state: LocalState, plans, key_changes: KeyChanges, parked: ParkedPlans, partitions: int,
-                 feed_topic: str) -> None:
+                 feed_topic: str, shards=None) -> None:
         self.state = state
+        # `agents.shard_restore.Shards`: the resources held follow the plans owned. None where every
+        # resource is kept (unit tests and benches that own partitions without a broker).
+        self.shards = shards
         self.plans = plans  # the PlanWriter: announcements go through its one builder
         self.key_changes = key_changes
         self.parked = parked
@@ -90,6 +93,8 @@ class Ownership:
                 return self.change(assigned)
         except BaseException:
             self.owned = previous
+            if self.shards is not None:
+                self.shards.state.reload()
             raise
 
     def change(self, assigned: Collection[int]) -> tuple[TakeOver, int]:
@@ -98,6 +103,9 @@ class Ownership:
         before = self._held if first else self.owned
         after = frozenset(assigned)
         lost, gained = before - after, after - before
+        if self.shards is not None:
+            # Resources first: a gained partition's plans are judged and served from a whole shard.
+            self.shards.move(after)
         dropped = self.hand_back(lost) if lost else 0
         self.owned = after
         taken = self.take_over(gained) if gained else TakeOver()

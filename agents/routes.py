@@ -18,7 +18,7 @@ from faust import web
 
 from agents.access import Access
 from agents.gate import AUDIT, CALLER, principal_refusal
-from agents.forward import is_forwarded, owner_unavailable, retry_headers
+from agents.forward import is_forwarded, owner_unavailable, retry_headers, shard_restoring
 from agents.metrics_port import serve_metrics
 from agents.query import NotOwner
 from compiler.errors import AttestError, RequestError
@@ -81,6 +81,8 @@ class Api:
     """Send a request (URL, path, POST body or None for GET, the caller's headers) to an owner; its answer."""
     owners_known: Callable[[], bool] = lambda: True
     """Whether the consumer group has said which plan partitions this worker owns."""
+    restoring: Callable[[], frozenset[int]] = lambda: frozenset()
+    """Entity partitions this worker is restoring (their selects are refused with shard_restoring)."""
 
 
 def register_routes(app, api: Api, access: Access) -> None:
@@ -280,6 +282,8 @@ def _reader(request: web.Request) -> Callable[[str | None], bool]:
 async def _forwarded(api: Api, exc: NotOwner, body: Any, headers,
                      path: str = "/v1/select") -> tuple[int, dict[str, Any]]:
     """The owner's answer to a select (or, body None, a GET of `path`) for another worker's entity."""
+    if exc.partition in api.restoring():
+        return shard_restoring(exc.partition)
     if is_forwarded(headers):  # the sender thought this worker owned it: ownership is moving
         return owner_unavailable("is moving to another worker (a rebalance is under way)")
     url = api.owner_url(exc.partition)

@@ -41,8 +41,10 @@ class Status:
     """
 
     def __init__(self, state: "LocalState", query: "QueryService", metrics: "Metrics",
-                 details: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+                 details: Callable[[dict[str, Any]], dict[str, Any]],
+                 shard: Callable[["LocalState"], dict[str, Any]] = lambda state: {}) -> None:
         self.state = state  # a reader of its own (`LocalState.reader()`): used on the status thread only
+        self.shard = shard  # the worker's shard figures, read with the file's (`ShardState.figures`)
         self.query = query
         self.metrics = metrics
         self.details = details  # the worker's own health details, given the file's figures
@@ -55,6 +57,11 @@ class Status:
         self.reads += 1
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn)
 
+    def _health_figures(self, state: "LocalState") -> dict[str, Any]:
+        figures = health_figures(state)
+        figures["shard"] = self.shard(state)
+        return figures
+
     def _run(self, fn: Callable[["LocalState"], T]) -> T:
         self.thread = threading.current_thread().name
         return fn(self.state)
@@ -62,7 +69,7 @@ class Status:
     async def health(self) -> dict[str, Any]:
         """The /healthz document: the file's figures from the status thread, the rest from memory on the loop."""
         try:
-            figures: dict[str, Any] | None = await self.read(health_figures)
+            figures: dict[str, Any] | None = await self.read(self._health_figures)
         except duckdb.Error as exc:
             self.query.state_failed(exc, counted=False)
             figures = None

@@ -30,6 +30,7 @@ from agents.publisher import Publisher
 from agents.replica import Replica
 from agents.retention import BATCH, RetentionTimer
 from agents.routes import Api, register_routes
+from agents.shard_restore import Shards
 from agents.writer import Writer
 from compiler.request import Limits
 from schemas.cdc_mapping import CdcMapping
@@ -37,6 +38,7 @@ from schemas.timefmt import format_instant
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
 from state.parked_plans import ParkedPlans
+from state.shard_state import ShardState
 from state.retention import RetentionPolicy, Topics as RetentionTopics
 from streams.admin import GroupOffsets
 from streams.app import create_app
@@ -81,7 +83,19 @@ class Worker:
     """Answers /healthz and /metrics, reading the file on a thread of its own (never on the loop)."""
 
     def __post_init__(self) -> None:
-        self.status = Status(self.state.reader(), self.query, self.metrics, self.details)
+        self.status = Status(self.state.reader(), self.query, self.metrics, self.details, self.shard_figures)
+
+    def shard_figures(self, state: LocalState) -> dict:
+        """The /healthz `shard` section, read on the status thread (see `ShardState`)."""
+        shards = self.ownership.shards
+        figures = shards.state.figures(state.store)
+        owned = self.ownership.owned
+        (plans,) = state.store.db.execute("SELECT count(*) FROM plan_heads").fetchone()
+        return {"partitions": {"source-changes": figures.partitions, "plans": sorted(owned or ())},
+                "resources": figures.resources, "entities": figures.entities, "plans": int(plans),
+                "restoring": sorted(shards.state.restoring),
+                "by_partition": {str(p): n for p, n in figures.by_partition.items()},
+                "last_restore": shards.last_restore}
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -111,7 +125,8 @@ class Worker:
                    resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.status.metrics_text,
                    health=self.status.health, owner_url=self.owner_url, forward=self._forward,
                    plan_status=lambda plan_id, may: self.query.plan_status_async(plan_id, self.status.read, may),
-                   owners_known=lambda: self.ownership.owned is not None)
+                   owners_known=lambda: self.ownership.owned is not None,
+                   restoring=lambda: self.ownership.shards.state.restoring)
 
     def owner_url(self, partition: int) -> str | None:
         """URL of the worker the consumer group gave a plan partition (the same partition of the inputs)."""
@@ -130,7 +145,9 @@ class Worker:
     def details(self, figures: dict) -> dict:
         """Health details of the worker itself (duty, standby outbox, who writes, loop stalls), given the file's."""
         owned = self.ownership.owned
-        return {"duty": self.duty(), "duty_committed": self.input_duty.committed_by_topic(),
+        figures = dict(figures)
+        shard = figures.pop("shard", None)
+        return {"shard": shard, "duty": self.duty(), "duty_committed": self.input_duty.committed_by_topic(),
                 "inputs_from_faust": self.input_duty.delivered,
                 "owned_partitions": None if owned is None else sorted(owned),
                 "ownership_failures": self.ownership.failures,
@@ -174,12 +191,13 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                                        frozenset({settings.topic("plans"), settings.topic("receipts"),
                                                   settings.topic("plan-dependencies")}))
     state.store.checkpoints.limit(settings.wal_limit_mb * 2**20)
+    shard_state = ShardState(state.store, settings.partitions)
     reader = state.reader()
     writer, probe, collector = Writer(), LoopProbe(), Collector(settings.gc_freeze).install()
     chores = Chores()
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
-                           cdc=cdc, max_event_skew=settings.max_event_skew)
+                           cdc=cdc, max_event_skew=settings.max_event_skew, mine=shard_state.mine)
     guard = LagWatcher(reader.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound, kafka=kafka)
     query = QueryService(reader, plan_writer, guard)
@@ -202,8 +220,10 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     query.position = lambda: replica.positions  # replaced (never changed in place) after each committed batch
     query.check_heads = settings.check_head_cache
     parked = ParkedPlans(state.store, settings.partitions)
+    shards = Shards(shard_state, applier, bootstrap_servers, settings.topic("source-changes"), kafka,
+                    max(2 * settings.max_event_bytes, 1_000_000))
     ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
-                          settings.topic("plan-dependencies"))
+                          settings.topic("plan-dependencies"), shards=shards)
     plan_feed = PlanFeed(state, ownership, parked, replica, bootstrap_servers, settings.topic("plan-dependencies"),
                          kafka=kafka, run=writer.run)
     query.served_by = str(app.conf.canonical_url)

@@ -16,7 +16,8 @@ from schemas.codec import contract_from
 from schemas.errors import InvalidEvent
 from schemas.records import Contract, PolicyBundle, Principal, Resource, Revocation, SourceChange
 from state.catalog_identities import IDENTITY_MEMO, Identity, apply_identities, revocation_applies
-from state.catalog_resources import RESOURCE_COLS, apply_resources, remember, resource_row
+from state.catalog_resources import (RESOURCE_COLS, Mine, OtherShard, apply_resources, everything, remember,
+                                     resource_row)
 from state.policy_history import governing, keep_version, versions_of
 from state.store import Store
 
@@ -65,9 +66,10 @@ class Catalog:
             raise result
         return result
 
-    def apply_resources(self, changes: Sequence[SourceChange]) -> list[list[str] | InvalidEvent | None]:
+    def apply_resources(self, changes: Sequence[SourceChange],
+                        mine: Mine = everything) -> list[list[str] | InvalidEvent | OtherShard | None]:
         """Apply resource upserts and deletes in order in one write; keys per change (see `apply_resources`)."""
-        return apply_resources(self.store, changes, self._source_rules())
+        return apply_resources(self.store, changes, self._source_rules(), mine)
 
     def _source_rules(self) -> dict[str, set[str]]:
         """Provenance group -> the evidence classes it may assert, read once per policy change."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import orjson
 import pyarrow as pa
@@ -17,6 +17,27 @@ from state.row_writes import SMALL_INSERT_ROWS, insert_values
 from state.store import Store
 
 MEMO_ENTRIES = 20_000  # entries of one remembered lookup before it starts over
+Mine = Callable[[str | None], bool]
+"""Whether a resource about this entity (None: about none) belongs to this worker's shards."""
+
+
+class OtherShard:
+    """The result of a change that belongs to another worker's shard: not applied here."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "OTHER_SHARD"
+
+
+OTHER_SHARD = OtherShard()
+
+
+def everything(entity: str | None) -> bool:
+    """A shard predicate that takes every resource (one worker, a replay)."""
+    return True
+
+
 UPDATE_RESOURCES = 8  # stored resources one batch updates in place; more are upserted (16 columns of CASE each)
 
 RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "
@@ -41,12 +62,15 @@ def resource_row(row: tuple) -> Resource:
                     attributes=orjson.loads(attributes or "{}"), observed_at=observed_at)
 
 
-def apply_resources(store: Store, changes: Sequence[SourceChange],
-                    rules: dict[str, set[str]]) -> list[list[str] | InvalidEvent | None]:
+def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[str, set[str]],
+                    mine: Mine = everything) -> list[list[str] | InvalidEvent | OtherShard | None]:
     """Apply resource upserts and deletes in order with one read and one write; keys per change.
 
-    A change is None when it is older than what is stored, and an InvalidEvent when its
-    source may not assert its evidence class (the bundles' `sources` rules).
+    A change is None when it is older than what is stored, an InvalidEvent when its source may
+    not assert its evidence class (the bundles' `sources` rules), and OTHER_SHARD when neither
+    its entity nor the stored row's is `mine`. A row whose resource moved to another shard's
+    entity is removed once its keys are returned: the plans of its old entity are invalidated
+    here, and the new entity's owner holds it from now on.
     """
     # id -> (version, deleted, entity, evidence_class, supports, contradicts, log_tick, log_snapshot) of
     # rows the writer read or wrote: a resource edited again (a hot one) needs no read. Only this path
@@ -63,8 +87,14 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
     kept = _kept(store, changes)
     written: dict[str, Resource | None] = {}
     out: list[list[str] | InvalidEvent | None] = []
+    moved: set[str] = set()
     for change in changes:
         old = current.get(change.record_id)
+        new_entity = change.record.entity if change.record is not None else None  # type: ignore[union-attr]
+        held = old is not None and mine(old[2])
+        if not held and (change.record is None or not mine(new_entity)):
+            out.append(OTHER_SHARD)
+            continue
         keys = [dk.resource(change.record_id)]
         if old is not None:
             keys += dk.scope_keys(old[2], old[3], list(old[4] or ()) + list(old[5] or ()))
@@ -101,6 +131,10 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
         current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts,
                            tick, point)
         written[new.id] = new
+        if mine(new.entity):
+            moved.discard(new.id)
+        else:
+            moved.add(new.id)
         out.append(keys + dk.scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts))
     upserts = [r for r in written.values() if r is not None]
     order = {r.id: current[r.id][6:] for r in upserts}
@@ -108,8 +142,30 @@ def apply_resources(store: Store, changes: Sequence[SourceChange],
     deletes = [rid for rid, r in written.items() if r is None]
     if deletes:
         store.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
+    if moved:
+        # After the write: a row inserted and moved away in one batch is not left behind.
+        store.db.execute("DELETE FROM resources WHERE id IN (SELECT unnest(?))", [sorted(moved)])
+        for rid in moved:
+            current.pop(rid, None)
+            known.pop(rid, None)
     remember(known, {rid: current[rid] for rid in set(current) & ids})
     return out
+
+
+def held_entities(store: Store) -> list[str]:
+    """Entities that stored resources are about (those about none are every worker's)."""
+    return [r[0] for r in store.db.execute("SELECT DISTINCT entity FROM resources WHERE entity IS NOT NULL").fetchall()]
+
+
+def drop_resources(store: Store, entities: Sequence[str]) -> int:
+    """Remove the stored resources of these entities (a shard handed to another worker); how many went."""
+    if not entities:
+        return 0
+    (count,) = store.db.execute("SELECT count(*) FROM resources WHERE entity IN (SELECT unnest(?::VARCHAR[]))",
+                                [list(entities)]).fetchone()
+    store.db.execute("DELETE FROM resources WHERE entity IN (SELECT unnest(?::VARCHAR[]))", [list(entities)])
+    store.forget("catalog.resources")
+    return int(count)
 
 
 def _newer(new: Resource, tick: int | None, old: tuple) -> bool:

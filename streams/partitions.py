@@ -66,3 +66,44 @@ async def read_all(bootstrap: str, topic: str, on_batch: Callable[[list], object
         return seen
     finally:
         await consumer.stop()
+
+
+async def read_until(bootstrap: str, topic: str, until: dict[int, int], on_batch: Callable[[list], object],
+                     kafka: dict | None = None, fetch_bytes: int = 2_000_000) -> dict[int, int]:
+    """Feed the records of these partitions, from their beginning up to (not including) `until`, to `on_batch`.
+
+    Returns each partition's first offset still held by the broker: above 0, older records
+    were deleted by retention and are missing from what was fed.
+    """
+    wanted = {p: n for p, n in until.items() if n > 0}
+    if not wanted:
+        return {}
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=fetch_bytes, **(kafka or {}))
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(wanted)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        starts = await consumer.beginning_offsets(tps)
+        reached = {tp: starts[tp] for tp in tps}
+        open_tps = {tp for tp in tps if reached[tp] < wanted[tp.partition]}
+        while open_tps:
+            batch = await consumer.getmany(*open_tps, timeout_ms=500, max_records=2000)
+            records = []
+            for tp, messages in batch.items():
+                for m in messages:
+                    if m.offset < wanted[tp.partition]:
+                        records.append(m)
+                    reached[tp] = max(reached[tp], m.offset + 1)
+            if records:
+                on_batch(records)
+            for tp in list(open_tps):
+                # A topic shorter than asked (reset under a file that was not rebased) ends at its high watermark.
+                end = consumer.highwater(tp)
+                if reached[tp] >= wanted[tp.partition] or (not batch.get(tp) and end is not None
+                                                           and reached[tp] >= end):
+                    open_tps.discard(tp)
+        return {tp.partition: starts[tp] for tp in tps}
+    finally:
+        await consumer.stop()

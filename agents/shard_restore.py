@@ -1,0 +1,93 @@
+"""Move a worker's entity shard to the group's assignment: drop what it lost, restore what it gained."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Collection
+
+from agents.event_apply import EventApplier, RawMessage
+from state.shard_state import ShardState
+from streams.partitions import read_until
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY = 50_000  # records read between progress lines of a long restore
+
+
+class Shards:
+    """The resources a worker holds follow the plan partitions it owns (see `ShardState`).
+
+    A gained partition is restored by reading `source-changes` from its beginning up to what
+    this file applied, keeping the resources about the gained partitions' entities; it runs
+    on the writer inside the take-over's transaction, so no live batch interleaves, and only
+    then are the partition's plans taken over and served.
+    """
+
+    def __init__(self, state: ShardState, applier: EventApplier, bootstrap_servers: str, topic: str,
+                 kafka: dict | None = None, fetch_bytes: int = 2_000_000) -> None:
+        self.state = state
+        self.applier = applier
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic  # broker-side `source-changes`
+        self.kafka = kafka or {}
+        self.fetch_bytes = fetch_bytes
+        self.last_restore: dict | None = None  # partitions, records read, rows restored, seconds: for /healthz
+
+    def move(self, assigned: Collection[int]) -> None:
+        """Hold exactly the assigned partitions (on the writer, inside the caller's transaction)."""
+        after = frozenset(assigned)
+        lost, gained = self.state.held - after, after - self.state.held
+        if lost:
+            dropped = self.state.drop(lost)
+            log.info("handed entity partitions %s to their new owner: %d resources removed", sorted(lost), dropped,
+                     extra={"partitions": sorted(lost), "reason": "shard_dropped"})
+        if gained:
+            self.restore(gained)
+
+    def restore(self, gained: frozenset[int]) -> None:
+        """Apply the gained partitions' resource history, then hold them."""
+        started = time.perf_counter()
+        until = self.applier.state.store.next_offsets().get("source-changes", {})
+        partition_of = self.state.partition_of
+
+        def mine(entity: str | None) -> bool:
+            return entity is not None and partition_of(entity) in gained
+
+        seen, restored = 0, 0
+
+        def on_batch(records: list) -> None:
+            nonlocal seen, restored
+            messages = [RawMessage("source-changes", r.partition, r.offset, r.key, r.value,
+                                   r.timestamp / 1000 if r.timestamp else None) for r in records]
+            restored += self.applier.restore_resources(messages, mine)
+            before, seen = seen, seen + len(records)
+            if seen // PROGRESS_EVERY > before // PROGRESS_EVERY:
+                log.info("restoring entity partitions %s: %d of %d records read", sorted(gained), seen,
+                         sum(until.values()), extra={"partitions": sorted(gained), "reason": "shard_restoring"})
+
+        self.state.restoring = self.state.restoring | gained
+        try:
+            # The writer thread has no loop of its own: this read blocks it, which keeps every
+            # live batch out until the shard is whole.
+            starts = asyncio.run(read_until(self.bootstrap_servers, self.topic, until, on_batch, self.kafka,
+                                            self.fetch_bytes))
+        finally:
+            self.state.restoring = self.state.restoring - gained
+        trimmed = {p: s for p, s in starts.items() if s > 0}
+        store = self.applier.state.store
+        if trimmed:
+            # As a fresh worker reading the topic would: what retention deleted survives only at the old owner.
+            store.bump_many({"shard_restores_incomplete": 1})
+            log.warning("restoring entity partitions %s: source-changes no longer holds its oldest records "
+                        "(first offsets %s); resources changed only in those are missing from this shard",
+                        sorted(gained), trimmed, extra={"partitions": sorted(gained), "reason": "shard_incomplete"})
+        self.state.add(gained)
+        seconds = time.perf_counter() - started
+        store.bump_many({"shards_restored": len(gained), "shard_resources_restored": restored})
+        self.last_restore = {"partitions": sorted(gained), "records_read": seen, "resources_restored": restored,
+                             "seconds": round(seconds, 3)}
+        log.info("restored entity partitions %s from %s: %d records read, %d resource changes applied, %.2fs",
+                 sorted(gained), self.topic, seen, restored, seconds,
+                 extra={"partitions": sorted(gained), "reason": "shard_restored"})

@@ -1,0 +1,97 @@
+"""Which entity partitions this file holds the resources of: the worker's shard of the catalog."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection
+
+from schemas.plan_partition import plan_partition
+from state.catalog_resources import drop_resources, held_entities
+from state.store import Store
+
+_TABLE = "held_shards"
+
+
+@dataclass(frozen=True)
+class ShardFigures:
+    """What a shard holds, for /healthz and the metrics."""
+
+    partitions: list[int]
+    """Entity partitions whose resources this file holds completely."""
+    resources: int
+    """Live resources about an entity of those partitions (replicated ones, about no entity, not counted)."""
+    entities: int
+    """Distinct entities those resources are about."""
+    by_partition: dict[int, int]
+    """Live resources per held partition."""
+
+
+class ShardState:
+    """The held partitions, kept in the file with the resources they describe (same transactions).
+
+    A file that never recorded any holds every partition: it was written by a worker that
+    applied every resource (a fresh file holds every partition's nothing). Resources about no
+    entity are every worker's (replicated), as are principals, entities, policies and revocations.
+    """
+
+    def __init__(self, store: Store, partitions: int) -> None:
+        self.store = store
+        self.partitions = partitions
+        db = store.db
+        if not db.execute(f"SELECT 1 FROM duckdb_tables() WHERE table_name = '{_TABLE}'").fetchone():
+            db.execute(f"CREATE TABLE {_TABLE} (partition INTEGER PRIMARY KEY)")
+            db.execute(f"INSERT INTO {_TABLE} SELECT range FROM range(?)", [partitions])
+            db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
+        self.held: frozenset[int] = frozenset(r[0] for r in db.execute(f"SELECT partition FROM {_TABLE}").fetchall())
+        """Read by the applier on every batch; replaced, never changed in place."""
+        self.restoring: frozenset[int] = frozenset()
+        """Partitions being restored right now (read by the loop to refuse their selects)."""
+
+    def partition_of(self, entity_id: str) -> int:
+        """The entity partition of an entity id (its plans' partition too)."""
+        return plan_partition(entity_id, self.partitions)
+
+    def mine(self, entity: str | None) -> bool:
+        """Whether a resource about this entity is applied here: replicated (no entity), or in a held partition."""
+        return entity is None or plan_partition(entity, self.partitions) in self.held
+
+    def drop(self, partitions: Collection[int]) -> int:
+        """Stop holding these partitions: their resources are removed (inside the caller's transaction)."""
+        lost = set(partitions) & self.held
+        if not lost:
+            return 0
+        entities = [e for e in held_entities(self.store) if self.partition_of(e) in lost]
+        dropped = drop_resources(self.store, entities)
+        self._set(self.held - lost)
+        self.store.bump_many({"shard_resources_dropped": dropped, "shards_dropped": len(lost)})
+        return dropped
+
+    def add(self, partitions: Collection[int]) -> None:
+        """Hold these partitions from now on (their resources were restored in the caller's transaction)."""
+        self._set(self.held | frozenset(partitions))
+
+    def _set(self, held: frozenset[int]) -> None:
+        db = self.store.db
+        db.execute(f"DELETE FROM {_TABLE}")
+        if held:
+            db.execute(f"INSERT INTO {_TABLE} SELECT unnest(?::INTEGER[])", [sorted(held)])
+        self.held = frozenset(held)
+
+    def figures(self, store: Store | None = None) -> ShardFigures:
+        """Counts over the held partitions, read through `store` (a view's cursor off the writer)."""
+        db = (store or self.store).db
+        rows = db.execute("SELECT entity, count(*) FROM resources WHERE entity IS NOT NULL AND NOT deleted "
+                          "GROUP BY entity").fetchall()
+        held = self.held
+        by_partition = dict.fromkeys(sorted(held), 0)
+        entities = 0
+        for entity, count in rows:
+            partition = self.partition_of(entity)
+            if partition in by_partition:
+                by_partition[partition] += count
+                entities += 1
+        return ShardFigures(sorted(held), sum(by_partition.values()), entities, by_partition)
+
+    def reload(self) -> None:
+        """Read the held partitions back from the file (after a rolled-back move)."""
+        self.held = frozenset(r[0] for r in self.store.db.execute(f"SELECT partition FROM {_TABLE}").fetchall())

@@ -1,0 +1,79 @@
+"""Resources partitioned by entity, through the broker: each worker holds its shard, a gained one is restored."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.plan_partition import plan_partition
+from tests.conftest import ATLAS_REQUEST, eventually, freshest, start_peer
+from tests.events import resource
+
+pytestmark = pytest.mark.timeout(150)
+
+ATLAS, BOREAL = "ATLAS-IN-01", "BOREAL-UK-02"  # entity partitions 1 and 0 of 2
+BOREAL_REQUEST = dict(ATLAS_REQUEST, entity="Boreal", query="Can the Boreal facility continue under the waiver?")
+
+
+async def _shard(w) -> dict:
+    return (await w.get("/healthz"))["shard"]
+
+
+async def _split(a, b) -> tuple:
+    """(worker holding Atlas's partition, the other) once the two hold one partition each, none restoring."""
+    async def split():
+        x, y = await _shard(a), await _shard(b)
+        held = [sorted(s["partitions"]["source-changes"]) for s in (x, y)]
+        plans = [sorted(s["partitions"]["plans"]) for s in (x, y)]
+        return (len(held[0]) == len(held[1]) == 1 and sorted(held[0] + held[1]) == [0, 1] and held == plans
+                and not x["restoring"] and not y["restoring"])
+    await eventually(split, what="the two workers holding one entity partition each")
+    if plan_partition(ATLAS, 2) in (await _shard(a))["partitions"]["source-changes"]:
+        return a, b
+    return b, a
+
+
+async def test_each_worker_holds_only_its_shard_and_a_gained_shard_is_restored_whole(worker, tmp_path):
+    first = freshest(await worker.load("atlas.jsonl"),
+                     await worker.publish_events(resource("boreal-waiver-B1", entity=BOREAL)))
+    await worker.select(ATLAS_REQUEST, first)
+    alone = await _shard(worker)
+    assert sorted(alone["partitions"]["source-changes"]) == [0, 1]
+    total = alone["resources"]
+    assert alone["by_partition"]["0"] >= 1 and alone["by_partition"]["1"] >= 1, alone
+
+    peer = await start_peer(worker, tmp_path / "peer")
+    try:
+        atlas_owner, boreal_owner = await _split(worker, peer)
+        # Six more resources on each side; one resource moves from Atlas to Boreal.
+        more = [resource(f"shard-{e}-{i}", entity=e) for e in (ATLAS, BOREAL) for i in range(6)]
+        token = freshest(first, await worker.publish_events(*more, resource("mover", entity=ATLAS)))
+        await atlas_owner.select(ATLAS_REQUEST, token)
+        token = freshest(token, await worker.publish_events(resource("mover", entity=BOREAL, version=2)))
+        for w in (atlas_owner, boreal_owner):  # each answers both entities (the other's by forwarding)
+            for request in (ATLAS_REQUEST, BOREAL_REQUEST):
+                assert (await w.select(request, token))["admitted"]
+
+        async def shards_settled():
+            a, b = await _shard(atlas_owner), await _shard(boreal_owner)
+            return (a, b) if a["resources"] + b["resources"] == total + 13 else None
+        a, b = await eventually(shards_settled, what="every resource held by exactly one worker")
+        assert set(a["by_partition"]) == {str(plan_partition(ATLAS, 2))}, a
+        assert set(b["by_partition"]) == {str(plan_partition(BOREAL, 2))}, b
+        assert a["resources"] == alone["by_partition"][str(plan_partition(ATLAS, 2))] + 6  # the mover left
+        assert b["resources"] == alone["by_partition"][str(plan_partition(BOREAL, 2))] + 7
+        counters = (await atlas_owner.get("/healthz"))["counters"]
+        assert counters.get("resources_of_other_shards", 0) >= 6, counters
+
+        # The Boreal owner stops: the survivor restores its partition from source-changes, mover included.
+        boreal_owner.stop()
+        survivor = atlas_owner
+
+        async def whole():
+            s = await _shard(survivor)
+            return s if sorted(s["partitions"]["source-changes"]) == [0, 1] and not s["restoring"] else None
+        s = await eventually(whole, what="the survivor holding both partitions")
+        assert s["resources"] == total + 13, s
+        assert s["last_restore"]["partitions"] == [plan_partition(BOREAL, 2)], s
+        assert (await survivor.select(BOREAL_REQUEST, token))["admitted"]
+    finally:
+        peer.stop()
