@@ -88,12 +88,28 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"bound {rev['bound_seconds']}s)")
     print(f"plans              {', '.join(f'{k} {v}' for k, v in sorted(health['plans'].items())) or 'none'}")
     print(f"index edges        {health['index_edges']}    outbox {health['outbox']}")
+    _print_shard(health.get("shard"))
     for topic in ("source-changes", "policy-versions", "revocations", "clock"):
         lag = sum(health.get("lag", {}).get(topic, {}).values())
         last = health.get("last_events", {}).get(topic)
         seen = f"last {last['event_id']} at {last['applied_at']}" if last else "no events applied yet"
         print(f"{topic:<18} lag {lag:<6} {seen}")
     return 0
+
+
+def _print_shard(shard: dict | None) -> None:
+    """This worker's entity shard, and which worker the group gave each entity partition."""
+    if not shard:
+        return
+    held = shard["partitions"].get("source-changes", [])
+    restoring = ", ".join(map(str, shard["restoring"])) or "none"
+    print(f"shard              entity partitions {held or 'none'}: {shard['resources']} resources about "
+          f"{shard['entities']} entities, {shard['plans']} plans; restoring {restoring}")
+    members: dict[str, list[int]] = {}
+    for partition, url in sorted((shard.get("owners") or {}).items(), key=lambda kv: int(kv[0])):
+        members.setdefault(url or "(unassigned)", []).append(int(partition))
+    for url, partitions in sorted(members.items()):
+        print(f"  worker {url:<30} partitions {partitions}")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -125,6 +125,7 @@ class _StateCollector:
             for job, n in sorted(self.chores.failures.items()):
                 failed.add_metric([job], n)
             yield failed
+        yield from _shard_families(figures.get("shard") or {})
         yield GaugeMetricFamily("freshplan_recompile_queue", "Announced plans whose successors are not compiled yet",
                                 value=figures["recompile_queue"])
         for name, help_text in (("invalidations", "Invalidations announced"),
@@ -141,7 +142,12 @@ class _StateCollector:
                                 ("plan_rows_expired", "Rows of invalidated or evicted plans deleted by retention"),
                                 ("receipts_expired", "Receipts deleted from local state after their retention span"),
                                 ("event_ids_expired", "Event ids forgotten after the event-id retention"),
-                                ("event_id_generations_dropped", "Event-id generation tables dropped by retention")):
+                                ("event_id_generations_dropped", "Event-id generation tables dropped by retention"),
+                                ("resources_of_other_shards", "Resource changes left to the owner of their entity's "
+                                 "partition"),
+                                ("shards_restored", "Entity partitions restored from source-changes"),
+                                ("shard_resources_restored", "Resource changes applied while restoring a shard"),
+                                ("shard_resources_dropped", "Resources removed with an entity partition handed on")):
             yield CounterMetricFamily(f"freshplan_{name}", help_text, value=counters.get(name, 0))
         yield from _labelled(counters, {
             "applied.": CounterMetricFamily("freshplan_events_applied", "Input events applied", labels=["topic"]),
@@ -153,6 +159,25 @@ class _StateCollector:
             "selects.": CounterMetricFamily("freshplan_selects", "Selects answered", labels=["served_from"]),
             "refused.": CounterMetricFamily("freshplan_stale_serve_refusals",
                                             "Selects refused rather than risk a stale serve", labels=["reason"])})
+
+
+def _shard_families(shard: dict[str, Any]) -> Iterator:
+    """The worker's shard per entity partition (the /healthz `shard` section), as gauges."""
+    resources = GaugeMetricFamily("freshplan_shard_resources", "Resources held per entity partition of this "
+                                  "worker's shard", labels=["partition"])
+    held = GaugeMetricFamily("freshplan_shard_partitions", "Entity partitions this worker holds (1) or is "
+                             "restoring (0)", labels=["partition"])
+    for partition, count in sorted((shard.get("by_partition") or {}).items(), key=lambda kv: int(kv[0])):
+        resources.add_metric([str(partition)], count)
+        held.add_metric([str(partition)], 1)
+    for partition in shard.get("restoring") or ():
+        held.add_metric([str(partition)], 0)
+    yield resources
+    yield held
+    yield GaugeMetricFamily("freshplan_shard_plans", "Plans this worker owns (heads of its plan partitions)",
+                            value=shard.get("plans") or 0)
+    yield GaugeMetricFamily("freshplan_shard_entities", "Entities the resources of this worker's shard are about",
+                            value=shard.get("entities") or 0)
 
 
 def _labelled(counts, families: dict) -> Iterator:

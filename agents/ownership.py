@@ -94,7 +94,7 @@ class Ownership:
         except BaseException:
             self.owned = previous
             if self.shards is not None:
-                self.shards.state.reload()
+                self.shards.reload()
             raise
 
     def change(self, assigned: Collection[int]) -> tuple[TakeOver, int]:

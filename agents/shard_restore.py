@@ -26,8 +26,10 @@ class Shards:
     """
 
     def __init__(self, state: ShardState, applier: EventApplier, bootstrap_servers: str, topic: str,
-                 kafka: dict | None = None, fetch_bytes: int = 2_000_000) -> None:
+                 kafka: dict | None = None, fetch_bytes: int = 2_000_000, standby_replicas: int = 0) -> None:
         self.state = state
+        self.standby_replicas = standby_replicas  # warm copies: the next partitions after each owned one
+        self.standby: frozenset[int] = frozenset()  # held, not owned: restored ahead of a take-over
         self.applier = applier
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic  # broker-side `source-changes`
@@ -35,10 +37,28 @@ class Shards:
         self.fetch_bytes = fetch_bytes
         self.last_restore: dict | None = None  # partitions, records read, rows restored, seconds: for /healthz
 
+    def standby_for(self, owned: frozenset[int]) -> frozenset[int]:
+        """The partitions to keep warm copies of: the `standby_replicas` next ones after each owned partition.
+
+        With partitions spread evenly over the group, the next partitions are mostly another
+        worker's: when that worker dies, its partitions are already here and need no restore.
+        """
+        total = self.state.partitions
+        copies = range(1, min(self.standby_replicas, total - 1) + 1)
+        return frozenset((p + k) % total for p in owned for k in copies) - owned
+
+    def reload(self) -> None:
+        """After a rolled-back move: the held partitions as the file has them."""
+        self.state.reload()
+        self.standby = self.standby & self.state.held
+
     def move(self, assigned: Collection[int]) -> None:
-        """Hold exactly the assigned partitions (on the writer, inside the caller's transaction)."""
-        after = frozenset(assigned)
+        """Hold the assigned partitions and their standby copies (on the writer, inside the caller's transaction)."""
+        owned = frozenset(assigned)
+        standby = self.standby_for(owned)
+        after = owned | standby
         lost, gained = self.state.held - after, after - self.state.held
+        self.standby = standby
         if lost:
             dropped = self.state.drop(lost)
             log.info("handed entity partitions %s to their new owner: %d resources removed", sorted(lost), dropped,

@@ -62,6 +62,11 @@ class Status:
         figures["shard"] = self.shard(state)
         return figures
 
+    def _file_figures(self, state: "LocalState") -> dict[str, Any]:
+        figures = file_figures(state)
+        figures["shard"] = self.shard(state)
+        return figures
+
     def _run(self, fn: Callable[["LocalState"], T]) -> T:
         self.thread = threading.current_thread().name
         return fn(self.state)
@@ -86,7 +91,7 @@ class Status:
         unreadable as a failed health read does: selects are refused, liveness says so.
         """
         try:
-            figures = await self.read(file_figures)
+            figures = await self.read(self._file_figures)
         except duckdb.Error as exc:
             raise self.query.state_failed(exc, counted=False) from None
         return self.metrics.render(figures)

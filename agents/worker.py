@@ -90,11 +90,17 @@ class Worker:
         shards = self.ownership.shards
         figures = shards.state.figures(state.store)
         owned = self.ownership.owned
+        held = shards.state.held
+        serving = held - shards.standby
         (plans,) = state.store.db.execute("SELECT count(*) FROM plan_heads").fetchone()
-        return {"partitions": {"source-changes": figures.partitions, "plans": sorted(owned or ())},
-                "resources": figures.resources, "entities": figures.entities, "plans": int(plans),
+        return {"partitions": {"source-changes": sorted(serving), "plans": sorted(owned or ())},
+                "resources": figures.resources(serving), "entities": figures.entities(serving), "plans": int(plans),
                 "restoring": sorted(shards.state.restoring),
-                "by_partition": {str(p): n for p, n in figures.by_partition.items()},
+                "by_partition": {str(p): n for p, n in figures.by_partition.items() if p in serving},
+                "standby": {"partitions": sorted(shards.standby), "resources": figures.resources(shards.standby),
+                            "entities": figures.entities(shards.standby),
+                            "by_partition": {str(p): n for p, n in figures.by_partition.items()
+                                             if p in shards.standby}},
                 "last_restore": shards.last_restore}
 
     def duty(self) -> dict[str, list[int]]:
@@ -147,6 +153,9 @@ class Worker:
         owned = self.ownership.owned
         figures = dict(figures)
         shard = figures.pop("shard", None)
+        if shard is not None:
+            # Who holds every entity partition, as the group's assignment says (`freshplan status` lists it).
+            shard["owners"] = {str(p): self.owner_url(p) for p in range(self.settings.partitions)}
         return {"shard": shard, "duty": self.duty(), "duty_committed": self.input_duty.committed_by_topic(),
                 "inputs_from_faust": self.input_duty.delivered,
                 "owned_partitions": None if owned is None else sorted(owned),
@@ -221,7 +230,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     query.check_heads = settings.check_head_cache
     parked = ParkedPlans(state.store, settings.partitions)
     shards = Shards(shard_state, applier, bootstrap_servers, settings.topic("source-changes"), kafka,
-                    max(2 * settings.max_event_bytes, 1_000_000))
+                    max(2 * settings.max_event_bytes, 1_000_000), standby_replicas=settings.standby_replicas)
     ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
                           settings.topic("plan-dependencies"), shards=shards)
     plan_feed = PlanFeed(state, ownership, parked, replica, bootstrap_servers, settings.topic("plan-dependencies"),

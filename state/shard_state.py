@@ -16,14 +16,18 @@ _TABLE = "held_shards"
 class ShardFigures:
     """What a shard holds, for /healthz and the metrics."""
 
-    partitions: list[int]
-    """Entity partitions whose resources this file holds completely."""
-    resources: int
-    """Live resources about an entity of those partitions (replicated ones, about no entity, not counted)."""
-    entities: int
-    """Distinct entities those resources are about."""
     by_partition: dict[int, int]
-    """Live resources per held partition."""
+    """Live resources per held partition (replicated ones, about no entity, not counted)."""
+    entities_by_partition: dict[int, int]
+    """Distinct entities those resources are about, per held partition."""
+
+    def resources(self, partitions: Collection[int]) -> int:
+        """Live resources held for these partitions."""
+        return sum(n for p, n in self.by_partition.items() if p in partitions)
+
+    def entities(self, partitions: Collection[int]) -> int:
+        """Entities the resources of these partitions are about."""
+        return sum(n for p, n in self.entities_by_partition.items() if p in partitions)
 
 
 class ShardState:
@@ -82,15 +86,14 @@ class ShardState:
         db = (store or self.store).db
         rows = db.execute("SELECT entity, count(*) FROM resources WHERE entity IS NOT NULL AND NOT deleted "
                           "GROUP BY entity").fetchall()
-        held = self.held
-        by_partition = dict.fromkeys(sorted(held), 0)
-        entities = 0
+        by_partition = dict.fromkeys(sorted(self.held), 0)
+        entities = dict.fromkeys(sorted(self.held), 0)
         for entity, count in rows:
             partition = self.partition_of(entity)
             if partition in by_partition:
                 by_partition[partition] += count
-                entities += 1
-        return ShardFigures(sorted(held), sum(by_partition.values()), entities, by_partition)
+                entities[partition] += 1
+        return ShardFigures(by_partition, entities)
 
     def reload(self) -> None:
         """Read the held partitions back from the file (after a rolled-back move)."""

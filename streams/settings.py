@@ -91,6 +91,9 @@ class Settings:
     twice this):
     a repeat within it is a counted duplicate, a repeat after it is applied again (versions still ignore older
     upserts; docs/operate.md, "Retention")."""
+    standby_replicas: int = 0
+    """Warm copies of other workers' entity partitions each worker keeps (0 to partitions - 1): a partition it
+    then gains needs no restore from `source-changes`, at the cost of holding and applying the copies."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
     check_head_cache: bool = False
@@ -185,6 +188,7 @@ class Settings:
             app_id=get("APP_ID", base.app_id),
             topic_prefix=get("TOPIC_PREFIX", base.topic_prefix),
             partitions=get("PARTITIONS", base.partitions, int),
+            standby_replicas=get("STANDBY_REPLICAS", base.standby_replicas, int),
             state_dir=Path(get("STATE_DIR", base.state_dir)),
             web_host=get("WEB_HOST", base.web_host),
             web_port=get("WEB_PORT", base.web_port, int),

@@ -79,6 +79,7 @@ def test_run_with_embedded_broker_serves_the_atlas_scenario(tmp_path):
         shown = subprocess.run(FRESHPLAN + ["status", "--state-dir", str(tmp_path / "state")], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and "revocations" in shown.stdout and "last atlas-" in shown.stdout, shown
+        assert "shard              entity partitions [0" in shown.stdout and "  worker http" in shown.stdout, shown
         # The generated secret: in run.json only (owner-readable), sent by the CLI, required by the API.
         secret = info["token"]
         assert len(secret) >= 32 and stat.S_IMODE(run_file.stat().st_mode) == 0o600

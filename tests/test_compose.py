@@ -20,7 +20,9 @@ def test_the_worker_service_can_be_scaled():
     env = worker["environment"]
     host = env["KAFKA_BOOTSTRAP_SERVERS"].split(":")[0]
     assert host in compose["services"] and worker["depends_on"][host]["condition"] == "service_healthy"
-    assert int(env["FRESHPLAN_PARTITIONS"]) >= 3   # three workers need three partitions to share
+    assert int(env["FRESHPLAN_PARTITIONS"]) == 12   # `--scale worker=3` gets four entity partitions each
+    assert compose["services"]["acls"]["environment"]["PARTITIONS"] == env["FRESHPLAN_PARTITIONS"]
+    assert env["FRESHPLAN_STANDBY_REPLICAS"] == "1"  # a dead worker's partitions are already warm elsewhere
     state = "/var/lib/freshplan"
     assert state in worker["volumes"]  # anonymous: one state volume per replica
     assert all(v == state or v.endswith(":ro") for v in worker["volumes"])  # anything shared is read-only

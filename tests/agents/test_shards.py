@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schemas.plan_partition import plan_partition
-from tests.conftest import ATLAS_REQUEST, eventually, freshest, start_peer
+from tests.conftest import ATLAS_REQUEST, eventually, freshest, launch, start_peer
 from tests.events import resource
 
 pytestmark = pytest.mark.timeout(150)
@@ -40,6 +40,11 @@ async def test_each_worker_holds_only_its_shard_and_a_gained_shard_is_restored_w
     assert sorted(alone["partitions"]["source-changes"]) == [0, 1]
     total = alone["resources"]
     assert alone["by_partition"]["0"] >= 1 and alone["by_partition"]["1"] >= 1, alone
+    async with worker.http.get(f"{worker.url}/metrics") as resp:
+        text = await resp.text()
+    for partition in ("0", "1"):
+        line = f'freshplan_shard_resources{{partition="{partition}"}} {float(alone["by_partition"][partition])}'
+        assert line in text, text
 
     peer = await start_peer(worker, tmp_path / "peer")
     try:
@@ -77,3 +82,41 @@ async def test_each_worker_holds_only_its_shard_and_a_gained_shard_is_restored_w
         assert (await survivor.select(BOREAL_REQUEST, token))["admitted"]
     finally:
         peer.stop()
+
+
+async def test_a_standby_copy_makes_a_gained_partition_ready_without_restoring(broker, tmp_path):
+    """FRESHPLAN_STANDBY_REPLICAS=1 on 2 partitions: each worker keeps the other's partition warm."""
+    async with launch(broker, tmp_path / "a", FRESHPLAN_STANDBY_REPLICAS="1") as first:
+        token = freshest(await first.load("atlas.jsonl"),
+                         await first.publish_events(resource("boreal-waiver-B1", entity=BOREAL)))
+        await first.select(ATLAS_REQUEST, token)
+        total = (await _shard(first))["resources"]
+        peer = await start_peer(first, tmp_path / "b")
+        try:
+            await _split(first, peer)
+            token = freshest(token, await first.publish_events(*[resource(f"warm-{e}", entity=e)
+                                                                  for e in (ATLAS, BOREAL)]))
+            for w in (first, peer):
+                assert (await w.select(BOREAL_REQUEST, token))["admitted"]
+
+            async def warm():
+                a, b = await _shard(first), await _shard(peer)
+                both = [(s["resources"], s["standby"]["resources"]) for s in (a, b)]
+                return (a, b) if all(mine + copy == total + 2 for mine, copy in both) else None
+            a, b = await eventually(warm, what="both workers holding their shard and a copy of the other's")
+            for s in (a, b):
+                assert s["standby"]["partitions"] != s["partitions"]["source-changes"], s
+                assert sorted(s["standby"]["partitions"] + s["partitions"]["source-changes"]) == [0, 1], s
+            restored_before = (await first.get("/healthz"))["counters"].get("shards_restored", 0)
+
+            peer.stop()
+
+            async def alone():
+                s = await _shard(first)
+                return s if sorted(s["partitions"]["source-changes"]) == [0, 1] else None
+            s = await eventually(alone, what="the survivor serving both partitions")
+            assert s["resources"] == total + 2 and s["standby"]["partitions"] == [], s
+            assert (await first.get("/healthz"))["counters"].get("shards_restored", 0) == restored_before
+            assert (await first.select(BOREAL_REQUEST, token))["admitted"]
+        finally:
+            peer.stop()
