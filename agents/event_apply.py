@@ -18,7 +18,7 @@ from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.outbound import input_dead_letter, letter_key
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
-from state.catalog_resources import Mine, OtherShard, everything
+from state.catalog_resources import Mine, OtherShard, apply_resources, everything
 from state.local_state import LocalState
 from streams.incarnation import record_mark
 
@@ -144,12 +144,14 @@ class EventApplier:
                 self._dead_letter(m, exc.error_class, exc.message, counts)
         store.save_offsets(offsets, {pos: (o, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))
                                      for pos, (o, m) in marks.items()})
-        # The clock is idempotent by monotonicity; its ticks need no event-id ledger.
+        # The clock is idempotent by monotonicity; its ticks need no event-id ledger. Nor are the ids of
+        # other shards' resources claimed: a shard gained later must not take them for applied.
+        claimed = [m.topic != "clock" and not self._elsewhere(e) for m, e in decoded]
         verdicts = iter(store.claim_events([(m.topic, e.event_id, e.content_hash)
-                                            for m, e in decoded if m.topic != "clock"]))
+                                            for (m, e), claim in zip(decoded, claimed, strict=True) if claim]))
         fresh: list[tuple[RawMessage, InputEvent]] = []
-        for m, e in decoded:
-            verdict = "new" if m.topic == "clock" else next(verdicts)
+        for (m, e), claim in zip(decoded, claimed, strict=True):
+            verdict = next(verdicts) if claim else "new"
             if verdict == "new":
                 fresh.append((m, e))
             elif verdict == "duplicate":
@@ -173,6 +175,13 @@ class EventApplier:
         self.plans.recompile(touched, counts)
         store.bump_many(counts)
 
+    def _elsewhere(self, event: InputEvent) -> bool:
+        """Whether an event is an upsert of a resource about another shard's entity (a move away is applied
+        unclaimed: versions make a repeat of it harmless)."""
+        payload = event.payload
+        return (isinstance(payload, SourceChange) and payload.kind == "resource" and payload.record is not None
+                and not self.mine(payload.record.entity))  # type: ignore[union-attr]
+
     def restore_resources(self, messages: Sequence[RawMessage], mine: Mine) -> int:
         """Apply the resource changes of a gained shard from its history, in order; how many changed a row.
 
@@ -192,7 +201,9 @@ class EventApplier:
                 changes.append((m, event.payload, event.event_id))
         if not changes:
             return 0
-        results = self.state.catalog.apply_resources([c for _, c, _ in changes], mine)
+        # No source rules: what its holder accepted then stays (policy changes never remove stored
+        # resources), and the compiler still refuses what today's bundle does not trust.
+        results = apply_resources(self.state.store, [c for _, c, _ in changes], {}, mine)
         keyed = {(m.topic, m.partition, m.offset): keys for (m, _, _), keys in zip(changes, results, strict=True)
                  if isinstance(keys, list) and keys}
         self.state.key_changes.record(keyed, {(m.topic, m.partition, m.offset): event_id
@@ -248,10 +259,10 @@ class EventApplier:
                 counts["resources_of_other_shards"] += 1
                 continue
             if isinstance(keys, InvalidEvent):
-                # Only a resource's shard owner judges it, and it may not be its partition's duty owner,
-                # which alone promotes what is held on standby: such a letter is the owner's to send.
-                self._dead_letter(m, keys.error_class, keys.message, counts,
-                                  standby=self._standby and i not in resource_at)
+                # Columns left out are filled from the stored row, which only the resource's holder has: it
+                # alone judges them, and it may not be the duty owner that promotes standby letters.
+                alone = i in resource_at and keys.error_class == "unavailable_value"
+                self._dead_letter(m, keys.error_class, keys.message, counts, standby=self._standby and not alone)
                 continue
             if keys is None:
                 counts["ignored_old_versions"] += 1

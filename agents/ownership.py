@@ -96,6 +96,9 @@ class Ownership:
             if self.shards is not None:
                 self.shards.reload()
             raise
+        finally:
+            if self.shards is not None:
+                self.shards.settled()  # committed or rolled back: nothing is being restored now
 
     def change(self, assigned: Collection[int]) -> tuple[TakeOver, int]:
         """Move to a new assignment: hand back lost partitions, take over gained ones."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Collection
+from typing import Callable, Collection
 
 from agents.event_apply import EventApplier, RawMessage
+from state.catalog_resources import drop_resources, held_entities
 from state.shard_state import ShardState
 from streams.partitions import read_until
 
@@ -26,8 +27,13 @@ class Shards:
     """
 
     def __init__(self, state: ShardState, applier: EventApplier, bootstrap_servers: str, topic: str,
-                 kafka: dict | None = None, fetch_bytes: int = 2_000_000, standby_replicas: int = 0) -> None:
+                 kafka: dict | None = None, fetch_bytes: int = 2_000_000, standby_replicas: int = 0,
+                 blocked: Callable[[], bool] = lambda: False) -> None:
         self.state = state
+        # Whether `source-changes` was reset under this file and not rebased: its offsets then name
+        # another incarnation's records, and reading the new topic up to them would be wrong.
+        self.blocked = blocked
+        self.incomplete: frozenset[int] = frozenset()  # restored partitions whose history the topic no longer had
         self.standby_replicas = standby_replicas  # warm copies: the next partitions after each owned one
         self.standby: frozenset[int] = frozenset()  # held, not owned: restored ahead of a take-over
         self.applier = applier
@@ -46,6 +52,10 @@ class Shards:
         total = self.state.partitions
         copies = range(1, min(self.standby_replicas, total - 1) + 1)
         return frozenset((p + k) % total for p in owned for k in copies) - owned
+
+    def settled(self) -> None:
+        """The move's transaction has ended: no partition is being restored any more."""
+        self.state.restoring = frozenset()
 
     def reload(self) -> None:
         """After a rolled-back move: the held partitions as the file has them."""
@@ -68,9 +78,16 @@ class Shards:
 
     def restore(self, gained: frozenset[int]) -> None:
         """Apply the gained partitions' resource history, then hold them."""
+        if self.blocked():
+            raise RuntimeError("source-changes was reset and is not applied until an operator rebases or replays: "
+                               "a shard cannot be restored from it")
         started = time.perf_counter()
-        until = self.applier.state.store.next_offsets().get("source-changes", {})
+        store = self.applier.state.store
+        until = store.next_offsets().get("source-changes", {})
         partition_of = self.state.partition_of
+        # A clean slate: rows left about these entities are tombstones of resources that moved here
+        # while another worker held the partition; its history decides them again.
+        drop_resources(store, [e for e in held_entities(store) if partition_of(e) in gained])
 
         def mine(entity: str | None) -> bool:
             return entity is not None and partition_of(entity) in gained
@@ -87,22 +104,25 @@ class Shards:
                 log.info("restoring entity partitions %s: %d of %d records read", sorted(gained), seen,
                          sum(until.values()), extra={"partitions": sorted(gained), "reason": "shard_restoring"})
 
+        # Cleared by `settled` once the caller's transaction ends: until it commits, a reader of the
+        # file would see the partition held but its resources not yet there.
         self.state.restoring = self.state.restoring | gained
-        try:
-            # The writer thread has no loop of its own: this read blocks it, which keeps every
-            # live batch out until the shard is whole.
-            starts = asyncio.run(read_until(self.bootstrap_servers, self.topic, until, on_batch, self.kafka,
-                                            self.fetch_bytes))
-        finally:
-            self.state.restoring = self.state.restoring - gained
+        # The writer thread has no loop of its own: this read blocks it, which keeps every live
+        # batch out until the shard is whole.
+        starts = asyncio.run(read_until(self.bootstrap_servers, self.topic, until, on_batch, self.kafka,
+                                        self.fetch_bytes))
         trimmed = {p: s for p, s in starts.items() if s > 0}
-        store = self.applier.state.store
-        if trimmed:
-            # As a fresh worker reading the topic would: what retention deleted survives only at the old owner.
+        rebased = store.incarnation()[1] > 0
+        if trimmed or rebased:
+            # As a fresh worker reading the topic would: what retention deleted, or what a broker reset took
+            # with the old topics, survives only at the old holder (if at all).
+            self.incomplete = self.incomplete | gained
             store.bump_many({"shard_restores_incomplete": 1})
-            log.warning("restoring entity partitions %s: source-changes no longer holds its oldest records "
-                        "(first offsets %s); resources changed only in those are missing from this shard",
-                        sorted(gained), trimmed, extra={"partitions": sorted(gained), "reason": "shard_incomplete"})
+            why = (f"source-changes no longer holds its oldest records (first offsets {trimmed})" if trimmed else
+                   "the input topics were reset and rebased, and the old topics' records are gone")
+            log.warning("restoring entity partitions %s: %s; resources changed only there are missing from this "
+                        "shard until their sources publish them again (a CDC re-snapshot)", sorted(gained), why,
+                        extra={"partitions": sorted(gained), "reason": "shard_incomplete"})
         self.state.add(gained)
         seconds = time.perf_counter() - started
         store.bump_many({"shards_restored": len(gained), "shard_resources_restored": restored})

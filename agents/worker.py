@@ -95,7 +95,7 @@ class Worker:
         (plans,) = state.store.db.execute("SELECT count(*) FROM plan_heads").fetchone()
         return {"partitions": {"source-changes": sorted(serving), "plans": sorted(owned or ())},
                 "resources": figures.resources(serving), "entities": figures.entities(serving), "plans": int(plans),
-                "restoring": sorted(shards.state.restoring),
+                "restoring": sorted(shards.state.restoring), "incomplete": sorted(shards.incomplete),
                 "by_partition": {str(p): n for p, n in figures.by_partition.items() if p in serving},
                 "standby": {"partitions": sorted(shards.standby), "resources": figures.resources(shards.standby),
                             "entities": figures.entities(shards.standby),
@@ -230,7 +230,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     query.check_heads = settings.check_head_cache
     parked = ParkedPlans(state.store, settings.partitions)
     shards = Shards(shard_state, applier, bootstrap_servers, settings.topic("source-changes"), kafka,
-                    max(2 * settings.max_event_bytes, 1_000_000), standby_replicas=settings.standby_replicas)
+                    max(2 * settings.max_event_bytes, 1_000_000), standby_replicas=settings.standby_replicas,
+                    blocked=lambda: "source-changes" in replica.blocked)
     ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
                           settings.topic("plan-dependencies"), shards=shards)
     plan_feed = PlanFeed(state, ownership, parked, replica, bootstrap_servers, settings.topic("plan-dependencies"),

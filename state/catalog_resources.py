@@ -69,8 +69,8 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
     A change is None when it is older than what is stored, an InvalidEvent when its source may
     not assert its evidence class (the bundles' `sources` rules), and OTHER_SHARD when neither
     its entity nor the stored row's is `mine`. A row whose resource moved to another shard's
-    entity is removed once its keys are returned: the plans of its old entity are invalidated
-    here, and the new entity's owner holds it from now on.
+    entity becomes a tombstone once its keys are returned: the plans of its old entity are
+    invalidated here, and the new entity's holder holds it from now on.
     """
     # id -> (version, deleted, entity, evidence_class, supports, contradicts, log_tick, log_snapshot) of
     # rows the writer read or wrote: a resource edited again (a hot one) needs no read. Only this path
@@ -91,6 +91,11 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
     for change in changes:
         old = current.get(change.record_id)
         new_entity = change.record.entity if change.record is not None else None  # type: ignore[union-attr]
+        if refused(change.record, change.unavailable, rules):  # type: ignore[arg-type]
+            # Judged by every worker alike (the record alone decides), so the letter waits on standby for the
+            # duty owner of its input partition, as before shards: once, and never lost to a kill -9.
+            out.append(_refusal())
+            continue
         held = old is not None and mine(old[2])
         if not held and (change.record is None or not mine(new_entity)):
             out.append(OTHER_SHARD)
@@ -123,9 +128,8 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
             new = replace(new, **{f: getattr(base, f) for f, _ in change.unavailable})
         allowed = rules.get(new.provenance_group or "")
         if allowed is not None and new.evidence_class not in allowed:
-            out.append(InvalidEvent("class_not_allowed_for_source", "the resource's provenance_group may not "
-                                    "assert its evidence_class (see the policy bundle's sources); "
-                                    "the resource is not applied"))
+            # Refused where it was going to: the new entity's holder reports it (once), the old row stays.
+            out.append(_refusal())
             continue
         point = new.log_position if new.log_snapshot else None
         current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts,
@@ -143,11 +147,11 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
     if deletes:
         store.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
     if moved:
-        # After the write: a row inserted and moved away in one batch is not left behind.
-        store.db.execute("DELETE FROM resources WHERE id IN (SELECT unnest(?))", [sorted(moved)])
+        # After the write, a tombstone at its new entity: the version stays as a fence (an older change
+        # about the old entity arriving later is ignored), and the new entity's holder has the row.
+        store.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [sorted(moved)])
         for rid in moved:
-            current.pop(rid, None)
-            known.pop(rid, None)
+            current[rid] = (current[rid][0], True) + current[rid][2:]
     remember(known, {rid: current[rid] for rid in set(current) & ids})
     return out
 
@@ -158,7 +162,7 @@ def held_entities(store: Store) -> list[str]:
 
 
 def drop_resources(store: Store, entities: Sequence[str]) -> int:
-    """Remove the stored resources of these entities (a shard handed to another worker); how many went."""
+    """Remove the stored rows (tombstones too) of these entities' resources; how many went."""
     if not entities:
         return 0
     (count,) = store.db.execute("SELECT count(*) FROM resources WHERE entity IN (SELECT unnest(?::VARCHAR[]))",
@@ -166,6 +170,19 @@ def drop_resources(store: Store, entities: Sequence[str]) -> int:
     store.db.execute("DELETE FROM resources WHERE entity IN (SELECT unnest(?::VARCHAR[]))", [list(entities)])
     store.forget("catalog.resources")
     return int(count)
+
+
+def refused(record: Resource | None, unavailable: Sequence[tuple[str, str]], rules: dict[str, set[str]]) -> bool:
+    """Whether an upsert's source may not assert its evidence class, as far as the record itself says."""
+    if record is None or {"provenance_group", "evidence_class"} & {f for f, _ in unavailable}:
+        return False  # a delete; or filled from the stored row first, and judged then
+    allowed = rules.get(record.provenance_group or "")
+    return allowed is not None and record.evidence_class not in allowed
+
+
+def _refusal() -> InvalidEvent:
+    return InvalidEvent("class_not_allowed_for_source", "the resource's provenance_group may not assert its "
+                        "evidence_class (see the policy bundle's sources); the resource is not applied")
 
 
 def _newer(new: Resource, tick: int | None, old: tuple) -> bool:

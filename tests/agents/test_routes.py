@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agents.forward import FORWARDED_HEADER, owner_unavailable
+from agents.forward import FORWARDED_HEADER, owner_unavailable, retry_headers
 from agents.query import NotOwner
 from agents.routes import _ask_other_owners, _forwarded
 
@@ -22,7 +22,7 @@ def _api(owners: dict[int, str | None], answers: dict[str, tuple[int, dict]], fo
         return answers[url]
 
     query = SimpleNamespace(foreign_partitions=lambda: foreign, selects=Counter())
-    return SimpleNamespace(owner_url=owners.get, forward=forward, query=query), asked
+    return SimpleNamespace(owner_url=owners.get, forward=forward, query=query, restoring=frozenset), asked
 
 
 async def test_the_first_owner_that_knows_the_plan_answers():
@@ -51,3 +51,11 @@ async def test_a_forwarded_request_is_never_forwarded_again():
     assert status == 503 and doc["error"]["code"] == "owner_unavailable" and not asked
     assert await _forwarded(api, NotOwner("E", 1), None, {}, "/v1/plans/p") == (200, {})
     assert asked == [("http://b", "/v1/plans/p", None)]
+
+
+async def test_a_partition_being_restored_here_is_refused_not_forwarded():
+    api, asked = _api({1: "http://self"}, {"http://self": (200, {})}, [1])
+    api.restoring = lambda: frozenset({1})
+    status, doc = await _forwarded(api, NotOwner("E", 1), {"entity": "E"}, {})
+    assert status == 503 and doc["error"]["code"] == "shard_restoring" and not asked
+    assert retry_headers(status, doc) == {"Retry-After": "1"}

@@ -77,7 +77,8 @@ def _not_500(status: int, doc: dict) -> None:
 
 
 def _owner_unavailable(status: int, doc: dict, headers) -> None:
-    assert status == 503 and doc["error"]["code"] == "owner_unavailable", (status, doc)
+    # A survivor still restoring the dead owner's shard refuses alike (503, Retry-After), never a partial answer.
+    assert status == 503 and doc["error"]["code"] in ("owner_unavailable", "shard_restoring"), (status, doc)
     assert int(headers["Retry-After"]) >= 1 and "plan_id" not in doc
 
 

@@ -1,4 +1,4 @@
-"""Review: `read_until` (a gained shard's restore) against the embedded broker: it must end, whatever the topic holds."""
+"""Review: `read_until` (a gained shard's restore) against the embedded broker: it ends, whatever the topic holds."""
 
 from __future__ import annotations
 
