@@ -101,7 +101,7 @@ def _print_shard(shard: dict | None) -> None:
     """This worker's entity shard, and which worker the group gave each entity partition."""
     if not shard:
         return
-    held = shard["partitions"].get("source-changes", [])
+    held = shard["partitions"].get("plans", [])
     restoring = ", ".join(map(str, shard["restoring"])) or "none"
     print(f"shard              entity partitions {held or 'none'}: {shard['resources']} resources about "
           f"{shard['entities']} entities, {shard['plans']} plans; restoring {restoring}")

@@ -93,7 +93,9 @@ class Worker:
         held = shards.state.held
         serving = held - shards.standby
         (plans,) = state.store.db.execute("SELECT count(*) FROM plan_heads").fetchone()
-        return {"partitions": {"source-changes": sorted(serving), "plans": sorted(owned or ())},
+        # Entity partitions are numbered as `plans` is (co-partitioned); `source-changes` is read whole by every
+        # worker, its resources kept by entity, so no input topic is split.
+        return {"partitions": {"plans": sorted(serving)}, "owned_partitions": sorted(owned or ()),
                 "resources": figures.resources(serving), "entities": figures.entities(serving), "plans": int(plans),
                 "restoring": sorted(shards.state.restoring), "incomplete": sorted(shards.incomplete),
                 "by_partition": {str(p): n for p, n in figures.by_partition.items() if p in serving},

@@ -62,7 +62,8 @@ async def measure(bootstrap: str, directory: Path, http: aiohttp.ClientSession, 
         records = shard_records(resources, partitions, partitions // 2)
         say(f"restore: one worker applies {len(records):,} entities and resources, spread so that any "
             f"{partitions // 2} of {partitions} partitions hold {resources:,} resources")
-        await applied([incumbent], await incumbent.publish(records))
+        token = await incumbent.publish(records)
+        await applied([incumbent], token)
         before = shards.figures(await incumbent.health(), prefix)
         say("restore: a fresh worker joins; timing until its shard is restored")
         started = time.perf_counter()
@@ -76,7 +77,11 @@ async def measure(bootstrap: str, directory: Path, http: aiohttp.ClientSession, 
             if assigned is None and shards.held(mine, prefix):
                 assigned = time.perf_counter() - started
             if assigned is not None and shards.shared_out([theirs, mine], partitions, prefix):
+                # A joiner with empty state restores by reading source-changes from its start: whole once it
+                # has applied what the incumbent had (a running worker that gains a partition reads it again).
+                await applied([workers[1]], token, timeout=max(1.0, timeout - (time.perf_counter() - started)))
                 done = time.perf_counter() - started
+                mine, theirs = await workers[1].health(), await incumbent.health()
                 break
             await asyncio.sleep(POLL)
         joined, kept = shards.figures(mine, prefix), shards.figures(theirs, prefix)

@@ -22,12 +22,12 @@ async def _split(a, b) -> tuple:
     """(worker holding Atlas's partition, the other) once the two hold one partition each, none restoring."""
     async def split():
         x, y = await _shard(a), await _shard(b)
-        held = [sorted(s["partitions"]["source-changes"]) for s in (x, y)]
-        plans = [sorted(s["partitions"]["plans"]) for s in (x, y)]
+        held = [sorted(s["partitions"]["plans"]) for s in (x, y)]
+        plans = [sorted(s["owned_partitions"]) for s in (x, y)]
         return (len(held[0]) == len(held[1]) == 1 and sorted(held[0] + held[1]) == [0, 1] and held == plans
                 and not x["restoring"] and not y["restoring"])
     await eventually(split, what="the two workers holding one entity partition each")
-    if plan_partition(ATLAS, 2) in (await _shard(a))["partitions"]["source-changes"]:
+    if plan_partition(ATLAS, 2) in (await _shard(a))["partitions"]["plans"]:
         return a, b
     return b, a
 
@@ -37,7 +37,7 @@ async def test_each_worker_holds_only_its_shard_and_a_gained_shard_is_restored_w
                      await worker.publish_events(resource("boreal-waiver-B1", entity=BOREAL)))
     await worker.select(ATLAS_REQUEST, first)
     alone = await _shard(worker)
-    assert sorted(alone["partitions"]["source-changes"]) == [0, 1]
+    assert sorted(alone["partitions"]["plans"]) == [0, 1]
     total = alone["resources"]
     assert alone["by_partition"]["0"] >= 1 and alone["by_partition"]["1"] >= 1, alone
     async with worker.http.get(f"{worker.url}/metrics") as resp:
@@ -75,7 +75,7 @@ async def test_each_worker_holds_only_its_shard_and_a_gained_shard_is_restored_w
 
         async def whole():
             s = await _shard(survivor)
-            return s if sorted(s["partitions"]["source-changes"]) == [0, 1] and not s["restoring"] else None
+            return s if sorted(s["partitions"]["plans"]) == [0, 1] and not s["restoring"] else None
         s = await eventually(whole, what="the survivor holding both partitions")
         assert s["resources"] == total + 13, s
         assert s["last_restore"]["partitions"] == [plan_partition(BOREAL, 2)], s
@@ -105,15 +105,15 @@ async def test_a_standby_copy_makes_a_gained_partition_ready_without_restoring(b
                 return (a, b) if all(mine + copy == total + 2 for mine, copy in both) else None
             a, b = await eventually(warm, what="both workers holding their shard and a copy of the other's")
             for s in (a, b):
-                assert s["standby"]["partitions"] != s["partitions"]["source-changes"], s
-                assert sorted(s["standby"]["partitions"] + s["partitions"]["source-changes"]) == [0, 1], s
+                assert s["standby"]["partitions"] != s["partitions"]["plans"], s
+                assert sorted(s["standby"]["partitions"] + s["partitions"]["plans"]) == [0, 1], s
             restored_before = (await first.get("/healthz"))["counters"].get("shards_restored", 0)
 
             peer.stop()
 
             async def alone():
                 s = await _shard(first)
-                return s if sorted(s["partitions"]["source-changes"]) == [0, 1] else None
+                return s if sorted(s["partitions"]["plans"]) == [0, 1] else None
             s = await eventually(alone, what="the survivor serving both partitions")
             assert s["resources"] == total + 2 and s["standby"]["partitions"] == [], s
             assert (await first.get("/healthz"))["counters"].get("shards_restored", 0) == restored_before
