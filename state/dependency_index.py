@@ -13,7 +13,8 @@ from state.store import Store
 
 # DuckDB uses dependency_index_key for a lookup of up to about 50 keys and scans the table
 # beyond: at 4M edges, 100 keys took 90-440 ms in one query against 20 ms in chunks of 32
-# (0.2 ms a key). From SCAN_FROM keys on one scan is as cheap as the chunks.
+# (0.2 ms a key), each chunk a branch of one UNION ALL. From SCAN_FROM keys on one scan is as
+# cheap as the chunks.
 LOOKUP_CHUNK = 32
 SCAN_FROM = 500
 LIST_INSERT = 5_000  # edges written from list parameters; more through an Arrow scan
@@ -83,18 +84,20 @@ class DependencyIndex:
         if not keys:
             return []
         if len(keys) <= LOOKUP_CHUNK or len(keys) > SCAN_FROM:
-            pairs = self._pairs(keys)
+            pairs = self._pairs([keys])
         else:
-            pairs = [pair for start in range(0, len(keys), LOOKUP_CHUNK)
-                     for pair in self._pairs(keys[start:start + LOOKUP_CHUNK])]
+            pairs = self._pairs([keys[start:start + LOOKUP_CHUNK] for start in range(0, len(keys), LOOKUP_CHUNK)])
         if len(edgeless) + len(keys) > EDGELESS_ENTRIES:
             edgeless.clear()
         edgeless.update(set(keys).difference(d for _, d in pairs))
         return pairs
 
-    def _pairs(self, keys: list[str]) -> list[tuple[str, str]]:
-        return self.db.execute("SELECT plan_key, dep_key FROM dependency_index "
-                               "WHERE dep_key IN (SELECT unnest(?))", [keys]).fetchall()
+    def _pairs(self, chunks: list[list[str]]) -> list[tuple[str, str]]:
+        # Chunks in one statement, one branch each: every branch still finds its keys through the
+        # index (172 keys at 2M edges: 21 ms, against 27 ms for a statement per chunk).
+        return self.db.execute(" UNION ALL ".join(["SELECT plan_key, dep_key FROM dependency_index "
+                                                   "WHERE dep_key IN (SELECT unnest(?))"] * len(chunks)),
+                               chunks).fetchall()
 
     def due(self, now: datetime) -> dict[str, str]:
         """Live plan keys whose validity horizon `now` has reached, with their time key."""
