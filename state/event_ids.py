@@ -6,7 +6,7 @@ import duckdb
 import pyarrow as pa
 
 from state.event_generations import CURRENT, lookup_sql
-from state.row_writes import SMALL_INSERT_ROWS, insert_rows
+from state.row_writes import insert_rows
 
 SEPARATOR = "\x1f"  # never in a topic name, so `topic + SEPARATOR + event id` names one pair and no other
 
@@ -56,37 +56,33 @@ def claim_any(db: duckdb.DuckDBPyConnection, events: list[tuple[str, str, str]],
 
 
 def claim_scoped(db: duckdb.DuckDBPyConnection, events: list[tuple[str, str, str]], older: list[str]) -> list[str]:
-    """`claim_events` in one statement on a file with no legacy ids: insert the new, look up only the rest.
+    """`claim_events` on a file with no legacy ids: look the ids up, then insert the new ones plainly.
 
-    An id held by an `older` generation is not inserted (its first claim dates it); the insert
-    reads those tables by key in the same statement.
+    DuckDB (1.5) makes any `ON CONFLICT` insert costly: an upsert of one id took 2.8 ms with
+    1,000,000 held, against 0.5 ms to look it up and 0.9 ms to insert it (170 ids: 6.4 against
+    2.0 + 3.2 ms). The writer is the file's only writer, so an id not found is still free when
+    it is inserted. An id held by an `older` generation is not inserted (its first claim dates it).
     """
     first: dict[tuple[str, str], str] = {}
     for topic, event_id, digest in events:
         first.setdefault((topic, event_id), digest)
     keys = [event_key(t, e) for t, e in first]
-    unseen = f" WHERE event_key NOT IN ({lookup_sql(older, 'event_key')})" if older else ""
-    insert = (f"INSERT INTO {CURRENT} (event_key, topic, event_id, content_hash) SELECT * FROM {{}}{unseen} "
-              "ON CONFLICT DO NOTHING RETURNING topic, event_id")
-    if len(first) <= SMALL_INSERT_ROWS:
-        values = "(VALUES " + ", ".join(["(?, ?, ?, ?)"] * len(first)) + ") v(event_key, topic, event_id, content_hash)"
-        inserted = set(db.execute(insert.format(values), [x for k, ((t, e), d) in zip(keys, first.items(), strict=True)
-                                                          for x in (k, t, e, d)] + [keys] * len(older)).fetchall())
+    tables = [CURRENT, *older]
+    if len(keys) == 1:  # an equality costs under half of `IN (SELECT unnest(?))`
+        found = db.execute(" UNION ALL ".join(f"SELECT topic, event_id, content_hash FROM {t} WHERE event_key = ?"
+                                              for t in tables), keys * len(tables)).fetchall()
     else:
-        db.register("_rows_applied_events", pa.table({
-            "event_key": keys, "topic": [t for t, _ in first], "event_id": [e for _, e in first],
-            "content_hash": list(first.values())}))
-        try:
-            inserted = set(db.execute(insert.format("_rows_applied_events"), [keys] * len(older)).fetchall())
-        finally:
-            db.unregister("_rows_applied_events")
-    known = dict(first)
-    seen = [k for k in first if k not in inserted]
-    if seen:  # ids applied before: compare their recorded content
-        tables = [CURRENT, *older]
-        known.update({(t, e): d for t, e, d in db.execute(
-            lookup_sql(tables, "topic, event_id, content_hash"),
-            [[event_key(t, e) for t, e in seen]] * len(tables)).fetchall()})
+        found = db.execute(lookup_sql(tables, "topic, event_id, content_hash"), [keys] * len(tables)).fetchall()
+    known = {(t, e): d for t, e, d in found}
+    new = [(k, pair, digest) for k, (pair, digest) in zip(keys, first.items(), strict=True) if pair not in known]
+    if new:
+        # Columns as list parameters side by side: a third of registering an Arrow scan, and no per-row markers.
+        db.execute(f"INSERT INTO {CURRENT} (event_key, topic, event_id, content_hash) SELECT unnest(?::VARCHAR[]), "
+                   "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
+                   [[k for k, _, _ in new], [t for _, (t, _), _ in new], [e for _, (_, e), _ in new],
+                    [d for _, _, d in new]])
+    inserted = {pair for _, pair, _ in new}
+    known.update((pair, digest) for _, pair, digest in new)  # claimed just now, with its first content
     verdicts = []
     for topic, event_id, digest in events:
         if (topic, event_id) in inserted:

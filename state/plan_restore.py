@@ -239,7 +239,7 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None,
         db.execute("INSERT INTO receipts (receipt_id, plan_id, receipt, stored_at) SELECT DISTINCT ON (receipt_id) "
                    "receipt_id, plan_id, receipt, compiled_at FROM _restore_plans "
                    "WHERE receipt IS NOT NULL AND receipt_id NOT IN (SELECT receipt_id FROM receipts)")
-        replace_edges(db, "SELECT plan_key FROM _restore_plans", "SELECT dep_key, plan_key FROM _restore_edges")
+        replace_edges(store, "SELECT plan_key FROM _restore_plans", "SELECT dep_key, plan_key FROM _restore_edges")
     finally:
         for name in tables:
             db.unregister(name)
@@ -298,7 +298,7 @@ def _restore_parked(store: Store, owned: list[int], compiled_at: datetime | None
     # so no parked plan of an owned key is left neither current nor announced (a peer may serve it again).
     store.heads.remove_all()  # restored heads replace held ones
     db.execute(f"INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM {mine}", [owned])
-    replace_edges(db, f"SELECT plan_key FROM {mine}",
+    replace_edges(store, f"SELECT plan_key FROM {mine}",
                   f"SELECT unnest(from_json(deps, '[\"VARCHAR\"]')) AS dep_key, plan_key FROM {mine}", [owned])
     store.heads_changed()
     return ParkedRestore(considered, considered - unrestorable - len(stale), unrestorable, stale)

@@ -140,3 +140,26 @@ def test_a_batch_says_whether_it_held_records_on_standby_for_the_partitions_owne
     assert inv.held_on_standby and state.outbox.standby_size() == 1
     inv.apply([RawMessage("source-changes", 0, next(_offsets), b"k", b"not json")])
     assert not inv.held_on_standby and state.outbox.standby_size() == 1
+
+
+ONE_EVENT_STATEMENTS = 6
+"""What a one-event batch of a resource no plan reads may cost (bench/batch_cost.py, issue 29): its offsets,
+the event id's lookup and claim, the row, its key changes and the counters. No index lookup (the writer knows
+the keys have no edges), no upserts where the writer knows the rows exist, nothing for empty work."""
+
+
+def test_a_one_event_batch_runs_a_handful_of_statements(setup):
+    state, inv, _, db = setup
+
+    def edit(version: int) -> int:
+        start = db.statements
+        inv.apply([raw(*resource("bc-0", entity="BENCH-NO-PLANS", version=version, content=f"Edit {version}."))])
+        return db.statements - start
+
+    for version in range(1, 4):  # the first edits fill the writer's memo (a new row, its keys, their edges)
+        edit(version)
+    assert edit(4) <= ONE_EVENT_STATEMENTS
+    assert state.store.counters()["applied.source-changes"] > 0
+    assert state.store.db.execute("SELECT content FROM resources WHERE id = 'bc-0'").fetchone() == ("Edit 4.",)
+    (offset,) = state.key_changes.last_change("resource:bc-0").values()
+    assert offset == state.store.next_offsets()["source-changes"][0] - 1

@@ -52,7 +52,8 @@ def test_replacing_edges_from_sql_writes_only_what_differs(index):
                   .fetchall())
     db.execute("CREATE TEMP TABLE wanted AS SELECT * FROM (VALUES ('policy:p', 'pk-1'), ('resource:r1', 'pk-1'), "
                "('resource:new', 'pk-1'), ('policy:p', 'pk-2')) v(dep_key, plan_key)")
-    dependency_index.replace_edges(db, "SELECT plan_key FROM (VALUES ('pk-1'), ('pk-2'), ('pk-9')) k(plan_key)",
+    dependency_index.replace_edges(index.store,
+                                   "SELECT plan_key FROM (VALUES ('pk-1'), ('pk-2'), ('pk-9')) k(plan_key)",
                                    "SELECT dep_key, plan_key FROM wanted")
     after = dict(((k, d), r) for r, d, k in db.execute("SELECT rowid, dep_key, plan_key FROM dependency_index")
                  .fetchall())
@@ -64,3 +65,22 @@ def test_replacing_edges_from_sql_writes_only_what_differs(index):
     assert after[("pk-1", "resource:r1")] == before[("pk-1", "resource:r1")]
     assert {k: after[k] for k in after if k[0] not in ("pk-1", "pk-2", "pk-9")} == {
         k: before[k] for k in before if k[0] not in ("pk-1", "pk-2", "pk-9")}
+
+
+def test_a_key_found_without_edges_is_found_again_once_a_plan_depends_on_it(index):
+    assert set(index.affected_pairs(["resource:later", "resource:r3"])) == {("pk-2", "resource:r3"),
+                                                                            ("pk-3", "resource:r3")}
+    assert index.affected_pairs(["resource:later"]) == []  # remembered as edge-less: no lookup
+    with index.store.transaction():
+        index.replace_many({"pk-new": ["resource:later"]})
+    assert index.affected_pairs(["resource:later"]) == [("pk-new", "resource:later")]
+    index.affected_pairs(["resource:sql"])
+    with index.store.transaction():
+        dependency_index.replace_edges(index.store, "SELECT 'pk-sql' AS plan_key",
+                                       "SELECT 'resource:sql' AS dep_key, 'pk-sql' AS plan_key")
+    assert index.affected_pairs(["resource:sql"]) == [("pk-sql", "resource:sql")]
+    index.affected_pairs(["resource:rolled-back"])
+    with pytest.raises(RuntimeError), index.store.transaction():
+        index.replace_many({"pk-gone": ["resource:rolled-back"]})
+        raise RuntimeError
+    assert index.affected_pairs(["resource:rolled-back"]) == []

@@ -184,3 +184,19 @@ def test_a_file_with_changes_keyed_by_three_columns_is_rekeyed_on_one(tmp_path):
         assert stale == {"p": Staleness("resource:a", "source-changes", 2, 9, "e9")}
     finally:
         store.close()
+
+
+def test_keys_recorded_again_are_updated_in_place_to_their_latest_change(store):
+    changes = KeyChanges(store)
+    with store.transaction():
+        changes.record({("source-changes", 0, 4): ["resource:a", "scope:E/x"]}, {("source-changes", 0, 4): "e4"})
+    with store.transaction():  # both keys are the writer's own rows now: an update, not an upsert
+        changes.record({("source-changes", 0, 9): ["resource:a", "scope:E/x"]}, {("source-changes", 0, 9): "e9"})
+    with store.transaction():  # an older change (a restore replaying history) never moves a key back
+        changes.record({("source-changes", 0, 2): ["resource:a"]}, {("source-changes", 0, 2): "e2"})
+    rows = store.db.execute("SELECT dep_key, change_offset, event_id FROM key_changes ORDER BY dep_key").fetchall()
+    assert rows == [("resource:a", 9, "e9"), ("scope:E/x", 9, "e9")]
+    changes.forget(["source-changes"])  # rows gone: the next record inserts them again
+    with store.transaction():
+        changes.record({("source-changes", 0, 1): ["resource:a"]}, {("source-changes", 0, 1): "e1"})
+    assert changes.last_change("resource:a") == {("source-changes", 0): 1}
