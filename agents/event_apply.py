@@ -16,6 +16,7 @@ from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
 from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.outbound import input_dead_letter, letter_key
+from schemas.shard_peek import peek
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
 from state.catalog_resources import Mine, OtherShard, apply_resources, everything
@@ -182,16 +183,24 @@ class EventApplier:
         return (isinstance(payload, SourceChange) and payload.kind == "resource" and payload.record is not None
                 and not self.mine(payload.record.entity))  # type: ignore[union-attr]
 
-    def restore_resources(self, messages: Sequence[RawMessage], mine: Mine) -> int:
+    def restore_resources(self, messages: Sequence[RawMessage], mine: Mine, seen: set[str] | None = None) -> int:
         """Apply the resource changes of a gained shard from its history, in order; how many changed a row.
 
         Run inside the take-over's transaction, on the writer. Offsets, the event-id ledger and
         plans are left alone (the live path applied these events already for the shards it held,
         and a take-over judges parked plans by the key changes recorded here); what the history
-        holds that is invalid was dead-lettered by whoever owned the shard then.
+        holds that is invalid was dead-lettered by whoever owned the shard then. `seen` collects, across
+        the calls of one restore, the ids of resources the shard has held.
         """
+        seen = set() if seen is None else seen
         changes: list[tuple[RawMessage, SourceChange, str]] = []
         for m in messages:
+            # Most of a history is other shards' and replicated records: passed by at a glance. A resource
+            # upsert about another entity still counts if its id was this shard's (a move away tombstones it).
+            glance = peek(m.value)
+            if glance is not None and (glance.kind != "resource" or (
+                    glance.entity is not None and not mine(glance.entity) and glance.resource_id not in seen)):
+                continue
             try:
                 event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
                                max_bytes=self.max_event_bytes, cdc=self.cdc)
@@ -199,6 +208,9 @@ class EventApplier:
                 continue
             if isinstance(event.payload, SourceChange) and event.payload.kind == "resource":
                 changes.append((m, event.payload, event.event_id))
+                record = event.payload.record
+                if record is not None and mine(record.entity):  # type: ignore[union-attr]
+                    seen.add(event.payload.record_id)
         if not changes:
             return 0
         # No source rules: what its holder accepted then stays (policy changes never remove stored

@@ -93,12 +93,13 @@ class Shards:
             return entity is not None and partition_of(entity) in gained
 
         seen, restored = 0, 0
+        seen_ids: set[str] = set()  # resources of the gained partitions met so far in the history
 
         def on_batch(records: list) -> None:
             nonlocal seen, restored
             messages = [RawMessage("source-changes", r.partition, r.offset, r.key, r.value,
                                    r.timestamp / 1000 if r.timestamp else None) for r in records]
-            restored += self.applier.restore_resources(messages, mine)
+            restored += self.applier.restore_resources(messages, mine, seen_ids)
             before, seen = seen, seen + len(records)
             if seen // PROGRESS_EVERY > before // PROGRESS_EVERY:
                 log.info("restoring entity partitions %s: %d of %d records read", sorted(gained), seen,

@@ -9,6 +9,7 @@ import pytest
 
 from agents.event_apply import EventApplier, RawMessage
 from agents.plan_writer import PlanWriter
+from state.catalog_resources import drop_resources
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
 from tests.events import policy_version, resource
@@ -156,3 +157,29 @@ def test_a_shard_gained_after_a_rebase_is_not_reported_whole(make):
     counters = dict(y.state.store.db.execute("SELECT name, value FROM counters").fetchall())
     atlas = y.state.store.db.execute("SELECT count(*) FROM resources WHERE entity = ?", [A]).fetchone()[0]
     assert atlas == 6 or counters.get("shard_restores_incomplete"), (atlas, counters)
+
+
+def test_a_restore_passing_others_records_by_at_a_glance_ends_where_applying_everything_does(make):
+    """Moves out, back in and in from elsewhere, a delete: the gained shard equals a lone worker's rows."""
+    alone, y = make("alone", lambda e: True), make("y", only(B))
+    moves = [resource("r1", entity=A, version=1), resource("r1", entity=B, version=2),
+             resource("r1", entity=A, version=3), resource("r2", entity=B, version=1),
+             resource("r2", entity=A, version=2), resource("r3", entity=A, version=1),
+             resource("r4", entity=B, version=1), resource("r5", entity=A, version=1),
+             resource("r5", entity=B, version=2)]
+    history = scenario() + [raw(*m) for m in moves]
+    history.append(raw("source-changes", {"event_id": "del-r3", "schema_version": 1,
+                                          "occurred_at": "2026-08-30T10:00:00Z", "kind": "resource", "op": "delete",
+                                          "resource": {"id": "r3"}}))
+    for w in (alone, y):
+        w.apply(history)
+    assert stored(y, "r1") is None and stored(y, "r2") is None  # A's: not held by B's holder
+    with y.state.store.transaction():
+        drop_resources(y.state.store, [A])  # as `Shards.restore` starts: tombstones of moves into A go
+        y.restore_resources([m for m in history if m.topic == "source-changes"], lambda e: e == A)
+
+    def rows(w):
+        return w.state.store.db.execute("SELECT id, version, entity FROM resources WHERE NOT deleted AND entity = ? "
+                                        "ORDER BY id", [A]).fetchall()
+    assert rows(y) == rows(alone) and {r[0] for r in rows(y)} >= {"r1", "r2"}, (rows(y), rows(alone))
+    assert stored(y, "r5") == (2, B)  # moved out of the restored shard: only B's row is live
