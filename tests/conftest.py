@@ -256,7 +256,7 @@ async def launch(broker, directory: Path, wait: bool = True, **extra: str):
                FRESHPLAN_TOPIC_PREFIX=f"t{tag}-", FRESHPLAN_APP_ID=f"freshplan-{tag}",
                FRESHPLAN_STATE_DIR=str(directory / "state"), FRESHPLAN_WEB_PORT=str(port),
                FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10",
-               FRESHPLAN_REVOCATION_LAG_BOUND="1", FRESHPLAN_TOKEN=secrets.token_urlsafe(32),
+               FRESHPLAN_REVOCATION_LAG_BOUND="3", FRESHPLAN_TOKEN=secrets.token_urlsafe(32),
                FRESHPLAN_CHECK_HEAD_CACHE="1", FRESHPLAN_TOKEN_KEY_FILE=str(token_key_file()))
     env.update(extra)
     settings = Settings.from_env(env)
