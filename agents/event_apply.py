@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 from compiler import dependency_keys as dk
 from compiler.trust import unsourced
 from agents.plan_writer import PlanWriter, Touched, wall_now
+from agents.raw_message import RawMessage
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
 from schemas.errors import InvalidEvent, SkippedEvent
@@ -35,24 +35,6 @@ def warn_unsourced(bundle: PolicyBundle) -> None:
                     bundle.bundle_id, bundle.version, ", ".join(classes), decision_type)
 
 
-@dataclass(frozen=True, slots=True)
-class RawMessage:
-    """One consumed record, before decoding."""
-
-    topic: str
-    """Logical topic name."""
-    partition: int
-    """Partition it was read from."""
-    offset: int
-    """Its offset in that partition."""
-    key: bytes | None
-    """Message key."""
-    value: bytes | None
-    """Message value (None for a tombstone)."""
-    timestamp: float | None = None
-    """Broker timestamp in epoch seconds, for event-to-invalidation latency."""
-
-
 def _published_at(m: RawMessage) -> datetime:
     """When a record was published: its broker timestamp, but never later than this worker's wall clock.
 
@@ -61,6 +43,14 @@ def _published_at(m: RawMessage) -> datetime:
     """
     wall = datetime.now(timezone.utc)
     return min(datetime.fromtimestamp(m.timestamp, timezone.utc), wall) if m.timestamp else wall
+
+
+def _entity_of(event: InputEvent) -> str | None:
+    """The entity a resource upsert is about (None for anything else, or one about no entity)."""
+    payload = event.payload
+    if isinstance(payload, SourceChange) and payload.kind == "resource" and payload.record is not None:
+        return payload.record.entity  # type: ignore[union-attr]
+    return None
 
 
 def _iso(span: timedelta) -> str:
@@ -76,9 +66,11 @@ class EventApplier:
 
     def __init__(self, state: LocalState, plans: PlanWriter, max_event_bytes: int = 1_000_000,
                  max_clock_jump: timedelta | None = timedelta(days=400), cdc: CdcMapping | None = None,
-                 max_event_skew: timedelta = timedelta(minutes=5), mine: Mine = everything) -> None:
+                 max_event_skew: timedelta = timedelta(minutes=5), mine: Mine = everything,
+                 owns: Mine = everything) -> None:
         self.state = state
         self.mine = mine  # whether a resource's entity is in this worker's shard (see `ShardState.mine`)
+        self.owns = owns  # whether it is owned here, not only copied (see `ShardState.owns`)
         self.plans = plans
         self.cdc = cdc  # the CDC mapping file, loaded once at start-up
         self.max_event_bytes = max_event_bytes
@@ -166,7 +158,8 @@ class EventApplier:
                                   "never dropped); give every distinct event its own event_id", counts)
             else:
                 self._dead_letter(m, "event_id_conflict", f"this event_id was already applied on {m.topic} "
-                                  "with different content; give every distinct event its own event_id", counts)
+                                  "with different content; give every distinct event its own event_id", counts,
+                                  about=_entity_of(e))
         keyed = self._apply_events(fresh, counts)
         # Every worker records where each key changed, owner or not: a later owner judges by it.
         self.state.key_changes.record({(c["topic"], c["partition"], c["offset"]): keys for keys, _, c in keyed if keys},
@@ -274,7 +267,7 @@ class EventApplier:
                 # Columns left out are filled from the stored row, which only the resource's holder has: it
                 # alone judges them, and it may not be the duty owner that promotes standby letters.
                 alone = i in resource_at and keys.error_class == "unavailable_value"
-                self._dead_letter(m, keys.error_class, keys.message, counts, standby=self._standby and not alone)
+                self._dead_letter(m, keys.error_class, keys.message, counts, about=_entity_of(event) if alone else None)
                 continue
             if keys is None:
                 counts["ignored_old_versions"] += 1
@@ -361,8 +354,16 @@ class EventApplier:
         return {k: (dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
 
     def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str],
-                     standby: bool | None = None) -> None:
-        standby = self._standby if standby is None else standby
+                     about: str | None = None) -> None:
+        """Queue a dead letter: on standby for the duty owner of its input partition when every worker judges
+        the record alike; sent outright by the owner of the entity `about` when only its holders can (the
+        stored row decides, or only they claim its event id), and by no other worker."""
+        standby = self._standby
+        if about is not None:
+            if not self.owns(about):
+                counts["dead_letters_left_to_owner"] += 1
+                return
+            standby = False
         record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value)
         self.state.outbox.add_many([(self.plans.topic_of("dead-letters"), letter_key(m.key), record)],
                                    [(m.topic, m.partition, m.offset)], standby=standby)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 
-from agents.event_apply import EventApplier, RawMessage
+from agents.event_apply import EventApplier
+from agents.raw_message import RawMessage
 from agents.plan_writer import PlanWriter
 from compiler.pipeline import CompiledPlan
 from schemas.cdc_mapping import CdcMapping

@@ -10,7 +10,8 @@ from datetime import datetime, timezone
 
 import orjson
 
-from agents.event_apply import EventApplier, RawMessage
+from agents.event_apply import EventApplier
+from agents.raw_message import RawMessage
 from agents.plan_writer import PlanWriter
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import validate

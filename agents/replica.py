@@ -12,7 +12,8 @@ from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from agents.incarnation import probe
 from agents.writer import inline
-from agents.event_apply import EventApplier, RawMessage
+from agents.event_apply import EventApplier
+from agents.raw_message import RawMessage
 from state.key_changes import KeyChanges
 from state.store import Store
 from streams.admin import stop_within

@@ -7,7 +7,8 @@ import logging
 import time
 from typing import Callable, Collection
 
-from agents.event_apply import EventApplier, RawMessage
+from agents.event_apply import EventApplier
+from agents.raw_message import RawMessage
 from state.catalog_resources import drop_resources, held_entities
 from state.shard_state import ShardState
 from streams.partitions import read_until
@@ -35,13 +36,21 @@ class Shards:
         self.blocked = blocked
         self.incomplete: frozenset[int] = frozenset()  # restored partitions whose history the topic no longer had
         self.standby_replicas = standby_replicas  # warm copies: the next partitions after each owned one
-        self.standby: frozenset[int] = frozenset()  # held, not owned: restored ahead of a take-over
         self.applier = applier
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic  # broker-side `source-changes`
         self.kafka = kafka or {}
         self.fetch_bytes = fetch_bytes
         self.last_restore: dict | None = None  # partitions, records read, rows restored, seconds: for /healthz
+
+    @property
+    def standby(self) -> frozenset[int]:
+        """Held partitions that are not owned: warm copies restored ahead of a take-over."""
+        return self.state.copies
+
+    @standby.setter
+    def standby(self, partitions: frozenset[int]) -> None:
+        self.state.copies = frozenset(partitions)
 
     def standby_for(self, owned: frozenset[int]) -> frozenset[int]:
         """The partitions to keep warm copies of: the `standby_replicas` next ones after each owned partition.

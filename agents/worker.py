@@ -208,7 +208,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     chores = Chores()
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
-                           cdc=cdc, max_event_skew=settings.max_event_skew, mine=shard_state.mine)
+                           cdc=cdc, max_event_skew=settings.max_event_skew, mine=shard_state.mine,
+                           owns=shard_state.owns)
     guard = LagWatcher(reader.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
                        settings.revocation_lag_bound, kafka=kafka)
     query = QueryService(reader, plan_writer, guard)

@@ -93,8 +93,8 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
         old = current.get(change.record_id)
         new_entity = change.record.entity if change.record is not None else None  # type: ignore[union-attr]
         if refused(change.record, change.unavailable, rules):  # type: ignore[arg-type]
-            # Judged by every worker alike (the record alone decides), so the letter waits on standby for the
-            # duty owner of its input partition, as before shards: once, and never lost to a kill -9.
+            # The record alone decides, so any worker that reads it judges it alike (who reports it is the
+            # applier's choice: the entity's owner, or the duty owner of its input partition).
             out.append(_refusal())
             continue
         held = old is not None and mine(old[2])

@@ -50,6 +50,8 @@ class ShardState:
         """Read by the applier on every batch; replaced, never changed in place."""
         self.restoring: frozenset[int] = frozenset()
         """Partitions being restored right now (read by the loop to refuse their selects)."""
+        self.copies: frozenset[int] = frozenset()
+        """Held partitions that are warm standby copies, not owned (set by each move; not in the file)."""
 
     def partition_of(self, entity_id: str) -> int:
         """The entity partition of an entity id (its plans' partition too)."""
@@ -58,6 +60,11 @@ class ShardState:
     def mine(self, entity: str | None) -> bool:
         """Whether a resource about this entity is applied here: replicated (no entity), or in a held partition."""
         return entity is None or plan_partition(entity, self.partitions) in self.held
+
+    def owns(self, entity: str | None) -> bool:
+        """Whether this worker owns the entity's partition (held, and not only as a standby copy): the one that
+        reports what is wrong with a resource about it. Resources about no entity are everyone's."""
+        return entity is None or (plan_partition(entity, self.partitions) in self.held - self.copies)
 
     def drop(self, partitions: Collection[int]) -> int:
         """Stop holding these partitions: their resources are removed (inside the caller's transaction)."""

@@ -10,7 +10,8 @@ import pytest
 
 import agents.plan_writer as plan_writer_module
 import state.store as store_module
-from agents.event_apply import EventApplier, RawMessage
+from agents.event_apply import EventApplier
+from agents.raw_message import RawMessage
 from agents.plan_writer import PlanWriter
 from agents.query import QueryService
 from state.local_state import LocalState

@@ -9,7 +9,8 @@ import time
 import orjson
 import pytest
 
-from agents.event_apply import EventApplier, RawMessage
+from agents.event_apply import EventApplier
+from agents.raw_message import RawMessage
 from agents.plan_writer import PlanWriter
 from agents.lag import LagWatcher
 from agents.query import QueryService

@@ -7,7 +7,8 @@ import itertools
 
 import orjson
 
-from agents.event_apply import EventApplier, RawMessage
+from agents.event_apply import EventApplier
+from agents.raw_message import RawMessage
 from agents.plan_writer import PlanWriter
 from agents.query import QueryService
 from schemas.freshness import read_token

@@ -183,3 +183,29 @@ def test_a_restore_passing_others_records_by_at_a_glance_ends_where_applying_eve
                                         "ORDER BY id", [A]).fetchall()
     assert rows(y) == rows(alone) and {r[0] for r in rows(y)} >= {"r1", "r2"}, (rows(y), rows(alone))
     assert stored(y, "r5") == (2, B)  # moved out of the restored shard: only B's row is live
+
+
+def test_an_event_id_conflict_only_its_holders_can_see_is_sent_by_the_entity_owner_alone(make, tmp_path):
+    """Other shards' upserts are not claimed, so a conflict on one is seen only where the entity is held:
+    queued on standby there, it waited for a duty owner that never saw it. Now the owner sends it; a worker
+    holding only a standby copy of the partition sends nothing."""
+    owner, y = make("owner", only(A)), make("y", only(B))
+    state = LocalState.open(tmp_path / "copy.duckdb")
+    copy = EventApplier(state, PlanWriter(state, lambda n: f"x-{n}"), mine=only(A), owns=only(None))
+    try:
+        history = scenario()
+        first = raw(*resource("waiver-W9", entity=A))
+        clash = dict(orjson.loads(first.value), resource=dict(orjson.loads(first.value)["resource"], version=2,
+                                                                content="Other content, same event id."))
+        history += [first, raw("source-changes", clash)]
+        for w in (owner, y, copy):
+            w.apply(history[:-2], standby=True)
+            w.apply(history[-2:-1], standby=True)
+            w.apply(history[-1:], standby=True)
+        conflicts = {name: w.state.store.counters().get("dead_letters.event_id_conflict", 0)
+                     for name, w in (("owner", owner), ("y", y), ("copy", copy))}
+        assert conflicts == {"owner": 1, "y": 0, "copy": 0}, conflicts
+        assert len(letters(owner, standby=False)) == 1 and not letters(owner, standby=True)
+        assert not letters(copy) and copy.state.store.counters()["dead_letters_left_to_owner"] == 1
+    finally:
+        state.close()

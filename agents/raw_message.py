@@ -1,0 +1,23 @@
+"""One consumed input record before decoding, as every reader hands it to the applier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """One consumed record, before decoding."""
+
+    topic: str
+    """Logical topic name."""
+    partition: int
+    """Partition it was read from."""
+    offset: int
+    """Its offset in that partition."""
+    key: bytes | None
+    """Message key."""
+    value: bytes | None
+    """Message value (None for a tombstone)."""
+    timestamp: float | None = None
+    """Broker timestamp in epoch seconds, for event-to-invalidation latency."""
