@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 
-from agents.event_apply import RawMessage
+from agents.stream.event_apply import RawMessage
 from bench.history_cost import atlas_state
 from bench.streaming import SCENARIOS
 

@@ -9,8 +9,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-from agents.invalidation import Invalidator, RawMessage
-from agents.query import QueryService
+from agents.stream.invalidation import Invalidator, RawMessage
+from agents.web.query import QueryService
 from bench.workload import Record, Workload
 from compiler.pipeline import compile_request
 from state.local_state import LocalState

@@ -15,8 +15,8 @@ from typing import Awaitable, Callable
 import aiohttp
 import orjson
 
-from agents.loader import read_scenario
-from agents.token_keys import TokenKeys
+from agents.cli.loader import read_scenario
+from agents.web.token_keys import TokenKeys
 from bench.harness import ROOT, BenchWorker, _ready, start_worker
 from streams.admin import producer
 from schemas.freshness import encode_token, read_token

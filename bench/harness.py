@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from agents.loader import publish
+from agents.cli.loader import publish
 from bench.stats import exposition
 from schemas.freshness import decode_token
 from streams.broker import free_port

@@ -12,10 +12,10 @@ from typing import Iterator
 import duckdb
 import orjson
 
-from agents.event_apply import EventApplier, RawMessage
-from agents.loader import read_scenario
-from agents.plan_writer import PlanWriter
-from agents.query import QueryService
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.cli.loader import read_scenario
+from agents.plans.plan_writer import PlanWriter
+from agents.web.query import QueryService
 from bench.streaming import SCENARIOS, hot_edits
 from state.local_state import LocalState
 

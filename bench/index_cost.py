@@ -7,8 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agents.invalidation import Invalidator
-from agents.query import QueryService
+from agents.stream.invalidation import Invalidator
+from agents.web.query import QueryService
 from bench.workload import Workload, apply_catalog
 from state.dependency_index import EDGELESS_MEMO
 from state.local_state import LocalState

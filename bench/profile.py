@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pyinstrument import Profiler
 
-from agents.invalidation import Invalidator, RawMessage
-from agents.query import QueryService
+from agents.stream.invalidation import Invalidator, RawMessage
+from agents.web.query import QueryService
 from bench.workload import Workload
 from state.local_state import LocalState
 

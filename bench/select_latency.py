@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agents.invalidation import Invalidator  # noqa: E402
-from agents.query import QueryService  # noqa: E402
+from agents.stream.invalidation import Invalidator  # noqa: E402
+from agents.web.query import QueryService  # noqa: E402
 from compiler.policy import compile_policy  # noqa: E402
 from schemas.codec import contract_from  # noqa: E402
 from schemas.records import Entity, PolicyBundle, Principal, Resource, SourceChange  # noqa: E402

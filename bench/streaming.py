@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents.loader import read_scenario
+from agents.cli.loader import read_scenario
 from bench.harness import BenchWorker
 from bench.stats import (Announcement, backlog_built, covered_latencies, histogram_delta, percentiles,
                          stalls_during, unapplied)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import orjson
 
-from agents.event_apply import EventApplier, RawMessage
-from agents.ownership import Ownership
-from agents.plan_writer import PlanWriter
-from agents.query import QueryService
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.plans.ownership import Ownership
+from agents.plans.plan_writer import PlanWriter
+from agents.web.query import QueryService
 from bench.workload import generate
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState

@@ -125,7 +125,7 @@ def generate(*, entities: int = 100, principals: int = 10, plans: int = 200, cha
 
 def apply_catalog(invalidator, records: list[tuple[str, bytes | None, bytes]]) -> None:
     """Apply (topic, key, value) records through an Invalidator, numbered per topic as a broker would."""
-    from agents.invalidation import RawMessage
+    from agents.stream.invalidation import RawMessage
 
     offsets: dict[str, int] = {}
     messages = []

@@ -46,6 +46,6 @@ def create_app(settings: Settings, bootstrap_servers: str, middlewares: Sequence
         broker_rebalance_timeout=settings.rebalance_timeout,
         broker_heartbeat_interval=1.0,
         # Its checks log an error per input partition that fetched nothing for this long: the input
-        # partitions are paused on purpose (`agents.duty`), the replica reads them.
+        # partitions are paused on purpose (`agents.stream.duty`), the replica reads them.
         stream_processing_timeout=STREAM_CHECKS_OFF,
     )

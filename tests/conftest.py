@@ -18,8 +18,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents.loader import publish, read_scenario
-from agents.token_keys import TokenKeys
+from agents.cli.loader import publish, read_scenario
+from agents.web.token_keys import TokenKeys
 from schemas.freshness import encode_token, read_token
 from streams.broker import EmbeddedBroker, free_port
 from streams.processes import end_process

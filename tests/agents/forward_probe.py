@@ -9,8 +9,8 @@ from pathlib import Path
 import faust
 import orjson
 
-from agents.cli import main as cli_main
-from agents.forward import owner_url
+from agents.cli.main import main as cli_main
+from agents.web.forward import owner_url
 from streams.settings import INPUT_TOPICS, Settings
 
 

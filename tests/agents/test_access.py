@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from agents.access import AccessError, load_access, read_run_file, write_run_file
-from agents.callers import match
+from agents.web.access import AccessError, load_access, read_run_file, write_run_file
+from agents.web.callers import match
 from streams.settings import Settings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from agents.backlog import recompile_queued
+from agents.plans.backlog import recompile_queued
 from tests.agents.test_invalidation import outbox, raw, setup  # noqa: F401 - the fixture
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from agents.callers import CallersFile, CallersFileError, match, parse
+from agents.web.callers import CallersFile, CallersFileError, match, parse
 
 
 def sha(secret: str) -> str:
@@ -33,7 +33,7 @@ def test_callers_are_matched_by_secret_and_kept_to_their_principals():
 
 
 def test_only_a_written_down_caller_may_use_the_wildcard():
-    from agents.callers import Caller
+    from agents.web.callers import Caller
 
     literal = Caller("jwt", frozenset({"*"}), frozenset({"select"}), wildcard_allowed=False)
     assert not literal.may_ask_for("maya") and literal.may_ask_for("*")
@@ -84,7 +84,7 @@ def test_a_bad_edit_keeps_the_last_good_callers_and_says_why(tmp_path, caplog):
     assert len(source.load()) == 3 and source.reload() is False  # unchanged
     path.write_text(json.dumps({"callers": GOOD["callers"][:1]}))
     assert source.reload() is True and [c.id for c in source.callers] == ["support-gateway"]
-    with caplog.at_level(logging.ERROR, logger="agents.callers"):
+    with caplog.at_level(logging.ERROR, logger="agents.web.callers"):
         path.write_text('{"callers": [{"id": 1}]}')
         assert source.reload() is False
         path.unlink()

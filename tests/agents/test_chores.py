@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.chores import Chores
+from agents.ops.chores import Chores
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,7 +105,7 @@ OWN_POLICY = {"apply_replica", "adopt_plans", "watch_revocations", "follow_owner
 
 def test_every_timer_and_task_a_worker_registers_goes_through_the_policy():
     unguarded = []
-    for module in ("agents/worker.py", "agents/routes.py"):
+    for module in ("agents/worker/build.py", "agents/web/routes.py"):
         tree = ast.parse((ROOT / module).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.AsyncFunctionDef):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.cli_ready import Ready, loaded_line, ready_text, request_file
+from agents.cli.ready import Ready, loaded_line, ready_text, request_file
 from tests.conftest import ROOT
 
 

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from agents.collector import Collector
+from agents.ops.collector import Collector
 from tests.conftest import ATLAS_REQUEST, eventually, launch
 
 
@@ -60,7 +60,7 @@ async def test_a_ready_worker_has_frozen_its_start_up_and_reports_its_pauses(wor
     async with worker.http.get(f"{worker.url}/metrics") as resp:
         text = await resp.text()
     assert 'freshplan_gc_pause_max_seconds{generation="2"}' in text
-    # Timers and background loops ran all along without failing (see agents/chores.py).
+    # Timers and background loops ran all along without failing (see agents/ops/chores.py).
     assert {k: v for k, v in health["background_jobs"].items() if k != "runs"} == {"failures": {}, "last_error": {},
                                                                                "failing_now": []}
     assert all(n >= 1 for n in health["background_jobs"]["runs"].values())  # a timer shows once it has run

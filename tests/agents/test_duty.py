@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
-from agents.duty import Duty, commit_targets
-from agents.loader import publish
-from agents.writer import inline
+from agents.stream.duty import Duty, commit_targets
+from agents.cli.loader import publish
+from agents.stream.writer import inline
 from faust.types import TP
 from state.local_state import LocalState
 from streams.admin import GroupOffsets

@@ -8,12 +8,12 @@ import duckdb
 import orjson
 import pytest
 
-import agents.plan_writer as plan_writer_module
+import agents.plans.plan_writer as plan_writer_module
 import state.store as store_module
-from agents.event_apply import EventApplier
-from agents.raw_message import RawMessage
-from agents.plan_writer import PlanWriter
-from agents.query import QueryService
+from agents.stream.event_apply import EventApplier
+from agents.stream.raw_message import RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.web.query import QueryService
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST

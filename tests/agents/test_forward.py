@@ -10,7 +10,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from agents.forward import (FORWARDED_HEADER, forward_select, is_forwarded, is_self, owner_url, retry_headers)
+from agents.web.forward import (FORWARDED_HEADER, forward_select, is_forwarded, is_self, owner_url, retry_headers)
 from streams.broker import free_port
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,7 +8,7 @@ import sys
 import orjson
 import pytest
 
-from agents.forward import forward_select
+from agents.web.forward import forward_select
 from schemas.plan_partition import plan_partition
 from streams.broker import free_port
 from streams.settings import INPUT_TOPICS

@@ -8,8 +8,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from agents.callers import Caller, digest
-from agents.gate import CALLER, Gate, api_routes, bearer, host_name, principal_refusal
+from agents.web.callers import Caller, digest
+from agents.web.gate import CALLER, Gate, api_routes, bearer, host_name, principal_refusal
 from streams.settings import Settings
 
 GATEWAY = Caller("gateway", frozenset({"sam"}), frozenset({"select"}), digest("gateway-secret-0001"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.incarnation import Recorded, judge
+from agents.stream.incarnation import Recorded, judge
 from state.store import Store
 from streams.incarnation import record_mark
 

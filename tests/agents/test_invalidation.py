@@ -9,10 +9,10 @@ from datetime import datetime, timedelta, timezone
 import orjson
 import pytest
 
-from agents.backlog import recompile_queued
-from agents.event_apply import EventApplier, RawMessage
-from agents.plan_writer import PlanWriter
-from agents.query import QueryService
+from agents.plans.backlog import recompile_queued
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.web.query import QueryService
 from compiler.errors import RequestError
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS

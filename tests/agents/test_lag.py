@@ -9,11 +9,11 @@ import time
 import orjson
 import pytest
 
-from agents.event_apply import EventApplier
-from agents.raw_message import RawMessage
-from agents.plan_writer import PlanWriter
-from agents.lag import LagWatcher
-from agents.query import QueryService
+from agents.stream.event_apply import EventApplier
+from agents.stream.raw_message import RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.stream.lag import LagWatcher
+from agents.web.query import QueryService
 from compiler.errors import AttestError
 from state.local_state import LocalState
 from state.store import Store

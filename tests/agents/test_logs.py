@@ -9,11 +9,11 @@ import logging
 import orjson
 import pytest
 
-from agents.logs import CHATTY, JsonLines, configure
+from agents.ops.logs import CHATTY, JsonLines, configure
 
 
 def test_json_lines_carry_extra_fields_and_no_surprises():
-    record = logging.LogRecord("agents.invalidation", logging.INFO, __file__, 1, "invalidated plan %s (%s)",
+    record = logging.LogRecord("agents.stream.invalidation", logging.INFO, __file__, 1, "invalidated plan %s (%s)",
                                ("plan-1", "scope_changed"), None)
     record.plan_id, record.reason, record.event_id = "plan-1", "scope_changed", "e-17"
     doc = orjson.loads(JsonLines().format(record))
@@ -47,7 +47,7 @@ def test_auto_is_text_on_a_terminal_and_json_elsewhere_without_library_chatter(r
     assert configure("info", "auto", stream) == expected
     logging.getLogger("faust.worker").info("[^Worker]: Starting...")
     logging.getLogger("aiokafka").warning("Unable to connect")
-    logging.getLogger("agents.ownership").info("owning plan partitions %s", [0, 1])
+    logging.getLogger("agents.plans.ownership").info("owning plan partitions %s", [0, 1])
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2 and "Starting" not in stream.getvalue()
     if expected == "json":
@@ -62,8 +62,8 @@ def test_start_up_narration_is_left_to_the_ready_block_on_a_terminal_only(restor
     stream = _Stream(tty)
     configure("info", "auto", stream)
     logging.getLogger("streams.broker").info("embedded broker ready at %s", "127.0.0.1:9092")
-    logging.getLogger("agents.replica").info("replica applying %d input partitions", 8)
-    logging.getLogger("agents.replica").warning("input topics were reset")
+    logging.getLogger("agents.stream.replica").info("replica applying %d input partitions", 8)
+    logging.getLogger("agents.stream.replica").warning("input topics were reset")
     lines = stream.getvalue().splitlines()
     if tty:
         assert len(lines) == 1 and lines[0].endswith("WARNING input topics were reset")

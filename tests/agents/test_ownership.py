@@ -7,10 +7,10 @@ import signal
 import orjson
 import pytest
 
-from agents.event_apply import EventApplier, RawMessage
-from agents.ownership import Ownership
-from agents.plan_writer import PlanWriter
-from agents.query import NotOwner, QueryService
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.plans.ownership import Ownership
+from agents.plans.plan_writer import PlanWriter
+from agents.web.query import NotOwner, QueryService
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
 from state.parked_plans import ParkedPlans

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from agents.plan_feed import PlanFeed
+from agents.stream.plan_feed import PlanFeed
 from tests.agents.test_ownership import ATLAS, Node, _event
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource

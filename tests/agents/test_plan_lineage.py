@@ -113,7 +113,7 @@ def test_a_record_that_does_not_descend_from_the_owners_plan_never_displaces_it_
 
 
 def test_a_frozen_workers_late_record_does_not_hide_the_live_plan_from_a_take_over(nodes):  # noqa: F811
-    from agents.backlog import recompile_queued
+    from agents.plans.backlog import recompile_queued
 
     a, b = nodes
     a.own(0, 1)
@@ -161,7 +161,7 @@ def test_a_restart_announces_its_kept_head_when_a_peer_compiled_the_key_many_tim
 
 def test_a_plan_compiled_again_after_an_announcement_without_successor_is_current_again(nodes):  # noqa: F811
     """A -> B -> A when A was announced stale on a take-over (no successor yet): judged by the event's position."""
-    from agents.backlog import recompile_queued
+    from agents.plans.backlog import recompile_queued
 
     a, b = nodes
     b.own(0, 1)
@@ -225,7 +225,7 @@ def test_a_restart_whose_feed_reads_a_peers_compacted_records_after_its_first_as
 
 def test_a_plan_compiled_by_a_worker_behind_elsewhere_is_still_the_one_a_take_over_judges(nodes):  # noqa: F811
     """Records are ordered by lineage, not by summed offsets: a later plan can sum less than the one it replaced."""
-    from agents.backlog import recompile_queued
+    from agents.plans.backlog import recompile_queued
 
     a, b = nodes
     b.apply(*[_event(resource(f"other-{i}", entity="BOREAL-UK-02")) for i in range(5)], partition=1)

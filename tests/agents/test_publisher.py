@@ -12,10 +12,10 @@ from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.memory_records import MemoryRecords
 
-from agents.event_apply import EventApplier, RawMessage
-from agents.plan_writer import PlanWriter
-from agents.publisher import BATCH_FROM, FORGET_NOW, Publisher
-from agents.writer import inline
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.stream.publisher import BATCH_FROM, FORGET_NOW, Publisher
+from agents.stream.writer import inline
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
 from tests.catalog_double import SCENARIOS
@@ -361,7 +361,7 @@ async def test_a_round_of_many_records_is_forgotten_by_number_not_left_for_every
 async def test_after_a_transient_failure_later_records_of_its_key_wait_for_the_next_flush(tmp_path):
     from aiokafka.errors import KafkaTimeoutError
 
-    from agents.publisher import HeldBack
+    from agents.stream.publisher import HeldBack
 
     class Flaky(SlowProducer):
         async def send(self, topic, key, value, partition, timestamp, headers):

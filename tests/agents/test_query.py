@@ -7,10 +7,10 @@ import itertools
 
 import orjson
 
-from agents.event_apply import EventApplier
-from agents.raw_message import RawMessage
-from agents.plan_writer import PlanWriter
-from agents.query import QueryService
+from agents.stream.event_apply import EventApplier
+from agents.stream.raw_message import RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.web.query import QueryService
 from schemas.freshness import read_token
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS

@@ -10,10 +10,10 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
-from agents.event_apply import EventApplier
-from agents.loader import publish, read_scenario
-from agents.plan_writer import PlanWriter
-from agents.replica import Replica
+from agents.stream.event_apply import EventApplier
+from agents.cli.loader import publish, read_scenario
+from agents.plans.plan_writer import PlanWriter
+from agents.stream.replica import Replica
 from schemas.freshness import decode_token
 from state.local_state import LocalState
 from streams.settings import INPUT_TOPICS, Settings

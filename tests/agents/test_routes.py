@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from agents.forward import FORWARDED_HEADER, owner_unavailable, retry_headers
-from agents.query import NotOwner
-from agents.routes import _ask_other_owners, _forwarded
+from agents.web.forward import FORWARDED_HEADER, owner_unavailable, retry_headers
+from agents.web.query import NotOwner
+from agents.web.routes import _ask_other_owners, _forwarded
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,8 +7,8 @@ import itertools
 import orjson
 import pytest
 
-from agents.event_apply import EventApplier, RawMessage
-from agents.plan_writer import PlanWriter
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.plans.plan_writer import PlanWriter
 from state.catalog_resources import drop_resources
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
@@ -111,7 +111,7 @@ def test_a_shard_gained_after_a_rebase_gets_the_resources_read_again_from_the_ne
     forgotten, ledger kept: "events read again from the new topics are applied by id") a gained shard is
     restored only up to the new topic's applied offsets, and the live re-read then skips the shard's old
     events as duplicates: resources this worker never applied are treated as applied."""
-    from agents.shard_restore import Shards
+    from agents.shards.shard_restore import Shards
     from schemas.plan_partition import plan_partition
     from state.shard_state import ShardState
 
@@ -139,7 +139,7 @@ def test_a_shard_gained_after_a_rebase_gets_the_resources_read_again_from_the_ne
 def test_a_shard_gained_after_a_rebase_is_not_reported_whole(make):
     """After a rebase the old topic's history is gone (the catalog was kept, the old owner dropped its
     shard): the restore reads nothing of it, yet counts no incomplete restore (starts are 0 on the new topic)."""
-    from agents.shard_restore import Shards
+    from agents.shards.shard_restore import Shards
     from schemas.plan_partition import plan_partition
     from state.shard_state import ShardState
 

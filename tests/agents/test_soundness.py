@@ -16,10 +16,10 @@ import orjson
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from agents.backlog import recompile_queued
-from agents.event_apply import EventApplier, RawMessage
-from agents.plan_writer import PlanWriter
-from agents.query import QueryService
+from agents.plans.backlog import recompile_queued
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.web.query import QueryService
 from compiler.errors import RequestError
 from compiler.pipeline import compile_request
 from state.local_state import LocalState

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from agents.lag import LagWatcher
-from agents.loop_probe import LoopProbe
-from agents.metrics import Metrics
-from agents.query import NotOwner, StateError
-from agents.status import THREAD_NAME, Status, health_figures
+from agents.stream.lag import LagWatcher
+from agents.ops.loop_probe import LoopProbe
+from agents.web.metrics import Metrics
+from agents.web.query import NotOwner, StateError
+from agents.web.status import THREAD_NAME, Status, health_figures
 from state.parked_plans import ParkedPlans
 from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
 from tests.conftest import ATLAS_REQUEST

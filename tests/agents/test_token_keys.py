@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from agents.token_keys import TokenKeyError, TokenKeys, rotate
+from agents.web.token_keys import TokenKeyError, TokenKeys, rotate
 from schemas.freshness import BadToken, encode_token, read_token
 
 T0 = 1_800_000_000.0
@@ -61,7 +61,7 @@ def test_a_bad_edit_of_the_key_file_keeps_the_last_good_keys_and_says_so_once(tm
     keys = TokenKeys(path).ensure()
     good = keys.sign_with()
     path.write_text('{"keys": [{"secret": "zz"}]}')
-    with caplog.at_level(logging.ERROR, logger="agents.token_keys"):
+    with caplog.at_level(logging.ERROR, logger="agents.web.token_keys"):
         assert keys.reload() is False and keys.reload() is False
     assert keys.sign_with() == good
     errors = [r.getMessage() for r in caplog.records if "token key file change ignored" in r.getMessage()]

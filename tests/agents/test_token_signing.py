@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from schemas.freshness import encode_token, read_token
-from agents.token_keys import TokenKeys
+from agents.web.token_keys import TokenKeys
 from tests.conftest import ATLAS_REQUEST, ROOT, eventually, launch
 
 pytestmark = pytest.mark.timeout(180)

@@ -11,7 +11,7 @@ import time
 import jwt
 import pytest
 
-from agents.tokens import JwtConfigError, JwtRefused, JwtVerifier, looks_like_jwt
+from agents.web.tokens import JwtConfigError, JwtRefused, JwtVerifier, looks_like_jwt
 from tests.jwt_keys import AUDIENCE, ISSUER, make_signers, unsigned, write_jwks
 
 

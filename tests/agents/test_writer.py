@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from agents.loop_probe import LoopProbe
-from agents.writer import THREAD_NAME, Writer, inline
+from agents.ops.loop_probe import LoopProbe
+from agents.stream.writer import THREAD_NAME, Writer, inline
 from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agents.cli import parser
+from agents.cli.main import parser
 from bench.chaos import FAULTS, run_chaos, table
 from tests.conftest import ROOT
 

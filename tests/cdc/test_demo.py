@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agents import cdc_local
+from agents.cli import cdc_local
 from tests.conftest import ROOT
 
 

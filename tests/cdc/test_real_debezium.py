@@ -8,7 +8,7 @@ import uuid
 import orjson
 import pytest
 
-from agents import cdc_local
+from agents.cli import cdc_local
 from streams.incarnation import read_cluster_id
 from tests.conftest import ATLAS_REQUEST, launch, sign_token
 

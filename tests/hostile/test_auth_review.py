@@ -18,8 +18,8 @@ import aiohttp
 import orjson
 import pytest
 
-from agents.forward import FORWARDED_HEADER
-from agents.token_keys import TokenKey, TokenKeyError, TokenKeys, dump
+from agents.web.forward import FORWARDED_HEADER
+from agents.web.token_keys import TokenKey, TokenKeyError, TokenKeys, dump
 from schemas.freshness import BadToken, encode_token, read_token
 from tests.conftest import ATLAS_REQUEST, ROOT, eventually, launch
 from tests.jwt_keys import AUDIENCE, ISSUER, make_signers, write_jwks

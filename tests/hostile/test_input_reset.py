@@ -13,7 +13,7 @@ import uuid
 import aiohttp
 import pytest
 
-from agents.loader import publish, read_scenario
+from agents.cli.loader import publish, read_scenario
 from streams.broker import EmbeddedBroker, free_port
 from streams.settings import Settings
 from tests.conftest import ATLAS_REQUEST, ROOT, SCENARIOS, WorkerProcess, auth_header

@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 import pytest
 
-from agents.forward import FORWARDED_HEADER
+from agents.web.forward import FORWARDED_HEADER
 from schemas.freshness import read_token
 from schemas.plan_partition import plan_partition
 from schemas.timefmt import format_instant

@@ -31,7 +31,7 @@ def test_an_invalidation_record_is_the_wire_shape():
 def test_the_audit_receipt_id_is_the_hash_the_invalidator_always_gave_it():
     audit = invalidation_receipt(plan_id="plan-1", reason="source_changed", cause=CAUSE,
                                  invalidated_at="2026-11-30T07:52:27Z", successor_plan_id=None)
-    # The form agents/invalidation.py built by hand before the builder existed.
+    # The form agents/stream/invalidation.py built by hand before the builder existed.
     by_hand = {"schema_version": 1, "kind": "invalidation", "plan_id": "plan-1", "reason": "source_changed",
                "cause": CAUSE, "invalidated_at": "2026-11-30T07:52:27Z", "successor_plan_id": None}
     expected = "rcpt-inv-" + hashlib.sha256(orjson.dumps(by_hand)).hexdigest()[:20]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from agents.event_apply import EventApplier
-from agents.plan_writer import PlanWriter
+from agents.stream.event_apply import EventApplier
+from agents.plans.plan_writer import PlanWriter
 from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
 from tests.agents.test_invalidation import raw

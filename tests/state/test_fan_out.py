@@ -7,7 +7,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from agents.plan_writer import PlanWriter
+from agents.plans.plan_writer import PlanWriter
 from state.catalog_snapshot import CatalogSnapshot
 from tests.agents.test_invalidation import raw, setup  # noqa: F401 - the fixture
 from tests.catalog_double import SCENARIOS
@@ -75,8 +75,8 @@ EVENTS = {
 def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | None = None) -> dict:
     from state.local_state import LocalState
     from state.outbox import OutboundLimit
-    from agents.event_apply import EventApplier
-    from agents.query import QueryService
+    from agents.stream.event_apply import EventApplier
+    from agents.web.query import QueryService
 
     state = LocalState.open(tmp_path / f"{'ref' if reference else 'new'}.duckdb")
     try:
@@ -88,7 +88,7 @@ def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | No
         state.outbox.remove([seq for seq, *_ in state.outbox.pending(10_000)])
         state.outbox.limit = limit and OutboundLimit(limit, "x-dead-letters", frozenset())
         with monkeypatch.context() as patch:
-            patch.setattr("agents.plan_writer.wall_now", lambda: "2026-11-30T10:00:00Z")
+            patch.setattr("agents.plans.plan_writer.wall_now", lambda: "2026-11-30T10:00:00Z")
             if reference:
                 patch.setattr(PlanWriter, "_announce_first", _plan_by_plan)
             bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
@@ -143,7 +143,7 @@ def test_a_fan_out_builds_one_announcement_per_group_not_per_plan(setup, monkeyp
 
 
 def test_successors_compiled_later_are_recorded_on_each_plan_and_its_latest_history_entry(setup):  # noqa: F811
-    from agents.backlog import recompile_queued
+    from agents.plans.backlog import recompile_queued
 
     state, inv, query = setup
     plans = _atlas_plans(query)

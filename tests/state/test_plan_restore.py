@@ -7,8 +7,8 @@ import time
 import orjson
 import pytest
 
-from agents.invalidation import Invalidator, RawMessage
-from agents.query import QueryService
+from agents.stream.invalidation import Invalidator, RawMessage
+from agents.web.query import QueryService
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
 from state.key_changes import KeyChanges, PlanPosition

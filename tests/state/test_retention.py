@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 import orjson
 import pytest
 
-from agents.event_apply import EventApplier, RawMessage
-from agents.plan_writer import PlanWriter
-from agents.query import QueryService
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.web.query import QueryService
 from schemas.codec import validate
 from state.local_state import LocalState
 from state.retention import RetentionPolicy, Topics

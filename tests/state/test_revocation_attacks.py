@@ -11,8 +11,8 @@ from datetime import datetime, timedelta, timezone
 import orjson
 import pytest
 
-from agents.event_apply import EventApplier, RawMessage
-from agents.plan_writer import PlanWriter
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.plans.plan_writer import PlanWriter
 from schemas.records import Principal, Revocation, SourceChange
 from state.local_state import LocalState
 
@@ -110,7 +110,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from agents.query import QueryService  # noqa: E402
+from agents.web.query import QueryService  # noqa: E402
 from tests.conftest import ATLAS_REQUEST  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,9 +118,9 @@ _offsets = itertools.count()
 
 _OLD_BUILD = r"""
 import itertools, sys, orjson
-from agents.event_apply import EventApplier, RawMessage
-from agents.plan_writer import PlanWriter
-from agents.query import QueryService
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.web.query import QueryService
 from state.local_state import LocalState
 path, scenarios = sys.argv[1], sys.argv[2]
 n = itertools.count()

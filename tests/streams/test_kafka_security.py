@@ -9,10 +9,10 @@ from pathlib import Path
 import faust
 import pytest
 
-import agents.lag
-import agents.plan_feed
-import agents.replay
-import agents.replica
+import agents.stream.lag
+import agents.stream.plan_feed
+import agents.cli.replay
+import agents.stream.replica
 import streams.admin
 import streams.partitions
 import streams.plan_cache
@@ -64,7 +64,7 @@ def test_settings_that_cannot_work_stop_start_up_by_name(env, named):
 def test_every_kafka_client_in_the_code_takes_the_security_kwargs():
     """Static: each aiokafka constructor call in the worker's code spreads the security kwargs (**...)."""
     calls = []
-    for path in sorted((ROOT / "agents").glob("*.py")) + sorted((ROOT / "streams").glob("*.py")):
+    for path in sorted((ROOT / "agents").rglob("*.py")) + sorted((ROOT / "streams").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in CLIENTS:
                 calls.append((path.name, node.lineno, any(k.arg is None for k in node.keywords)))
@@ -87,8 +87,8 @@ def recorder(seen: list):
 async def test_every_client_the_worker_builds_receives_the_settings(tmp_path, monkeypatch):
     settings = Settings.from_env(dict(SASL_SSL, FRESHPLAN_STATE_DIR=str(tmp_path)))
     seen: list[dict] = []
-    for module in (agents.replica, agents.lag, agents.plan_feed, agents.replay, streams.admin, streams.plan_cache,
-                   streams.partitions):
+    for module in (agents.stream.replica, agents.stream.lag, agents.stream.plan_feed, agents.cli.replay, streams.admin,
+                   streams.plan_cache, streams.partitions):
         for name in CLIENTS:
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, recorder(seen))
@@ -98,7 +98,7 @@ async def test_every_client_the_worker_builds_receives_the_settings(tmp_path, mo
         attempts = [worker.replica.run(), worker.guard._ensure_consumer(), worker.plan_feed.run(),
                     streams.admin.ensure_topics(settings, "kafka.example:9093"),
                     streams.admin.GroupOffsets("kafka.example:9093", "g", settings.kafka.client_kwargs()).read({}),
-                    agents.replay.read_all("kafka.example:9093", "t", None, kafka=settings.kafka.client_kwargs()),
+                    agents.cli.replay.read_all("kafka.example:9093", "t", None, kafka=settings.kafka.client_kwargs()),
                     streams.plan_cache.PlanCache("kafka.example:9093", group_id="g", path=tmp_path / "c.db",
                                                  kafka=settings.kafka.client_kwargs()).start()]
         for attempt in attempts:

@@ -1,0 +1,1 @@
+"""The `freshplan` command and its subcommands."""

@@ -1,0 +1,1 @@
+"""A plan's lifecycle: compile, store, announce, adopt (and take over by partition)."""

@@ -1,0 +1,55 @@
+"""Successors of plans announced before they were recompiled (fan-outs beyond the eager limit)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+from agents.plans.plan_writer import PlanWriter
+
+
+def recompile_queued(writer: PlanWriter, limit: int, owns: Callable[[str, int], bool],
+                     after_outbox: bool = False) -> int:
+    """Compile successors of up to `limit` announced plans; publish those whose cause this worker owns.
+
+    `owns(topic, partition)` says whether this worker publishes for that input partition now.
+    With `after_outbox`, nothing is compiled while records wait in the outbox: the caller's
+    check on its own cursor can precede a fan-out's commit, and this job would then run (for
+    about a second at 100,000 plans) before the fan-out's announcements are read for sending.
+    Returns how many queue entries were handled.
+    """
+    state = writer.state
+    if after_outbox and writer.queue_pending and state.outbox.any_due():
+        return 0
+    with state.store.transaction():
+        entries = state.queue.oldest(limit) if writer.queue_pending else []
+        if not entries:
+            writer.queue_pending = False
+            return 0
+        now = state.store.now()
+        heads = state.plans.heads([e[0] for e in entries])
+        view = writer.snapshot([request for _, request, _ in heads.values()], now)
+        counts: Counter[str] = Counter()
+        published, local, successors, dropped = [], [], [], []
+        # Skipped: compiled on demand by a select in the meantime.
+        due = [(e[0], heads[e[0]][1]) for e in entries if e[0] in heads and heads[e[0]][2] != "fresh"]
+        compiled_all = writer.compile_all(due, view, now)
+        for plan_key, topic, partition, _ in entries:
+            if plan_key not in compiled_all:
+                continue
+            old_id, _, _ = heads[plan_key]
+            compiled = compiled_all[plan_key]
+            if compiled is None:
+                dropped.append(plan_key)
+                continue
+            counts["announced_unchanged"] += compiled.plan_id == old_id
+            successors.append((old_id, compiled.plan_id))
+            (published if owns(topic, partition) else local).append(compiled)
+        state.plans.set_successors(successors)
+        writer.store(published, now, counts, publish=True)
+        writer.store(local, now, counts, publish=False)
+        state.plans.drop_heads(dropped)
+        state.index.drop_many(dropped)
+        state.queue.remove([e[0] for e in entries])
+        state.store.bump_many(counts)
+    return len(entries)

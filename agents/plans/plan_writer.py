@@ -1,0 +1,399 @@
+"""Compile, store, announce and adopt plans: the one write path of the apply path, backlog, plan feed, replay and
+selects."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Callable, Mapping, Sequence
+
+import orjson
+
+from compiler.errors import RequestError
+from compiler.batch import compile_many
+from compiler.cedar_batch import SharedEntities
+from compiler.pipeline import CompiledPlan, as_decided_at, compile_request
+from schemas.timefmt import format_instant
+from state.catalog_snapshot import CatalogSnapshot
+from state.fan_out import Announcement, FanOut
+from state.invalidations import Invalidation, reason_for
+from state.local_state import LocalState
+
+log = logging.getLogger(__name__)
+
+COMPILE_CHUNK = 16  # plans per Cedar call: about 1,000 decisions, tens of ms with the GIL held
+
+Source = tuple[str, int, int]  # (input topic, partition, offset) of the event a record is due to
+Touched = dict[str, tuple[str, dict]]  # plan key -> (dependency key, cause) of the event that touched it
+
+
+DISCOVERABLE_MEMO = "plans.discoverable"  # plan id -> resource ids its principal may learn of (`Store.cached`)
+DISCOVERABLE_ENTRIES = 20_000
+
+
+def discoverable_in(plan: dict) -> set[str]:
+    """Resource ids a plan's principal may learn of: what it admitted or rejected (as `PlanStore.discoverable`)."""
+    return {item["resource_id"] for part in ("admitted", "rejected") for item in plan.get(part) or ()}
+
+
+def _remember_discoverable(state: LocalState, found: dict[str, set[str]]) -> None:
+    known = state.store.cached(DISCOVERABLE_MEMO, dict)
+    if len(known) + len(found) > DISCOVERABLE_ENTRIES:
+        known.clear()
+    known.update(found)
+
+
+def _count_compiled(plans: Sequence[CompiledPlan], counts: Counter[str]) -> None:
+    counts["compilations"] += len(plans)
+    counts["policy_errors"] += sum(p.receipt.get("policy_errors", 0) for p in plans)
+
+
+def wall_now() -> str:
+    """Wall-clock time for `invalidated_at` stamps (latency is measured against it)."""
+    return format_instant(datetime.now(timezone.utc))
+
+
+class PlanWriter:
+    """Turns compilations into stored plans, index edges and outbox records, inside the caller's transaction."""
+
+    def __init__(self, state: LocalState, topic_of: Callable[[str], str], eager_limit: int = 500,
+                 on_compile=None, on_latency=None) -> None:
+        self.state = state
+        self.topic_of = topic_of  # logical name -> broker-side name
+        self.eager_limit = eager_limit  # larger fan-outs are announced first and recompiled later
+        self.on_compile = on_compile  # seconds per recompilation
+        self.on_latency = on_latency  # seconds from an event's broker timestamp to its invalidation
+        self.queue_pending = state.queue.size() > 0  # saves a statement per batch while the queue is empty
+
+    # -- compile -----------------------------------------------------------------------
+
+    def snapshot(self, requests: Sequence[dict], now: datetime | None = None) -> CatalogSnapshot:
+        """A memoising catalog view for compiling these requests together (`now`: the store's, if known)."""
+        view = CatalogSnapshot(self.state.catalog)
+        view.prefetch(list(requests), now)
+        return view
+
+    def compile_all(self, items: Sequence[tuple[str, dict]], view, now: datetime | None,
+                    ) -> dict[str, CompiledPlan | None]:
+        """Recompile (plan key, request) pairs in chunks, one Cedar call per chunk; None where one no longer compiles.
+
+        Chunks keep each Cedar call (which holds the GIL) short, so the HTTP loop is not starved.
+        """
+        out: dict[str, CompiledPlan | None] = {}
+        shared = SharedEntities()  # the chunks share principals and resources: convert and parse each once
+        for start in range(0, len(items), COMPILE_CHUNK):
+            chunk = items[start:start + COMPILE_CHUNK]
+            started = time.perf_counter()
+            results = compile_many([request for _, request in chunk], view, now, shared)
+            if self.on_compile:
+                each = (time.perf_counter() - started) / len(chunk)
+                for _ in chunk:
+                    self.on_compile(each)
+            for (plan_key, _), result in zip(chunk, results, strict=True):
+                if isinstance(result, RequestError):
+                    log.info("plan key %s can no longer compile: %s", plan_key, result.code)
+                    result = None
+                out[plan_key] = result
+        return out
+
+    def compile_one(self, plan_key: str, request: dict, view, now: datetime | None) -> CompiledPlan | None:
+        """Recompile one plan key; None when it can no longer compile (its plan is dropped)."""
+        started = time.perf_counter()
+        try:
+            return compile_request(request, view, now)
+        except RequestError as exc:
+            log.info("plan key %s can no longer compile: %s", plan_key, exc.code)
+            return None
+        finally:
+            if self.on_compile:
+                self.on_compile(time.perf_counter() - started)
+
+    # -- store and adopt ---------------------------------------------------------------
+
+    def store(self, plans: Sequence[CompiledPlan], now: datetime | None, counts: Counter[str],
+              publish: bool = True, sources: Sequence[Source | None] | None = None, standby: bool = False,
+              outbox: list | None = None, replaces: Mapping[str, str] | None = None) -> None:
+        """Make compilations current: plans, receipts, index edges, and (if `publish`) both on the outbox.
+
+        Without `publish` this adopts them: the same outcome another worker (or an earlier run)
+        already announced. A published plan carries `compiled_as_of`, the input offsets its state
+        reflected. Either way the internal `plan-dependencies` record is refreshed: a recompilation
+        that came out the same still moves `compiled_as_of` past the change that caused it, else a
+        later owner would judge the plan stale by that change and announce it for nothing.
+        With `outbox` (a list), the records are appended to it for the caller to queue in one write.
+        `replaces`: each plan key's current plan id before this (read here when not given).
+        """
+        if not plans:
+            return
+        state = self.state
+        if replaces is None:
+            replaces = state.plans.head_ids([p.plan_key for p in plans])
+        state.plans.save_many(plans, now)
+        _remember_discoverable(state, {p.plan_id: discoverable_in(p.plan) for p in plans})
+        state.index.replace_many({p.plan_key: p.dependencies for p in plans})
+        self._queue_records(plans, publish, sources, standby, outbox, replaces)
+        _count_compiled(plans, counts)
+
+    def confirm(self, plans: Sequence[CompiledPlan], counts: Counter[str], outbox: list | None = None) -> None:
+        """Compilations identical to the stored current plans (same plan and receipt): nothing stored changes.
+
+        Only their `plan-dependencies` records are refreshed, so `compiled_as_of` moves past the
+        change that caused the recompilation (see `store`). Rewriting the rows would cost a plan,
+        a receipt and the index edges of each in the log (half of a 1,000/s batch's).
+        """
+        if plans:
+            self._queue_records(plans, False, None, False, outbox, {p.plan_key: p.plan_id for p in plans})
+            _count_compiled(plans, counts)
+
+    def _queue_records(self, plans: Sequence[CompiledPlan], publish: bool, sources: Sequence[Source | None] | None,
+                       standby: bool, outbox: list | None, replaces: Mapping[str, str]) -> None:
+        """Outbox records of stored compilations: `plans` and `receipts` if `publish`; `plan-dependencies` always.
+
+        A `plan-dependencies` record names the plan it replaced here (`replaces`): a worker parking
+        it then knows it descends from that plan, whatever offsets the two were compiled at.
+        """
+        state = self.state
+        as_of = state.store.next_offsets()
+        cluster_id = state.store.incarnation()[0]
+        rows, row_sources = [], []
+        for i, p in enumerate(plans):
+            published = dict(p.plan, compiled_as_of=as_of, compiled_in=cluster_id)
+            source = sources[i] if sources else None
+            if publish:
+                rows.append((self.topic_of("plans"), p.plan_id.encode(),
+                             orjson.dumps(published, option=orjson.OPT_NON_STR_KEYS)))
+                rows.append((self.topic_of("receipts"), p.receipt_id.encode(), orjson.dumps(p.receipt)))
+                row_sources += [source] * 2
+            # Internal: the keys name withheld resources. A new owner takes the plan over from it.
+            rows.append((self.topic_of("plan-dependencies"), p.plan_key.encode(),
+                         orjson.dumps(dict(published, dependencies=sorted(p.dependencies), receipt=p.receipt,
+                                           replaces=replaces.get(p.plan_key)), option=orjson.OPT_NON_STR_KEYS)))
+            row_sources.append(source)
+        if outbox is not None:
+            outbox.append((rows, row_sources))
+        else:
+            state.outbox.add_many(rows, row_sources, standby=standby)
+
+    # -- announce ----------------------------------------------------------------------
+
+    def announce(self, invalidations: Sequence[Invalidation], sources: Sequence[Source | None] | None = None,
+                 standby: bool = False, outbox: list | None = None) -> None:
+        """Queue the `plan-invalidations` records (and audit receipts) of these invalidations (see `store`)."""
+        rows, row_sources = [], []
+        for i, entry in enumerate(invalidations):
+            plan_rows = entry.rows(self.topic_of("plan-invalidations"), self.topic_of("receipts"))
+            rows.extend(plan_rows)
+            row_sources += [sources[i] if sources else None] * len(plan_rows)
+        if outbox is not None:
+            outbox.append((rows, row_sources))
+        else:
+            self.state.outbox.add_many(rows, row_sources, standby=standby)
+
+    def caused(self, old_id: str, plan_key: str, dep_key: str, cause: dict, successor: str | None,
+               now: datetime | None, memo: dict, visible: set[str] | None = None, reason: str | None = None,
+               quiet: bool = False) -> Invalidation:
+        """The invalidation of one plan by an input event.
+
+        `memo` shares what plans of one batch have in common (cause, stamps) across a fan-out. A
+        resource the plan neither admitted nor rejected by name (withheld, or new) is not named
+        to the plan's subscribers: the cause says `resource:withheld`, and the full cause goes
+        to auditors on `receipts`. `reason` overrides the one the dependency key's kind implies.
+        """
+        redact = dep_key.startswith("resource:") and dep_key[len("resource:"):] not in (visible or ())
+        shared = memo.get((id(cause), dep_key, redact))
+        if shared is None:
+            full_cause = {k: v for k, v in cause.items() if not k.startswith("_")}
+            full_cause.update(topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
+            public = dict(full_cause, dependency_key="resource:withheld", event_id="withheld") if redact else full_cause
+            shared = memo[(id(cause), dep_key, redact)] = (reason_for(dep_key), public, full_cause)
+        if "stamps" not in memo:
+            memo["stamps"] = (wall_now(), now and format_instant(now))
+        self._observe_latency(cause)
+        entry = Invalidation(old_id, plan_key, reason or shared[0], shared[1], memo["stamps"][0], memo["stamps"][1],
+                             successor, shared[2] if shared[1] is not shared[2] else None)
+        if not quiet:
+            log.info("invalidated plan %s (%s)", old_id, entry.reason,
+                     extra={"plan_id": old_id, "reason": entry.reason, "dependency_key": entry.cause["dependency_key"],
+                            "event_id": entry.cause["event_id"], "successor_plan_id": successor})
+        return entry
+
+    def _observe_latency(self, cause: dict) -> None:
+        """One invalidation's latency: from its event's broker timestamp to now."""
+        stamp = cause.get("_timestamp")
+        if self.on_latency and stamp:
+            self.on_latency(max(0.0, time.time() - stamp))
+
+    # -- the apply path: what one batch of input events touched ------------------------
+
+    def recompile(self, touched: Touched, counts: Counter[str], standby: bool = False) -> None:
+        """Recompile the touched plans: adopt unchanged outcomes, announce and store changed ones."""
+        state = self.state
+        now = state.store.now()
+        if len(touched) > self.eager_limit and self._announce_first(touched, now, counts, standby):
+            return
+        heads = {k: (plan_id, orjson.loads(request), *stored) for k, (plan_id, request, *stored)
+                 in state.plans.heads_stamped(list(touched), parse=False).items()}
+        visible = self._discoverable(touched, heads)
+        view = self.snapshot([head[1] for head in heads.values()], now)
+        current: list[CompiledPlan] = []
+        settled: list[CompiledPlan] = []
+        successors: list[CompiledPlan] = []
+        announced: list[Invalidation] = []
+        sources: list[Source] = []
+        successor_sources: list[Source] = []
+        dropped: list[str] = []
+        memo: dict = {}
+        # A plan touched many times in the batch is compiled once (touched holds each key once).
+        compiled_all = self.compile_all([(k, heads[k][1]) for k in touched if k in heads], view, now)
+        for plan_key, (dep_key, cause) in touched.items():
+            if plan_key not in heads:
+                continue
+            old_id, request, status, receipt_id, compiled_at = heads[plan_key]
+            compiled = compiled_all[plan_key]
+            if compiled is not None and compiled.plan_id == old_id:
+                # Same outcome: refresh horizon and edges, announce nothing (over-invalidation).
+                counts["unchanged_recompilations"] += 1
+                same = status == "fresh" and compiled_at is not None and as_decided_at(
+                    compiled, format_instant(compiled_at), receipt_id)
+                if same:  # horizon and edges too: the stored rows are this compilation's already
+                    settled.append(same)
+                else:
+                    current.append(compiled)
+                continue
+            if compiled is None:
+                dropped.append(plan_key)
+            source = (cause["topic"], cause["partition"], cause["offset"])
+            if status != "invalidated":  # an invalidated head was announced already; only its successor is due
+                # A crossed time key is a policy change when another bundle version now governs the plan.
+                took_over = view.policy_took_over(dep_key, request, now)
+                announced.append(self.caused(old_id, plan_key, dep_key, cause, compiled and compiled.plan_id, now,
+                                             memo, visible.get(old_id), "policy_changed" if took_over else None))
+                sources.append(source)
+            if compiled is not None:
+                successors.append(compiled)
+                successor_sources.append(source)
+        counts["invalidations"] += len(announced)
+        outbox: list = []  # announcements first, then successors: one outbox write for both
+        self.announce(announced, sources, standby, outbox)
+        self.store(successors, now, counts, publish=True, sources=successor_sources, standby=standby, outbox=outbox,
+                   replaces={k: head[0] for k, head in heads.items()})
+        self.confirm(settled, counts, outbox)
+        state.outbox.add_many([r for rows, _ in outbox for r in rows], [s for _, srcs in outbox for s in srcs],
+                              standby=standby)
+        self.store(current, now, counts, publish=False, replaces={k: head[0] for k, head in heads.items()})
+        state.plans.invalidate_many([e.history_entry() for e in announced], now)
+        state.plans.drop_heads(dropped)
+        state.index.drop_many(dropped)
+        if self.queue_pending:
+            state.queue.remove(list(touched))
+
+    def _discoverable(self, touched: Touched, heads: dict) -> dict[str, set[str]]:
+        """For plans touched through a resource key: the resource ids their principal may learn of."""
+        by_resource = {heads[k][0] for k, (dep_key, _) in touched.items()
+                       if k in heads and dep_key.startswith("resource:")}
+        # A plan id digests what it admitted and rejected, so what the writer stored needs no read.
+        known = self.state.store.cached(DISCOVERABLE_MEMO, dict)
+        missing = sorted(by_resource - set(known))
+        if missing:
+            _remember_discoverable(self.state, self.state.plans.discoverable(missing))
+        return {plan_id: known[plan_id] for plan_id in by_resource if plan_id in known}
+
+    def _announce_first(self, touched: Touched, now: datetime | None, counts: Counter[str], standby: bool) -> bool:
+        """A fan-out larger than `eager_limit`: announce every plan now, compile successors later.
+
+        Announcements then cost an index lookup and a record each, whatever compiling costs; the
+        successor id is published on `plans` when `agents.plans.backlog.recompile_queued` gets to it.
+        Built column-wise (`state.fan_out`): one announcement per group of plans sharing event,
+        key and stamps, its plan ids and keys filled in by SQL. False (nothing written) when the
+        touched plan keys have no more than `eager_limit` heads: the caller recompiles them at once.
+        """
+        causes: list[dict] = []
+        index: dict[int, int] = {}
+        dep_keys, cause_of = [], []
+        for dep_key, cause in touched.values():
+            dep_keys.append(dep_key)
+            cause_of.append(index.setdefault(id(cause), len(causes)))
+            if cause_of[-1] == len(causes):
+                causes.append(cause)
+        fan = FanOut(self.state.store, self.state.outbox)
+        try:
+            heads, groups = fan.stage(list(touched), dep_keys, cause_of)
+            if heads <= self.eager_limit:
+                return False
+            announced, memo, events = [], {}, Counter()
+            view = CatalogSnapshot(self.state.catalog)
+            for group in groups:
+                cause = causes[group.cause]
+                request = {} if group.decision_type is None else {"decision_type": group.decision_type}
+                took_over = view.policy_took_over(group.dep_key, request, now)
+                visible = None if group.redact else {group.dep_key.partition(":")[2]}
+                for _ in range(group.plans - 1):  # `caused` observes the latency of one of them
+                    self._observe_latency(cause)
+                entry = self.caused("", "", group.dep_key, cause, None, now, memo, visible,
+                                    "policy_changed" if took_over else None, quiet=True)
+                template = entry.template()
+                if template is None:
+                    raise ValueError("an invalidation's cause holds its own placeholders")
+                announced.append(Announcement(group, entry.reason, orjson.dumps(entry.cause).decode(), template,
+                                              (cause["topic"], cause["partition"], cause["offset"])))
+                events[cause["event_id"]] += group.plans
+            fan.write(announced, self.topic_of("plan-invalidations"), self.topic_of("receipts"), standby, now)
+        finally:
+            fan.drop()
+        total = sum(events.values())
+        self.queue_pending = self.queue_pending or bool(total)
+        counts["invalidations"] += total
+        counts["deferred_recompilations"] += total
+        for event_id, n in events.items():  # one line per event: the plan ids are on the topic
+            log.info("invalidated %d plans, successors to follow", n,
+                     extra={"event_id": event_id, "plans": n, "reason": "fan_out"})
+        return True
+
+    def restore(self, current: list[dict]) -> tuple[int, int]:
+        """Replay: recompile each current plan; announce `state_rebuilt` where the outcome changed.
+
+        Returns (plans restored, plans changed). Nothing is published on `plans` here: the
+        records were published when they were first compiled.
+        """
+        state = self.state
+        now = state.store.now()
+        counts: Counter[str] = Counter()
+        restored, announced = [], []
+        for plan in current:
+            try:
+                compiled = compile_request(plan["request"], state.catalog, now)
+            except RequestError:
+                compiled = None
+            if compiled is not None and compiled.plan_id == plan["plan_id"]:
+                restored.append(compiled)
+                continue
+            if compiled:
+                restored.append(compiled)
+            stamp = wall_now()
+            cause = {"topic": "replay", "partition": -1, "offset": -1, "event_id": f"replay-{stamp}",
+                     "dependency_key": "replay"}
+            announced.append(Invalidation(plan["plan_id"], plan["plan_key"], "state_rebuilt", cause, stamp, None,
+                                          compiled.plan_id if compiled else None))
+        with state.store.transaction():
+            self.store(restored, now, counts, publish=False)
+            self.announce(announced)  # published by the worker's outbox flush when it starts
+        return len(restored), len(announced)
+
+    # -- selects -----------------------------------------------------------------------
+
+    def compile_select(self, request, counts: Counter[str], on_compile=None) -> CompiledPlan:
+        """Compile a selected request against current state and store it (published on `plans`).
+
+        Raises RequestError for a request no state can answer. `counts` are the caller's
+        in-memory counters: a counter write would cost as much as the plan.
+        """
+        now = self.state.store.now()
+        started = time.perf_counter()
+        compiled = compile_request(request, self.state.catalog, now)
+        if on_compile:
+            on_compile(time.perf_counter() - started)
+        with self.state.store.transaction():
+            self.store([compiled], now, counts)
+        return compiled

@@ -1,0 +1,1 @@
+"""A shard's lifecycle: assign, restore, serve, revoke."""

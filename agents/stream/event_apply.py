@@ -1,0 +1,374 @@
+"""Decode, dedupe and apply input events to local state, and find the plans each batch touched."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from typing import Sequence
+
+from compiler import dependency_keys as dk
+from compiler.trust import unsourced
+from agents.plans.plan_writer import PlanWriter, Touched, wall_now
+from agents.stream.raw_message import RawMessage
+from schemas.cdc_mapping import CdcMapping
+from schemas.codec import decode
+from schemas.errors import InvalidEvent, SkippedEvent
+from schemas.outbound import input_dead_letter, letter_key
+from schemas.shard_peek import peek
+from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
+from schemas.timefmt import format_instant
+from state.catalog_resources import Mine, OtherShard, apply_resources, everything
+from state.local_state import LocalState
+from streams.incarnation import record_mark
+
+log = logging.getLogger(__name__)
+
+
+def warn_unsourced(bundle: PolicyBundle) -> None:
+    """Say once per loaded version which authoritative classes no source may assert under it."""
+    for decision_type, classes in unsourced(bundle).items():
+        log.warning("policy bundle %s v%d names no sources for %s, which %s accepts as an authoritative "
+                    "source: every item of those classes is rejected as untrusted_source. Name the provenance "
+                    "groups in the bundle's sources, or set source_trust false to opt out (docs/plans.md)",
+                    bundle.bundle_id, bundle.version, ", ".join(classes), decision_type)
+
+
+def _published_at(m: RawMessage) -> datetime:
+    """When a record was published: its broker timestamp, but never later than this worker's wall clock.
+
+    A producer can stamp its records (CreateTime): a stamp in the future would loosen every
+    bound judged against it, so the wall caps it; a replay judges old records by their stamps.
+    """
+    wall = datetime.now(timezone.utc)
+    return min(datetime.fromtimestamp(m.timestamp, timezone.utc), wall) if m.timestamp else wall
+
+
+def _entity_of(event: InputEvent) -> str | None:
+    """The entity a resource upsert is about (None for anything else, or one about no entity)."""
+    payload = event.payload
+    if isinstance(payload, SourceChange) and payload.kind == "resource" and payload.record is not None:
+        return payload.record.entity  # type: ignore[union-attr]
+    return None
+
+
+def _iso(span: timedelta) -> str:
+    """A span as an ISO 8601 duration of days and seconds."""
+    return f"P{span.days}D" + (f"T{span.seconds}S" if span.seconds else "")
+
+
+class EventApplier:
+    """Turns batches of input messages into state changes and outbox records, transactionally.
+
+    What the touched plans become (recompiled, announced, adopted) is the plan writer's job.
+    """
+
+    def __init__(self, state: LocalState, plans: PlanWriter, max_event_bytes: int = 1_000_000,
+                 max_clock_jump: timedelta | None = timedelta(days=400), cdc: CdcMapping | None = None,
+                 max_event_skew: timedelta = timedelta(minutes=5), mine: Mine = everything,
+                 owns: Mine = everything) -> None:
+        self.state = state
+        self.mine = mine  # whether a resource's entity is in this worker's shard (see `ShardState.mine`)
+        self.owns = owns  # whether it is owned here, not only copied (see `ShardState.owns`)
+        self.plans = plans
+        self.cdc = cdc  # the CDC mapping file, loaded once at start-up
+        self.max_event_bytes = max_event_bytes
+        self.max_clock_jump = max_clock_jump  # a tick further past now is refused; None: unbounded
+        self.max_event_skew = max_event_skew  # a principal record dated further ahead of its publication: time unknown
+        self.last_event: dict[str, dict] = {}  # topic -> the latest applied event, for operators
+        self.now: datetime | None = state.store.now()  # event time after the last batch, read by the wall clock
+        self.applied_in: str | None = None  # name of the thread that applied the last batch (the writer's)
+        self._standby = False
+        self.held_on_standby = False  # whether the last batch queued records on standby (only dead letters do)
+
+    def apply(self, messages: Sequence[RawMessage], standby: bool = False) -> None:
+        """Apply a batch in one transaction; on an unexpected error, retry one by one.
+
+        With `standby`, what the events cause is queued for the owner of their partitions to
+        promote (see `Outbox`) instead of being published by this worker outright.
+        """
+        self._standby = standby
+        self.held_on_standby = False
+        self.applied_in = threading.current_thread().name
+        try:
+            with self.state.store.transaction():
+                self._apply_all(messages)
+                # The publisher's acknowledged rows go in this commit, not one of their own.
+                forgotten = self.state.outbox.forget_acked()
+            self.state.outbox.acked.deleted(forgotten)
+        except Exception:  # noqa: BLE001 - one policy: isolate the poison message, never crash
+            log.exception("batch of %d failed; applying one by one", len(messages))
+            self.state.catalog.forget_cached()
+            for message in messages:
+                try:
+                    with self.state.store.transaction():
+                        self._apply_all([message])
+                except Exception as exc:  # noqa: BLE001
+                    log.exception("event at %s/%d/%d could not be applied", message.topic,
+                                  message.partition, message.offset)
+                    self.state.catalog.forget_cached()
+                    counts: Counter[str] = Counter()
+                    with self.state.store.transaction():
+                        self.state.store.save_offsets({(message.topic, message.partition): message.offset + 1})
+                        self._dead_letter(message, "processing_error",
+                                          f"{type(exc).__name__} while applying", counts)
+                        self.state.store.bump_many(counts)
+
+    def _apply_all(self, messages: Sequence[RawMessage]) -> None:
+        store = self.state.store
+        applied = store.next_offsets()
+        counts: Counter[str] = Counter()
+        offsets: dict[tuple[str, int], int] = {}
+        marks: dict[tuple[str, int], tuple[int, RawMessage]] = {}
+        decoded: list[tuple[RawMessage, InputEvent]] = []
+        for m in messages:
+            if m.offset < applied.get(m.topic, {}).get(m.partition, 0):
+                counts["redelivered_skipped"] += 1
+                continue
+            applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
+            marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
+            try:
+                decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                                          max_bytes=self.max_event_bytes, cdc=self.cdc)))
+            except SkippedEvent as exc:
+                counts[f"cdc_skipped.{exc.kind}"] += 1
+            except InvalidEvent as exc:
+                self._dead_letter(m, exc.error_class, exc.message, counts)
+        store.save_offsets(offsets, {pos: (o, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))
+                                     for pos, (o, m) in marks.items()})
+        # The clock is idempotent by monotonicity; its ticks need no event-id ledger. Nor are the ids of
+        # other shards' resources claimed: a shard gained later must not take them for applied.
+        claimed = [m.topic != "clock" and not self._elsewhere(e) for m, e in decoded]
+        verdicts = iter(store.claim_events([(m.topic, e.event_id, e.content_hash)
+                                            for (m, e), claim in zip(decoded, claimed, strict=True) if claim]))
+        fresh: list[tuple[RawMessage, InputEvent]] = []
+        for (m, e), claim in zip(decoded, claimed, strict=True):
+            verdict = next(verdicts) if claim else "new"
+            if verdict == "new":
+                fresh.append((m, e))
+            elif verdict == "duplicate":
+                counts["duplicate_events"] += 1
+            elif m.topic == "revocations":
+                # Dropping a withdrawal grants access; applying one twice is harmless (fail closed).
+                fresh.append((m, e))
+                counts["conflicting_revocations_applied"] += 1
+                self._dead_letter(m, "event_id_conflict", "this event_id was already applied on revocations "
+                                  "with different content; the revocation was applied anyway (a withdrawal is "
+                                  "never dropped); give every distinct event its own event_id", counts)
+            else:
+                self._dead_letter(m, "event_id_conflict", f"this event_id was already applied on {m.topic} "
+                                  "with different content; give every distinct event its own event_id", counts,
+                                  about=_entity_of(e))
+        keyed = self._apply_events(fresh, counts)
+        # Every worker records where each key changed, owner or not: a later owner judges by it.
+        self.state.key_changes.record({(c["topic"], c["partition"], c["offset"]): keys for keys, _, c in keyed if keys},
+                                      {(c["topic"], c["partition"], c["offset"]): c["event_id"] for _, _, c in keyed})
+        touched = self._affected(keyed)
+        # Only plans of owned partitions are indexed here, so what they cause is this worker's to publish.
+        self.plans.recompile(touched, counts)
+        store.bump_many(counts)
+
+    def _elsewhere(self, event: InputEvent) -> bool:
+        """Whether an event is an upsert of a resource about another shard's entity (a move away is applied
+        unclaimed: versions make a repeat of it harmless)."""
+        payload = event.payload
+        return (isinstance(payload, SourceChange) and payload.kind == "resource" and payload.record is not None
+                and not self.mine(payload.record.entity))  # type: ignore[union-attr]
+
+    def restore_resources(self, messages: Sequence[RawMessage], mine: Mine, seen: set[str] | None = None) -> int:
+        """Apply the resource changes of a gained shard from its history, in order; how many changed a row.
+
+        Run inside the take-over's transaction, on the writer. Offsets, the event-id ledger and
+        plans are left alone (the live path applied these events already for the shards it held,
+        and a take-over judges parked plans by the key changes recorded here); what the history
+        holds that is invalid was dead-lettered by whoever owned the shard then. `seen` collects, across
+        the calls of one restore, the ids of resources the shard has held.
+        """
+        seen = set() if seen is None else seen
+        changes: list[tuple[RawMessage, SourceChange, str]] = []
+        for m in messages:
+            # Most of a history is other shards' and replicated records: passed by at a glance. A resource
+            # upsert about another entity still counts if its id was this shard's (a move away tombstones it).
+            glance = peek(m.value)
+            if glance is not None and (glance.kind != "resource" or (
+                    glance.entity is not None and not mine(glance.entity) and glance.resource_id not in seen)):
+                continue
+            try:
+                event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                               max_bytes=self.max_event_bytes, cdc=self.cdc)
+            except (SkippedEvent, InvalidEvent):
+                continue
+            if isinstance(event.payload, SourceChange) and event.payload.kind == "resource":
+                changes.append((m, event.payload, event.event_id))
+                record = event.payload.record
+                if record is not None and mine(record.entity):  # type: ignore[union-attr]
+                    seen.add(event.payload.record_id)
+        if not changes:
+            return 0
+        # No source rules: what its holder accepted then stays (policy changes never remove stored
+        # resources), and the compiler still refuses what today's bundle does not trust.
+        results = apply_resources(self.state.store, [c for _, c, _ in changes], {}, mine)
+        keyed = {(m.topic, m.partition, m.offset): keys for (m, _, _), keys in zip(changes, results, strict=True)
+                 if isinstance(keys, list) and keys}
+        self.state.key_changes.record(keyed, {(m.topic, m.partition, m.offset): event_id
+                                              for m, _, event_id in changes})
+        return len(keyed)
+
+    def _apply_events(self, fresh: list[tuple[RawMessage, InputEvent]],
+                      counts: Counter[str]) -> list[tuple[list[str], dict[str, str], dict]]:
+        """Apply events in order, in bulk; (keys, plans due by time, cause) per applied event.
+
+        Resource changes are one bulk write; principal, entity and revocation changes and clock
+        ticks one per run between policy bundles (a bundle changes which principal attributes
+        matter), so a batch costs a constant number of statements however many events it holds.
+        """
+        resources = [(i, e.payload) for i, (_, e) in enumerate(fresh)
+                     if isinstance(e.payload, SourceChange) and e.payload.kind == "resource"]
+        results: dict[int, list[str] | InvalidEvent | None] = dict(zip(
+            (i for i, _ in resources), self.state.catalog.apply_resources([c for _, c in resources], self.mine),
+            strict=True))
+        resource_at = {i for i, _ in resources}
+        clocks: dict[int, datetime] | None = None
+        ticked: dict[int, datetime] = {}
+        run: list[int] = []
+        for i, (m, event) in enumerate(fresh):
+            payload = event.payload
+            if isinstance(payload, PolicyBundle):
+                self._apply_identities(fresh, run, results, counts)
+                run = []
+                try:
+                    results[i] = self.state.catalog.apply_policy(payload)
+                except InvalidEvent as exc:
+                    results[i] = exc
+                else:
+                    if results[i] is not None:
+                        warn_unsourced(payload)
+            elif isinstance(payload, ClockTick):
+                clocks = self.state.store.clocks() if clocks is None else clocks
+                results[i] = self._tick(payload, m.partition, _published_at(m), clocks, ticked)
+            elif isinstance(payload, Revocation) or (isinstance(payload, SourceChange) and payload.kind != "resource"):
+                run.append(i)
+            elif i not in results:
+                results[i] = InvalidEvent("schema_violation", f"no handler for {type(payload).__name__}")
+        self._apply_identities(fresh, run, results, counts)
+        self.state.store.set_clocks(ticked)
+        if ticked:
+            self.now = max(self.state.store.clocks().values())
+        keyed: list[tuple[list[str], dict[str, str], dict]] = []
+        ticks: list[tuple[datetime, int]] = []
+        latest: dict[str, tuple[RawMessage, InputEvent]] = {}
+        for i, (m, event) in enumerate(fresh):
+            keys = results[i]
+            if isinstance(keys, OtherShard):
+                counts["resources_of_other_shards"] += 1
+                continue
+            if isinstance(keys, InvalidEvent):
+                # Columns left out are filled from the stored row, which only the resource's holder has: it
+                # alone judges them, and it may not be the duty owner that promotes standby letters.
+                alone = i in resource_at and keys.error_class == "unavailable_value"
+                self._dead_letter(m, keys.error_class, keys.message, counts, about=_entity_of(event) if alone else None)
+                continue
+            if keys is None:
+                counts["ignored_old_versions"] += 1
+                continue
+            counts[f"applied.{m.topic}"] += 1
+            latest[m.topic] = (m, event)
+            cause = {"topic": m.topic, "partition": m.partition, "offset": m.offset, "event_id": event.event_id,
+                     "_timestamp": m.timestamp}
+            if isinstance(event.payload, ClockTick):
+                ticks.append((event.payload.now, len(keyed)))
+            keyed.append((keys, {}, cause))
+        self._due(ticks, keyed)
+        if latest:  # formatted once per topic and batch, not per event
+            applied_at = wall_now()
+            for topic, (m, event) in latest.items():
+                self.last_event[topic] = {"event_id": event.event_id, "partition": m.partition, "offset": m.offset,
+                                          "occurred_at": format_instant(event.occurred_at), "applied_at": applied_at}
+        return keyed
+
+    def _apply_identities(self, fresh: list[tuple[RawMessage, InputEvent]], run: list[int],
+                          results: dict[int, list[str] | InvalidEvent | None], counts: Counter[str]) -> None:
+        if run:
+            results.update(zip(run, self.state.catalog.apply_identities(
+                [fresh[i][1].payload for i in run], [self._made_at(*fresh[i], counts) for i in run]), strict=True))
+
+    def _made_at(self, m: RawMessage, event: InputEvent, counts: Counter[str]) -> datetime | None:
+        """An identity record's time, as far as it can be believed (None: unknown, for the revocation rule).
+
+        A record dated ahead of its own publication would be immune to every later revocation.
+        """
+        payload = event.payload
+        if isinstance(payload, SourceChange) and event.occurred_at - _published_at(m) > self.max_event_skew:
+            counts["principal_time_ahead"] += 1
+            return None
+        return event.occurred_at
+
+    def _tick(self, tick: ClockTick, partition: int, written_at: datetime, clocks: dict[int, datetime],
+              ticked: dict[int, datetime]) -> list[str] | InvalidEvent | None:
+        """Play a tick over the clock partitions' last ticks: [] when it moves its partition, None for a repeat."""
+        now = max(clocks.values(), default=None)
+        # One wild tick must not move event time for good (later correct ticks would all regress).
+        if now is not None and self.max_clock_jump is not None and tick.now - now > self.max_clock_jump:
+            return InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} past the "
+                                "current now; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
+        # Nor may steps each under the bound add up to years: event time leads the record's own
+        # (broker) time by at most the bound, which a replay of the same records judges alike.
+        if self.max_clock_jump is not None and tick.now - written_at > self.max_clock_jump:
+            return InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} ahead of the time "
+                                "it was published; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
+        last = clocks.get(partition)
+        if last is not None and tick.now <= last:
+            if tick.now == last:
+                return None
+            return InvalidEvent("clock_regression", "now is older than the last tick on clock partition "
+                                f"{partition}; event time only moves forward")
+        clocks[partition] = ticked[partition] = tick.now
+        return []
+
+    def _due(self, ticks: list[tuple[datetime, int]], keyed: list[tuple[list[str], dict[str, str], dict]]) -> None:
+        """Plans whose validity horizon a tick reached, each under the first tick in the batch that reached it.
+
+        One index read for the latest tick: a horizon that tick reached, an earlier one may have too.
+        """
+        if not ticks:
+            return
+        for plan_key, time_key in self.state.index.due(max(now for now, _ in ticks)).items():
+            horizon = dk.time_of(time_key)
+            first = next((n for now, n in ticks if horizon is None or now >= horizon), ticks[-1][1])
+            keyed[first][1][plan_key] = time_key
+
+    def _affected(self, keyed: list[tuple[list[str], dict[str, str], dict]]) -> Touched:
+        """Plan keys touched by the batch, each with the first dependency key and event that touched it."""
+        first: dict[str, tuple[int, dict]] = {}
+        touched: dict[str, tuple[int, str, dict]] = {}
+        for order, (keys, due, cause) in enumerate(keyed):
+            for key in keys:
+                first.setdefault(key, (order, cause))
+            for plan_key, time_key in due.items():
+                touched.setdefault(plan_key, (order, time_key, cause))
+        for plan_key, dep_key in self.state.index.affected_pairs(list(first)):
+            order, cause = first[dep_key]
+            if plan_key not in touched or order < touched[plan_key][0]:
+                touched[plan_key] = (order, dep_key, cause)
+        return {k: (dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
+
+    def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str],
+                     about: str | None = None) -> None:
+        """Queue a dead letter: on standby for the duty owner of its input partition when every worker judges
+        the record alike; sent outright by the owner of the entity `about` when only its holders can (the
+        stored row decides, or only they claim its event id), and by no other worker."""
+        standby = self._standby
+        if about is not None:
+            if not self.owns(about):
+                counts["dead_letters_left_to_owner"] += 1
+                return
+            standby = False
+        record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value)
+        self.state.outbox.add_many([(self.plans.topic_of("dead-letters"), letter_key(m.key), record)],
+                                   [(m.topic, m.partition, m.offset)], standby=standby)
+        self.held_on_standby = self.held_on_standby or standby
+        counts[f"dead_letters.{error_class}"] += 1
+        log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class,
+                    extra={"topic": m.topic, "partition": m.partition, "offset": m.offset,
+                           "error_class": error_class})

@@ -1,0 +1,274 @@
+"""Apply every partition of the input topics to local state, so each worker holds the whole catalog."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
+
+from agents.stream.incarnation import probe
+from agents.stream.writer import inline
+from agents.stream.event_apply import EventApplier
+from agents.stream.raw_message import RawMessage
+from state.key_changes import KeyChanges
+from state.store import Store
+from streams.admin import stop_within
+from streams.incarnation import read_cluster_id
+from streams.partitions import discover
+
+log = logging.getLogger(__name__)
+
+# Behind (a fetch came back full), a batch takes up to this many times the batch size: a plan
+# touched by several events of one batch is recompiled once, and a batch's fixed statements are
+# shared by more events (events/s per CPU second 2x at 4x, measured on the bench workload).
+CATCH_UP_BATCHES = 4
+TOP_UP = 0.005  # seconds a prefetched batch waits for the fetch in flight (see `Replica._fetch`)
+PREFETCHED = 0.002  # a getmany that returned sooner than this handed over a buffered fetch
+
+
+class Replica:
+    """Reads all input partitions (no consumer group) and applies them on standby.
+
+    Selects can then be answered by any worker from its own state. What an event causes
+    (invalidations, successors, dead letters) is held on standby in the outbox until the
+    worker that the consumer group gave the event's partition promotes it (`wait_applied`
+    lets that duty path wait for this replica to reach the event).
+    """
+
+    def __init__(self, applier: EventApplier, store: Store, bootstrap_servers: str, topics: dict[str, str],
+                 batch_size: int = 500, batch_window: float = 0.05, fetch_bytes: int = 2_000_000,
+                 after_apply: Callable[..., Awaitable[object]] | None = None,
+                 auto_rebase: bool = False, kafka: dict | None = None,
+                 run: Callable[..., Awaitable[Any]] = inline, catch_up_batches: int = CATCH_UP_BATCHES,
+                 top_up: float = TOP_UP) -> None:
+        self.applier = applier
+        self.store = store  # for reads beside the writer (its own cursor in a worker)
+        self.run_writes = run  # runs a state write on the writer thread
+        self.bootstrap_servers = bootstrap_servers
+        self.topics = topics  # logical name -> broker-side name
+        self.batch_size = batch_size
+        self.catch_up_size = batch_size * max(1, catch_up_batches)  # records per batch while behind
+        self.batch_window = batch_window
+        self.top_up = top_up  # seconds to wait for what arrived while a prefetched batch sat in the buffer
+        self.fetch_bytes = fetch_bytes
+        self.after_apply = after_apply
+        self.positions: dict[str, dict[int, int]] = store.next_offsets()
+        self._progress = asyncio.Condition()
+        self._consumer: AIOKafkaConsumer | None = None
+        self.paused: set[str] = set()
+        self.auto_rebase = auto_rebase  # embedded broker or `run --rebase`: re-read reset topics from their start
+        self.blocked: dict[str, str] = {}  # reset input topics not applied until an operator rebases
+        self.cluster_id: str | None = None
+        self.ready = asyncio.Event()  # set once offsets are known to belong to the broker's topics
+        self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
+        self._deferred: Exception | None = None  # a fetch error met after records were taken, raised next
+        self.applied_at = 0.0  # loop time of the last batch applied (idle checkpoints wait for a quiet second)
+        # Called with (seconds the oldest event waited for its batch, seconds the batch took) after each batch.
+        self.on_batch: Callable[[float | None, float], object] | None = None
+        self._hook_failed = False
+
+    def applied(self, topic: str, partition: int, offset: int) -> bool:
+        """Whether the event at this position has been applied (or skipped) locally."""
+        return self.positions.get(topic, {}).get(partition, 0) > offset
+
+    async def wait_applied(self, topic: str, partition: int, offset: int) -> None:
+        """Return once the replica has applied the event at this position."""
+        waited = 0.0
+        async with self._progress:
+            while not self.applied(topic, partition, offset):
+                try:
+                    await asyncio.wait_for(self._progress.wait(), 1.0)
+                except asyncio.TimeoutError:
+                    waited += 1.0
+                    if waited % 10 == 0:
+                        log.warning("duty for %s/%d/%d is waiting for the replica (%.0fs)", topic, partition,
+                                    offset, waited)
+
+    async def wait_covers(self, offsets: dict[str, dict[str, int] | dict[int, int]]) -> None:
+        """Return once local state is at least as fresh as these next-offsets."""
+        for topic, parts in offsets.items():
+            for partition, nxt in parts.items():
+                if nxt > 0:
+                    await self.wait_applied(topic, int(partition), nxt - 1)
+
+    def pause(self, topic: str) -> list[int]:
+        """Stop applying one input topic (operators; the revocation guard keeps watching its end)."""
+        self.paused.add(topic)
+        return self._set_paused(topic, True)
+
+    def resume(self, topic: str) -> list[int]:
+        """Apply a paused topic again."""
+        self.paused.discard(topic)
+        return self._set_paused(topic, False)
+
+    def _set_paused(self, topic: str, paused: bool) -> list[int]:
+        if self._consumer is None:
+            return []
+        tps = [tp for tp in self._consumer.assignment() if tp.topic == self.topics[topic]]
+        if paused:
+            self._consumer.pause(*tps)
+        else:
+            self._consumer.resume(*tps)
+        return sorted(tp.partition for tp in tps)
+
+    async def run(self) -> None:
+        """Consume and apply until cancelled."""
+        consumer = self._new_consumer()
+        await consumer.start()
+        self._consumer = consumer
+        logical = {v: k for k, v in self.topics.items()}
+        try:
+            tps = await discover(consumer, self.topics.values())
+            consumer.assign(tps)
+            await self._verify_incarnation(consumer)
+            tps = [tp for tp in tps if logical[tp.topic] not in self.blocked]
+            # A fresh consumer: the probe's out-of-range errors must not surface in the first fetch.
+            await consumer.stop()
+            consumer = self._consumer = self._new_consumer()
+            await consumer.start()
+            if not tps:
+                await asyncio.Event().wait()  # every input was reset: apply nothing until restarted
+            consumer.assign(tps)
+            self.ready.set()
+            for tp in tps:
+                nxt = self.positions.get(logical[tp.topic], {}).get(tp.partition)
+                if nxt is None:
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, nxt)
+            for topic in self.paused:
+                self._set_paused(topic, True)
+            log.info("replica applying %d input partitions", len(tps))
+            while True:
+                try:
+                    batch = await self._fetch(consumer)
+                except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
+                    # The broker lost offsets this worker applied: stop reading those topics (the
+                    # guard refuses selects with input_reset) rather than skip to the log start.
+                    arg = exc.args[0] if exc.args else None
+                    lost = list(arg) if isinstance(arg, dict) else [arg] if isinstance(arg, TopicPartition) else []
+                    topics = {logical[tp.topic] for tp in lost} or set(self.topics)
+                    self._block({t: "position_out_of_range" for t in topics})
+                    consumer.assign([tp for tp in consumer.assignment() if logical[tp.topic] not in self.blocked])
+                    continue
+                messages = [RawMessage(logical[tp.topic], tp.partition, m.offset, m.key, m.value,
+                                       m.timestamp / 1000 if m.timestamp else None)
+                            for tp, records in batch.items() for m in records]
+                if messages:
+                    started, begun = time.time(), time.perf_counter()
+                    self.positions = await self.run_writes(self._apply, messages)
+                    self.applied_at = asyncio.get_running_loop().time()
+                    if self.on_batch is not None:
+                        self._observe(messages, started, time.perf_counter() - begun)
+                    async with self._progress:
+                        self._progress.notify_all()
+                    if self.after_apply:
+                        # A writer job fewer per batch when nothing waits on standby to be promoted.
+                        await self.after_apply(messages, held=self.applier.held_on_standby)
+        finally:
+            self._consumer = None
+            await stop_within(consumer)
+
+    def _observe(self, messages: list[RawMessage], started: float, took: float) -> None:
+        """Report a batch's timings to `on_batch`; a failing hook is logged once and never stops applying."""
+        stamps = [m.timestamp for m in messages if m.timestamp]
+        try:
+            self.on_batch(max(0.0, started - min(stamps)) if stamps else None, took)
+        except Exception:  # noqa: BLE001 - metrics are a by-product: the batch is committed either way
+            if not self._hook_failed:
+                log.exception("reporting a batch's timings failed; applying goes on (logged once)")
+            self._hook_failed = True
+
+    async def _fetch(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, list]:
+        """One batch: up to `batch_size` records, or while behind up to `catch_up_size` already fetched."""
+        if self._deferred is not None:
+            error, self._deferred = self._deferred, None
+            raise error
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        batch = await consumer.getmany(timeout_ms=int(self.batch_window * 1000), max_records=self.batch_size)
+        taken = sum(len(records) for records in batch.values())
+        if self.top_up and 0 < taken < self.batch_size and loop.time() - asked < PREFETCHED:
+            # Returned at once: aiokafka fetched these while the last batch applied, so they are a
+            # batch old, and what arrived since waits for the fetch now in flight. Taking that too
+            # saves the next event a whole cycle (hot plan at 200/s: p50 70 -> 50 ms).
+            try:
+                more = await consumer.getmany(timeout_ms=max(1, int(self.top_up * 1000)),
+                                              max_records=self.batch_size - taken)
+            except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
+                self._deferred = exc  # as below: apply what was taken, raise on the next fetch
+                return batch
+            taken += _extend(batch, more)
+        while self.batch_size <= taken < self.catch_up_size:
+            try:
+                more = await consumer.getmany(timeout_ms=0,
+                                              max_records=min(self.batch_size, self.catch_up_size - taken))
+            except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
+                # Records already taken are consumed: apply them first, raise the error on the next fetch.
+                self._deferred = exc
+                break
+            if not more:
+                break
+            taken += _extend(batch, more)
+        return batch
+
+    def _apply(self, messages: list[RawMessage]) -> dict[str, dict[int, int]]:
+        """Apply a batch on standby (on the writer thread); the offsets applied once it committed."""
+        self.applier.apply(messages, standby=True)
+        return self.applier.state.store.next_offsets()
+
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        # No reset policy: a position the broker lost is an error to report, never a silent skip.
+        return AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="none", max_partition_fetch_bytes=self.fetch_bytes,
+                                fetch_max_wait_ms=int(self.batch_window * 1000), **self.kafka)
+
+    async def _verify_incarnation(self, consumer: AIOKafkaConsumer) -> None:
+        """Compare the recorded offsets with the broker's topics; rebase or block what was reset."""
+        self.cluster_id = await read_cluster_id(self.bootstrap_servers, **self.kafka)
+        resets = await probe(consumer, self.store, self.topics, self.cluster_id)
+        writes = self.applier.state.store
+        if not resets:
+            await self.run_writes(_in_transaction, writes, writes.record_cluster, self.cluster_id)
+            return
+        if not self.auto_rebase:
+            self._block(resets)
+            return
+        recorded, _ = self.store.incarnation()
+        topics = list(resets) + (["plans"] if recorded != self.cluster_id else [])
+        epoch = await self.run_writes(_rebase, writes, self.cluster_id, topics)
+        self.positions = self.store.next_offsets()
+        log.warning("input topics were reset (%s); offsets rebased to the new topics (epoch %d), catalog and "
+                    "plans kept", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())), epoch,
+                    extra={"reason": "input_reset", "topics": sorted(resets)})
+
+    def _block(self, resets: dict[str, str]) -> None:
+        self.blocked.update(resets)
+        log.error("input topics were reset (%s): their recorded offsets belong to another broker or topic "
+                  "incarnation; selects are refused with input_reset until an operator runs `freshplan replay` "
+                  "or `freshplan run --rebase`", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())),
+                  extra={"reason": "input_reset", "topics": sorted(resets)})
+
+
+def _in_transaction(store: Store, fn: Callable[..., Any], *args: Any) -> Any:
+    with store.transaction():
+        return fn(*args)
+
+
+def _rebase(store: Store, cluster_id: str, topics: list[str]) -> int:
+    with store.transaction():
+        epoch = store.rebase(cluster_id, topics)
+        KeyChanges(store).forget(topics)  # their offsets index the old topics
+        store.bump_many({"input_resets": 1})
+    return epoch
+
+
+def _extend(batch: dict[TopicPartition, list], more: dict[TopicPartition, list]) -> int:
+    """Add a later fetch to a batch (a partition's later records follow its earlier ones); how many it added."""
+    for tp, records in more.items():
+        batch.setdefault(tp, []).extend(records)
+    return sum(len(records) for records in more.values())

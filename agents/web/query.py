@@ -1,0 +1,365 @@
+"""Answer selects from local state: serve a fresh plan from the store or compile one."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable
+
+import duckdb
+import orjson
+
+from compiler.errors import RequestError
+from compiler.request import Limits, parse_request, plan_key
+from compiler.resolve import resolve_entity
+from schemas.freshness import encode_token
+from agents.plans.plan_writer import PlanWriter
+from agents.web.token_keys import TokenKeys
+from state.head_cache import Head
+from state.local_state import LocalState
+
+log = logging.getLogger(__name__)
+
+# Errors that say the file itself cannot be read: once seen, nothing read from it is trusted.
+STORAGE_ERRORS = (duckdb.IOException, duckdb.FatalException, duckdb.InternalException,
+                  duckdb.SerializationException, duckdb.ConnectionException)
+
+
+class StateError(RequestError):
+    """The worker's own state cannot be read: not the caller's fault, and nothing is served."""
+
+    pass_name = "state"
+
+
+MayRead = Callable[[str | None], bool]
+"""Whether the caller may see a plan or receipt of this principal (None: the principal is not known)."""
+
+
+class NotOwner(Exception):
+    """The entity's plans belong to a partition another worker owns: its owner answers the select."""
+
+    def __init__(self, entity_id: str, partition: int) -> None:
+        super().__init__(f"entity partition {partition} is owned elsewhere")
+        self.entity_id = entity_id
+        self.partition = partition
+
+
+class QueryService:
+    """The read path: plan key lookup, then cache or compile."""
+
+    def __init__(self, state: LocalState, writer: PlanWriter, guard=None) -> None:
+        self.state = state  # what selects, status and health read: in a worker, a cursor of their own
+        self.writer = writer  # compiles and stores on the read-write connection (its state)
+        self.guard = guard  # a LagWatcher; None only where no broker exists (unit tests)
+        self.on_compile = None  # seconds per compilation on the read path
+        self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
+        self.limits = Limits()  # largest request fields a select accepts
+        self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
+        self.unreadable: str | None = None  # why the state file failed a read; sticky until a restart
+        self.last_events: dict[str, dict] = {}  # the event applier's latest event per topic, for operators
+        # entity id -> its partition when another worker owns it, else None; unset: every entity is local
+        self.foreign_partition: Callable[[str], int | None] = lambda entity_id: None
+        self.served_by: str | None = None  # this worker's URL, named in every answer it serves
+        # plan partitions other workers own (all while the group has not assigned any); none: a lone worker
+        self.foreign_partitions: Callable[[], list[int]] = lambda: []
+        # The input offsets applied and committed, kept in memory (the replica's); None: read them from the file.
+        self.position: Callable[[], dict[str, dict[int, int]]] | None = None
+        self.check_heads = False  # tests: compare every in-memory hit with the file (see `_check_hit`)
+        self.tokens = TokenKeys.ephemeral()  # a worker's: the group's key file (see agents.web.token_keys)
+        self._token_cache: tuple[object, bytes, str] | None = None
+
+    def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
+        """Record a failed read of the state file and return the refusal to send (never a 500)."""
+        if isinstance(exc, STORAGE_ERRORS) and self.unreadable is None:
+            self.unreadable = type(exc).__name__
+            log.error("the state file cannot be read (%s): selects are refused with state_unreadable; stop the "
+                      "worker, move the file aside and run `freshplan replay`", type(exc).__name__,
+                      extra={"error_class": "state_unreadable", "path": str(self.state.store.path)})
+        else:
+            log.warning("a read of the state file failed (%s)", type(exc).__name__,
+                        extra={"error_class": "state_unreadable"})
+        if counted:
+            self.selects["refused.state_unreadable"] += 1
+        return self._unreadable_error()
+
+    def _unreadable_error(self) -> StateError:
+        return StateError("state_unreadable", "This worker cannot read its local state file (it is damaged or "
+                          "unreadable), so it serves no plan; use another worker. Operators: stop it, move the "
+                          "DuckDB file aside and run `freshplan replay`.", status=503)
+
+    def token(self) -> str:
+        """Freshness token of the state as it is now."""
+        return self.sign(self.state.store.position())
+
+    def sign(self, position: tuple[dict[str, dict[int, int]], str | None, int]) -> str:
+        """The signed token of a position (offsets, cluster id, rebase epoch)."""
+        return encode_token(*position, key=self.tokens.sign_with())
+
+    def select(self, doc: Any) -> dict[str, Any]:
+        """Return the plan for a select body, compiling on this thread; raises RequestError for bad requests."""
+        self._refuse_if_unreadable()
+        try:
+            found = self._lookup(doc)
+            if found.plan is None:
+                found = self._merge(self._compile(found))
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
+        return self._answer(found)
+
+    async def select_async(self, doc: Any, run: Callable[..., Awaitable[Any]]) -> dict[str, Any]:
+        """As `select`, but a plan that must be compiled is compiled by `run` (the writer thread).
+
+        The cache lookup reads this service's own cursor, so a hit never waits for a write.
+        """
+        self._refuse_if_unreadable()
+        try:
+            found = self._lookup(doc)
+            if found.plan is None:
+                found = self._merge(await run(self._compile, found))
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
+        return self._answer(found)
+
+    def _refuse_if_unreadable(self) -> None:
+        if self.unreadable is not None:
+            self.selects["refused.state_unreadable"] += 1
+            raise self._unreadable_error()
+
+    def _lookup(self, doc: Any) -> "Found":
+        """Parse, check the guard, resolve the entity and look for a fresh plan: in memory, else in the file."""
+        if isinstance(doc, dict):
+            doc = {k: v for k, v in doc.items() if k != "at_least_as_fresh"}
+        request = parse_request(doc, self.limits)
+        degraded: list[str] = []
+        if self.guard is not None:
+            self.guard.check()
+            degraded = self.guard.degraded()
+        found = self._held(request, degraded)
+        if found is None:
+            found = self._read(request, degraded)
+        self.selected.add(found.key)
+        return found
+
+    def _held(self, request, degraded: list[str]) -> "Found | None":
+        """The answer from the head cache alone, if it holds the name and the key (no DuckDB read).
+
+        The token names the position the cache published with its last commit, read before the
+        head and only when the cache did not change until the head was read: the head was then
+        fresh at it (see `HeadCache`). The replica's offsets reach the loop after the heads of
+        their batch: until they match that position, the file answers.
+        """
+        if self.position is None:
+            return None
+        heads = self.state.store.heads
+        version = heads.version
+        published = heads.position
+        offsets = self.position()
+        if published is None or (offsets is not published[0] and offsets != published[0]):
+            return None
+        entity_id = heads.entity(request.entity)
+        if entity_id is None:
+            return None
+        partition = self.foreign_partition(entity_id)
+        if partition is not None:  # only the owner indexes its plans: a plan here may be stale
+            raise NotOwner(entity_id, partition)
+        key = plan_key(request, entity_id)
+        head = heads.head(key)
+        if head is None or heads.version != version:
+            return None
+        found = Found(request, key, orjson.loads(head.plan), self._token_at(published), "cache", degraded,
+                      entity_id=entity_id)
+        if self.check_heads and not self._check_hit(found, head.plan_id, version):
+            return None
+        self.selects["selects.held"] += 1  # answered from memory, without reading the file
+        return found
+
+    def _read(self, request, degraded: list[str]) -> "Found":
+        """Resolve and look the plan up in the file (one snapshot), and hold what was found."""
+        store = self.state.store
+        generation = store.heads.generation  # noted before the snapshot: a removal since refuses the fill
+        # One snapshot: the token must name the state the plan was read from, not a later one.
+        with store.transaction():
+            entity_id = resolve_entity(request.entity, self.state.catalog.entity_matches(request.entity))
+            partition = self.foreign_partition(entity_id)
+            if partition is not None:  # only the owner indexes its plans: a plan here may be stale
+                raise NotOwner(entity_id, partition)
+            key = plan_key(request, entity_id)
+            plan = self.state.plans.fresh_plan(key)
+            token = self.sign(store.position()) if plan is not None else None
+        head = (Head(plan["plan_id"], orjson.dumps(plan)) if plan is not None and isinstance(plan.get("plan_id"), str)
+                else None)
+        store.heads.fill(generation, key if head else None, head, request.entity, entity_id)
+        return Found(request, key, plan, token, "cache", degraded, entity_id=entity_id)
+
+    def _token_at(self, position: tuple[dict[str, dict[int, int]], str | None, int]) -> str:
+        """The token of a published position (signed once per position and key, not per select)."""
+        cached, key = self._token_cache, self.tokens.sign_with()
+        if cached is None or cached[0] is not position or cached[1] is not key:
+            cached = self._token_cache = (position, key, encode_token(*position, key=key))
+        return cached[2]
+
+    def _check_hit(self, found: "Found", plan_id: str, version: int) -> bool:
+        """Whether the file agrees with an in-memory hit; a disagreement is logged and counted (tests fail on it).
+
+        Only judged when the cache did not change from before the hit to after the read: then a
+        held head must be the key's fresh head in the file too.
+        """
+        try:
+            with self.state.store.transaction():
+                entity_id = resolve_entity(found.request.entity,
+                                           self.state.catalog.entity_matches(found.request.entity))
+                plan = self.state.plans.fresh_plan(found.key)
+        except RequestError:
+            entity_id, plan = None, None
+        if self.state.store.heads.version != version:
+            return True
+        # The whole document: a recompilation with the same outcome keeps the plan id, not its valid_until.
+        if entity_id == found.entity_id and plan == found.plan:
+            return True
+        self.selects["head_cache_disagreements"] += 1
+        log.error("head cache disagrees with the state file: key %s held plan %s, the file has %s for entity %s",
+                  found.key, plan_id, plan and plan.get("plan_id"), entity_id,
+                  extra={"error_class": "head_cache_disagreement"})
+        return False
+
+    def _compile(self, found: "Found") -> "Found":
+        """Compile and store a missing plan on the writer's connection (run on the writer thread)."""
+        state = self.writer.state
+        counts: Counter[str] = Counter()
+        partition = self.foreign_partition(found.entity_id)
+        if partition is not None:  # the partition moved while this select waited for the writer
+            raise NotOwner(found.entity_id, partition)
+        plan = state.plans.fresh_plan(found.key)  # another select may have compiled it meanwhile
+        served_from = "cache"
+        if plan is None:
+            plan = self.writer.compile_select(found.request, counts, self.on_compile).plan
+            served_from = "compiled"
+        return replace(found, plan=plan, token=self.sign(state.store.position()), served_from=served_from,
+                       counts=counts)
+
+    def _merge(self, found: "Found") -> "Found":
+        self.selects.update(found.counts)  # counted here: the selects counter belongs to the caller's thread
+        return found
+
+    def _answer(self, found: "Found") -> dict[str, Any]:
+        self.selects[f"selects.{found.served_from}"] += 1
+        out = dict(found.plan, freshness_token=found.token, served_from=found.served_from)
+        if self.served_by:
+            out["served_by"] = self.served_by
+        if found.degraded:
+            out["degraded"] = found.degraded  # paused inputs that can make this answer less current
+        return out
+
+    def take_selected(self) -> set[str]:
+        """The plan keys selected since the last call (for the retention pass to stamp)."""
+        taken, self.selected = self.selected, set()
+        return taken
+
+    def plan_status(self, plan_id: str, may_read: MayRead = lambda principal: True) -> dict[str, Any] | None:
+        """Public status of a plan id (an evicted one is invalidated, reason `evicted`), or None when unknown.
+
+        Raises NotOwner for a plan of another worker's partition that is not invalidated here: only
+        its owner hears of its invalidations, so "fresh" from here (a plan handed back, or one known
+        only parked) may be stale. An invalidation known here is final and answered here (the owner
+        keeps only each key's latest plan of what it took over). A plan whose principal `may_read`
+        refuses (None: the principal is not known here) is None, as an unknown one, before any owner is asked.
+        """
+        try:
+            facts = plan_facts(self.state, plan_id)
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
+        return self._owned_status(*facts, may_read)
+
+    async def plan_status_async(self, plan_id: str, read: Callable[..., Awaitable[Any]],
+                                may_read: MayRead) -> dict[str, Any] | None:
+        """As `plan_status`, the file read by `read` (the status thread, with a cursor of its own): never on the loop.
+
+        Subscribers ask after every announcement they hear, so these reads come as often as invalidations.
+        """
+        self._refuse_if_unreadable()
+        try:
+            facts = await read(lambda state: plan_facts(state, plan_id))
+        except duckdb.Error as exc:
+            raise self.state_failed(exc) from None
+        return self._owned_status(*facts, may_read)
+
+    def _owned_status(self, status: dict[str, Any] | None, entity_id: str | None, principal: str | None,
+                      may_read: MayRead) -> dict[str, Any] | None:
+        if (status is not None or entity_id is not None) and not may_read(principal):
+            return None  # no existence oracle: a plan the caller may not ask about is unknown to it
+        if status is not None and status["status"] == "invalidated":
+            return status
+        partition = None if entity_id is None else self.foreign_partition(entity_id)
+        if partition is not None:
+            raise NotOwner(entity_id, partition)
+        return status
+
+    def health(self, figures: dict[str, Any] | None) -> dict[str, Any]:
+        """Liveness plus what the worker has applied, given the file's figures (`file_health`; None: unreadable)."""
+        revocations = self.guard.status().as_dict() if self.guard else None
+        if figures is None:
+            doc: dict[str, Any] = {"status": "state_unreadable", "revocations": revocations}
+        else:
+            doc = {"status": "ok", **{k: v for k, v in figures.items() if k not in ("counters", "position")},
+                   "freshness_token": self.sign(figures["position"]),
+                   "head_cache": self.state.store.heads.sizes(),
+                   "counters": dict(Counter(figures["counters"]) + self.selects), "revocations": revocations,
+                   "lag": self.guard.lags() if self.guard else {}, "last_events": dict(self.last_events)}
+        if self.unreadable is not None:
+            doc.update(status="state_unreadable", state_error=self.unreadable)
+        return doc
+
+
+def plan_facts(state: LocalState, plan_id: str) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """What a plan status reads from the file: status (or eviction), entity unless invalidated, principal."""
+    status = state.plans.status(plan_id) or state.retention.evicted_status(plan_id)
+    entity_id, principal = _owner_of(state, plan_id)  # a plan only parked here has an entity and no status
+    return status, None if status is not None and status["status"] == "invalidated" else entity_id, principal
+
+
+def _owner_of(state: LocalState, plan_id: str) -> tuple[str | None, str | None]:
+    """The canonical entity and principal of a plan stored here or parked from `plan-dependencies`, if any."""
+    db = state.store.db
+    row = db.execute("SELECT json_extract_string(plan, '$.entity_id'), json_extract_string(plan, "
+                     "'$.request.principal') FROM plans WHERE plan_id = ?", [plan_id]).fetchone()
+    if row is None:
+        try:
+            row = db.execute("SELECT json_extract_string(record, '$.entity_id'), json_extract_string(record, "
+                             "'$.request.principal') FROM parked_plans WHERE plan_id = ? LIMIT 1",
+                             [plan_id]).fetchone()
+        except duckdb.CatalogException:  # a file no plan feed ever wrote to (replay, a lone worker's tools)
+            return None, None
+    return (row[0], row[1]) if row else (None, None)
+
+
+def file_health(state: LocalState) -> dict[str, Any]:
+    """What the health document reads from the state file (through `state`'s own cursor, on any one thread)."""
+    store = state.store
+    now = store.now()
+    return {"now": now and now.isoformat().replace("+00:00", "Z"), "applied_offsets": store.next_offsets(),
+            "position": store.position(), "plans": state.plans.counts(), "index_edges": state.index.size(),
+            "outbox": state.outbox.size(), "retention": state.retention.sizes(), "counters": store.counters()}
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a select found: its parsed request, plan key, and the plan with the token of the state it came from."""
+
+    request: Any
+    """The parsed decision request."""
+    key: str
+    """Its plan key."""
+    plan: dict[str, Any] | None
+    """The fresh plan, None when it must be compiled."""
+    token: str | None
+    """Freshness token of the state the plan was read or compiled from."""
+    served_from: str
+    """cache or compiled."""
+    degraded: list[str]
+    """Paused inputs that can make the answer less current."""
+    counts: Counter = field(default_factory=Counter)
+    """Counters the compiling thread gathered, merged into `selects` by the caller."""
+    entity_id: str = ""
+    """The canonical entity id the request resolved to (its partition owns the plan)."""
+

@@ -1,0 +1,283 @@
+"""Wire a worker: Faust agents for the input topics, the replica, the writer thread, timers and routes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timezone
+
+import orjson
+
+from agents.web.access import Access
+from agents.plans.backlog import recompile_queued
+from agents.ops.chores import Chores
+from agents.web.gate import Gate, api_routes
+from agents.stream.duty import Duty, register_duty
+from agents.stream.event_apply import EventApplier
+from agents.plans.plan_writer import PlanWriter
+from agents.web.query import QueryService
+from agents.stream.lag import LagWatcher
+from agents.ops.collector import Collector
+from agents.ops.loop_probe import LoopProbe
+from agents.web.metrics import Metrics
+from agents.plans.ownership import Ownership
+from agents.stream.plan_feed import PlanFeed
+from agents.stream.publisher import Publisher
+from agents.stream.replica import Replica
+from agents.ops.retention import BATCH, RetentionTimer
+from agents.web.routes import register_routes
+from agents.shards.shard_restore import Shards
+from agents.stream.writer import Writer
+from agents.worker.runtime import Worker
+from compiler.request import Limits
+from schemas.cdc_mapping import CdcMapping
+from schemas.timefmt import format_instant
+from state.local_state import LocalState
+from state.outbox import OutboundLimit
+from state.parked_plans import ParkedPlans
+from state.shard_state import ShardState
+from state.retention import RetentionPolicy, Topics as RetentionTopics
+from streams.admin import GroupOffsets
+from streams.app import create_app
+from streams.settings import INPUT_TOPICS, Settings
+from streams.topics import declare_topics
+
+log = logging.getLogger(__name__)
+
+IDLE_SECONDS = 1.0  # no input batch applied for this long: the writer may checkpoint the file
+
+def build_worker(settings: Settings, bootstrap_servers: str, access: Access | None = None,
+                 cdc: CdcMapping | None = None) -> Worker:
+    """Create the app and register everything on it; nothing runs until the app starts."""
+    access = access or Access.closed()
+    kafka = settings.kafka.client_kwargs()
+    gate = Gate(settings, access.callers, access.jwt, api_routes(settings))
+    app = create_app(settings, bootstrap_servers, [gate.middleware])
+    topics = declare_topics(app, settings)
+    state = LocalState.open(settings.db_path)
+    state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
+                                       frozenset({settings.topic("plans"), settings.topic("receipts"),
+                                                  settings.topic("plan-dependencies")}))
+    state.store.checkpoints.limit(settings.wal_limit_mb * 2**20)
+    shard_state = ShardState(state.store, settings.partitions)
+    reader = state.reader()
+    writer, probe, collector = Writer(), LoopProbe(), Collector(settings.gc_freeze).install()
+    chores = Chores()
+    plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
+    applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
+                           cdc=cdc, max_event_skew=settings.max_event_skew, mine=shard_state.mine,
+                           owns=shard_state.owns)
+    guard = LagWatcher(reader.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
+                       settings.revocation_lag_bound, kafka=kafka)
+    query = QueryService(reader, plan_writer, guard)
+    query.last_events, query.tokens = applier.last_event, access.token_keys
+    query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
+                          calls=settings.max_budget_calls)
+    metrics = Metrics(reader, query, guard, probe, collector, chores)
+    plan_writer.on_latency = metrics.event_to_invalidation.observe
+    plan_writer.on_compile = metrics.compile_seconds.labels("recompile").observe
+    query.on_compile = metrics.compile_seconds.labels("select").observe
+    # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
+    inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
+    replica = Replica(applier, reader.store, bootstrap_servers, inputs,
+                      settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
+                      auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run)
+    guard.paused, guard.blocked = replica.paused, replica.blocked
+    replica.on_batch = metrics.observe_batch
+    probe.on_sample = metrics.observe_loop
+    guard.applied = lambda: replica.positions
+    query.position = lambda: replica.positions  # replaced (never changed in place) after each committed batch
+    query.check_heads = settings.check_head_cache
+    parked = ParkedPlans(state.store, settings.partitions)
+    shards = Shards(shard_state, applier, bootstrap_servers, settings.topic("source-changes"), kafka,
+                    max(2 * settings.max_event_bytes, 1_000_000), standby_replicas=settings.standby_replicas,
+                    blocked=lambda: "source-changes" in replica.blocked)
+    ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
+                          settings.topic("plan-dependencies"), shards=shards)
+    plan_feed = PlanFeed(state, ownership, parked, replica, bootstrap_servers, settings.topic("plan-dependencies"),
+                         kafka=kafka, run=writer.run)
+    query.served_by = str(app.conf.canonical_url)
+    query.foreign_partition = ownership.foreign_partition
+    query.foreign_partitions = lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ()))
+    group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
+    duty = Duty(state, app, writer.run, inputs, group_offsets, kick=lambda: publisher.kick(),
+                verified=lambda: replica.ready.is_set() and not replica.blocked)
+    publisher = Publisher(state, app, writer.run, duty.owned)
+    worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
+                    replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores)
+    replica.after_apply = publisher.publish_owned
+
+    for name in INPUT_TOPICS:
+        _register_input_agent(worker, name)
+    register_duty(app, duty, chores)
+
+    @app.task
+    async def watch_revocations() -> None:
+        # In a thread of its own (first reading at start-up): a busy loop must not make the guard
+        # look stale and refuse healthy selects.
+        guard.start_thread()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.to_thread(guard.stop_thread)
+
+    app.task(chores.loop("probe_loop", probe.run))
+
+    @app.task
+    async def apply_replica() -> None:
+        await replica.run()
+
+    @app.task
+    async def adopt_plans() -> None:
+        await plan_feed.run()
+
+    @app.task
+    async def follow_ownership() -> None:
+        # Plans are owned with the input partition of the same number (the assignor co-partitions
+        # them). Judging a take-over needs offsets verified against this broker incarnation.
+        await replica.ready.wait()
+        backoff = 1.0
+        while True:
+            if app.rebalancing_count and not app.rebalancing:
+                assigned = frozenset(worker.duty().get("source-changes", ()))
+                if assigned != ownership.owned:
+                    try:
+                        await writer.run(ownership.follow, assigned)
+                    except Exception:  # noqa: BLE001 - nothing changed (see `Ownership.follow`): try again
+                        ownership.failures += 1
+                        log.exception("following the assignment %s failed (%d so far); retrying in %.0f s",
+                                      sorted(assigned), ownership.failures, backoff,
+                                      extra={"reason": "take_over_failed", "partitions": sorted(assigned)})
+                        # Each attempt reruns the whole take-over on the writer: a lasting fault must not starve it.
+                        await asyncio.sleep(backoff)
+                        backoff = min(2 * backoff, 60.0)
+                        continue
+                    backoff = 1.0
+                    await worker.publish_outbox()
+            await asyncio.sleep(0.2)
+
+    async def recompile_backlog() -> float:
+        # Successors of fan-outs announced first; small steps keep the loop responsive, and
+        # announcements still waiting in the outbox go out before any successor is compiled.
+        if not plan_writer.queue_pending:  # set by every path that queues plans: no writer job, no read
+            return 0.1
+        if reader.outbox.any_due():
+            return 0.05
+        # The queue holds plans of owned partitions only (a hand-back removes the rest).
+        done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True,
+                                after_outbox=True)
+        if done:
+            await worker.publish_outbox()
+        return 0 if done else 0.1
+
+    app.task(chores.loop("recompile_backlog", recompile_backlog))
+
+    @app.task
+    async def close_on_stop() -> None:
+        # Timers cannot clean up after themselves: their client is closed when the app's tasks are cancelled.
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await group_offsets.close()
+
+    @app.timer(interval=5.0)
+    @chores.timer("prune_standby")
+    async def prune_standby() -> None:
+        # Standby rows of partitions this worker never owns would otherwise pile up. Not before the
+        # replica's offsets are this broker's: rows of an older incarnation are the rebase's to release.
+        if not duty.verified():
+            return
+        try:
+            committed = await group_offsets.read({settings.topic(n): n for n in INPUT_TOPICS})
+        except Exception as exc:  # noqa: BLE001 - pruning is housekeeping; it must never stop the worker
+            log.warning("could not read the group's committed offsets: %r", exc)
+            await group_offsets.close()
+            return
+        await writer.run(_prune, state, committed)
+
+    retention = RetentionTimer(state, query, RetentionPolicy(settings.plan_retention, settings.receipt_retention,
+                                                             BATCH, settings.event_id_retention),
+                               RetentionTopics(settings.topic("plan-invalidations"), settings.topic("plans"),
+                                               settings.topic("clock"), settings.topic("plan-dependencies")))
+
+    @app.timer(interval=settings.retention_interval)
+    @chores.timer("enforce_retention")
+    async def enforce_retention() -> None:
+        # Evictions are announced by the worker that makes them (see RetentionTimer).
+        result = await retention.run(writer.run)
+        if result is not None and result.evicted:
+            await worker.publish_outbox()
+
+    checkpointing: list[asyncio.Future] = []
+
+    @app.timer(interval=1.0)
+    async def checkpoint_when_idle() -> None:
+        # A checkpoint stops the writer for as long as it rewrites the file's indexes (see
+        # state.checkpoints): taken after a quiet second, it delays no event that was waiting.
+        # Not awaited here: behind a long writer job the timer would overrun its interval.
+        if checkpointing and not checkpointing[0].done():
+            return
+        if asyncio.get_running_loop().time() - replica.applied_at >= IDLE_SECONDS:
+            checkpointing[:] = [asyncio.ensure_future(_checkpoint(writer, state))]
+
+    @app.timer(interval=1.0)
+    @chores.timer("flush_outbox")
+    async def flush_outbox() -> None:
+        # Catches records left by a crash between commit and publish, and idle periods.
+        await worker.publish_outbox()
+        await worker.publisher.forget_acknowledged()
+
+    if settings.wall_clock:
+        @app.timer(interval=settings.wall_clock_interval)
+        @chores.timer("wall_clock_tick")
+        async def wall_clock_tick() -> None:
+            wall = datetime.now(timezone.utc).replace(microsecond=0)
+            if applier.now is not None and applier.now >= wall:
+                return  # event time is past the wall: the tick would only be dead-lettered as a regression
+            now = format_instant(wall)
+            value = orjson.dumps({"event_id": f"wall-{now}", "schema_version": 1,
+                                  "occurred_at": now, "now": now})
+            clock = topics["clock"]
+            # Only the owner of a clock partition ticks it: workers' wall clocks must not interleave.
+            await asyncio.gather(*[await app.producer.send(clock.get_topic_name(), None, value, partition=p,
+                                                           timestamp=None, headers=None)
+                                   for p in worker.duty().get("clock", [])])
+
+    if access.reload is not None:
+        @app.timer(interval=1.0)
+        @chores.timer("reload_callers")
+        async def reload_callers() -> None:
+            # Polling a small file once a second applies an edit within the promised 5 s on any filesystem.
+            access.reload()
+
+    register_routes(app, worker.api(), access)
+    return worker
+
+
+async def _checkpoint(writer: Writer, state: LocalState) -> None:
+    try:
+        await writer.run(state.store.checkpoints.when_idle)
+    except Exception:  # noqa: BLE001 - housekeeping: a failure must never stop the worker; the next second retries
+        log.exception("checkpointing the state file failed; retrying when idle")
+
+
+def _register_input_agent(worker: Worker, name: str) -> None:
+    # Without acks Faust never commits these topics: only `Duty` does, to what was published.
+    topic = worker.topics[name].clone(acks=False)
+    settings = worker.settings
+
+    async def consume(stream) -> None:
+        # The agent subscribes the group to the topic: the assignment is the duty, which `Duty`
+        # serves from the replica, keeping these partitions paused. What Faust fetched before a
+        # pause took effect is counted and dropped (the replica applies it, `Duty` publishes it).
+        async for events in stream.take_events(settings.batch_size, within=settings.batch_window):
+            worker.input_duty.delivered += len(events)
+
+    consume.__name__ = f"apply_{name.replace('-', '_')}"
+    consume.__qualname__ = consume.__name__
+    worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)
+
+
+def _prune(state: LocalState, committed: dict[tuple[str, int], int]) -> None:
+    with state.store.transaction():
+        state.outbox.prune(committed)
