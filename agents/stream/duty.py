@@ -8,12 +8,14 @@ from typing import Any, Awaitable, Callable
 
 from faust.types import TP
 
+from agents.stream.rebalances import woken
 from state.local_state import LocalState
 from streams.admin import GroupOffsets
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]  # (logical input topic, partition)
+RETRY_SECONDS = 0.2  # until the replica has verified its offsets, or a take-on failed: the next look
 LAST_OFFSET = 2**62  # past any offset: a take-over promotes everything its replica applied from the floor on
 
 
@@ -49,7 +51,8 @@ class Duty:
 
     def __init__(self, state: LocalState, app, run: Callable[..., Awaitable[Any]], topics: dict[str, str],
                  offsets: GroupOffsets, kick: Callable[[], None],
-                 verified: Callable[[], bool] = lambda: True) -> None:
+                 verified: Callable[[], bool] = lambda: True,
+                 assignment: Callable[[], set[Key] | None] | None = None) -> None:
         self.state = state  # the read-write state: touched only through `run`
         self.app = app
         self.run_writes = run
@@ -60,6 +63,8 @@ class Duty:
         # Whether the replica's offsets belong to this broker's topics: until it rebased them, or while
         # a reset topic is blocked, they name another incarnation's events and must never be committed.
         self.verified = verified
+        # The group's assignment of the inputs: the last rebalance signal's (`Rebalances.keys`) in a worker.
+        self.assignment = assignment or self._consumer_assignment
         self.floors: dict[Key, int] = {}  # partitions taken on -> the group's committed offset at the time
         self.committed: dict[Key, int] = {}  # what this worker committed since taking each on
         self.delivered = 0  # input events Faust delivered anyway (fetched before a pause took effect)
@@ -79,7 +84,10 @@ class Duty:
         return out
 
     def assigned(self) -> set[Key] | None:
-        """Input partitions the group gave this worker; None before the consumer exists or while it rebalances."""
+        """Input partitions the group gave this worker; None before the first assignment or while it rebalances."""
+        return self.assignment()
+
+    def _consumer_assignment(self) -> set[Key] | None:
         if self.app.rebalancing:
             return None
         try:
@@ -98,18 +106,20 @@ class Duty:
         if tps:
             consumer.pause_partitions(tps)
 
-    async def follow(self) -> None:
-        """Take gained partitions on, forget lost ones, keep Faust's consumer off the inputs."""
+    async def follow(self) -> bool:
+        """Take gained partitions on, forget lost ones, keep Faust's consumer off the inputs; whether the
+        partitions taken on are now the assignment (False: to be tried again)."""
         self.pause_inputs()
         assigned = self.assigned()
         if assigned is None or not self.verified():
-            return
+            return assigned is None  # a rebalance's end is signalled; the replica's verdict is not
         for key in set(self.floors) - assigned:
             del self.floors[key]
             self.committed.pop(key, None)
         gained = assigned - set(self.floors)
         if gained:
             await self.take_on(gained)
+        return set(self.floors) == assigned
 
     async def take_on(self, gained: set[Key]) -> None:
         """Promote what the replica applied of these partitions from the group's committed offset on."""
@@ -177,11 +187,15 @@ def _targets(state: LocalState, floors: dict[Key, int]) -> dict[Key, int]:
     return commit_targets(floors, applied, {(topic, partition): first for topic, partition, first in rows})
 
 
-def register_duty(app, duty: Duty, chores) -> None:
-    """Run a worker's duty on its app: follow the assignment, commit what was published, pause Faust's delivery."""
+def register_duty(app, duty: Duty, chores, signal: asyncio.Event) -> None:
+    """Run a worker's duty on its app: follow the assignment, commit what was published, pause Faust's delivery.
+
+    `signal` is set by every rebalance signal (`Rebalances.waker`).
+    """
     async def follow_duty() -> float:
-        await duty.follow()
-        return 0.2
+        settled = await duty.follow()
+        await woken(signal, None if settled else RETRY_SECONDS)
+        return 0
 
     app.task(chores.loop("follow_duty", follow_duty))
 

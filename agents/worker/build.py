@@ -13,6 +13,7 @@ from agents.plans.backlog import recompile_queued
 from agents.ops.chores import Chores
 from agents.web.gate import Gate, api_routes
 from agents.stream.duty import Duty, register_duty
+from agents.stream.rebalances import Rebalances, woken
 from agents.stream.event_apply import EventApplier
 from agents.plans.plan_writer import PlanWriter
 from agents.web.query import QueryService
@@ -79,6 +80,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     query.on_compile = metrics.compile_seconds.labels("select").observe
     # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
+    rebalances = Rebalances(app, inputs)
     replica = Replica(applier, reader.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run)
@@ -101,7 +103,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     query.foreign_partitions = lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ()))
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
     duty = Duty(state, app, writer.run, inputs, group_offsets, kick=lambda: publisher.kick(),
-                verified=lambda: replica.ready.is_set() and not replica.blocked)
+                verified=lambda: replica.ready.is_set() and not replica.blocked, assignment=rebalances.keys)
     publisher = Publisher(state, app, writer.run, duty.owned)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores)
@@ -109,7 +111,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
-    register_duty(app, duty, chores)
+    register_duty(app, duty, chores, rebalances.waker())
 
     @app.task
     async def watch_revocations() -> None:
@@ -136,25 +138,26 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # Plans are owned with the input partition of the same number (the assignor co-partitions
         # them). Judging a take-over needs offsets verified against this broker incarnation.
         await replica.ready.wait()
-        backoff = 1.0
+        signal, backoff, retry_in = rebalances.waker(), 1.0, None
         while True:
-            if app.rebalancing_count and not app.rebalancing:
-                assigned = frozenset(worker.duty().get("source-changes", ()))
-                if assigned != ownership.owned:
-                    try:
-                        await writer.run(ownership.follow, assigned)
-                    except Exception:  # noqa: BLE001 - nothing changed (see `Ownership.follow`): try again
-                        ownership.failures += 1
-                        log.exception("following the assignment %s failed (%d so far); retrying in %.0f s",
-                                      sorted(assigned), ownership.failures, backoff,
-                                      extra={"reason": "take_over_failed", "partitions": sorted(assigned)})
-                        # Each attempt reruns the whole take-over on the writer: a lasting fault must not starve it.
-                        await asyncio.sleep(backoff)
-                        backoff = min(2 * backoff, 60.0)
-                        continue
-                    backoff = 1.0
-                    await worker.publish_outbox()
-            await asyncio.sleep(0.2)
+            # Woken by Faust's rebalance signals, or after a failure by the end of its backoff.
+            await woken(signal, retry_in)
+            assigned = rebalances.assigned("source-changes")
+            if assigned is None or assigned == ownership.owned:
+                retry_in = None
+                continue
+            try:
+                await writer.run(ownership.follow, assigned)
+            except Exception:  # noqa: BLE001 - nothing changed (see `Ownership.follow`): try again
+                ownership.failures += 1
+                # Each attempt reruns the whole take-over on the writer: a lasting fault must not starve it.
+                retry_in, backoff = backoff, min(2 * backoff, 60.0)
+                log.exception("following the assignment %s failed (%d so far); retrying in %.0f s",
+                              sorted(assigned), ownership.failures, retry_in,
+                              extra={"reason": "take_over_failed", "partitions": sorted(assigned)})
+                continue
+            retry_in, backoff = None, 1.0
+            await worker.publish_outbox()
 
     async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
