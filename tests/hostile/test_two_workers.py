@@ -359,6 +359,11 @@ async def test_both_workers_rebased_onto_a_reset_broker_serve_and_announce_nothi
             plans = [await first.select(r, loaded) for r in (ATLAS_REQUEST, BOREAL_REQUEST)]
             peer = await start_peer(first, tmp_path / "b")
             await _split(first, peer)
+
+            async def both_parked() -> bool:
+                # What a worker never read from `plan-dependencies` it cannot know after the broker is gone.
+                return all([(await _health(w))["parked_plans"] >= len(plans) for w in (first, peer)])
+            await _until(both_parked, what="both workers holding both plans' records")
             peer.stop()
             first.stop()
             with EmbeddedBroker() as new:
