@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 
 from agents.stream.event_apply import EventApplier, RawMessage
-from agents.plans.ownership import Ownership
+from agents.plans.ownership import Ownership, WholeCatalog
 from agents.plans.plan_writer import PlanWriter
 from agents.web.query import QueryService
 from bench.workload import generate
@@ -30,7 +30,7 @@ def _node(path: Path) -> tuple[LocalState, PlanWriter, EventApplier, ParkedPlans
     plans = PlanWriter(state, lambda name: name)
     parked = ParkedPlans(state.store, PARTITIONS)
     return state, plans, EventApplier(state, plans), parked, Ownership(
-        state, plans, state.key_changes, parked, PARTITIONS, "plan-dependencies")
+        state, plans, state.key_changes, parked, PARTITIONS, "plan-dependencies", WholeCatalog())
 
 
 def compiled_record(path: Path) -> dict:

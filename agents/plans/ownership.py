@@ -6,7 +6,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Collection, Sequence
+from typing import Any, Collection, Protocol, Sequence
 
 from schemas.plan_partition import plan_partition
 from state.key_changes import KeyChanges, PlanPosition, Staleness
@@ -33,6 +33,32 @@ class TakeOver:
     """Seconds by phase (judge, restore, announce), for the bench's profile of a take-over."""
 
 
+class ShardMoves(Protocol):
+    """How the resources held follow the plans owned (`agents.shards.shard_restore.Shards` in a worker)."""
+
+    def move(self, assigned: Collection[int]) -> None:
+        """Hold the assigned partitions' resources (inside the take-over's transaction)."""
+
+    def reload(self) -> None:
+        """After a rolled-back move: hold what the file says."""
+
+    def settled(self) -> None:
+        """The move's transaction ended."""
+
+
+class WholeCatalog:
+    """Resources that stay whole whatever is owned: a worker applying every entity's (a replay, a bench)."""
+
+    def move(self, assigned: Collection[int]) -> None:
+        """Nothing to move: every partition's resources are kept."""
+
+    def reload(self) -> None:
+        """Nothing was moved."""
+
+    def settled(self) -> None:
+        """Nothing is restored."""
+
+
 class Ownership:
     """Which plan partitions this worker owns (the consumer group's input partitions) and their hand-overs.
 
@@ -42,11 +68,9 @@ class Ownership:
     """
 
     def __init__(self, state: LocalState, plans, key_changes: KeyChanges, parked: ParkedPlans, partitions: int,
-                 feed_topic: str, shards=None) -> None:
+                 feed_topic: str, shards: ShardMoves) -> None:
         self.state = state
-        # `agents.shards.shard_restore.Shards`: the resources held follow the plans owned. None where every
-        # resource is kept (unit tests and benches that own partitions without a broker).
-        self.shards = shards
+        self.shards = shards  # the resources held follow the plans owned
         self.plans = plans  # the PlanWriter: announcements go through its one builder
         self.key_changes = key_changes
         self.parked = parked
@@ -93,12 +117,10 @@ class Ownership:
                 return self.change(assigned)
         except BaseException:
             self.owned = previous
-            if self.shards is not None:
-                self.shards.reload()
+            self.shards.reload()
             raise
         finally:
-            if self.shards is not None:
-                self.shards.settled()  # committed or rolled back: nothing is being restored now
+            self.shards.settled()  # committed or rolled back: nothing is being restored now
 
     def change(self, assigned: Collection[int]) -> tuple[TakeOver, int]:
         """Move to a new assignment: hand back lost partitions, take over gained ones."""
@@ -106,9 +128,8 @@ class Ownership:
         before = self._held if first else self.owned
         after = frozenset(assigned)
         lost, gained = before - after, after - before
-        if self.shards is not None:
-            # Resources first: a gained partition's plans are judged and served from a whole shard.
-            self.shards.move(after)
+        # Resources first: a gained partition's plans are judged and served from a whole shard.
+        self.shards.move(after)
         dropped = self.hand_back(lost) if lost else 0
         self.owned = after
         taken = self.take_over(gained) if gained else TakeOver()

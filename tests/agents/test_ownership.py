@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from agents.stream.event_apply import EventApplier, RawMessage
-from agents.plans.ownership import Ownership
+from agents.plans.ownership import Ownership, WholeCatalog
 from agents.plans.plan_writer import PlanWriter
 from agents.web.query import NotOwner, QueryService
 from schemas.plan_partition import plan_partition
@@ -34,7 +34,7 @@ class Node:
         self.applier = EventApplier(self.state, self.plans)
         self.parked = ParkedPlans(self.state.store, 2)
         self.ownership = Ownership(self.state, self.plans, self.state.key_changes, self.parked, 2,
-                                   "x-plan-dependencies")
+                                   "x-plan-dependencies", WholeCatalog())
         self.query = QueryService(self.state, self.plans)
         self.query.foreign_partition = self.ownership.foreign_partition
         self.offsets: dict[tuple[str, int], int] = {}
