@@ -56,3 +56,23 @@ async def test_read_until_ends_on_an_empty_partition(broker):
     topic = await _topic(broker, {0: 2})
     _, seen = await _read(broker, topic, {0: 2, 1: 4})
     assert len(seen) == 2
+
+
+async def test_a_read_cut_off_from_the_broker_gives_up_after_its_stall_bound():
+    """A shard's restore reads on the writer thread: a fault must hand the thread back, not hold it
+    for aiokafka's request timeout (40 s, twice) or for as long as the fault lasts."""
+    from tests.agents.broker_relay import relayed_broker
+    from streams.partitions import ReadStalled
+
+    async with relayed_broker() as (relay, broker):
+        topic = await _topic(broker, {0: 3})
+        relay.cut = topic.encode()  # reads from the topic's start are dropped on the way
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(ReadStalled, match="(no progress|did not answer)"):
+            await read_until(broker.bootstrap_servers, topic, {0: 3}, lambda records: None, stall_seconds=2.0)
+        assert loop.time() - started < 15 and relay.dropped
+        relay.cut = None
+        seen: list = []
+        await read_until(broker.bootstrap_servers, topic, {0: 3}, seen.extend, stall_seconds=2.0)
+        assert len(seen) == 3
