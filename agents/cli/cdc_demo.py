@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 TABLE = """CREATE SCHEMA kb; CREATE TABLE kb.documents (
   doc_id text PRIMARY KEY, rev int NOT NULL, customer_id text NOT NULL, title text, body text,
   token_count int NOT NULL, doc_class text NOT NULL, claims text[], refutes text[],

@@ -118,9 +118,9 @@ _offsets = itertools.count()
 
 _OLD_BUILD = r"""
 import itertools, sys, orjson
-from agents.stream.event_apply import EventApplier, RawMessage
-from agents.plans.plan_writer import PlanWriter
-from agents.web.query import QueryService
+from agents.event_apply import EventApplier, RawMessage
+from agents.plan_writer import PlanWriter
+from agents.query import QueryService
 from state.local_state import LocalState
 path, scenarios = sys.argv[1], sys.argv[2]
 n = itertools.count()
