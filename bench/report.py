@@ -134,12 +134,14 @@ def scale_rows(scale: dict) -> list[dict]:
             if bound is None:
                 row.update(met=False, gap="replicated part not measured")
             rows.append(row)
-    take = scale.get("takeover")
-    if take:
-        bound = take["session_timeout"] + TAKEOVER_SLACK_S
-        rows.append(_kill_row(f"kill -9 of one of 2 workers: every affected plan announced ({take['plans']:,} plans)",
-                              f"<= session timeout + {TAKEOVER_SLACK_S:g} s = {bound:g} s, 0 lost",
-                              take["announced_all_seconds"], bound, take))
+    for key, copies in (("takeover", ""), ("takeover_standby", ", each with a standby copy of the other's")):
+        take = scale.get(key)
+        if take:
+            bound = take["session_timeout"] + TAKEOVER_SLACK_S
+            rows.append(_kill_row(f"kill -9 of one of 2 workers{copies}: every affected plan announced "
+                                  f"({take['plans']:,} plans)",
+                                  f"<= session timeout + {TAKEOVER_SLACK_S:g} s = {bound:g} s, 0 lost",
+                                  take["announced_all_seconds"], bound, take))
     return rows
 
 

@@ -16,7 +16,7 @@ import orjson
 
 from bench import shards
 from bench.harness import BenchWorker, cpu_seconds, start_worker
-from bench.stats import lost_invalidations
+from bench.stats import lost_invalidations, owns_all
 from bench.streaming import Listener
 from bench.workload import Record, Workload, resource
 from schemas.freshness import decode_token
@@ -194,7 +194,9 @@ async def takeover(survivor: BenchWorker, victim: BenchWorker, workload: Workloa
     """
     edits, expected = touch_every_entity(workload, keys, version=9_000_000)
     ids = {orjson.loads(v)["event_id"] for _, _, v in edits}
-    owned_at = announced_at = None
+    owned_at = announced_at = assigned_at = None
+    partitions, prefix = survivor.settings.partitions, survivor.settings.topic_prefix
+    before = health = await survivor.health()
     async with Listener(survivor) as listener:
         await survivor.publish(edits)
         victim.kill9()
@@ -206,7 +208,9 @@ async def takeover(survivor: BenchWorker, victim: BenchWorker, workload: Workloa
                     health = await survivor.health()
                 except aiohttp.ClientError:
                     health = {}
-                if shards.holds_all(health, survivor.settings.partitions, survivor.settings.topic_prefix):
+                if assigned_at is None and owns_all(health.get("duty") or {}, ["source-changes"], partitions):
+                    assigned_at = time.perf_counter()  # the group's new assignment reached the survivor
+                if shards.holds_all(health, partitions, prefix):
                     owned_at = time.perf_counter()
             if announced_at is None and not lost_invalidations(
                     expected, {a.plan_key for a in listener.seen if a.event_id in ids}):
@@ -217,8 +221,14 @@ async def takeover(survivor: BenchWorker, victim: BenchWorker, workload: Workloa
         # announcement never came. Which causes came instead says where to look.
         instead = sorted({a.event_id for a in listener.seen if a.plan_key in set(lost)})
     done = None if owned_at is None or announced_at is None else max(owned_at, announced_at) - killed
+    restored = (shards.shard(health) or {}).get("last_restore") if owned_at is not None else None
+    if restored == (shards.shard(before) or {}).get("last_restore"):
+        restored = None  # no restore since the kill: the survivor held the partitions already (a standby copy)
     return {"plans": len(expected), "events": len(edits), "lost": len(lost), "lost_plan_keys": lost[:20],
             "lost_announced_for_other_causes": instead[:20],
+            "assigned_seconds": assigned_at and round(assigned_at - killed, 3),
+            # The survivor's restore of the partitions it gained, if the take-over needed one.
+            "restore": restored,
             "owned_all_seconds": owned_at and round(owned_at - killed, 3),
             "announced_all_seconds": announced_at and round(announced_at - killed, 3),
             "takeover_seconds": done and round(done, 3), "timeout_seconds": timeout}

@@ -78,8 +78,26 @@ async def _run(bootstrap: str, workload: Workload, directory: Path, http: aiohtt
             await settle(workers)
             keys = await refresh(workers, workload)
             taken = dict(await takeover(workers[0], workers[1], workload, keys, takeover_timeout),
-                         session_timeout=session_timeout)
+                         session_timeout=session_timeout, standby_replicas=0)
         return run, taken
+    finally:
+        await state_size.stop_all(workers)
+
+
+async def _standby_kill(bootstrap: str, workload: Workload, directory: Path, http: aiohttp.ClientSession, *,
+                        takeover_timeout: float, session_timeout: float, say: Progress) -> dict:
+    """The kill -9 of one of 2 workers that each keep a warm standby copy of the other's partitions."""
+    workers = await cluster(bootstrap, directory, http, 2, FRESHPLAN_SESSION_TIMEOUT=f"{session_timeout:g}",
+                            FRESHPLAN_STANDBY_REPLICAS="1")
+    try:
+        say("2 workers with FRESHPLAN_STANDBY_REPLICAS=1: warmed, restarted on their files, then kill -9 of one")
+        await warm(workers, workload)
+        await state_size.stop_all(workers)
+        await asyncio.gather(*(w.restart() for w in workers))
+        await settle(workers)
+        keys = await refresh(workers, workload)
+        return dict(await takeover(workers[0], workers[1], workload, keys, takeover_timeout),
+                    session_timeout=session_timeout, standby_replicas=1)
     finally:
         await state_size.stop_all(workers)
 
@@ -108,6 +126,9 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, worker
                                                 takeover_timeout=takeover_timeout, session_timeout=session_timeout,
                                                 say=say)
             taken = kill_run or taken
+        taken_standby = await _standby_kill(bootstrap, scaled, directory / "standby", http,
+                                            takeover_timeout=takeover_timeout, session_timeout=session_timeout,
+                                            say=say) if 2 in workers else None
         say("replicated part: one worker fed the same input without the resources of entities")
         replicated = await state_size.replicated_part(bootstrap, scaled, directory / "replicated", http,
                                                       FRESHPLAN_SESSION_TIMEOUT=f"{session_timeout:g}")
@@ -124,5 +145,5 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, worker
             "cores": available, "pinning": pinning(list(workers), available), "sharded": sharded,
             "runs": runs, "scaling": scaling(runs, replicated["bytes"]),
             "ratios": ratios(runs["1"], runs["2"]) if "2" in runs else {},
-            "replicated": replicated, "takeover": taken, "restore": restore,
+            "replicated": replicated, "takeover": taken, "takeover_standby": taken_standby, "restore": restore,
             "seconds": round(time.perf_counter() - started, 1)}

@@ -138,8 +138,28 @@ def scale_lines(scale: dict | None) -> list[str]:
                   f"partition after {t['owned_all_seconds']} s and every affected plan had been announced on "
                   f"`plan-invalidations` after {t['announced_all_seconds']} s; {t['lost']} plans were never announced "
                   f"within {t['timeout_seconds']:g} s (lost).", ""]
+        lines += kill_phase_lines(t, "no standby copies (the embedded default)")
+    standby = scale.get("takeover_standby")
+    if standby:
+        lines += [f"The same kill -9 on a second 2-worker cluster with `FRESHPLAN_STANDBY_REPLICAS=1` (each keeps a "
+                  f"warm copy of the other's partitions): every affected plan announced after "
+                  f"{standby['announced_all_seconds']} s, {standby['lost']} lost.", ""]
+        lines += kill_phase_lines(standby, "standby copies")
     lines += restore_lines(scale.get("restore"))
     return lines
+
+
+def kill_phase_lines(take: dict, label: str) -> list[str]:
+    """Where a kill -9's seconds went: the group's new assignment, the survivor's restore, its take-over."""
+    if "assigned_seconds" not in take:
+        return []  # an older run: no phases recorded
+    restore = take.get("restore")
+    restored = (f"it restored partitions {restore['partitions']} ({restore['records_read']:,} records read, "
+                f"{restore['resources_restored']:,} resource changes applied) in {restore['seconds']} s"
+                if restore else "it restored nothing (it held the partitions already)")
+    return [f"Phases, {label}: the group's new assignment reached the survivor after {take['assigned_seconds']} s "
+            f"(session timeout, a heartbeat, then the rebalance); {restored}; it held every partition after "
+            f"{take['owned_all_seconds']} s.", ""]
 
 
 def shard_lines(scale: dict) -> list[str]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from typing import Any
 
+log = logging.getLogger(__name__)
 
 class Rebalances:
     """The assignment each `on_partitions_assigned` signal carries, and an event per follower to wake it.
@@ -50,6 +52,7 @@ class Rebalances:
     async def _revoked(self, sender: Any, revoked: Any = None, **kwargs: Any) -> None:
         self.signals["revoked"] += 1
         self.revoking = True
+        log.info("the group is rebalancing: partitions revoked", extra={"reason": "partitions_revoked"})
         self._wake()
 
     async def _assigned(self, sender: Any, assigned: Any = None, **kwargs: Any) -> None:
@@ -60,6 +63,8 @@ class Rebalances:
                 out.setdefault(self.logical[tp.topic], set()).add(tp.partition)
         self.assignment = {topic: frozenset(parts) for topic, parts in out.items()}
         self.revoking = False
+        log.info("the group assigned %s", ", ".join(f"{t} {sorted(p)}" for t, p in sorted(self.assignment.items())),
+                 extra={"reason": "partitions_assigned"})
         self._wake()
 
     def _wake(self) -> None:

@@ -134,6 +134,11 @@ def test_issue_28_rows_bound_cpu_and_state_per_worker_and_the_kill_by_the_sessio
     assert rows["state file of each of 4 workers vs 1 worker"]["gap"] == "replicated part not measured"
     kill = rows["kill -9 of one of 2 workers: every affected plan announced (200 plans)"]
     assert kill["target"] == "<= session timeout + 3 s = 9 s, 0 lost" and kill["shown"] == "9.4 s, 0 lost"
+    scale["takeover_standby"] = dict(scale["takeover"], announced_all_seconds=8.5, standby_replicas=1)
+    copies = _by_measure(scale_rows(scale))[
+        "kill -9 of one of 2 workers, each with a standby copy of the other's: every affected plan announced (200 plans)"]
+    assert copies["met"] and copies["shown"] == "8.5 s, 0 lost"
+    del scale["takeover_standby"]
     scale["takeover"].update(announced_all_seconds=5.0, lost=2)
     kill = _by_measure(scale_rows(scale))["kill -9 of one of 2 workers: every affected plan announced (200 plans)"]
     assert not kill["met"] and kill["gap"] == "2 invalidations lost"

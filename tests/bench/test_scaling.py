@@ -62,6 +62,12 @@ async def test_a_tiny_scale_run_reports_every_size_of_cluster_and_loses_nothing(
     take = result["takeover"]
     assert take["lost"] == 0 and take["plans"] == len({(b["principal"], b["entity"]) for b in workload.requests})
     assert take["announced_all_seconds"] is not None and take["session_timeout"] == 4.0
+    assert take["standby_replicas"] == 0 and take["assigned_seconds"] is not None
+    standby = result["takeover_standby"]
+    assert standby["lost"] == 0 and standby["plans"] == take["plans"] and standby["standby_replicas"] == 1
+    if result["sharded"]:  # without a copy the survivor restored what it gained; with one it restored nothing
+        assert take["restore"] is not None and take["restore"]["partitions"]
+        assert standby["restore"] is None
 
     restore = result["restore"]
     if result["sharded"]:  # a build that partitions state: the joiner restored its half
@@ -80,7 +86,10 @@ async def test_a_tiny_scale_run_reports_every_size_of_cluster_and_loses_nothing(
             "state file of each of 4 workers vs 1 worker",
             "kill -9 of one of 2 workers: every affected plan announced (6 plans)"} <= set(rows)
     assert rows["kill -9 of one of 2 workers: every affected plan announced (6 plans)"]["shown"].endswith(", 0 lost")
+    assert rows["kill -9 of one of 2 workers, each with a standby copy of the other's: every affected plan announced "
+                "(6 plans)"]["shown"].endswith(", 0 lost")
     text = "\n".join(scale_lines(result))
     assert "## 1, 2, 4 workers" in text and "{" not in text and "Replicated part:" in text
+    assert "Phases, no standby copies" in text and "Phases, standby copies" in text
     assert ("not measurable on this build" in text) != result["sharded"]
     assert (tmp_path / scale_plot(result, tmp_path, "scale.png")).stat().st_size > 5_000

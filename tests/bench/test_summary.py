@@ -43,8 +43,25 @@ def test_scale_section_names_every_figure_of_every_cluster():
     assert "session timeout 4 s" in text and "every partition after 4.5 s" in text
     assert "announced on `plan-invalidations` after 6.25 s; 0 plans were never announced within 60 s" in text
     assert "Restore of a 100,000-resource shard: not measurable on this build: x." in text
+    assert "Phases" not in text  # a run that recorded none
     assert "{" not in text
     assert scale_lines(None) == []
+
+
+def test_the_kill_section_says_where_the_seconds_went_with_and_without_standby_copies():
+    scale = _scale(sharded=True)
+    scale["takeover"].update(assigned_seconds=4.1, restore={"partitions": [1, 3], "records_read": 25_312,
+                                                            "resources_restored": 10_780, "seconds": 5.18})
+    scale["takeover_standby"] = dict(scale["takeover"], announced_all_seconds=4.6, owned_all_seconds=4.3,
+                                     assigned_seconds=4.2, restore=None)
+    text = "\n".join(scale_lines(scale))
+    assert ("Phases, no standby copies (the embedded default): the group's new assignment reached the survivor "
+            "after 4.1 s") in text
+    assert "it restored partitions [1, 3] (25,312 records read, 10,780 resource changes applied) in 5.18 s" in text
+    assert "`FRESHPLAN_STANDBY_REPLICAS=1` (each keeps a warm copy of the other's partitions): every affected plan " \
+           "announced after 4.6 s, 0 lost" in text
+    assert "it restored nothing (it held the partitions already); it held every partition after 4.3 s" in text
+    assert "{" not in text
 
 
 def test_a_sharded_build_shows_what_each_shard_held_and_how_long_a_joiner_restored():
