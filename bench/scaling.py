@@ -37,16 +37,22 @@ def scaling(runs: dict[str, dict], replicated_bytes: int | None) -> dict[str, di
     """Each run against the 1-worker run: events/s, CPU and state bytes of every worker, and issue 28's bound."""
     one = runs["1"]
     single_cpu = one["per_worker"][0].get("cpu_seconds")
+    single_unwatched = one["per_worker"][0].get("cpu_seconds_unwatched")
     single_bytes = one["per_worker"][0].get("state_bytes")
     out = {}
     for n, run in runs.items():
         cpu = [p.get("cpu_seconds") for p in run["per_worker"]]
+        unwatched = [p.get("cpu_seconds_unwatched") for p in run["per_worker"]]
         stored = [p.get("state_bytes") for p in run["per_worker"]]
         cap = state_size.bound(single_bytes, replicated_bytes, run["workers"])
         out[n] = {"workers": run["workers"], "pinned": run["pinned"],
                   "events_per_second_vs_1": _ratio(run["events_per_second"], one["events_per_second"]),
                   "cpu_seconds_vs_1": [_ratio(c, single_cpu) for c in cpu],
                   "cpu_busiest_vs_1": _ratio(max(cpu) if None not in cpu else None, single_cpu),
+                  # The same less what the bench's /healthz polls cost each worker (see `scale_out.throughput`).
+                  "cpu_unwatched_vs_1": [_ratio(c, single_unwatched) for c in unwatched],
+                  "cpu_busiest_unwatched_vs_1": _ratio(max(unwatched) if None not in unwatched else None,
+                                                       single_unwatched),
                   "state_bytes_vs_1": [_ratio(b, single_bytes) for b in stored],
                   "state_largest_vs_1": _ratio(max(stored) if None not in stored else None, single_bytes),
                   "state_bound_bytes": cap and round(cap), "state_bound_vs_1": _ratio(cap, single_bytes)}

@@ -115,6 +115,13 @@ def scale_lines(scale: dict | None) -> list[str]:
                      "-" if run["workers"] == 1 else _each([fig["state_bound_vs_1"]], "x")])
     lines += _table(["workers", "pinned", "seconds", "events/s", "vs 1", "recompilations per worker",
                      "CPU s per worker", "CPU vs 1", "state MB per worker", "state vs 1", "state bound vs 1"], rows)
+    unwatched = [(run["workers"], [p.get("cpu_seconds_unwatched") for p in run["per_worker"]],
+                  scale["scaling"][n].get("cpu_unwatched_vs_1") or []) for n, run in scale["runs"].items()]
+    if all(None not in cpu and None not in vs for _, cpu, vs in unwatched):
+        lines += ["The bench polls every worker's /healthz while it waits (each read costs the worker a few to tens "
+                  "of ms of CPU); less those reads, as timed on each worker's status thread, the CPU s per worker "
+                  "were " + "; ".join(f"{n} worker(s): {_each(cpu)} ({_each(vs, 'x')} of one worker's)"
+                                      for n, cpu, vs in unwatched) + ".", ""]
     replicated = scale.get("replicated") or {}
     one_bytes = scale["runs"]["1"]["per_worker"][0].get("state_bytes")
     if replicated.get("bytes") and one_bytes:

@@ -49,7 +49,11 @@ async def test_health_and_metrics_read_the_file_on_the_status_thread_only(status
     assert doc["status"] == "ok" and doc["plans"] == {"fresh": 1} and doc["index_edges"] > 0
     assert doc["parked_plans"] == 0 and doc["standby_outbox"] == 0 and doc["freshness_token"]
     assert doc["counters"]["compilations"] >= 1 and doc["counters"]["selects.compiled"] == 1  # file's and the loop's
-    assert doc["status_reads"] == {"thread": f"{THREAD_NAME}_0", "reads": 1}
+    reads = doc["status_reads"]
+    assert reads["thread"] == f"{THREAD_NAME}_0" and reads["reads"] == 1
+    assert reads["cpu_seconds"] > 0  # what being watched cost the worker, on the status thread
+    later = (await status.health())["status_reads"]
+    assert later["reads"] == 2 and later["cpu_seconds"] > reads["cpu_seconds"]
     text = (await status.metrics_text()).decode()
     assert 'freshplan_plans{status="fresh"} 1.0' in text and "freshplan_index_edges" in text
     assert seen and set(seen) == {f"{THREAD_NAME}_0"}  # every statement, none on the loop's thread

@@ -134,6 +134,10 @@ def test_issue_28_rows_bound_cpu_and_state_per_worker_and_the_kill_by_the_sessio
     assert rows["state file of each of 4 workers vs 1 worker"]["gap"] == "replicated part not measured"
     kill = rows["kill -9 of one of 2 workers: every affected plan announced (200 plans)"]
     assert kill["target"] == "<= session timeout + 3 s = 9 s, 0 lost" and kill["shown"] == "9.4 s, 0 lost"
+    scale["scaling"]["2"].update(cpu_busiest_vs_1=0.7, cpu_busiest_unwatched_vs_1=0.52)
+    cpu = _by_measure(scale_rows(scale))[
+        "CPU s of each of 2 workers vs 1 worker (same input, the bench's /healthz polls left out)"]
+    assert cpu["met"] and cpu["shown"] == "0.52x (0.70x with them)"
     scale["takeover_standby"] = dict(scale["takeover"], announced_all_seconds=8.5, standby_replicas=1)
     copies = _by_measure(scale_rows(scale))[
         "kill -9 of one of 2 workers, each with a standby copy of the other's: every affected plan announced (200 plans)"]

@@ -48,6 +48,18 @@ def test_scale_section_names_every_figure_of_every_cluster():
     assert scale_lines(None) == []
 
 
+def test_cpu_less_the_benchs_own_health_polls_is_said_per_worker_where_workers_timed_them():
+    scale = _scale()
+    for n, unwatched in (("1", [1.5]), ("2", [0.8, 0.75])):
+        for p, c in zip(scale["runs"][n]["per_worker"], unwatched, strict=True):
+            p["cpu_seconds_unwatched"] = c
+        scale["scaling"][n]["cpu_unwatched_vs_1"] = [round(c / 1.5, 3) for c in unwatched]
+    text = "\n".join(scale_lines(scale))
+    assert ("less those reads, as timed on each worker's status thread, the CPU s per worker were 1 worker(s): 1.5 "
+            "(1.0x of one worker's); 2 worker(s): 0.8 / 0.75 (0.533x / 0.5x of one worker's).") in text
+    assert "less those reads" not in "\n".join(scale_lines(_scale()))  # not timed: not said
+
+
 def test_the_kill_section_says_where_the_seconds_went_with_and_without_standby_copies():
     scale = _scale(sharded=True)
     scale["takeover"].update(assigned_seconds=4.1, restore={"partitions": [1, 3], "records_read": 25_312,
