@@ -6,6 +6,9 @@ from datetime import datetime, timezone
 
 import pytest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from compiler.errors import PolicyError
 from compiler.policy import (Unrepresentable, authorise, cedar_value, compile_policy, principal_representable,
                              static_problem)
@@ -111,10 +114,31 @@ def test_representability_is_asked_of_cedar_once_per_distinct_attributes(monkeyp
     real = policy.cedarpy.is_authorized_batch
     monkeypatch.setattr(policy.cedarpy, "is_authorized_batch", lambda *args: calls.append(1) or real(*args))
     policy._representable_json.cache_clear()
-    assert principal_representable({"desk": "d1", "level": 3})
-    assert principal_representable({"level": 3, "desk": "d1"}) and len(calls) == 1  # key order: the same question
-    assert principal_representable({"desk": "d1", "level": 3.0}) and len(calls) == 2  # a decimal to Cedar, not 3
-    assert principal_representable({"desk": "d1", "level": True}) and len(calls) == 3
+    assert principal_representable({"desk": "d1", "level": 3, "tags": ["a"], "on": True, "gone": None})
+    assert not calls  # flat strings, Longs, booleans and sets of strings: answered without Cedar
+    assert principal_representable({"desk": "d1", "level": 3.0}) and len(calls) == 1  # a decimal: to Cedar
+    assert principal_representable({"level": 3.0, "desk": "d1"}) and len(calls) == 1  # key order: the same question
+    assert principal_representable({"desk": {"floor": 3}}) and len(calls) == 2  # a record: to Cedar
     assert not principal_representable({"n": 2**63}) and not principal_representable({"n": 2**63})
     assert not principal_representable({"n": 2**70})  # past what JSON encodes here: asked without the memo
-    assert len(calls) == 3  # neither reached Cedar: the conversion refused them
+    assert not principal_representable({"__entity": "x"})  # a reserved key is never plain
+    assert len(calls) == 2  # none of those reached Cedar: the conversion refused them
+    # A lone surrogate is not plain text: Cedar is asked, and refuses it.
+    assert not principal_representable({"a": "\ud800"}) and not principal_representable({"\ud800": "a"})
+    assert len(calls) == 4
+
+
+_ANY_CHAR = st.characters(blacklist_categories=())  # lone surrogates too: a Python string can hold them
+_PLAIN = st.dictionaries(st.text(_ANY_CHAR, max_size=8), st.one_of(
+    st.text(_ANY_CHAR, max_size=12), st.booleans(), st.none(), st.integers(min_value=-(2**64), max_value=2**64),
+    st.lists(st.text(_ANY_CHAR, max_size=6), max_size=3)), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_PLAIN)
+def test_attributes_answered_without_cedar_are_ones_cedar_holds(attributes):
+    import compiler.policy as policy
+
+    # Never a yes that Cedar would refuse: a principal Cedar cannot hold must be denied everything.
+    if policy._plain(attributes):
+        assert policy._representable(attributes)
