@@ -10,7 +10,7 @@ import pytest
 from agents.stream.event_apply import EventApplier, RawMessage
 from agents.plans.ownership import Ownership, WholeCatalog
 from agents.plans.plan_writer import PlanWriter
-from agents.web.query import NotOwner, QueryService
+from agents.web.query import NotOwner, Peers, QueryService
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
 from state.parked_plans import ParkedPlans
@@ -35,8 +35,7 @@ class Node:
         self.parked = ParkedPlans(self.state.store, 2)
         self.ownership = Ownership(self.state, self.plans, self.state.key_changes, self.parked, 2,
                                    "x-plan-dependencies", WholeCatalog())
-        self.query = QueryService(self.state, self.plans)
-        self.query.foreign_partition = self.ownership.foreign_partition
+        self.query = QueryService(self.state, self.plans, peers=Peers(foreign_partition=self.ownership.foreign_partition))
         self.offsets: dict[tuple[str, int], int] = {}
 
     def apply(self, *items: dict, partition: int = 0) -> None:
