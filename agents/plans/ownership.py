@@ -259,7 +259,7 @@ class Ownership:
     def _announce_orphans(self, plans: Sequence[tuple[str, str]], now) -> list[str]:
         """Announce (plan key, plan id) pairs that no index here follows; their ids."""
         memo: dict = {}
-        announced = [self.plans.caused(plan_id, key, "plan-dependencies", _record_cause(plan_id), None, now, memo,
+        announced = [self.plans.caused(plan_id, key, "plan-dependencies", _record_cause(plan_id, memo), None, now, memo,
                                        reason="stale_on_arrival", quiet=True) for key, plan_id in dict.fromkeys(plans)]
         if announced:
             self.plans.announce(announced)
@@ -304,15 +304,22 @@ class Ownership:
         """The announcement of a plan found stale on take-over; its cause is the change's position."""
         if why.topic is None:  # nothing applied explains it (another incarnation, no keys): the record is the cause
             return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key,
-                                     _record_cause(record["plan_id"]), None, now, memo, reason="stale_on_arrival",
+                                     _record_cause(record["plan_id"], memo), None, now, memo, reason="stale_on_arrival",
                                      quiet=True)
-        cause = Cause(why.topic, why.event_id or f"offset:{why.partition}:{why.offset}", why.partition,
-                      why.offset).as_wire()
+        cause = _kept(memo, Cause(why.topic, why.event_id or f"offset:{why.partition}:{why.offset}", why.partition,
+                                  why.offset).as_wire())
         visible = {item["resource_id"] for part in ("admitted", "rejected") for item in record.get(part) or ()}
         return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key, cause, None, now, memo,
                                  visible=visible, quiet=True)
 
 
-def _record_cause(plan_id: str) -> dict:
+def _record_cause(plan_id: str, memo: dict) -> dict:
     """The cause of a plan no applied event explains (another incarnation's, or unjudgeable): its own record."""
-    return Cause("plan-dependencies", f"plan:{plan_id}").as_wire()
+    return _kept(memo, Cause("plan-dependencies", f"plan:{plan_id}").as_wire())
+
+
+def _kept(memo: dict, cause: dict) -> dict:
+    """`cause`, kept alive as long as `memo`: `PlanWriter.caused` memoises by id(cause), and a cause freed mid-batch
+    lent its id, and so its memo, to the next plan's (every orphan was announced with the first one's cause)."""
+    memo.setdefault("causes", []).append(cause)
+    return cause
