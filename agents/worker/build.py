@@ -154,7 +154,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                               extra={"reason": "take_over_failed", "partitions": sorted(assigned)})
                 continue
             retry_in, backoff = None, 1.0
-            await worker.publish_outbox()
+            await publisher.publish()
 
     async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
@@ -167,7 +167,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True,
                                 after_outbox=True)
         if done:
-            await worker.publish_outbox()
+            await publisher.publish()
         return 0 if done else 0.1
 
     app.task(chores.loop("recompile_backlog", recompile_backlog))
@@ -206,7 +206,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # Evictions are announced by the worker that makes them (see RetentionTimer).
         result = await retention.run(writer.run)
         if result is not None and result.evicted:
-            await worker.publish_outbox()
+            await publisher.publish()
 
     checkpointing: list[asyncio.Future] = []
 
@@ -224,8 +224,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     @chores.timer("flush_outbox")
     async def flush_outbox() -> None:
         # Catches records left by a crash between commit and publish, and idle periods.
-        await worker.publish_outbox()
-        await worker.publisher.forget_acknowledged()
+        await publisher.publish()
+        await publisher.forget_acknowledged()
 
     if settings.wall_clock:
         @app.timer(interval=settings.wall_clock_interval)
