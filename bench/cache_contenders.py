@@ -9,7 +9,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-from agents.stream.invalidation import Invalidator, RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.stream.event_apply import EventApplier, RawMessage
 from agents.web.query import QueryService
 from bench.workload import Record, Workload
 from compiler.pipeline import compile_request
@@ -44,9 +45,9 @@ def run(workload: Workload, *, event_rate: float = 1000.0, reads_per_event: int 
         state = LocalState.open(Path(tmp) / "state.duckdb")
         try:
             positions = _Positions()
-            inv = Invalidator(state, lambda name: name)
+            inv = EventApplier(state, PlanWriter(state, lambda name: name))
             inv.apply([positions.message(r) for r in workload.catalog])
-            query = QueryService(state, inv)
+            query = QueryService(state, inv.plans)
             requests = workload.requests
             truth = {i: query.select(r)["plan_id"] for i, r in enumerate(requests)}
             ttl = {t: {i: (pid, 0.0) for i, pid in truth.items()} for t in TTLS}

@@ -7,7 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agents.stream.invalidation import Invalidator
+from agents.plans.plan_writer import PlanWriter
+from agents.stream.event_apply import EventApplier
 from agents.web.query import QueryService
 from bench.workload import Workload, apply_catalog
 from state.dependency_index import EDGELESS_MEMO
@@ -90,12 +91,12 @@ def stored_plan_bytes(workload: Workload) -> dict:
         path = Path(tmp) / "plans.duckdb"
         state = LocalState.open(path)
         try:
-            inv = Invalidator(state, lambda name: name)
+            inv = EventApplier(state, PlanWriter(state, lambda name: name))
             apply_catalog(inv, workload.catalog)
             db = state.store.db
             db.execute("CHECKPOINT")
             before = path.stat().st_size
-            query = QueryService(state, inv)
+            query = QueryService(state, inv.plans)
             for body in workload.requests:
                 query.select(body)
             db.execute("CHECKPOINT")

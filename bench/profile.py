@@ -8,7 +8,8 @@ from pathlib import Path
 
 from pyinstrument import Profiler
 
-from agents.stream.invalidation import Invalidator, RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.stream.event_apply import EventApplier, RawMessage
 from agents.web.query import QueryService
 from bench.workload import Workload
 from state.local_state import LocalState
@@ -22,7 +23,7 @@ def profile_apply(workload: Workload, events: int = 600, batch: int = 50) -> tup
     with tempfile.TemporaryDirectory(prefix="fpbench-profile-") as tmp:
         state = LocalState.open(Path(tmp) / "state.duckdb")
         try:
-            inv = Invalidator(state, lambda name: name)
+            inv = EventApplier(state, PlanWriter(state, lambda name: name))
             offsets: Counter[str] = Counter()
 
             def raw(record):
@@ -31,7 +32,7 @@ def profile_apply(workload: Workload, events: int = 600, batch: int = 50) -> tup
                 return RawMessage(topic, 0, offsets[topic] - 1, key, value)
 
             inv.apply([raw(r) for r in workload.catalog])
-            query = QueryService(state, inv)
+            query = QueryService(state, inv.plans)
             for body in workload.requests:
                 query.select(body)
             stream = [raw(r) for r in workload.changes[:events]]

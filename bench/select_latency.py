@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agents.stream.invalidation import Invalidator  # noqa: E402
+from agents.plans.plan_writer import PlanWriter  # noqa: E402
 from agents.web.query import QueryService  # noqa: E402
 from compiler.policy import compile_policy  # noqa: E402
 from schemas.codec import contract_from  # noqa: E402
@@ -127,7 +127,7 @@ def main() -> None:
     started = time.perf_counter()
     db.execute(BM25_TABLES)
     print(f"BM25 term table built in {time.perf_counter() - started:.1f}s", flush=True)
-    query = QueryService(state, Invalidator(state, lambda name: name))
+    query = QueryService(state, PlanWriter(state, lambda name: name))
     names = list(types)
     requests = []
     for _ in range(args.requests):

@@ -11,7 +11,7 @@ import orjson
 from agents.stream.event_apply import EventApplier, RawMessage
 from agents.plans.ownership import Ownership, WholeCatalog
 from agents.plans.plan_writer import PlanWriter
-from agents.web.query import QueryService
+from agents.web.query import Peers, QueryService
 from bench.workload import generate
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
@@ -46,8 +46,7 @@ def compiled_record(path: Path) -> dict:
         applier.apply(messages)
         with state.store.transaction():
             ownership.change(range(PARTITIONS))
-        query = QueryService(state, plans)
-        query.foreign_partition = ownership.foreign_partition
+        query = QueryService(state, plans, peers=Peers(foreign_partition=ownership.foreign_partition))
         query.select(workload.requests[0])
         [record] = [orjson.loads(v) for _, t, _, v in state.outbox.pending() if t == "plan-dependencies" and v]
         return record

@@ -124,8 +124,8 @@ def generate(*, entities: int = 100, principals: int = 10, plans: int = 200, cha
 
 
 def apply_catalog(invalidator, records: list[tuple[str, bytes | None, bytes]]) -> None:
-    """Apply (topic, key, value) records through an Invalidator, numbered per topic as a broker would."""
-    from agents.stream.invalidation import RawMessage
+    """Apply (topic, key, value) records through an `EventApplier`, numbered per topic as a broker would."""
+    from agents.stream.raw_message import RawMessage
 
     offsets: dict[str, int] = {}
     messages = []

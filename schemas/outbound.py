@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -81,11 +82,35 @@ def input_dead_letter(topic: str, partition: int, offset: int, error_class: str,
                          "original_truncated": len(original) > DEAD_LETTER_ORIGINAL_BYTES})
 
 
+@dataclass(frozen=True)
+class Cause:
+    """What made a plan stale: a `plan-invalidations` record's `cause`."""
+
+    topic: str
+    """The topic of the record to blame (broker-side on the wire)."""
+    event_id: str
+    """That record's event id, or a made-up one where no event is to blame (`plan:<id>`, `retention-<time>`)."""
+    partition: int | None = None
+    """The record's partition; None where no one record is to blame."""
+    offset: int | None = None
+    """The record's offset; None as for `partition`."""
+    dependency_key: str | None = None
+    """The dependency key it touched; None where the plan writer adds it."""
+
+    def as_wire(self) -> dict[str, Any]:
+        """The wire shape, in its key order (receipt ids hash it); an unknown position is -1, as the schema wants
+        integers there."""
+        doc: dict[str, Any] = {"topic": self.topic, "partition": -1 if self.partition is None else self.partition,
+                               "offset": -1 if self.offset is None else self.offset, "event_id": self.event_id}
+        if self.dependency_key is not None:
+            doc["dependency_key"] = self.dependency_key
+        return doc
+
+
 def invalidation_cause(*, topic: str, partition: int, offset: int, event_id: str,
                        dependency_key: str) -> dict[str, Any]:
     """What made a plan stale: the input record's position and id, and the dependency key it touched."""
-    return {"topic": topic, "partition": partition, "offset": offset, "event_id": event_id,
-            "dependency_key": dependency_key}
+    return Cause(topic, event_id, partition, offset, dependency_key).as_wire()
 
 
 def invalidation_record(*, plan_id: str, plan_key: str, reason: str, cause: dict[str, Any], invalidated_at: str,

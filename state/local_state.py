@@ -8,7 +8,8 @@ from pathlib import Path
 from state.catalog import Catalog
 from state.dependency_index import DependencyIndex
 from state.key_changes import KeyChanges
-from state.outbox import Outbox
+from state.checkpoints import DEFAULT_WAL_LIMIT
+from state.outbox import Outbox, OutboundLimit
 from state.plan_store import PlanStore
 from state.recompile_queue import RecompileQueue
 from state.retention import Retention
@@ -37,10 +38,11 @@ class LocalState:
     """Where each dependency key last changed: what a take-over judges plans by, without compiling."""
 
     @classmethod
-    def open(cls, path: Path | str) -> "LocalState":
-        """Open (or create) the state file."""
-        store = Store(path)
-        outbox = Outbox(store)
+    def open(cls, path: Path | str, outbound: OutboundLimit | None = None,
+             wal_limit: int = DEFAULT_WAL_LIMIT) -> "LocalState":
+        """Open (or create) the state file; `outbound` bounds what the outbox sends, `wal_limit` its log (bytes)."""
+        store = Store(path, wal_limit)
+        outbox = Outbox(store, outbound)
         return cls(store, Catalog(store), DependencyIndex(store), PlanStore(store), outbox,
                    RecompileQueue(store), Retention(store, outbox), KeyChanges(store))
 

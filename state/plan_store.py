@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import orjson
 import pyarrow as pa
@@ -33,6 +33,33 @@ _SCHEMAS = {  # what `save_many` writes, in each table's column order
                              ("valid_until", _WHEN)]),
     "receipts": pa.schema([("receipt_id", pa.string()), ("plan_id", pa.string()), ("receipt", pa.string()),
                            ("stored_at", _WHEN)])}
+
+
+
+class PlanHead(NamedTuple):
+    """A plan key's current plan (a tuple still: the write path unpacks it)."""
+
+    plan_id: str
+    """The plan the key serves."""
+    request: Any
+    """The request it was compiled for: a document, or its JSON text when read with `parse=False`."""
+    status: str
+    """fresh or invalidated."""
+
+
+class StampedHead(NamedTuple):
+    """A `PlanHead` with when and under which receipt its plan was compiled."""
+
+    plan_id: str
+    """The plan the key serves."""
+    request: Any
+    """The request it was compiled for: a document, or its JSON text when read with `parse=False`."""
+    status: str
+    """fresh or invalidated."""
+    receipt_id: str
+    """The receipt of its compilation."""
+    compiled_at: datetime | None
+    """When it was compiled."""
 
 
 class PlanStore:
@@ -101,12 +128,12 @@ class PlanStore:
         return dict(self.db.execute("SELECT plan_key, plan_id FROM plan_heads WHERE plan_key IN (SELECT unnest(?))",
                                     [plan_keys]).fetchall())
 
-    def heads(self, plan_keys: list[str], parse: bool = True) -> dict[str, tuple[str, Any, str]]:
+    def heads(self, plan_keys: list[str], parse: bool = True) -> dict[str, PlanHead]:
         """Current plan id, request document (JSON text unless `parse`) and status of each plan key."""
-        return {key: head[:3] for key, head in self.heads_stamped(plan_keys, parse).items()}
+        return {key: PlanHead(*head[:3]) for key, head in self.heads_stamped(plan_keys, parse).items()}
 
     def heads_stamped(self, plan_keys: list[str], parse: bool = True,
-                      ) -> dict[str, tuple[str, Any, str, str, datetime | None]]:
+                      ) -> dict[str, StampedHead]:
         """As `heads`, followed by each current plan's receipt id and the time it was compiled at."""
         if not plan_keys:
             return {}
@@ -114,8 +141,8 @@ class PlanStore:
                                "FROM plan_heads h JOIN plans p USING (plan_id) WHERE h.plan_key IN (SELECT unnest(?))",
                                [plan_keys]).fetchall()
         if not parse:
-            return {row[0]: row[1:] for row in rows}
-        return {key: (plan_id, orjson.loads(request), *rest) for key, plan_id, request, *rest in rows}
+            return {key: StampedHead(*rest) for key, *rest in rows}
+        return {key: StampedHead(plan_id, orjson.loads(request), *rest) for key, plan_id, request, *rest in rows}
 
     def discoverable(self, plan_ids: list[str]) -> dict[str, set[str]]:
         """Resource ids each plan's principal may learn of: what the plan admitted or rejected by name."""

@@ -10,6 +10,7 @@ import orjson
 import pyarrow as pa
 
 from compiler import dependency_keys as dk
+from schemas.outbound import Cause
 from schemas.timefmt import format_instant
 from state import event_generations
 from state.event_generations import Pruned
@@ -182,9 +183,8 @@ class Retention:
         """The clock position whose tick made `now`: the event time that expired the plans."""
         row = self.db.execute("SELECT c.id, o.next_offset FROM clock c LEFT JOIN offsets o ON o.topic = 'clock' "
                               "AND o.partition = c.id ORDER BY c.now DESC, c.id LIMIT 1").fetchone()
-        partition, offset = (row[0], (row[1] or 0) - 1) if row else (-1, -1)
-        return {"topic": clock_topic, "partition": partition, "offset": offset,
-                "event_id": f"retention-{format_instant(now)}", "dependency_key": EVICTION_KEY}
+        partition, offset = (row[0], (row[1] or 0) - 1) if row else (None, None)
+        return Cause(clock_topic, f"retention-{format_instant(now)}", partition, offset, EVICTION_KEY).as_wire()
 
     def _forget(self, due: list[tuple[str, str]], now: datetime, cause: dict) -> None:
         """Remove evicted keys' heads, plan rows, edges, queue entries and stamps; remember the ids."""

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import duckdb
 import pyarrow as pa
 
-from state.checkpoints import Checkpoints
+from state.checkpoints import DEFAULT_WAL_LIMIT, Checkpoints
 from state.drained import DrainedConnection
 from state.event_generations import LEGACY_MEMO, OLDER_MEMO, has_legacy, older_tables
 from state.event_ids import claim_any, claim_scoped
@@ -84,7 +84,7 @@ _LATER = "CAST({record_offset} AS BIGINT) >= coalesce(record_offset, -1)"  # a m
 class Store:
     """One DuckDB connection to the service's file; every write goes through `transaction()`."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, wal_limit: int = DEFAULT_WAL_LIMIT) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = duckdb.connect(str(self.path))
@@ -97,7 +97,7 @@ class Store:
         # Schema changes must not wait in the WAL: DuckDB (1.x) can fail to replay DDL with
         # defaults after a kill -9, and then the file does not open at all.
         self.db.execute("CHECKPOINT")
-        self.checkpoints = Checkpoints(self.db, self.path)  # shared with views, which only read its figures
+        self.checkpoints = Checkpoints(self.db, self.path, wal_limit)  # shared with views, which only read its figures
         self._depth = 0
         self.heads = HeadCache()  # shared with views: what cached selects read instead of the file
         self._heads_writer = True  # views read only: their transactions never publish the writer's changes

@@ -13,7 +13,8 @@ STALL_BUDGET_SECONDS = 0.02
 class LoopProbe:
     """Sleeps a short interval again and again; whatever the wake-up comes late by is a stall of the loop."""
 
-    def __init__(self, interval: float = INTERVAL_SECONDS, budget: float = STALL_BUDGET_SECONDS) -> None:
+    def __init__(self, interval: float = INTERVAL_SECONDS, budget: float = STALL_BUDGET_SECONDS,
+                 on_sample: Callable[[float], object] | None = None) -> None:
         self.interval = interval
         self.budget = budget  # stalls longer than this are counted in `over_budget`
         self.max_stall = 0.0  # longest stall seen since start, in seconds
@@ -21,7 +22,7 @@ class LoopProbe:
         self.samples = 0
         self.over_budget = 0  # samples late by more than `budget` since start
         # Called with each sample's lateness in seconds (a histogram of them is the metric operators alert on).
-        self.on_sample: Callable[[float], object] | None = None
+        self.on_sample = on_sample
 
     async def run(self) -> None:
         """Measure until cancelled."""

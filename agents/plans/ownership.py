@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Collection, Protocol, Sequence
 
+from schemas.outbound import Cause
 from schemas.plan_partition import plan_partition
 from state.key_changes import KeyChanges, PlanPosition, Staleness
 from state.local_state import LocalState
@@ -162,7 +163,8 @@ class Ownership:
             return TakeOver()
         now = self.state.store.now()
         heads = self.state.plans.heads_stamped(sorted({key for _, key, _ in unknown}), parse=False)
-        announced = self._announce_orphans([(key, head[0]) for key, head in heads.items() if head[2] == "fresh"], now)
+        fresh = [(key, head.plan_id) for key, head in heads.items() if head.status == "fresh"]
+        announced = self._announce_orphans(fresh, now)
         caught = self.take_over(kept, [plan_id for plan_id, _, _ in unknown])
         judged = set(caught.stale)  # one that cannot stand in for a compilation is followed by nobody here
         passed = self._announce_orphans([(k, i) for i, k, ok in unknown if not ok and i not in judged], now)
@@ -257,9 +259,8 @@ class Ownership:
     def _announce_orphans(self, plans: Sequence[tuple[str, str]], now) -> list[str]:
         """Announce (plan key, plan id) pairs that no index here follows; their ids."""
         memo: dict = {}
-        announced = [self.plans.caused(plan_id, key, "plan-dependencies", {
-            "topic": "plan-dependencies", "partition": -1, "offset": -1, "event_id": f"plan:{plan_id}"}, None, now,
-            memo, reason="stale_on_arrival", quiet=True) for key, plan_id in dict.fromkeys(plans)]
+        announced = [self.plans.caused(plan_id, key, "plan-dependencies", _record_cause(plan_id, memo), None, now, memo,
+                                       reason="stale_on_arrival", quiet=True) for key, plan_id in dict.fromkeys(plans)]
         if announced:
             self.plans.announce(announced)
             self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
@@ -302,12 +303,23 @@ class Ownership:
     def _invalidation(self, record: dict[str, Any], why: Staleness, now, memo: dict):
         """The announcement of a plan found stale on take-over; its cause is the change's position."""
         if why.topic is None:  # nothing applied explains it (another incarnation, no keys): the record is the cause
-            cause = {"topic": "plan-dependencies", "partition": -1, "offset": -1,
-                     "event_id": f"plan:{record['plan_id']}"}
-            return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key, cause, None, now,
-                                     memo, reason="stale_on_arrival", quiet=True)
-        cause = {"topic": why.topic, "partition": why.partition, "offset": why.offset,
-                 "event_id": why.event_id or f"offset:{why.partition}:{why.offset}"}
+            return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key,
+                                     _record_cause(record["plan_id"], memo), None, now, memo, reason="stale_on_arrival",
+                                     quiet=True)
+        cause = _kept(memo, Cause(why.topic, why.event_id or f"offset:{why.partition}:{why.offset}", why.partition,
+                                  why.offset).as_wire())
         visible = {item["resource_id"] for part in ("admitted", "rejected") for item in record.get(part) or ()}
         return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key, cause, None, now, memo,
                                  visible=visible, quiet=True)
+
+
+def _record_cause(plan_id: str, memo: dict) -> dict:
+    """The cause of a plan no applied event explains (another incarnation's, or unjudgeable): its own record."""
+    return _kept(memo, Cause("plan-dependencies", f"plan:{plan_id}").as_wire())
+
+
+def _kept(memo: dict, cause: dict) -> dict:
+    """`cause`, kept alive as long as `memo`: `PlanWriter.caused` memoises by id(cause), and a cause freed mid-batch
+    lent its id, and so its memo, to the next plan's (every orphan was announced with the first one's cause)."""
+    memo.setdefault("causes", []).append(cause)
+    return cause

@@ -37,6 +37,17 @@ def commit_targets(floors: dict[Key, int], applied: dict[str, dict[int, int]],
     return out
 
 
+class TakenOn(dict[Key, int]):
+    """Input partitions taken on -> the group's committed offset then: `Duty` keeps it, `Publisher` reads it."""
+
+    def by_topic(self) -> dict[str, dict[int, int]]:
+        """Partitions taken on, by topic, with the offset from which their events are this worker's to publish."""
+        out: dict[str, dict[int, int]] = {}
+        for (topic, partition), floor in self.items():
+            out.setdefault(topic, {})[partition] = floor
+        return out
+
+
 class Duty:
     """The input partitions the consumer group gave this worker, served from the replica's batches.
 
@@ -52,7 +63,7 @@ class Duty:
     def __init__(self, state: LocalState, app, run: Callable[..., Awaitable[Any]], topics: dict[str, str],
                  offsets: GroupOffsets, kick: Callable[[], None],
                  verified: Callable[[], bool] = lambda: True,
-                 assignment: Callable[[], set[Key] | None] | None = None) -> None:
+                 assignment: Callable[[], set[Key] | None] | None = None, floors: TakenOn | None = None) -> None:
         self.state = state  # the read-write state: touched only through `run`
         self.app = app
         self.run_writes = run
@@ -65,16 +76,13 @@ class Duty:
         self.verified = verified
         # The group's assignment of the inputs: the last rebalance signal's (`Rebalances.keys`) in a worker.
         self.assignment = assignment or self._consumer_assignment
-        self.floors: dict[Key, int] = {}  # partitions taken on -> the group's committed offset at the time
+        self.floors = TakenOn() if floors is None else floors  # shared with the publisher, which reads it
         self.committed: dict[Key, int] = {}  # what this worker committed since taking each on
         self.delivered = 0  # input events Faust delivered anyway (fetched before a pause took effect)
 
     def owned(self) -> dict[str, dict[int, int]]:
         """Partitions taken on, by topic, with the offset from which their events are this worker's to publish."""
-        out: dict[str, dict[int, int]] = {}
-        for (topic, partition), floor in self.floors.items():
-            out.setdefault(topic, {})[partition] = floor
-        return out
+        return self.floors.by_topic()
 
     def committed_by_topic(self) -> dict[str, dict[int, int]]:
         """The group's offsets this worker committed for the partitions it holds, by topic (for /healthz)."""

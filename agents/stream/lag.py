@@ -57,7 +57,9 @@ class LagWatcher:
     """Polls the input topics' end offsets and compares them with what the store applied."""
 
     def __init__(self, store: Store, bootstrap_servers: str, topics: dict[str, str], bound_seconds: float,
-                 poll_interval: float = 0.5, kafka: dict | None = None) -> None:
+                 poll_interval: float = 0.5, kafka: dict | None = None, paused: set[str] | None = None,
+                 blocked: dict[str, str] | None = None,
+                 applied: Callable[[], dict[str, dict[int, int]]] | None = None) -> None:
         self.store = store
         self.bootstrap_servers = bootstrap_servers
         self.topics = topics  # logical name -> broker-side name
@@ -68,15 +70,15 @@ class LagWatcher:
         self._checked_at: float | None = None
         self._started_at = time.monotonic()
         self._caught_up: dict[str, float] = {}
-        self.paused: set[str] = set()  # shared with the replica: topics an operator paused
-        self.blocked: dict[str, str] = {}  # shared with the replica: reset topics it does not apply
+        self.paused = set() if paused is None else paused  # the replica's: topics an operator paused
+        self.blocked = {} if blocked is None else blocked  # the replica's: reset topics it does not apply
         self.resets: dict[str, str] = {}
         self._cluster_id: str | None = None
         self._cluster_read_at = 0.0
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
         # What the store has applied: a worker passes its replica's offsets as of its last commit,
         # which spares every select a read (they only ever lag the file, so lag is never undercounted).
-        self.applied: Callable[[], dict[str, dict[int, int]]] = store.next_offsets
+        self.applied = applied or store.next_offsets
         self._reader: Store | None = None  # the guard thread's own connection to the state file
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()

@@ -44,7 +44,7 @@ class Replica:
                  after_apply: Callable[..., Awaitable[object]] | None = None,
                  auto_rebase: bool = False, kafka: dict | None = None,
                  run: Callable[..., Awaitable[Any]] = inline, catch_up_batches: int = CATCH_UP_BATCHES,
-                 top_up: float = TOP_UP) -> None:
+                 top_up: float = TOP_UP, on_batch: Callable[[float | None, float], object] | None = None) -> None:
         self.applier = applier
         self.store = store  # for reads beside the writer (its own cursor in a worker)
         self.run_writes = run  # runs a state write on the writer thread
@@ -68,7 +68,7 @@ class Replica:
         self._deferred: Exception | None = None  # a fetch error met after records were taken, raised next
         self.applied_at = 0.0  # loop time of the last batch applied (idle checkpoints wait for a quiet second)
         # Called with (seconds the oldest event waited for its batch, seconds the batch took) after each batch.
-        self.on_batch: Callable[[float | None, float], object] | None = None
+        self.on_batch = on_batch
         self._hook_failed = False
 
     def applied(self, topic: str, partition: int, offset: int) -> bool:

@@ -23,12 +23,10 @@ STAGE_BUCKETS = (0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.
 STALL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
-class Metrics:
-    """A registry per worker (injected, not the process-global one) plus a collector over local state."""
+class Observations:
+    """The worker's histograms, made before what they observe so that each is handed its callback when built."""
 
-    def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher",
-                 probe: "LoopProbe | None" = None, collector: "Collector | None" = None,
-                 chores: "Chores | None" = None) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.event_to_invalidation = Histogram(
             "freshplan_event_to_invalidation_seconds", "Broker timestamp of an input event to its invalidation",
@@ -47,8 +45,10 @@ class Metrics:
             "freshplan_loop_stall_seconds", "How late the HTTP event loop's probe woke, every 10 ms: time the loop "
             "was kept from serving by work on it, the GIL held elsewhere or a collection (budget 20 ms)",
             buckets=STALL_BUCKETS, registry=self.registry)
-        self._state = _StateCollector(state, query, lag, probe, collector, chores)
-        self.registry.register(self._state)
+        self.recompiled = self.compile_seconds.labels("recompile").observe
+        """Seconds per recompilation (the plan writer's)."""
+        self.selected = self.compile_seconds.labels("select").observe
+        """Seconds per compilation on the read path."""
 
     def observe_batch(self, waited: float | None, took: float) -> None:
         """One applied batch: how long its oldest event waited for it (None: no broker timestamps), how long it took."""
@@ -59,6 +59,18 @@ class Metrics:
     def observe_loop(self, stall: float) -> None:
         """One probe sample: how late the loop woke, in seconds."""
         self.loop_stall.observe(stall)
+
+
+class Metrics:
+    """A registry per worker (injected, not the process-global one) plus a collector over local state."""
+
+    def __init__(self, state: "LocalState", query: "QueryService", lag: "LagWatcher",
+                 probe: "LoopProbe | None" = None, collector: "Collector | None" = None,
+                 chores: "Chores | None" = None, observed: Observations | None = None) -> None:
+        self.observed = observed or Observations()
+        self.registry = self.observed.registry
+        self._state = _StateCollector(state, query, lag, probe, collector, chores)
+        self.registry.register(self._state)
 
     def render(self, figures: dict[str, Any] | None = None) -> bytes:
         """The exposition text, with the file's figures read by the caller (`file_figures`; None: read them here)."""

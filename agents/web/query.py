@@ -45,28 +45,39 @@ class NotOwner(Exception):
         self.partition = partition
 
 
+@dataclass(frozen=True)
+class Peers:
+    """Where this worker stands among its group's workers, as the read path needs it (defaults: a lone worker)."""
+
+    served_by: str | None = None
+    """This worker's URL, named in every answer it serves."""
+    foreign_partition: Callable[[str], int | None] = lambda entity_id: None
+    """Entity id -> its partition when another worker owns it, else None (then its owner answers)."""
+    foreign_partitions: Callable[[], list[int]] = lambda: []
+    """Plan partitions other workers own (all of them while the group has assigned none)."""
+
+
 class QueryService:
     """The read path: plan key lookup, then cache or compile."""
 
-    def __init__(self, state: LocalState, writer: PlanWriter, guard=None) -> None:
+    def __init__(self, state: LocalState, writer: PlanWriter, guard=None, *, peers: Peers = Peers(),
+                 limits: Limits = Limits(), tokens: TokenKeys | None = None,
+                 position: Callable[[], dict[str, dict[int, int]]] | None = None,
+                 last_events: dict[str, dict] | None = None, on_compile=None, check_heads: bool = False) -> None:
         self.state = state  # what selects, status and health read: in a worker, a cursor of their own
         self.writer = writer  # compiles and stores on the read-write connection (its state)
         self.guard = guard  # a LagWatcher; None only where no broker exists (unit tests)
-        self.on_compile = None  # seconds per compilation on the read path
+        self.peers = peers
+        self.limits = limits  # largest request fields a select accepts
+        self.tokens = TokenKeys.ephemeral() if tokens is None else tokens  # a worker's: the group's key file
+        # The input offsets applied and committed, kept in memory (the replica's); None: read them from the file.
+        self.position = position
+        self.last_events = {} if last_events is None else last_events  # the applier's latest event per topic
+        self.on_compile = on_compile  # seconds per compilation on the read path
+        self.check_heads = check_heads  # tests: compare every in-memory hit with the file (see `_check_hit`)
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
-        self.limits = Limits()  # largest request fields a select accepts
         self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
         self.unreadable: str | None = None  # why the state file failed a read; sticky until a restart
-        self.last_events: dict[str, dict] = {}  # the event applier's latest event per topic, for operators
-        # entity id -> its partition when another worker owns it, else None; unset: every entity is local
-        self.foreign_partition: Callable[[str], int | None] = lambda entity_id: None
-        self.served_by: str | None = None  # this worker's URL, named in every answer it serves
-        # plan partitions other workers own (all while the group has not assigned any); none: a lone worker
-        self.foreign_partitions: Callable[[], list[int]] = lambda: []
-        # The input offsets applied and committed, kept in memory (the replica's); None: read them from the file.
-        self.position: Callable[[], dict[str, dict[int, int]]] | None = None
-        self.check_heads = False  # tests: compare every in-memory hit with the file (see `_check_hit`)
-        self.tokens = TokenKeys.ephemeral()  # a worker's: the group's key file (see agents.web.token_keys)
         self._token_cache: tuple[object, bytes, str] | None = None
 
     def state_failed(self, exc: Exception, counted: bool = True) -> StateError:
@@ -160,7 +171,7 @@ class QueryService:
         entity_id = heads.entity(request.entity)
         if entity_id is None:
             return None
-        partition = self.foreign_partition(entity_id)
+        partition = self.peers.foreign_partition(entity_id)
         if partition is not None:  # only the owner indexes its plans: a plan here may be stale
             raise NotOwner(entity_id, partition)
         key = plan_key(request, entity_id)
@@ -181,7 +192,7 @@ class QueryService:
         # One snapshot: the token must name the state the plan was read from, not a later one.
         with store.transaction():
             entity_id = resolve_entity(request.entity, self.state.catalog.entity_matches(request.entity))
-            partition = self.foreign_partition(entity_id)
+            partition = self.peers.foreign_partition(entity_id)
             if partition is not None:  # only the owner indexes its plans: a plan here may be stale
                 raise NotOwner(entity_id, partition)
             key = plan_key(request, entity_id)
@@ -227,7 +238,7 @@ class QueryService:
         """Compile and store a missing plan on the writer's connection (run on the writer thread)."""
         state = self.writer.state
         counts: Counter[str] = Counter()
-        partition = self.foreign_partition(found.entity_id)
+        partition = self.peers.foreign_partition(found.entity_id)
         if partition is not None:  # the partition moved while this select waited for the writer
             raise NotOwner(found.entity_id, partition)
         plan = state.plans.fresh_plan(found.key)  # another select may have compiled it meanwhile
@@ -245,8 +256,8 @@ class QueryService:
     def _answer(self, found: "Found") -> dict[str, Any]:
         self.selects[f"selects.{found.served_from}"] += 1
         out = dict(found.plan, freshness_token=found.token, served_from=found.served_from)
-        if self.served_by:
-            out["served_by"] = self.served_by
+        if self.peers.served_by:
+            out["served_by"] = self.peers.served_by
         if found.degraded:
             out["degraded"] = found.degraded  # paused inputs that can make this answer less current
         return out
@@ -290,7 +301,7 @@ class QueryService:
             return None  # no existence oracle: a plan the caller may not ask about is unknown to it
         if status is not None and status["status"] == "invalidated":
             return status
-        partition = None if entity_id is None else self.foreign_partition(entity_id)
+        partition = None if entity_id is None else self.peers.foreign_partition(entity_id)
         if partition is not None:
             raise NotOwner(entity_id, partition)
         return status

@@ -299,7 +299,7 @@ async def _ask_other_owners(api: Api, path: str, headers) -> tuple[int, dict[str
     The first owner that knows it answers; 404 when none does; owner_unavailable when one that
     might cannot be asked. Only partitions this worker does not own are asked, each owner once.
     """
-    urls = {api.owner_url(p) for p in api.query.foreign_partitions()}
+    urls = {api.owner_url(p) for p in api.query.peers.foreign_partitions()}
     if not urls:
         return 404, {}
     unavailable = None in urls or api.forward is None

@@ -12,15 +12,15 @@ from agents.web.access import Access
 from agents.plans.backlog import recompile_queued
 from agents.ops.chores import Chores
 from agents.web.gate import Gate, api_routes
-from agents.stream.duty import Duty, register_duty
+from agents.stream.duty import Duty, TakenOn, register_duty
 from agents.stream.rebalances import Rebalances, woken
 from agents.stream.event_apply import EventApplier
 from agents.plans.plan_writer import PlanWriter
-from agents.web.query import QueryService
+from agents.web.query import Peers, QueryService
 from agents.stream.lag import LagWatcher
 from agents.ops.collector import Collector
 from agents.ops.loop_probe import LoopProbe
-from agents.web.metrics import Metrics
+from agents.web.metrics import Metrics, Observations
 from agents.plans.ownership import Ownership
 from agents.stream.plan_feed import PlanFeed
 from agents.stream.publisher import Publisher
@@ -55,41 +55,34 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     gate = Gate(settings, access.callers, access.jwt, api_routes(settings))
     app = create_app(settings, bootstrap_servers, [gate.middleware])
     topics = declare_topics(app, settings)
-    state = LocalState.open(settings.db_path)
-    state.outbox.limit = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
-                                       frozenset({settings.topic("plans"), settings.topic("receipts"),
-                                                  settings.topic("plan-dependencies")}))
-    state.store.checkpoints.limit(settings.wal_limit_mb * 2**20)
+    outbound = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
+                             frozenset({settings.topic("plans"), settings.topic("receipts"),
+                                        settings.topic("plan-dependencies")}))
+    state = LocalState.open(settings.db_path, outbound, wal_limit=settings.wal_limit_mb * 2**20)
     shard_state = ShardState(state.store, settings.partitions)
     reader = state.reader()
-    writer, probe, collector = Writer(), LoopProbe(), Collector(settings.gc_freeze).install()
-    chores = Chores()
-    plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit)
+    observed = Observations()  # first: what it observes is handed its callbacks when built
+    writer, chores, collector = Writer(), Chores(), Collector(settings.gc_freeze).install()
+    probe = LoopProbe(on_sample=observed.observe_loop)
+    plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit,
+                             on_compile=observed.recompiled, on_latency=observed.event_to_invalidation.observe)
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
                            cdc=cdc, max_event_skew=settings.max_event_skew, mine=shard_state.mine,
                            owns=shard_state.owns)
-    guard = LagWatcher(reader.store, bootstrap_servers, {name: settings.topic(name) for name in INPUT_TOPICS},
-                       settings.revocation_lag_bound, kafka=kafka)
-    query = QueryService(reader, plan_writer, guard)
-    query.last_events, query.tokens = applier.last_event, access.token_keys
-    query.limits = Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
-                          calls=settings.max_budget_calls)
-    metrics = Metrics(reader, query, guard, probe, collector, chores)
-    plan_writer.on_latency = metrics.event_to_invalidation.observe
-    plan_writer.on_compile = metrics.compile_seconds.labels("recompile").observe
-    query.on_compile = metrics.compile_seconds.labels("select").observe
     # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
     rebalances = Rebalances(app, inputs)
+    taken_on = TakenOn()  # the duty fills it, the publisher publishes from it
+    publisher = Publisher(state, app, writer.run, taken_on.by_topic)
     replica = Replica(applier, reader.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
-                      auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run)
-    guard.paused, guard.blocked = replica.paused, replica.blocked
-    replica.on_batch = metrics.observe_batch
-    probe.on_sample = metrics.observe_loop
-    guard.applied = lambda: replica.positions
-    query.position = lambda: replica.positions  # replaced (never changed in place) after each committed batch
-    query.check_heads = settings.check_head_cache
+                      after_apply=publisher.publish_owned,
+                      auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run,
+                      on_batch=observed.observe_batch)
+    # Replaced (never changed in place) after each committed batch.
+    positions = lambda: replica.positions  # noqa: E731
+    guard = LagWatcher(reader.store, bootstrap_servers, inputs, settings.revocation_lag_bound, kafka=kafka,
+                       paused=replica.paused, blocked=replica.blocked, applied=positions)
     parked = ParkedPlans(state.store, settings.partitions)
     shards = Shards(shard_state, applier, bootstrap_servers, settings.topic("source-changes"), kafka,
                     max(2 * settings.max_event_bytes, 1_000_000), standby_replicas=settings.standby_replicas,
@@ -98,16 +91,20 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                           settings.topic("plan-dependencies"), shards=shards)
     plan_feed = PlanFeed(state, ownership, parked, replica, bootstrap_servers, settings.topic("plan-dependencies"),
                          kafka=kafka, run=writer.run)
-    query.served_by = str(app.conf.canonical_url)
-    query.foreign_partition = ownership.foreign_partition
-    query.foreign_partitions = lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ()))
+    peers = Peers(served_by=str(app.conf.canonical_url), foreign_partition=ownership.foreign_partition,
+                  foreign_partitions=lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ())))
+    query = QueryService(reader, plan_writer, guard, peers=peers, tokens=access.token_keys, position=positions,
+                         limits=Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
+                                       calls=settings.max_budget_calls),
+                         last_events=applier.last_event, on_compile=observed.selected,
+                         check_heads=settings.check_head_cache)
+    metrics = Metrics(reader, query, guard, probe, collector, chores, observed=observed)
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
-    duty = Duty(state, app, writer.run, inputs, group_offsets, kick=lambda: publisher.kick(),
-                verified=lambda: replica.ready.is_set() and not replica.blocked, assignment=rebalances.keys)
-    publisher = Publisher(state, app, writer.run, duty.owned)
+    duty = Duty(state, app, writer.run, inputs, group_offsets, kick=publisher.kick,
+                verified=lambda: replica.ready.is_set() and not replica.blocked, assignment=rebalances.keys,
+                floors=taken_on)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores)
-    replica.after_apply = publisher.publish_owned
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)
@@ -157,7 +154,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                               extra={"reason": "take_over_failed", "partitions": sorted(assigned)})
                 continue
             retry_in, backoff = None, 1.0
-            await worker.publish_outbox()
+            await publisher.publish()
 
     async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
@@ -170,7 +167,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True,
                                 after_outbox=True)
         if done:
-            await worker.publish_outbox()
+            await publisher.publish()
         return 0 if done else 0.1
 
     app.task(chores.loop("recompile_backlog", recompile_backlog))
@@ -209,7 +206,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # Evictions are announced by the worker that makes them (see RetentionTimer).
         result = await retention.run(writer.run)
         if result is not None and result.evicted:
-            await worker.publish_outbox()
+            await publisher.publish()
 
     checkpointing: list[asyncio.Future] = []
 
@@ -227,8 +224,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     @chores.timer("flush_outbox")
     async def flush_outbox() -> None:
         # Catches records left by a crash between commit and publish, and idle periods.
-        await worker.publish_outbox()
-        await worker.publisher.forget_acknowledged()
+        await publisher.publish()
+        await publisher.forget_acknowledged()
 
     if settings.wall_clock:
         @app.timer(interval=settings.wall_clock_interval)

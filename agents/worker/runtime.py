@@ -100,10 +100,6 @@ class Worker:
                 out.setdefault(logical[tp.topic], []).append(tp.partition)
         return out
 
-    async def publish_outbox(self) -> int:
-        """Publish the outbox now; never raises (see `Publisher.publish`)."""
-        return await self.publisher.publish()
-
     def api(self) -> Api:
         """The narrow view of this worker that its HTTP routes get."""
         reader = self.reader
@@ -111,7 +107,7 @@ class Worker:
                    select=lambda body: self.query.select_async(body, self.writer.run),
                    applied=reader.store.next_offsets, incarnation=reader.store.incarnation,
                    incarnation_checked=self._incarnation_checked,
-                   receipt=reader.plans.receipt, publish=self.publish_outbox, pause=self.replica.pause,
+                   receipt=reader.plans.receipt, publish=self.publisher.publish, pause=self.replica.pause,
                    resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.status.metrics_text,
                    health=self.status.health, owner_url=self.owner_url, forward=self._forward,
                    plan_status=lambda plan_id, may: self.query.plan_status_async(plan_id, self.status.read, may),

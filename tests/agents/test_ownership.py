@@ -10,7 +10,7 @@ import pytest
 from agents.stream.event_apply import EventApplier, RawMessage
 from agents.plans.ownership import Ownership, WholeCatalog
 from agents.plans.plan_writer import PlanWriter
-from agents.web.query import NotOwner, QueryService
+from agents.web.query import NotOwner, Peers, QueryService
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
 from state.parked_plans import ParkedPlans
@@ -35,8 +35,8 @@ class Node:
         self.parked = ParkedPlans(self.state.store, 2)
         self.ownership = Ownership(self.state, self.plans, self.state.key_changes, self.parked, 2,
                                    "x-plan-dependencies", WholeCatalog())
-        self.query = QueryService(self.state, self.plans)
-        self.query.foreign_partition = self.ownership.foreign_partition
+        self.query = QueryService(self.state, self.plans,
+                                  peers=Peers(foreign_partition=self.ownership.foreign_partition))
         self.offsets: dict[tuple[str, int], int] = {}
 
     def apply(self, *items: dict, partition: int = 0) -> None:
@@ -298,3 +298,12 @@ def test_a_take_over_that_fails_changes_nothing_and_the_next_round_takes_the_pla
     b.ownership.follow([0, 1])
     [announced] = b.published("plan-invalidations")
     assert announced["plan_id"] == plan["plan_id"] and b.ownership.owned == frozenset({0, 1})
+
+
+def test_each_plan_announced_in_one_batch_carries_its_own_cause(nodes):
+    a, _ = nodes
+    with a.state.store.transaction():
+        a.ownership._announce_orphans([("k1", "p1"), ("k2", "p2"), ("k3", "p3")], None)
+    causes = {r["plan_id"]: r["cause"] for r in a.published("plan-invalidations")}
+    assert {p: c["event_id"] for p, c in causes.items()} == {"p1": "plan:p1", "p2": "plan:p2", "p3": "plan:p3"}
+    assert all(c["partition"] == c["offset"] == -1 for c in causes.values())  # the wire's unknown position

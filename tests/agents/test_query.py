@@ -203,8 +203,7 @@ def test_a_token_served_from_memory_never_names_a_state_the_plan_was_stale_at(tm
     try:
         positions = [apply(*[(i["topic"], i["event"]) for i in
                              map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines())])]
-        query = QueryService(state.reader(), applier.plans)
-        query.position = lambda: positions[0]
+        query = QueryService(state.reader(), applier.plans, position=lambda: positions[0])
         a = query.select(ATLAS_REQUEST)
         positions[0] = apply(resource("approved-waiver-W2"))  # a replaced by b
         b = query.select(ATLAS_REQUEST)

@@ -114,15 +114,15 @@ async def test_a_failing_batch_timing_hook_never_stops_the_replica_applying(brok
     token = await publish(settings, broker.bootstrap_servers, read_scenario(SCENARIOS / "atlas.jsonl"))
     state = LocalState.open(tmp_path / "f.duckdb")
     applier = EventApplier(state, PlanWriter(state, settings.topic))
-    replica = Replica(applier, state.store, broker.bootstrap_servers,
-                      {name: settings.topic(name) for name in INPUT_TOPICS}, batch_size=3, auto_rebase=True)
     calls: list[float] = []
 
     def broken(waited: float | None, took: float) -> None:
         calls.append(took)
         raise RuntimeError("the metrics backend is down")
 
-    replica.on_batch = broken
+    replica = Replica(applier, state.store, broker.bootstrap_servers,
+                      {name: settings.topic(name) for name in INPUT_TOPICS}, batch_size=3, auto_rebase=True,
+                      on_batch=broken)
     running = asyncio.ensure_future(replica.run())
     try:
         await replica.wait_covers(decode_token(token))  # every event applied, batch after batch

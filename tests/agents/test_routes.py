@@ -21,7 +21,7 @@ def _api(owners: dict[int, str | None], answers: dict[str, tuple[int, dict]], fo
         asked.append((url, path, body))
         return answers[url]
 
-    query = SimpleNamespace(foreign_partitions=lambda: foreign, selects=Counter())
+    query = SimpleNamespace(peers=SimpleNamespace(foreign_partitions=lambda: foreign), selects=Counter())
     return SimpleNamespace(owner_url=owners.get, forward=forward, query=query, restoring=frozenset), asked
 
 

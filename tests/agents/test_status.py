@@ -11,7 +11,7 @@ import pytest
 from agents.stream.lag import LagWatcher
 from agents.ops.loop_probe import LoopProbe
 from agents.web.metrics import Metrics
-from agents.web.query import NotOwner, StateError
+from agents.web.query import NotOwner, Peers, StateError
 from agents.web.status import THREAD_NAME, Status, health_figures
 from state.parked_plans import ParkedPlans
 from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
@@ -109,7 +109,7 @@ async def test_a_plan_status_is_read_on_the_status_thread_and_decided_on_the_loo
     assert await query.plan_status_async("plan-unknown", status.read, anyone) is None
     assert seen and set(seen) == {f"{THREAD_NAME}_0"}
     assert await query.plan_status_async(plan["plan_id"], status.read, lambda p: False) is None  # as if unknown
-    query.foreign_partition = lambda entity_id: 3  # another worker owns the entity now: its owner answers
+    query.peers = Peers(foreign_partition=lambda entity_id: 3)  # another worker owns the entity now: its owner answers
     with pytest.raises(NotOwner):
         await query.plan_status_async(plan["plan_id"], status.read, anyone)
     with pytest.raises(NotOwner):  # the in-process path decides the same

@@ -51,9 +51,8 @@ async def test_the_loop_keeps_running_while_a_job_holds_the_writer():
 
 
 async def test_the_probe_records_a_blocked_loop():
-    probe = LoopProbe(interval=0.001, budget=0.02)
     sampled: list[float] = []
-    probe.on_sample = sampled.append
+    probe = LoopProbe(interval=0.001, budget=0.02, on_sample=sampled.append)
     task = asyncio.ensure_future(probe.run())
     while not probe.samples:
         await asyncio.sleep(0.001)

@@ -7,7 +7,8 @@ import time
 import orjson
 import pytest
 
-from agents.stream.invalidation import Invalidator, RawMessage
+from agents.plans.plan_writer import PlanWriter
+from agents.stream.event_apply import EventApplier, RawMessage
 from agents.web.query import QueryService
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
@@ -21,12 +22,12 @@ TABLES = {"plans": "plan_id", "plan_heads": "plan_key", "dependency_index": "pla
           "receipts": "receipt_id"}
 
 
-def _loaded(path, before=None) -> tuple[LocalState, Invalidator]:
+def _loaded(path, before=None) -> tuple[LocalState, EventApplier]:
     """A worker's state after applying the Atlas scenario at the same offsets as every other replica."""
     state = LocalState.open(path)
     if before is not None:
         before(state)
-    inv = Invalidator(state, lambda name: f"x-{name}")
+    inv = EventApplier(state, PlanWriter(state, lambda name: f"x-{name}"))
     inv.apply([RawMessage(item["topic"], 0, offset, b"k", orjson.dumps(item["event"])) for offset, item in
                enumerate(map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines()))])
     return state, inv
@@ -36,7 +37,7 @@ def _loaded(path, before=None) -> tuple[LocalState, Invalidator]:
 def compiled(tmp_path):
     """A worker that compiled the Atlas plan, and the `plan-dependencies` record it published (keys and receipt)."""
     state, inv = _loaded(tmp_path / "owner.duckdb")
-    answer = QueryService(state, inv).select(ATLAS_REQUEST)
+    answer = QueryService(state, inv.plans).select(ATLAS_REQUEST)
     out = {topic: orjson.loads(value) for _, topic, _, value in state.outbox.pending()}
     record = out["x-plan-dependencies"]
     assert record["dependencies"] == out["x-receipts"]["dependencies"] and record["receipt"] == out["x-receipts"]
@@ -59,9 +60,9 @@ def test_a_restored_plan_has_the_rows_and_answer_of_the_compiled_one(compiled, t
         assert _rows(taker) == _rows(owner) and len(_rows(taker)["receipts"]) == 1  # the receipt came along
         assert owner.index.affected_pairs(list(record["dependencies"])) == taker.index.affected_pairs(
             list(record["dependencies"]))
-        served = QueryService(taker, taker_inv).select(ATLAS_REQUEST)
+        served = QueryService(taker, taker_inv.plans).select(ATLAS_REQUEST)
         assert served["served_from"] == "cache"
-        cached = QueryService(owner, owner_inv).select(ATLAS_REQUEST)
+        cached = QueryService(owner, owner_inv.plans).select(ATLAS_REQUEST)
         assert {k: v for k, v in served.items() if k != "freshness_token"} == {
             k: v for k, v in cached.items() if k != "freshness_token"}
         assert answer["plan_id"] == served["plan_id"]
