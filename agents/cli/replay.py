@@ -50,7 +50,12 @@ async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapp
                                    for m in records])
             applied[name] = await read_all(bootstrap, settings.topic(name), apply, progress, kafka)
         plans: dict[str, dict] = {}
-        gone: set[str] = set()
+        # When each plan id was last published on `plans` and last announced invalidated (broker timestamps, ms):
+        # a plan announced before its successor was compiled comes back as current when the successor is the
+        # same plan id, published after the announcement. The topics share no offsets, so time orders them;
+        # a tie keeps the plan, which `restore` recompiles and announces if the state says otherwise.
+        published: dict[str, int] = {}
+        invalidated: dict[str, int] = {}
 
         bad: Counter[str] = Counter()
 
@@ -62,16 +67,18 @@ async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapp
                 plan = _internal("plans", m, bad)
                 if plan is not None:
                     plans[plan["plan_id"]] = plan
+                    published[plan["plan_id"]] = max(published.get(plan["plan_id"], -1), m.timestamp or 0)
 
         def keep_invalidated(records):
             # Evictions are settled by the tombstones on `plans`, which keep their order there.
             for m in records:
                 record = _internal("plan-invalidations", m, bad)
                 if record is not None and record.get("reason") != "evicted":
-                    gone.add(record["plan_id"])
+                    invalidated[record["plan_id"]] = max(invalidated.get(record["plan_id"], -1), m.timestamp or 0)
 
         await read_all(bootstrap, settings.topic("plans"), keep_plans, progress, kafka)
         await read_all(bootstrap, settings.topic("plan-invalidations"), keep_invalidated, progress, kafka)
+        gone = {pid for pid, at in invalidated.items() if at > published.get(pid, -1)}
         restored, changed = writer.restore([p for pid, p in plans.items() if pid not in gone])
         if bad:
             with state.store.transaction():
