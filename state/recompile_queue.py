@@ -23,12 +23,13 @@ class RecompileQueue:
                 "plan_key": [e[0] for e in entries], "src_topic": [e[1] for e in entries],
                 "src_partition": pa.array([e[2] for e in entries], pa.int32()),
                 "src_offset": pa.array([e[3] for e in entries], pa.int64())}),
-                verb="INSERT OR IGNORE INTO")
+                verb="INSERT OR IGNORE INTO", columns=True)
 
     def oldest(self, limit: int) -> list[Entry]:
-        """Up to `limit` entries, in the order their events arrived."""
+        """Up to `limit` entries, first queued first (offsets of different partitions say nothing of order: a
+        busy partition's high offsets would wait behind every later entry of a quieter one)."""
         return self.db.execute("SELECT plan_key, src_topic, src_partition, src_offset FROM recompile_queue "
-                               "ORDER BY src_offset, plan_key LIMIT ?", [limit]).fetchall()
+                               "ORDER BY seq LIMIT ?", [limit]).fetchall()
 
     def remove(self, plan_keys: list[str]) -> None:
         """Forget keys that have been recompiled (or can no longer compile)."""

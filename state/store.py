@@ -65,8 +65,9 @@ CREATE TABLE IF NOT EXISTS outbox (seq BIGINT DEFAULT nextval('outbox_seq'), top
   key BLOB, value BLOB, src_topic VARCHAR, src_partition INTEGER, src_offset BIGINT,
   standby BOOLEAN NOT NULL DEFAULT false);
 CREATE TABLE IF NOT EXISTS plan_feed (partition INTEGER PRIMARY KEY, next_offset BIGINT);
+CREATE SEQUENCE IF NOT EXISTS recompile_queue_seq;
 CREATE TABLE IF NOT EXISTS recompile_queue (plan_key VARCHAR PRIMARY KEY, src_topic VARCHAR, src_partition INTEGER,
-  src_offset BIGINT);
+  src_offset BIGINT, seq BIGINT DEFAULT nextval('recompile_queue_seq'));
 CREATE TABLE IF NOT EXISTS offsets (topic VARCHAR, partition INTEGER, next_offset BIGINT,
   PRIMARY KEY (topic, partition));
 CREATE TABLE IF NOT EXISTS incarnation (id INTEGER PRIMARY KEY, cluster_id VARCHAR, epoch BIGINT,

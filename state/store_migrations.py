@@ -29,6 +29,7 @@ def _migrate(db: duckdb.DuckDBPyConnection) -> None:
                    "ALTER TABLE outbox ADD COLUMN src_offset BIGINT; "
                    "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; UPDATE outbox SET standby = false")
     _event_ids(db)
+    _queue_order(db)
     event_generations.ensure(db)
     _policy_versions(db)
     _offset_marks(db)
@@ -52,6 +53,21 @@ def _event_ids(db: duckdb.DuckDBPyConnection) -> None:
                f"INSERT INTO applied_events SELECT {topic} || chr(31) || event_id, {topic}, event_id, {digest} "
                "FROM applied_events_before; "
                "DROP TABLE applied_events_before")
+
+
+def _queue_order(db: duckdb.DuckDBPyConnection) -> None:
+    """Give the recompile queue its arrival order (`seq`); entries queued before keep the order they were read in."""
+    columns = {r[0] for r in db.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'recompile_queue'").fetchall()}
+    if "seq" in columns:
+        return
+    db.execute("ALTER TABLE recompile_queue RENAME TO recompile_queue_before; "
+               "CREATE TABLE recompile_queue (plan_key VARCHAR PRIMARY KEY, src_topic VARCHAR, src_partition INTEGER, "
+               "src_offset BIGINT, seq BIGINT DEFAULT nextval('recompile_queue_seq')); "
+               "INSERT INTO recompile_queue (plan_key, src_topic, src_partition, src_offset) "
+               "SELECT plan_key, src_topic, src_partition, src_offset FROM recompile_queue_before "
+               "ORDER BY src_offset, plan_key; "
+               "DROP TABLE recompile_queue_before")
 
 
 def _policy_versions(db: duckdb.DuckDBPyConnection) -> None:

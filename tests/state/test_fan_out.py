@@ -58,7 +58,8 @@ def _written(state) -> dict:
                                          "FROM plan_history").fetchall(), key=repr),
             "plans": sorted(db.execute("SELECT plan_id, status, reason, cause, successor_plan_id, invalidated_at "
                                        "FROM plans").fetchall(), key=repr),
-            "queue": sorted(db.execute("SELECT * FROM recompile_queue").fetchall()),
+            "queue": sorted(db.execute("SELECT plan_key, src_topic, src_partition, src_offset "
+                                       "FROM recompile_queue").fetchall()),
             "counters": {k: v for k, v in state.store.counters().items()
                          if k in ("invalidations", "deferred_recompilations")}}
 
