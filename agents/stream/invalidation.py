@@ -19,7 +19,7 @@ class Invalidator(EventApplier):
     """`EventApplier` plus `PlanWriter`, constructed as the single class they replace was."""
 
     def __init__(self, state: LocalState, topic_of, max_event_bytes: int = 1_000_000, on_latency=None,
-                 on_compile=None, eager_limit: int = 500, max_clock_jump: timedelta | None = timedelta(days=400),
+                 on_compile=None, eager_limit: int = 0, max_clock_jump: timedelta | None = timedelta(days=400),
                  cdc: CdcMapping | None = None) -> None:
         super().__init__(state, PlanWriter(state, topic_of, eager_limit, on_compile, on_latency), max_event_bytes,
                          max_clock_jump, cdc)
