@@ -224,6 +224,8 @@ async def takeover(survivor: BenchWorker, victim: BenchWorker, workload: Workloa
                     assigned_at = time.perf_counter()  # the group's new assignment reached the survivor
                 if shards.holds_all(health, partitions, prefix):
                     owned_at = time.perf_counter()
+                    # Holding every partition needs the new assignment, even when the input duty follows later.
+                    assigned_at = assigned_at or owned_at
             if announced_at is None and not lost_invalidations(
                     expected, {a.plan_key for a in listener.seen if a.event_id in ids}):
                 announced_at = time.perf_counter()
