@@ -317,9 +317,11 @@ def markdown(result: dict, images: list[str]) -> str:
         lines += _table(["contender", "serves", "stale serves", "recompilations",
                          "unnecessary / identical recompilations", "invalidations announced"], rows)
         fp = caches["contenders"]["freshplan"]
-        lines += [f"freshplan announces an invalidation only when the recompiled plan differs, so none of its "
-                  f"announcements was unnecessary; {fp['identical_share_of_triggered']:.1%} of the recompilations "
-                  "its index triggered came out identical (work, not announcements).", ""]
+        lines += [f"freshplan announces every plan its index touches before recompiling it; "
+                  f"{fp['unnecessary_invalidations']:,} of its {fp['invalidations']:,} announcements were "
+                  "unnecessary (the successor came out identical), and "
+                  f"{fp['identical_share_of_triggered']:.1%} of the recompilations its index triggered came out "
+                  "identical.", ""]
     history = result.get("history")
     if history:
         f, g, c = history["fresh_file_ms"], history["with_history_ms"], history["composite_keys_baseline_ms"]

@@ -17,6 +17,8 @@ _DDL = """
 CREATE TABLE IF NOT EXISTS plans (plan_id TEXT PRIMARY KEY, plan BLOB);
 CREATE TABLE IF NOT EXISTS invalidated (plan_id TEXT PRIMARY KEY, successor TEXT, reason TEXT);
 CREATE TABLE IF NOT EXISTS causes (cause TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS keyed (plan_id TEXT PRIMARY KEY, plan_key TEXT, as_of TEXT);
+CREATE TABLE IF NOT EXISTS awaiting (plan_id TEXT PRIMARY KEY, plan_key TEXT, topic TEXT, part INTEGER, past INTEGER);
 """
 
 
@@ -34,6 +36,7 @@ class PlanCache:
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs() of the subscriber
         self.group_id = group_id
         self.topics = {f"{topic_prefix}plans": "plans", f"{topic_prefix}plan-invalidations": "plan-invalidations"}
+        self.topic_prefix = topic_prefix
         self.db = sqlite3.connect(str(path))
         self.db.executescript(_DDL)
         self.duplicates = 0
@@ -94,6 +97,9 @@ class PlanCache:
     def _apply(self, topic: str, record: dict[str, Any]) -> None:
         if topic == "plans":
             self.db.execute("INSERT OR REPLACE INTO plans VALUES (?, ?)", [record["plan_id"], orjson.dumps(record)])
+            self.db.execute("INSERT OR REPLACE INTO keyed VALUES (?, ?, ?)", [
+                record["plan_id"], record.get("plan_key"), orjson.dumps(record.get("compiled_as_of") or {}).decode()])
+            self._follow_up(record.get("plan_key"))
             return
         if record.get("reason") == "evicted":
             # Unused, not wrong: forget it, so that the same plan id published again is served again.
@@ -109,3 +115,31 @@ class PlanCache:
                         [record["plan_id"], record.get("successor_plan_id"), record.get("reason")])
         log.info("plan %s invalidated (%s), successor %s", record["plan_id"], record.get("reason"),
                  record.get("successor_plan_id"))
+        topic, partition, offset = cause.get("topic"), cause.get("partition"), cause.get("offset")
+        if record.get("successor_plan_id") is None and isinstance(offset, int) and offset >= 0 and topic:
+            # Announced before its successor was compiled: the successor is the key's plan published on
+            # `plans` compiled past the cause (the same plan id when it came out identical: valid again).
+            self.db.execute("INSERT OR REPLACE INTO awaiting VALUES (?, ?, ?, ?, ?)", [
+                record["plan_id"], record.get("plan_key"), topic.removeprefix(self.topic_prefix), partition,
+                offset + 1])
+            self._follow_up(record.get("plan_key"))
+
+    def _follow_up(self, plan_key: str | None) -> None:
+        """Name the successors of this key's announced plans, among its plans compiled past their causes."""
+        waiting = self.db.execute("SELECT plan_id, topic, part, past FROM awaiting WHERE plan_key = ?",
+                                  [plan_key]).fetchall()
+        if not waiting:
+            return
+        compiled = [(plan_id, orjson.loads(as_of)) for plan_id, as_of in
+                    self.db.execute("SELECT plan_id, as_of FROM keyed WHERE plan_key = ?", [plan_key]).fetchall()]
+        for plan_id, topic, partition, past in waiting:
+            after = sorted((as_of.get(topic, {}).get(str(partition), -1), successor) for successor, as_of in compiled
+                           if as_of.get(topic, {}).get(str(partition), -1) >= past)
+            if not after:
+                continue
+            successor = after[0][1]
+            if successor == plan_id:
+                self.db.execute("DELETE FROM invalidated WHERE plan_id = ?", [plan_id])
+            else:
+                self.db.execute("UPDATE invalidated SET successor = ? WHERE plan_id = ?", [successor, plan_id])
+            self.db.execute("DELETE FROM awaiting WHERE plan_id = ?", [plan_id])

@@ -48,9 +48,9 @@ class Settings:
     """Longest a select waits for `at_least_as_fresh` before refusing."""
     revocation_lag_bound: float = 5.0
     """Seconds behind on revocations or policy versions beyond which selects are refused (HTTP 503)."""
-    eager_recompile_limit: int = 500
-    """Plans one batch recompiles before announcing; a batch touching more announces them all at once
-    (successor id `null`) and compiles the successors in the background."""
+    eager_recompile_limit: int = 0
+    """Plans one batch may recompile before announcing. At 0 (the default) every touched plan is announced
+    in the batch's own transaction (successor id `null`) and its successor compiled in the background."""
     max_event_bytes: int = 1_000_000
     """Events larger than this (bytes) are dead-lettered unread as `oversized`."""
     max_record_bytes: int = 1_000_000

@@ -17,7 +17,7 @@ from compiler.cedar_batch import SharedEntities
 from compiler.pipeline import CompiledPlan, as_decided_at, compile_request
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
-from state.fan_out import Announcement, FanOut
+from agents.plans.announce_first import announce_first
 from state.invalidations import Invalidation, reason_for
 from state.local_state import LocalState
 
@@ -58,11 +58,11 @@ def wall_now() -> str:
 class PlanWriter:
     """Turns compilations into stored plans, index edges and outbox records, inside the caller's transaction."""
 
-    def __init__(self, state: LocalState, topic_of: Callable[[str], str], eager_limit: int = 500,
+    def __init__(self, state: LocalState, topic_of: Callable[[str], str], eager_limit: int = 0,
                  on_compile=None, on_latency=None) -> None:
         self.state = state
         self.topic_of = topic_of  # logical name -> broker-side name
-        self.eager_limit = eager_limit  # larger fan-outs are announced first and recompiled later
+        self.eager_limit = eager_limit  # larger fan-outs (all, at 0) are announced first and recompiled later
         self.on_compile = on_compile  # seconds per recompilation
         self.on_latency = on_latency  # seconds from an event's broker timestamp to its invalidation
         self.queue_pending = state.queue.size() > 0  # saves a statement per batch while the queue is empty
@@ -210,7 +210,7 @@ class PlanWriter:
             shared = memo[(id(cause), dep_key, redact)] = (reason_for(dep_key), public, full_cause)
         if "stamps" not in memo:
             memo["stamps"] = (wall_now(), now and format_instant(now))
-        self._observe_latency(cause)
+        self.observe_latency(cause)
         entry = Invalidation(old_id, plan_key, reason or shared[0], shared[1], memo["stamps"][0], memo["stamps"][1],
                              successor, shared[2] if shared[1] is not shared[2] else None)
         if not quiet:
@@ -219,7 +219,7 @@ class PlanWriter:
                             "event_id": entry.cause["event_id"], "successor_plan_id": successor})
         return entry
 
-    def _observe_latency(self, cause: dict) -> None:
+    def observe_latency(self, cause: dict) -> None:
         """One invalidation's latency: from its event's broker timestamp to now."""
         stamp = cause.get("_timestamp")
         if self.on_latency and stamp:
@@ -228,14 +228,15 @@ class PlanWriter:
     # -- the apply path: what one batch of input events touched ------------------------
 
     def recompile(self, touched: Touched, counts: Counter[str], standby: bool = False) -> None:
-        """Recompile the touched plans: adopt unchanged outcomes, announce and store changed ones."""
+        """Announce the touched plans and queue their successors (`announce_first`); with an `eager_limit` above
+        their number, recompile them here instead: adopt unchanged outcomes, announce and store changed ones."""
         state = self.state
         now = state.store.now()
-        if len(touched) > self.eager_limit and self._announce_first(touched, now, counts, standby):
+        if len(touched) > self.eager_limit and announce_first(self, touched, now, counts, standby):
             return
         heads = {k: (plan_id, orjson.loads(request), *stored) for k, (plan_id, request, *stored)
                  in state.plans.heads_stamped(list(touched), parse=False).items()}
-        visible = self._discoverable(touched, heads)
+        visible = self.discoverable(touched, heads)
         view = self.snapshot([head[1] for head in heads.values()], now)
         current: list[CompiledPlan] = []
         settled: list[CompiledPlan] = []
@@ -289,7 +290,7 @@ class PlanWriter:
         if self.queue_pending:
             state.queue.remove(list(touched))
 
-    def _discoverable(self, touched: Touched, heads: dict) -> dict[str, set[str]]:
+    def discoverable(self, touched: Touched, heads: dict) -> dict[str, set[str]]:
         """For plans touched through a resource key: the resource ids their principal may learn of."""
         by_resource = {heads[k][0] for k, (dep_key, _) in touched.items()
                        if k in heads and dep_key.startswith("resource:")}
@@ -299,57 +300,6 @@ class PlanWriter:
         if missing:
             _remember_discoverable(self.state, self.state.plans.discoverable(missing))
         return {plan_id: known[plan_id] for plan_id in by_resource if plan_id in known}
-
-    def _announce_first(self, touched: Touched, now: datetime | None, counts: Counter[str], standby: bool) -> bool:
-        """A fan-out larger than `eager_limit`: announce every plan now, compile successors later.
-
-        Announcements then cost an index lookup and a record each, whatever compiling costs; the
-        successor id is published on `plans` when `agents.plans.backlog.recompile_queued` gets to it.
-        Built column-wise (`state.fan_out`): one announcement per group of plans sharing event,
-        key and stamps, its plan ids and keys filled in by SQL. False (nothing written) when the
-        touched plan keys have no more than `eager_limit` heads: the caller recompiles them at once.
-        """
-        causes: list[dict] = []
-        index: dict[int, int] = {}
-        dep_keys, cause_of = [], []
-        for dep_key, cause in touched.values():
-            dep_keys.append(dep_key)
-            cause_of.append(index.setdefault(id(cause), len(causes)))
-            if cause_of[-1] == len(causes):
-                causes.append(cause)
-        fan = FanOut(self.state.store, self.state.outbox)
-        try:
-            heads, groups = fan.stage(list(touched), dep_keys, cause_of)
-            if heads <= self.eager_limit:
-                return False
-            announced, memo, events = [], {}, Counter()
-            view = CatalogSnapshot(self.state.catalog)
-            for group in groups:
-                cause = causes[group.cause]
-                request = {} if group.decision_type is None else {"decision_type": group.decision_type}
-                took_over = view.policy_took_over(group.dep_key, request, now)
-                visible = None if group.redact else {group.dep_key.partition(":")[2]}
-                for _ in range(group.plans - 1):  # `caused` observes the latency of one of them
-                    self._observe_latency(cause)
-                entry = self.caused("", "", group.dep_key, cause, None, now, memo, visible,
-                                    "policy_changed" if took_over else None, quiet=True)
-                template = entry.template()
-                if template is None:
-                    raise ValueError("an invalidation's cause holds its own placeholders")
-                announced.append(Announcement(group, entry.reason, orjson.dumps(entry.cause).decode(), template,
-                                              (cause["topic"], cause["partition"], cause["offset"])))
-                events[cause["event_id"]] += group.plans
-            fan.write(announced, self.topic_of("plan-invalidations"), self.topic_of("receipts"), standby, now)
-        finally:
-            fan.drop()
-        total = sum(events.values())
-        self.queue_pending = self.queue_pending or bool(total)
-        counts["invalidations"] += total
-        counts["deferred_recompilations"] += total
-        for event_id, n in events.items():  # one line per event: the plan ids are on the topic
-            log.info("invalidated %d plans, successors to follow", n,
-                     extra={"event_id": event_id, "plans": n, "reason": "fan_out"})
-        return True
 
     def restore(self, current: list[dict]) -> tuple[int, int]:
         """Replay: recompile each current plan; announce `state_rebuilt` where the outcome changed.
@@ -395,5 +345,8 @@ class PlanWriter:
         if on_compile:
             on_compile(time.perf_counter() - started)
         with self.state.store.transaction():
-            self.store([compiled], now, counts)
+            head = self.state.plans.heads([compiled.plan_key], parse=False).get(compiled.plan_key)
+            self.store([compiled], now, counts, replaces={compiled.plan_key: head[0]} if head else {})
+            if head and head[2] == "invalidated":  # announced first: this select compiled its successor
+                self.state.plans.set_successors([(head[0], compiled.plan_id)])
         return compiled

@@ -164,7 +164,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         if reader.outbox.any_due():
             return 0.05
         # The queue holds plans of owned partitions only (a hand-back removes the rest).
-        done = await writer.run(recompile_queued, plan_writer, 100, lambda topic, partition: True,
+        done = await writer.run(recompile_queued, plan_writer, 16, lambda topic, partition: True,
                                 after_outbox=True)
         if done:
             await publisher.publish()

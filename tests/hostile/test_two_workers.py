@@ -268,18 +268,21 @@ async def test_a_worker_restarted_on_old_state_announces_nothing_for_partitions_
         before = (await _health(worker))["counters"].get("invalidations", 0)
 
         # maya's role comes back: both plans change again; each is announced by its owner alone.
-        restored = await peer.publish_events(regrant("maya", 4))
+        regranted = regrant("maya", 4)
+        restored = await peer.publish_events(regranted)
         token = freshest(fresh, revoked, restored)
-        answers = {}
+        answers, keys = {}, set()
         for w in (worker, peer):
             for request in (ATLAS_REQUEST, BOREAL_REQUEST):
                 status, doc, _ = await call(w.url, "/v1/select", w.auth, dict(request, at_least_as_fresh=token))
                 assert status == 200 and doc["admitted"], (w.url, doc)
                 answers.setdefault(request["entity"], set()).add((doc["plan_id"], doc["served_by"].rstrip("/")))
+                keys.add(doc["plan_key"])
         assert all(len(seen) == 1 for seen in answers.values()), answers  # one plan per entity, from its owner
         [(_, served)] = answers[{"ATLAS-IN-01": "Atlas", "BOREAL-UK-02": "Boreal"}[foreign["entity_id"]]]
         assert served.endswith(peer.url[-5:])
-        await _until(lambda: _announced_all(peer, answers), what="both successors' predecessors announced")
+        await _until(lambda: _announced_all(peer, keys, regranted[1]["event_id"]),
+                     what="both successors' predecessors announced")
         after = (await _health(worker))["counters"].get("invalidations", 0)
         assert after - before == 1, (before, after)  # its own plan only, never the peer's from a stale head
     finally:
@@ -290,10 +293,10 @@ async def _owns(w: WorkerProcess, partitions: list[int]) -> bool:
     return (await _health(w)).get("owned_partitions") == partitions
 
 
-async def _announced_all(w: WorkerProcess, answers: dict) -> bool:
-    """Every current plan was announced as some plan's successor (its predecessor was invalidated)."""
-    successors = {r["successor_plan_id"] for r in await w.everything("plan-invalidations")}
-    return all(plan_id in successors for seen in answers.values() for plan_id, _ in seen)
+async def _announced_all(w: WorkerProcess, plan_keys: set[str], event_id: str) -> bool:
+    """Every current plan's predecessor was announced invalidated by the event (before its successor existed)."""
+    announced = {r["plan_key"] for r in await w.everything("plan-invalidations") if r["cause"]["event_id"] == event_id}
+    return plan_keys <= announced
 
 
 async def test_a_peer_joining_during_fan_outs_loses_no_announcement_and_leaves_nothing_stale(broker, tmp_path):

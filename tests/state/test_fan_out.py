@@ -1,4 +1,4 @@
-"""A fan-out beyond the eager limit, built column-wise: the plan-by-plan path's rows, in a few statements."""
+"""A large fan-out, built column-wise: the plan-by-plan path's rows, in a few statements."""
 
 from __future__ import annotations
 
@@ -8,39 +8,12 @@ import orjson
 import pytest
 
 from agents.plans.plan_writer import PlanWriter
-from state.catalog_snapshot import CatalogSnapshot
 from tests.agents.test_invalidation import raw, setup  # noqa: F401 - the fixture
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
 from tests.events import envelope
 
 PLANS = 12
-
-
-def _plan_by_plan(self: PlanWriter, touched, now, counts, standby) -> bool:
-    """The fan-out as it was written before `state.fan_out`: one Invalidation per plan (the reference)."""
-    heads = self.state.plans.heads(list(touched), parse=False)
-    if len(heads) <= self.eager_limit:
-        return False
-    announced, sources, queued, memo = [], [], [], {}
-    visible = self._discoverable(touched, heads)
-    view = CatalogSnapshot(self.state.catalog)
-    for plan_key, (dep_key, cause) in touched.items():
-        if plan_key not in heads or heads[plan_key][2] == "invalidated":
-            continue
-        old_id, request, _ = heads[plan_key]
-        took_over = view.policy_took_over(dep_key, request, now)
-        announced.append(self.caused(old_id, plan_key, dep_key, cause, None, now, memo, visible.get(old_id),
-                                     "policy_changed" if took_over else None, quiet=True))
-        sources.append((cause["topic"], cause["partition"], cause["offset"]))
-        queued.append((plan_key, *sources[-1]))
-    self.announce(announced, sources, standby)
-    self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
-    self.state.queue.add_many(queued)
-    self.queue_pending = True
-    counts["invalidations"] += len(announced)
-    counts["deferred_recompilations"] += len(queued)
-    return True
 
 
 def _atlas_plans(query) -> list[dict]:
@@ -90,8 +63,8 @@ def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | No
         state.outbox.limit = limit and OutboundLimit(limit, "x-dead-letters", frozenset())
         with monkeypatch.context() as patch:
             patch.setattr("agents.plans.plan_writer.wall_now", lambda: "2026-11-30T10:00:00Z")
-            if reference:
-                patch.setattr(PlanWriter, "_announce_first", _plan_by_plan)
+            # The reference: one Invalidation per plan (`announce_first._row_by_row`); else column-wise.
+            patch.setattr("agents.plans.announce_first.FEW", 10**9 if reference else 0)
             bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
             inv.apply([raw(*EVENTS[event](bundle), offset=1000)], standby=True)
         return _written(state)
@@ -127,7 +100,7 @@ def test_the_withheld_resource_is_named_to_auditors_only(tmp_path, monkeypatch):
 def test_a_fan_out_builds_one_announcement_per_group_not_per_plan(setup, monkeypatch):  # noqa: F811
     state, inv, query = setup
     plans = _atlas_plans(query)
-    inv.plans.eager_limit = 0
+    monkeypatch.setattr("agents.plans.announce_first.FEW", 0)  # column-wise at any size
     built = Counter()
     caused = PlanWriter.caused
 

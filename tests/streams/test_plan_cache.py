@@ -63,3 +63,31 @@ def test_an_evicted_plan_is_forgotten_not_marked_invalid(tmp_path):
     cache._apply("plans", plan)                     # compiled again after the eviction: served again
     assert cache.get("plan-1") == plan
     cache.db.close()
+
+
+def test_a_plan_announced_first_learns_its_successor_from_plans_and_an_identical_one_is_valid_again(tmp_path):
+    cache = PlanCache("unused:9092", group_id="g", path=tmp_path / "c.sqlite", topic_prefix="p-")
+
+    def plan(plan_id: str, applied: int) -> dict:
+        return {"plan_id": plan_id, "plan_key": "pk-1", "compiled_as_of": {"source-changes": {"0": applied}}}
+
+    def announced(plan_id: str, offset: int) -> dict:
+        return {"plan_id": plan_id, "plan_key": "pk-1", "reason": "source_changed", "successor_plan_id": None,
+                "cause": {"topic": "p-source-changes", "partition": 0, "offset": offset, "event_id": f"e{offset}",
+                          "dependency_key": "resource:r"}}
+
+    cache._apply("plans", plan("plan-1", 5))
+    cache._apply("plan-invalidations", announced("plan-1", 7))
+    assert cache.is_invalidated("plan-1") and cache.successor("plan-1") is None
+    cache._apply("plans", plan("plan-2", 8))  # compiled past the cause: the successor
+    assert cache.successor("plan-1") == "plan-2" and cache.get("plan-1") is None and cache.get("plan-2")
+
+    cache._apply("plans", plan("plan-3", 9))  # read before the announcement it succeeds
+    cache._apply("plan-invalidations", announced("plan-2", 8))
+    assert cache.successor("plan-2") == "plan-3"
+
+    cache._apply("plan-invalidations", announced("plan-3", 9))
+    cache._apply("plans", plan("plan-3", 9))  # the same plan, not yet past the cause: still invalid
+    assert cache.get("plan-3") is None
+    cache._apply("plans", plan("plan-3", 10))  # recompiled past it and identical: valid again
+    assert cache.get("plan-3") is not None and not cache.is_invalidated("plan-3")

@@ -1,0 +1,116 @@
+"""Announce every touched plan in the apply batch's transaction; successors are compiled later by the backlog."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import orjson
+
+from state.catalog_snapshot import CatalogSnapshot
+from state.fan_out import Announcement, FanOut
+
+if TYPE_CHECKING:
+    from agents.plans.plan_writer import PlanWriter, Touched
+
+log = logging.getLogger(__name__)
+
+FEW = 64
+"""Fan-outs of up to this many touched plans are written row by row: `FanOut` stages three tables and
+costs about ten statements whatever the size, where a few rows cost one insert per table."""
+
+
+def announce_first(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],
+                   standby: bool) -> bool:
+    """Announce every touched plan not announced yet, mark it invalidated and queue its successor.
+
+    Returns False (nothing written) when the touched plan keys have no more than the writer's
+    `eager_limit` heads: the caller recompiles them at once instead.
+    """
+    if not touched:
+        return False
+    if len(touched) <= FEW:
+        return _row_by_row(writer, touched, now, counts, standby)
+    return _column_wise(writer, touched, now, counts, standby)
+
+
+def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],
+                standby: bool) -> bool:
+    """A few plans: one `Invalidation` each, as the eager path builds them, in one write per table."""
+    state = writer.state
+    heads = state.plans.heads_stamped(list(touched), parse=False)
+    if len(heads) <= writer.eager_limit:
+        return False
+    visible = writer.discoverable(touched, heads)
+    view = None
+    announced, sources, queued, memo = [], [], [], {}
+    for plan_key, (dep_key, cause) in touched.items():
+        head = heads.get(plan_key)
+        if head is None or head[2] == "invalidated":  # announced already: its successor is queued
+            continue
+        old_id, request = head[0], head[1]
+        took_over = False
+        if dep_key.startswith("time:"):  # only a crossed time key can hand the plan to another bundle version
+            view = view or CatalogSnapshot(state.catalog)
+            took_over = view.policy_took_over(dep_key, orjson.loads(request), now)
+        announced.append(writer.caused(old_id, plan_key, dep_key, cause, None, now, memo, visible.get(old_id),
+                                       "policy_changed" if took_over else None))
+        sources.append((cause["topic"], cause["partition"], cause["offset"]))
+        queued.append((plan_key, *sources[-1]))
+    writer.announce(announced, sources, standby)
+    state.plans.invalidate_many([e.history_entry() for e in announced], now)
+    state.queue.add_many(queued)
+    writer.queue_pending = writer.queue_pending or bool(queued)
+    counts["invalidations"] += len(announced)
+    counts["deferred_recompilations"] += len(queued)
+    return True
+
+
+def _column_wise(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],
+                 standby: bool) -> bool:
+    """Many plans: built column-wise (`state.fan_out`), one announcement per group of plans sharing event,
+    key and stamps, its plan ids and keys filled in by SQL; an index lookup and a record per plan."""
+    state = writer.state
+    causes: list[dict] = []
+    index: dict[int, int] = {}
+    dep_keys, cause_of = [], []
+    for dep_key, cause in touched.values():
+        dep_keys.append(dep_key)
+        cause_of.append(index.setdefault(id(cause), len(causes)))
+        if cause_of[-1] == len(causes):
+            causes.append(cause)
+    fan = FanOut(state.store, state.outbox)
+    try:
+        heads, groups = fan.stage(list(touched), dep_keys, cause_of)
+        if heads <= writer.eager_limit:
+            return False
+        announced, memo, events = [], {}, Counter()
+        view = CatalogSnapshot(state.catalog)
+        for group in groups:
+            cause = causes[group.cause]
+            request = {} if group.decision_type is None else {"decision_type": group.decision_type}
+            took_over = view.policy_took_over(group.dep_key, request, now)
+            visible = None if group.redact else {group.dep_key.partition(":")[2]}
+            for _ in range(group.plans - 1):  # `caused` observes the latency of one of them
+                writer.observe_latency(cause)
+            entry = writer.caused("", "", group.dep_key, cause, None, now, memo, visible,
+                                  "policy_changed" if took_over else None, quiet=True)
+            template = entry.template()
+            if template is None:
+                raise ValueError("an invalidation's cause holds its own placeholders")
+            announced.append(Announcement(group, entry.reason, orjson.dumps(entry.cause).decode(), template,
+                                          (cause["topic"], cause["partition"], cause["offset"])))
+            events[cause["event_id"]] += group.plans
+        fan.write(announced, writer.topic_of("plan-invalidations"), writer.topic_of("receipts"), standby, now)
+    finally:
+        fan.drop()
+    total = sum(events.values())
+    writer.queue_pending = writer.queue_pending or bool(total)
+    counts["invalidations"] += total
+    counts["deferred_recompilations"] += total
+    for event_id, n in events.items():  # one line per event: the plan ids are on the topic
+        log.info("invalidated %d plans, successors to follow", n,
+                 extra={"event_id": event_id, "plans": n, "reason": "fan_out"})
+    return True
