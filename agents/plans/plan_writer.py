@@ -349,4 +349,8 @@ class PlanWriter:
             self.store([compiled], now, counts, replaces={compiled.plan_key: head[0]} if head else {})
             if head and head[2] == "invalidated":  # announced first: this select compiled its successor
                 self.state.plans.set_successors([(head[0], compiled.plan_id)])
+                if head[0] == compiled.plan_id:
+                    # The same plan again: that announcement was unnecessary. Counted in the file (as the backlog
+                    # counts what it compiles), or precision would look better the more plans selects compile.
+                    self.state.store.bump_many({"announced_unchanged": 1})
         return compiled
