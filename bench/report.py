@@ -91,10 +91,10 @@ def invalidation_rows(path: dict) -> list[dict]:
                hot and hot["p99_ms"], HOT_PLAN_P99_MS,
                "<=", "{:.0f} ms")
     if hot and hot.get("uncovered"):
-        # A send no announcement covered is a lost sample: the percentile alone would flatter.
+        # A send with a stale version never announced is a lost sample: the percentile alone would flatter.
         row["met"] = False
-        row["gap"] = "; ".join(filter(None, [row["gap"], f"{hot['uncovered']} of {hot['events']} sends never "
-                                                          "announced"]))
+        row["gap"] = "; ".join(filter(None, [row["gap"], f"{hot['uncovered']} of {hot['events']} sends left a "
+                                                          "stale version unannounced"]))
     rows.append(row)
     lat = path["latency_by_rate"].get("1000")
     row = _row("subscriber p99, bench workload, 1,000 events/s", "p99 <= 100 ms, no backlog",

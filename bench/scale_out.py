@@ -53,7 +53,8 @@ async def join(peer: BenchWorker, directory: Path, http: aiohttp.ClientSession) 
 
 
 async def applied(workers: list[BenchWorker], token: str, timeout: float = 900.0) -> list[dict]:
-    """Wait until every worker has applied everything up to `token` and published its own outbox.
+    """Wait until every worker has applied everything up to `token`, published its own outbox and compiled
+    the successors of the plans it announced (its recompile queue is empty: announced first, they follow).
 
     Unlike `BenchWorker.caught_up`, standby records (kept in case a peer dies) do not count:
     they are pruned on a timer, and waiting for it would charge the timer to the cluster. Where
@@ -72,7 +73,7 @@ async def applied(workers: list[BenchWorker], token: str, timeout: float = 900.0
         split = shards.partitioned_topics([h for _, h in looked], prefix)
         for w, health in looked:
             behind = shards.behind(target, health, split, prefix)
-            if health["outbox"] == 0 and behind == 0:
+            if health["outbox"] == 0 and behind == 0 and not health.get("recompile_queue"):
                 healths[id(w)] = health
                 pending.remove(w)
             left = max(left, behind)

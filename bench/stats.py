@@ -25,6 +25,22 @@ class Announcement:
     """Event id of the causing event."""
     successor: str | None = None
     """The plan that replaces it, if compiled before the announcement."""
+    plan_id: str = ""
+    """The plan announced invalid."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """One plan record read from `plans`: a version of a plan key a subscriber may cache."""
+
+    seen_at: float
+    """Wall-clock second the consumer had it in hand."""
+    plan_key: str
+    """The plan's key."""
+    plan_id: str
+    """The version's id (an identical recompilation is published again under the same id)."""
+    as_of: int
+    """Next offset of the watched input partition the version reflects (0 when it names none)."""
 
 
 def percentiles(values: list[float]) -> dict:
@@ -46,43 +62,57 @@ def named_latencies(sent: Mapping[str, float], seen: Iterable[Announcement]) -> 
     return [first[e] - sent[e] for e in sent if e in first]
 
 
-def covered_latencies(sends: list[tuple[int, float]], seen: Iterable[Announcement], plan_key: str,
-                      partition: int, reflects: Mapping[str, int] | None = None) -> tuple[list[float], int]:
-    """Latency of each send to one plan's input partition until an announcement of that plan covers it.
+def invalidation_latencies(sends: list[tuple[int, float]], seen: Iterable[Announcement],
+                           published: Iterable[Published], plan_key: str, partition: int,
+                           first: tuple[str, int]) -> tuple[list[float], int]:
+    """Latency of each send until a subscriber has heard that every version of the plan it changed is invalid.
 
-    `sends` are (offset, sent_at) of events that all change the plan, on one partition. An
-    announcement covers every event its successor was compiled after: offsets below the
-    successor's `compiled_as_of` on that partition (`reflects`, by successor plan id), whichever
-    event of a folded batch it names as cause. Without a known successor it covers its cause and
-    what came before. Returns the latencies and how many sends no announcement covered.
+    A version published reflecting offsets below `as_of` is stale for every send at or past it;
+    it is closed by the first announcement of its id caused on that partition at or past `as_of`
+    (an announcement caused elsewhere closes it when seen after the version was). `first` is the
+    version cached before the stream (id, `as_of`). A send is covered when every version stale
+    for it is closed, at the latest of those closings (0 when all closed before it was sent).
+    This holds whether the announcement carries a successor or announces first and the
+    successor follows; a send whose plan was already announced, successor not yet compiled, has
+    nothing left to hear. Returns the latencies and how many sends a version stayed open for.
     """
-    reflects = reflects or {}
-    marks = []
-    for a in seen:
-        if a.plan_key != plan_key:
-            continue
-        if a.successor in reflects:
-            marks.append((reflects[a.successor], a.seen_at))
-        elif a.partition == partition:
-            marks.append((a.offset + 1, a.seen_at))
-    marks.sort()
-    # Earliest sighting among announcements that cover at least up to each bound: a suffix minimum.
-    suffix: list[tuple[int, float]] = []
-    best = float("inf")
-    for upto, at in reversed(marks):
-        best = min(best, at)
-        suffix.append((upto, best))
-    suffix.reverse()
+    versions = [(first[1], first[0], float("-inf"))]
+    versions += [(p.as_of, p.plan_id, p.seen_at) for p in published if p.plan_key == plan_key]
+    mine = [a for a in seen if a.plan_key == plan_key]
+    closings = []
+    for as_of, plan_id, published_at in sorted(versions):
+        heard = [a.seen_at for a in mine if a.plan_id == plan_id
+                 and (a.offset >= as_of if a.partition == partition else a.seen_at >= published_at)]
+        closings.append((as_of, min(heard) if heard else float("inf")))
     waits, uncovered = [], 0
-    j = 0
+    latest, j = float("-inf"), 0
+    for offset, sent_at in sorted(sends):
+        while j < len(closings) and closings[j][0] <= offset:
+            latest = max(latest, closings[j][1])
+            j += 1
+        if latest == float("inf"):
+            uncovered += 1
+        else:
+            waits.append(max(0.0, latest - sent_at))
+    return waits, uncovered
+
+
+def successor_latencies(sends: list[tuple[int, float]], published: Iterable[Published],
+                        plan_key: str) -> list[float]:
+    """Latency of each send until a version of the plan reflecting it is published (none: left out)."""
+    marks = sorted((p.as_of, p.seen_at) for p in published if p.plan_key == plan_key)
+    suffix, best = [], float("inf")
+    for as_of, at in reversed(marks):
+        best = min(best, at)
+        suffix.append((as_of, best))
+    suffix.reverse()
+    out, j = [], 0
     for offset, sent_at in sorted(sends):
         while j < len(suffix) and suffix[j][0] <= offset:
             j += 1
-        if j == len(suffix):
-            uncovered += 1
-        else:
-            waits.append(suffix[j][1] - sent_at)
-    return waits, uncovered
+        if j < len(suffix):
+            out.append(max(0.0, suffix[j][1] - sent_at))
+    return out
 
 
 def unapplied(produced: Mapping[str, Mapping[int, int]], applied: Mapping[str, Mapping]) -> int:

@@ -12,8 +12,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.cli.loader import read_scenario
 from bench.harness import BenchWorker
-from bench.stats import (Announcement, backlog_built, covered_latencies, histogram_delta, percentiles,
-                         stalls_during, unapplied)
+from bench.stats import (Announcement, Published, backlog_built, histogram_delta, invalidation_latencies,
+                         percentiles, stalls_during, successor_latencies, unapplied)
 from bench.workload import Record
 from schemas.freshness import encode_token
 from streams.admin import producer
@@ -30,8 +30,8 @@ class Listener:
         self.worker = worker
         self.follow_plans = follow_plans
         self.seen: list[Announcement] = []
-        self.compiled_as_of: dict[str, dict] = {}
-        """Offsets each plan published on `plans` was compiled after, by plan id (with `follow_plans`)."""
+        self.published: list[tuple[float, dict]] = []
+        """(seen at, plan record) of every record read from `plans` (with `follow_plans`)."""
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task | None = None
 
@@ -61,12 +61,13 @@ class Listener:
                 for m in records:
                     doc = orjson.loads(m.value)
                     if tp.topic == self._plans:
-                        self.compiled_as_of[doc.get("plan_id", "")] = doc.get("compiled_as_of") or {}
+                        self.published.append((now, doc))
                         continue
                     cause = doc.get("cause") or {}
                     self.seen.append(Announcement(now, doc.get("plan_key", ""), cause.get("topic", ""),
                                                   cause.get("partition", -1), cause.get("offset", -1),
-                                                  cause.get("event_id", ""), doc.get("successor_plan_id")))
+                                                  cause.get("event_id", ""), doc.get("successor_plan_id"),
+                                                  doc.get("plan_id", "")))
 
     async def settle(self, quiet: float = 0.5) -> None:
         """Wait until nothing new has arrived for `quiet` seconds (the last announcements are read)."""
@@ -183,13 +184,20 @@ async def hot_plan(worker: BenchWorker, rate: float, seconds: float) -> dict:
     log_after = (await worker.health()).get("checkpoints") or {}
     partition = stream.sent[0].partition
     sends = [(s.offset, s.sent_at) for s in stream.sent]
-    reflects = {plan_id: as_of[HOT_TOPIC][str(partition)] for plan_id, as_of in listener.compiled_as_of.items()
-                if str(partition) in as_of.get(HOT_TOPIC, {})}
-    waits, uncovered = covered_latencies(sends, listener.seen, plan["plan_key"], partition, reflects)
+    published = [Published(at, doc.get("plan_key", ""), doc.get("plan_id", ""), _as_of(doc, partition))
+                 for at, doc in listener.published]
+    waits, uncovered = invalidation_latencies(sends, listener.seen, published, plan["plan_key"], partition,
+                                              (plan["plan_id"], _as_of(plan, partition)))
+    successors = percentiles(successor_latencies(sends, published, plan["plan_key"]))
     named = {a.event_id for a in listener.seen if a.plan_key == plan["plan_key"]}
     return dict(percentiles(waits), **stream_summary(stream, rate), rate=rate, uncovered=uncovered,
-                announcements=len(named & {s.event_id for s in stream.sent}), worker_stages=stages,
+                successor={k: successors[k] for k in ("count", "p50_ms", "p99_ms")}, announcements=len(named & {s.event_id for s in stream.sent}), worker_stages=stages,
                 write_ahead_log=log_during(log_before, log_after), loop_stalls=stalls_during(before, after))
+
+
+def _as_of(plan: dict, partition: int) -> int:
+    """Next offset of the hot partition a plan record reflects (0 when it names none)."""
+    return int((plan.get("compiled_as_of") or {}).get(HOT_TOPIC, {}).get(str(partition), 0))
 
 
 def log_during(before: dict, after: dict) -> dict:

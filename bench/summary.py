@@ -16,8 +16,9 @@ def subscriber_lines(path: dict) -> list[str]:
     lines = ["Subscriber-visible latency: from the producer's send (stamped just before the call) to an aiokafka "
              "consumer of `plan-invalidations`, assigned every partition at its end before the first send, "
              "having read the announcement. Bench workload: events named as an announcement's cause. Hot plan: "
-             "every event changes the one Atlas plan, and an event counts as seen when an announcement whose "
-             "successor was compiled after it arrives. A backlog built when more than 100 ms of input was "
+             "every event changes the one Atlas plan, and an event counts as seen once every version of the plan "
+             "published before it reflected it has been announced (the plan's first version included); one sent "
+             "while its plan was announced and its successor not yet compiled has nothing left to hear. A backlog built when more than 100 ms of input was "
              "unapplied as the last event was acknowledged.", ""]
     rows = []
     hot = path.get("hot_plan")
@@ -30,6 +31,11 @@ def subscriber_lines(path: dict) -> list[str]:
                      v["p99_ms"], v["max_ms"], v.get("lag_at_end"), _yes(v.get("backlog")), _stalls(v)])
     lines += _table(["stream", "achieved/s", "measured events", "p50 ms", "p95 ms", "p99 ms", "max ms",
                      "unapplied at end", "backlog", "loop stalls > 20 ms"], rows)
+    if hot and hot.get("successor"):
+        succ = hot["successor"]
+        lines += [f"Hot plan: a version reflecting each event was published on `plans` for {succ['count']} of "
+                  f"{hot['events']} events, p50 {succ['p50_ms']} ms and p99 {succ['p99_ms']} ms after the send "
+                  "(successors are compiled after the announcement, coalesced per plan).", ""]
     lines += relay_lines(path.get("relay_floor"), hot)
     lines += faust_relay_lines(path.get("faust_relay"))
     selects = path.get("selects_under_stream")

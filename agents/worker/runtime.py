@@ -141,6 +141,8 @@ class Worker:
                 "owned_partitions": None if owned is None else sorted(owned),
                 "ownership_failures": self.ownership.failures,
                 "parked_plans": figures["parked_plans"], "standby_outbox": figures["standby_outbox"],
+                # announced plans whose successors the backlog has not compiled yet
+                "recompile_queue": figures["recompile_queue"],
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict(),
                 "gc": self.collector.as_dict(), "checkpoints": self.state.store.checkpoints.as_dict(),
                 "background_jobs": self.chores.as_dict()}

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench.stats import (Announcement, backlog_built, covered_latencies, exposition, histogram_delta,
-                         lost_invalidations, named_latencies, owns_all, percentiles, split_between, stalls_during,
-                         unapplied)
+from bench.stats import (Announcement, Published, backlog_built, exposition, histogram_delta,
+                         invalidation_latencies, lost_invalidations, named_latencies, owns_all, percentiles,
+                         split_between, stalls_during, successor_latencies, unapplied)
 
 
 def _a(at: float, offset: int, key: str = "K", event: str = "", successor: str | None = None,
-       partition: int = 2) -> Announcement:
-    return Announcement(at, key, "source-changes", partition, offset, event or f"e{offset}", successor)
+       partition: int = 2, plan_id: str = "") -> Announcement:
+    return Announcement(at, key, "source-changes", partition, offset, event or f"e{offset}", successor, plan_id)
 
 
 def test_percentiles_in_milliseconds_with_count_and_max():
@@ -29,27 +29,46 @@ def test_named_latency_counts_the_first_announcement_naming_each_sent_event():
     assert sorted(round(x, 3) for x in named_latencies(sent, seen)) == [0.2, 0.3]
 
 
-def test_a_folded_batch_is_covered_by_its_successor_whichever_event_it_names():
+def _p(at: float, plan_id: str, as_of: int, key: str = "K") -> Published:
+    return Published(at, key, plan_id, as_of)
+
+
+def test_a_folded_batch_is_covered_when_the_version_it_made_stale_is_announced():
     sends = [(o, 90.0 + o) for o in range(10, 16)]          # offsets 10..15 sent at 100..105
-    # Batch 10-12 names its first event; batch 13-15 names its last one.
-    seen = [_a(103.0, 10, successor="p1"), _a(106.0, 15, successor="p2")]
-    waits, uncovered = covered_latencies(sends, seen, "K", 2, {"p1": 13, "p2": 16})
+    # Batch 10-12 names its first event and announces v0; batch 13-15 names its last and announces p1.
+    seen = [_a(103.0, 10, successor="p1", plan_id="v0"), _a(106.0, 15, successor="p2", plan_id="p1")]
+    published = [_p(103.0, "p1", 13), _p(106.0, "p2", 16)]
+    waits, uncovered = invalidation_latencies(sends, seen, published, "K", 2, ("v0", 10))
     assert uncovered == 0
     assert waits == pytest.approx([3.0, 2.0, 1.0, 3.0, 2.0, 1.0])
+    assert successor_latencies(sends, published, "K") == pytest.approx([3.0, 2.0, 1.0, 3.0, 2.0, 1.0])
 
 
-def test_without_a_known_successor_an_announcement_covers_only_its_cause_and_earlier():
-    sends = [(10, 100.0), (11, 101.0), (12, 102.0)]
-    seen = [_a(103.0, 10), _a(99.0, 11, key="other"), _a(99.0, 12, partition=3)]
-    waits, uncovered = covered_latencies(sends, seen, "K", 2)
-    assert waits == pytest.approx([3.0]) and uncovered == 2
+def test_announced_first_a_send_to_a_plan_already_announced_has_nothing_left_to_hear():
+    sends = [(10, 100.0), (11, 101.0), (12, 102.0), (13, 103.0), (14, 104.0)]
+    seen = [_a(100.5, 10, plan_id="v0"), _a(103.2, 13, plan_id="p1")]   # no successor named
+    published = [_p(102.5, "p1", 13)]                       # compiled after 10..12, before 13
+    waits, uncovered = invalidation_latencies(sends, seen, published, "K", 2, ("v0", 0))
+    assert uncovered == 0 and waits == pytest.approx([0.5, 0.0, 0.0, 0.2, 0.0])
+    assert successor_latencies(sends, published, "K") == pytest.approx([2.5, 1.5, 0.5])  # 13, 14: none yet
 
 
-def test_an_earlier_sighting_of_a_wider_announcement_wins():
-    sends = [(10, 100.0)]
-    seen = [_a(105.0, 10, successor="late"), _a(102.0, 11, successor="wide")]
-    waits, _ = covered_latencies(sends, seen, "K", 2, {"late": 11, "wide": 12})
-    assert waits == pytest.approx([2.0])
+def test_a_version_never_announced_leaves_every_later_send_uncovered():
+    sends = [(10, 100.0), (13, 103.0), (14, 104.0)]
+    seen = [_a(100.5, 10, plan_id="v0"), _a(99.0, 13, plan_id="p1", key="other"),
+            _a(99.0, 13, plan_id="p1", partition=3)]        # another plan; another partition seen too early
+    waits, uncovered = invalidation_latencies(sends, seen, [_p(102.5, "p1", 13)], "K", 2, ("v0", 0))
+    assert waits == pytest.approx([0.5]) and uncovered == 2
+
+
+def test_an_identical_successor_published_again_must_be_announced_again():
+    sends = [(10, 100.0), (13, 103.0)]
+    seen = [_a(100.5, 10, plan_id="v0")]                    # the first announcement of v0 predates its republish
+    published = [_p(102.5, "v0", 13)]
+    assert invalidation_latencies(sends, seen, published, "K", 2, ("v0", 0))[1] == 1
+    seen.append(_a(103.4, 13, plan_id="v0"))
+    waits, uncovered = invalidation_latencies(sends, seen, published, "K", 2, ("v0", 0))
+    assert uncovered == 0 and waits == pytest.approx([0.5, 0.4])
 
 
 def test_unapplied_and_backlog():
