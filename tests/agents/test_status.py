@@ -8,14 +8,16 @@ import time
 
 import pytest
 
-from agents.stream.lag import LagWatcher
 from agents.ops.loop_probe import LoopProbe
+from agents.plans.backlog import recompile_queued
+from agents.stream.lag import LagWatcher
 from agents.web.metrics import Metrics
 from agents.web.query import NotOwner, Peers, StateError
 from agents.web.status import THREAD_NAME, Status, health_figures
 from state.parked_plans import ParkedPlans
-from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
+from tests.agents.test_invalidation import raw, setup  # noqa: F401 - the fixture
 from tests.conftest import ATLAS_REQUEST
+from tests.events import resource
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,7 +30,8 @@ def status(setup):  # noqa: F811
     lag = LagWatcher(state.store, "127.0.0.1:9", {"revocations": "x-revocations"}, 60.0)
     reader = state.reader()
     out = Status(reader, query, Metrics(state, query, lag),
-                 lambda figures: {"parked_plans": figures["parked_plans"], "standby_outbox": figures["standby_outbox"]})
+                 lambda figures: {"parked_plans": figures["parked_plans"], "standby_outbox": figures["standby_outbox"],
+                                  "recompile_queue": figures["recompile_queue"]})
     yield out
     out.close()
     reader.store.close()
@@ -117,3 +120,13 @@ async def test_a_plan_status_is_read_on_the_status_thread_and_decided_on_the_loo
     # A caller who may not see the plan is refused before any owner is asked: nothing is forwarded for it.
     assert await query.plan_status_async(plan["plan_id"], status.read, lambda p: p == "sam") is None
     assert query.plan_status(plan["plan_id"], lambda p: False) is None
+
+
+async def test_health_counts_the_announced_plans_whose_successors_wait(status, setup):  # noqa: F811
+    state, inv, _ = setup
+    assert (await status.health())["recompile_queue"] == 0
+    inv.apply([raw(*resource("approved-waiver-W2"))])  # announced first: its successor is queued
+    assert (await status.health())["recompile_queue"] == 1
+    while recompile_queued(inv.plans, 16, lambda topic, partition: True):
+        pass
+    assert (await status.health())["recompile_queue"] == 0

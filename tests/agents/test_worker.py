@@ -74,6 +74,7 @@ async def test_new_waiver_invalidates_the_plan_and_the_successor_supports_it(wor
     status = await worker.get(f"/v1/plans/{old['plan_id']}")
     assert status["status"] == "invalidated" and status["successor_plan_id"] == new["plan_id"]
     assert status["cause"]["event_id"] == inval["cause"]["event_id"]
+    assert (await worker.get("/healthz"))["recompile_queue"] == 0  # the successor was compiled: nothing waits
 
 
 async def test_revoking_the_role_invalidates_and_never_serves_old_items(worker):
