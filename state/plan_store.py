@@ -121,6 +121,15 @@ class PlanStore:
             held[table].add(found)
         return held
 
+    def admitted(self, plan_ids: list[str]) -> dict[str, set[str]]:
+        """Resource ids each of these plans admitted."""
+        if not plan_ids:
+            return {}
+        rows = self.db.execute("SELECT plan_id, plan FROM plans WHERE plan_id IN (SELECT unnest(?))",
+                               [sorted(set(plan_ids))]).fetchall()
+        return {plan_id: {item["resource_id"] for item in orjson.loads(text).get("admitted") or ()}
+                for plan_id, text in rows}
+
     def head_ids(self, plan_keys: list[str]) -> dict[str, str]:
         """The current plan id of each of these plan keys that has one."""
         if not plan_keys:

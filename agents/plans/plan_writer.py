@@ -228,12 +228,14 @@ class PlanWriter:
     # -- the apply path: what one batch of input events touched ------------------------
 
     def recompile(self, touched: Touched, counts: Counter[str], standby: bool = False) -> None:
-        """Announce the touched plans and queue their successors (`announce_first`); with an `eager_limit` above
-        their number, recompile them here instead: adopt unchanged outcomes, announce and store changed ones."""
+        """Announce the touched plans and queue their successors (`announce_first`); those it leaves (all, with an
+        `eager_limit` above their number) are recompiled here: unchanged outcomes adopted, changed ones announced."""
         state = self.state
         now = state.store.now()
-        if len(touched) > self.eager_limit and announce_first(self, touched, now, counts, standby):
-            return
+        if len(touched) > self.eager_limit:
+            touched = announce_first(self, touched, now, counts, standby)
+            if not touched:
+                return
         heads = {k: (plan_id, orjson.loads(request), *stored) for k, (plan_id, request, *stored)
                  in state.plans.heads_stamped(list(touched), parse=False).items()}
         visible = self.discoverable(touched, heads)

@@ -60,8 +60,9 @@ def test_a_plan_touched_by_several_batches_is_announced_once_and_compiled_once(s
     assert "Waiver W2, revision 3." in [a["content"] for a in query.select(ATLAS_REQUEST)["admitted"]]
 
 
-def test_an_identical_successor_counts_as_an_unnecessary_announcement(setup):  # noqa: F811
+def test_an_identical_successor_counts_as_an_unnecessary_announcement(setup, monkeypatch):  # noqa: F811
     state, inv, query = setup
+    monkeypatch.setattr("agents.plans.announce_first.COMPILE_FIRST", 0)  # as in a batch of many such edits
     plan = query.select(ATLAS_REQUEST)
     same = resource("rm-note-N7", version=2, cls="case_note", valid_to=None, provenance_group="relationship-management",
                     content="The relationship manager says renewal was requested (typo fixed).")
@@ -92,3 +93,25 @@ def test_a_small_fan_out_is_written_row_by_row_in_fewer_statements(counted, monk
     announce(1, 64)  # fills the writer's memo
     row_by_row, column_wise = announce(2, 64), announce(3, 0)
     assert row_by_row < column_wise, f"{row_by_row} statements row by row, {column_wise} column-wise"
+
+
+def test_a_left_out_resource_is_compiled_first_and_an_admitted_one_announced_first(setup):  # noqa: F811
+    state, inv, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    admitted = {a["resource_id"] for a in plan["admitted"]}
+    assert "rm-note-N7" not in admitted  # the note the plan leaves out
+    same = resource("rm-note-N7", version=2, cls="case_note", valid_to=None, provenance_group="relationship-management",
+                    content="The relationship manager says renewal was requested (typo fixed).")
+    inv.apply([raw(*same)])
+    # Compiled before announcing: the outcome is the same plan, so nothing is announced and nothing queued.
+    assert outbox(state, "plan-invalidations") == [] and state.queue.size() == 0
+    assert state.store.counters()["unchanged_recompilations"] == 1
+    assert query.select(ATLAS_REQUEST)["plan_id"] == plan["plan_id"]
+
+    edited = plan["admitted"][0]
+    compilations = state.store.counters().get("compilations", 0)
+    inv.apply([raw(*resource(edited["resource_id"], version=edited["version"] + 1, content="A new revision."))])
+    # A new version of what the plan admitted changes its id: announced at once, compiled later.
+    [announced] = outbox(state, "plan-invalidations")
+    assert announced["plan_id"] == plan["plan_id"] and announced["successor_plan_id"] is None
+    assert state.queue.size() == 1 and state.store.counters().get("compilations", 0) == compilations

@@ -29,6 +29,8 @@ def test_replay_restores_a_plan_whose_announced_successor_came_out_identical(tmp
     every plan id ever named on `plan-invalidations` (`agents/cli/replay.py`, `gone`), so the replayed worker
     holds no head and no dependency edges for it: the next change to its inputs is never announced, and the
     subscribers keep serving the plan the backlog re-published."""
+    # A left-out note's edit is compiled first when few: at 0 it is announced first, as any larger batch's.
+    monkeypatch.setattr("agents.plans.announce_first.COMPILE_FIRST", 0)
     settings = Settings(state_dir=tmp_path / "replayed")
     topics: dict[str, list] = {}
     offsets: dict[tuple[str, int], int] = {}
