@@ -49,8 +49,9 @@ class Settings:
     revocation_lag_bound: float = 5.0
     """Seconds behind on revocations or policy versions beyond which selects are refused (HTTP 503)."""
     eager_recompile_limit: int = 0
-    """Plans one batch may recompile before announcing. At 0 (the default) every touched plan is announced
-    in the batch's own transaction (successor id `null`) and its successor compiled in the background."""
+    """Plans one batch may recompile before announcing. At 0 (the default) a touched plan is announced in the
+    batch's own transaction (successor id `null`) and its successor compiled in the background, except up
+    to 16 plans touched only through a resource they left out: compiled first, announced if they changed."""
     max_event_bytes: int = 1_000_000
     """Events larger than this (bytes) are dead-lettered unread as `oversized`."""
     max_record_bytes: int = 1_000_000
