@@ -6,6 +6,7 @@ import asyncio
 from typing import Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaTimeoutError
 
 
 async def discover(consumer: AIOKafkaConsumer, topics: Iterable[str], attempts: int | None = 100,
@@ -121,7 +122,8 @@ async def read_until(bootstrap: str, topic: str, until: dict[int, int], on_batch
                                                            and reached[tp] >= end):
                     open_tps.discard(tp)
         return {tp.partition: starts[tp] for tp in tps}
-    except asyncio.TimeoutError:
+    except (asyncio.TimeoutError, KafkaTimeoutError):
+        # aiokafka's own request timeout (set to the same bound) may fire before ours: the same stall
         raise ReadStalled(f"the broker did not answer a read of {topic} within {stall_seconds:.0f} s") from None
     finally:
         # Bounded as the read is: a stop waiting on an unreachable broker would hold the caller's thread too.
