@@ -166,15 +166,17 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
     async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
-        # announcements still waiting in the outbox go out before any successor is compiled.
+        # announcements still waiting in the outbox go out before any successor is compiled (the
+        # writer job judges that: it alone sees a fan-out committed just now).
         if not plan_writer.queue_pending:  # set by every path that queues plans: no writer job, no read
             return 0.1
-        if ownership.owned is None or reader.outbox.any_due():
+        waits_for = plan_writer.backlog_waits_for  # no writer job while those records are still due
+        if ownership.owned is None or (waits_for is not None and reader.outbox.last_due(waits_for) is not None):
             return 0.05
         done = await writer.run(recompile_owned)
         if done:
             await publisher.publish()
-        return 0 if done else 0.1
+        return 0 if done else 0.05
 
     app.task(chores.loop("recompile_backlog", recompile_backlog))
 

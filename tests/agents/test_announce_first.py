@@ -92,3 +92,15 @@ def test_a_small_fan_out_is_written_row_by_row_in_fewer_statements(counted, monk
     announce(1, 64)  # fills the writer's memo
     row_by_row, column_wise = announce(2, 64), announce(3, 0)
     assert row_by_row < column_wise, f"{row_by_row} statements row by row, {column_wise} column-wise"
+
+
+def test_the_backlog_waits_for_the_records_due_when_it_looked_not_for_later_ones(setup):  # noqa: F811
+    state, inv, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    state.outbox.remove([seq for seq, *_ in state.outbox.pending(10_000)])
+    inv.apply([raw(*resource("approved-waiver-W2"))])
+    assert recompile_queued(inv.plans, 16, lambda t, p: True, after_outbox=True) == 0  # the announcement is due
+    state.outbox.add_many([("x-dead-letters", None, b"{}")])  # a record queued since, by another event
+    state.outbox.remove([seq for seq, topic, *_ in state.outbox.pending(10_000) if topic != "x-dead-letters"])
+    assert recompile_queued(inv.plans, 16, lambda t, p: True, after_outbox=True) == 1
+    assert query.plan_status(plan["plan_id"])["successor_plan_id"] is not None
