@@ -249,6 +249,13 @@ class Outbox:
         return self.db.execute(f"SELECT 1 FROM outbox WHERE NOT standby{unacked} LIMIT 1",
                                params).fetchone() is not None
 
+    def last_due(self, through: int | None = None) -> int | None:
+        """The sequence number of the latest record due for publication (at or before `through`, if given)."""
+        unacked, params = self.unacked()
+        bound = "" if through is None else " AND seq <= ?"
+        return self.db.execute(f"SELECT max(seq) FROM outbox WHERE NOT standby{unacked}{bound}",
+                               params + ([] if through is None else [through])).fetchone()[0]
+
     def standby_size(self) -> int:
         """Records held for events whose partition another worker may own."""
         return self.db.execute("SELECT count(*) FROM outbox WHERE standby").fetchone()[0]

@@ -13,14 +13,20 @@ def recompile_queued(writer: PlanWriter, limit: int, owns: Callable[[str, int], 
     """Compile successors of up to `limit` announced plans; publish those whose cause this worker owns.
 
     `owns(topic, partition)` says whether this worker publishes for that input partition now.
-    With `after_outbox`, nothing is compiled while records wait in the outbox: the caller's
-    check on its own cursor can precede a fan-out's commit, and this job would then run (for
-    about a second at 100,000 plans) before the fan-out's announcements are read for sending.
+    With `after_outbox`, nothing is compiled while records that were due when this job first
+    found the outbox busy are still waiting: a fan-out's announcements go out before this job
+    runs (for about a second at 100,000 plans). Records queued since do not hold it back: a
+    steady stream of them (dead letters, other fan-outs) would otherwise leave the queued plans
+    announced without successors for as long as it lasts.
     Returns how many queue entries were handled.
     """
     state = writer.state
-    if after_outbox and writer.queue_pending and state.outbox.any_due():
-        return 0
+    if after_outbox and writer.queue_pending:
+        if writer.backlog_waits_for is None:
+            writer.backlog_waits_for = state.outbox.last_due()
+        if writer.backlog_waits_for is not None and state.outbox.last_due(writer.backlog_waits_for) is not None:
+            return 0
+        writer.backlog_waits_for = None
     with state.store.transaction():
         entries = state.queue.oldest(limit) if writer.queue_pending else []
         if not entries:

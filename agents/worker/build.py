@@ -156,19 +156,27 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             retry_in, backoff = None, 1.0
             await publisher.publish()
 
+    def recompile_owned() -> int:
+        # Checked on the writer, where `owned` changes. Before the first assignment the queue read from
+        # the file may name plans a peer owns now (its successors would fork the owner's lineage); the
+        # first `follow` hands those back, queue entries included, so from then on it holds owned plans only.
+        if ownership.owned is None:
+            return 0
+        return recompile_queued(plan_writer, 16, lambda topic, partition: True, after_outbox=True)
+
     async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
-        # announcements still waiting in the outbox go out before any successor is compiled.
+        # announcements still waiting in the outbox go out before any successor is compiled (the
+        # writer job judges that: it alone sees a fan-out committed just now).
         if not plan_writer.queue_pending:  # set by every path that queues plans: no writer job, no read
             return 0.1
-        if reader.outbox.any_due():
+        waits_for = plan_writer.backlog_waits_for  # no writer job while those records are still due
+        if ownership.owned is None or (waits_for is not None and reader.outbox.last_due(waits_for) is not None):
             return 0.05
-        # The queue holds plans of owned partitions only (a hand-back removes the rest).
-        done = await writer.run(recompile_queued, plan_writer, 16, lambda topic, partition: True,
-                                after_outbox=True)
+        done = await writer.run(recompile_owned)
         if done:
             await publisher.publish()
-        return 0 if done else 0.1
+        return 0 if done else 0.05
 
     app.task(chores.loop("recompile_backlog", recompile_backlog))
 

@@ -5,6 +5,8 @@ The broker advertises the relay's address, so every client of a worker goes thro
 timestamp -2, which only a read from the topic's start sends: `streams.partitions.read_until`
 and a fresh replica) is dropped before the broker sees the request, as a flaky path to the
 broker drops it; every other request passes, so the rest of the worker keeps its broker.
+With `slow_produce`, every Produce request waits that long before it goes on: a slow path for
+publishing only, so records stay in a worker's outbox that long while its reads keep pace.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from streams.broker import _probe, free_port
 from streams.processes import end_process
 from tests.conftest import eventually
 
-LIST_OFFSETS = 2  # Kafka api key
+PRODUCE, LIST_OFFSETS = 0, 2  # Kafka api keys
 EARLIEST = (-2).to_bytes(8, "big", signed=True)
 
 
@@ -31,6 +33,7 @@ class Relay:
         self.port = free_port(avoid=frozenset({target}))
         self.cut: bytes | None = None  # broker-side topic name whose reads from the start are dropped
         self.dropped = 0  # connections dropped that way
+        self.slow_produce = 0.0  # seconds each Produce request is held before it goes on
         self._open: set[asyncio.Transport] = set()
         self._tasks: set[asyncio.Task] = set()
         self._server: asyncio.Server | None = None
@@ -79,6 +82,8 @@ class Relay:
                 for transport in ends:
                     transport.abort()
                 return
+            if self.slow_produce and int.from_bytes(frame[:2], "big") == PRODUCE:
+                await asyncio.sleep(self.slow_produce)  # the fault itself: a slow link, not a wait for an outcome
             writer.write(size + frame)
             await writer.drain()
 

@@ -115,3 +115,15 @@ def test_a_left_out_resource_is_compiled_first_and_an_admitted_one_announced_fir
     [announced] = outbox(state, "plan-invalidations")
     assert announced["plan_id"] == plan["plan_id"] and announced["successor_plan_id"] is None
     assert state.queue.size() == 1 and state.store.counters().get("compilations", 0) == compilations
+
+
+def test_the_backlog_waits_for_the_records_due_when_it_looked_not_for_later_ones(setup):  # noqa: F811
+    state, inv, query = setup
+    plan = query.select(ATLAS_REQUEST)
+    state.outbox.remove([seq for seq, *_ in state.outbox.pending(10_000)])
+    inv.apply([raw(*resource("approved-waiver-W2"))])
+    assert recompile_queued(inv.plans, 16, lambda t, p: True, after_outbox=True) == 0  # the announcement is due
+    state.outbox.add_many([("x-dead-letters", None, b"{}")])  # a record queued since, by another event
+    state.outbox.remove([seq for seq, topic, *_ in state.outbox.pending(10_000) if topic != "x-dead-letters"])
+    assert recompile_queued(inv.plans, 16, lambda t, p: True, after_outbox=True) == 1
+    assert query.plan_status(plan["plan_id"])["successor_plan_id"] is not None
