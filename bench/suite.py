@@ -34,6 +34,10 @@ class BenchOptions:
     """How long each fixed rate is held."""
     hot_rate: float = 200.0
     """Input rate of the one hot plan on the Atlas scenario (events/s)."""
+    spread_plans: int = 40
+    """Plans of the spread stream (each event changes one of them, round robin)."""
+    spread_rate: float = 1_000.0
+    """Input rate of the spread stream (events/s)."""
     select_rates: tuple[int, ...] = (0, 200, 1_000)
     """Input rates under which cached selects are timed (events/s; 0 is no stream)."""
     select_rate: float = 50.0
@@ -74,9 +78,10 @@ class BenchOptions:
     @classmethod
     def quick(cls) -> "BenchOptions":
         """Small enough for a test run; same code paths."""
-        return cls(events=300, plans=30, rates=(100,), rate_seconds=1.0, fanout_plans=600, cache_events=150,
-                   index_plans=2_000, restart_plans=20_000, history_events=20_000, takeover_plans=10_000,
-                   restart_parked=2_000, event_ids=200_000, event_ids_expired=10_000,
+        # Streams stay at 400/s or below so the smoke run stays short; a row judged below its target's rate says so.
+        return cls(events=300, plans=30, rates=(100, 400), rate_seconds=1.0, spread_rate=400.0, fanout_plans=600,
+                   cache_events=150, index_plans=2_000, restart_plans=20_000, history_events=20_000,
+                   takeover_plans=10_000, restart_parked=2_000, event_ids=200_000, event_ids_expired=10_000,
                    select_rates=(0, 200), select_rate=20.0, takeover_timeout=60.0, session_timeout=4.0,
                    scale_resources=200, restore_resources=2_000)
 
@@ -184,7 +189,8 @@ async def _broker_part(options: BenchOptions, workload, out_dir: Path, step, boo
         result = await invalidation_path.measure(
             servers, workload, tmp / "path", rates=options.rates, rate_seconds=options.rate_seconds,
             fanout_plans=options.fanout_plans, hot_rate=options.hot_rate, select_rates=options.select_rates,
-            select_rate=options.select_rate, session_timeout=options.session_timeout, say=step)
+            select_rate=options.select_rate, session_timeout=options.session_timeout, say=step,
+            spread_plans=options.spread_plans, spread_rate=options.spread_rate)
         result["scale_out"] = await scaling.measure(servers, workload, tmp / "cluster", workers=options.scale_workers,
                                                     bulk_resources=options.scale_resources,
                                                     restore_resources=options.restore_resources,
