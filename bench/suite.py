@@ -14,8 +14,9 @@ from typing import Callable
 
 from bench import (batch_cost, cache_contenders, event_id_prune, history_cost, index_cost, invalidation_path,
                    quality, restart_cost, revocation_cost, scaling, takeover)
+from bench.plots import plots
 from bench.profile import profile_apply
-from bench.report import HOT_PLAN_P99_MS, SCALE_EVENTS_2_VS_1, plots, targets, write_json
+from bench.report import HOT_PLAN_P99_MS, SCALE_EVENTS_2_VS_1, targets, write_json
 from bench.summary import longest_stage_within, markdown
 from bench.workload import generate
 
