@@ -1,4 +1,4 @@
-"""PNG plots of a benchmark run: throughput and latency, scale-out, caches, quality."""
+"""PNG plots of a benchmark run: throughput, latency against input rate beside the relay, scale-out, caches, quality."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from bench.report import CPU_PER_WORKER_VS_1  # noqa: E402
 
@@ -30,11 +31,12 @@ def plots(result: dict, directory: Path, stem: str) -> list[str]:
                       [path["latency_by_rate"][r][q] or 0 for r in rates], width=0.27, label=q[:3])
         right.set_xticks([x + 0.27 for x in range(len(rates))], [f"{int(r):,}/s" for r in rates])
         right.set_yscale("log")
-        right.axhline(100, color="red", linestyle="--", linewidth=1, label="100 ms target at 1,000/s")
         right.set_ylabel("send to visible on plan-invalidations (ms)")
         right.set_title("Latency at fixed input rates")
         right.legend()
         names.append(_save(fig, directory, f"{stem}-invalidation.png"))
+        if path["latency_by_rate"]:
+            names.append(latency_plot(path, directory, f"{stem}-latency.png"))
     scale = (path or {}).get("scale_out") or {}
     if scale.get("runs"):
         names.append(scale_plot(scale, directory, f"{stem}-scale.png"))
@@ -64,6 +66,60 @@ def plots(result: dict, directory: Path, stem: str) -> list[str]:
         axis.legend()
         names.append(_save(fig, directory, f"{stem}-quality.png"))
     return names
+
+
+def latency_plot(path: dict, directory: Path, name: str) -> str:
+    """p50 and p99 against input rate (log x), freshplan's bench workload and the same-rate relay, p99 ratio noted.
+
+    The hot plan and the spread, each at its own rate, are points beside the lines (with their relay's).
+    """
+    by_rate = sorted((int(r), v) for r, v in path["latency_by_rate"].items())
+    rates = [r for r, _ in by_rate]
+    fig, axis = plt.subplots(figsize=(9, 5.5))
+    for q, style in (("p50_ms", ":"), ("p99_ms", "-")):
+        axis.plot(rates, [_ms(v.get(q)) for _, v in by_rate], marker="o", linestyle=style, color="#2a7ab0",
+                  label=f"freshplan, bench workload, {q[:3]}")
+        axis.plot(rates, [_ms((v.get("relay") or {}).get(q)) for _, v in by_rate], marker="s", linestyle=style,
+                  color="#888888", label=f"bare relay, {q[:3]}")
+    for rate, v in by_rate:
+        _note_ratio(axis, rate, v, v.get("relay"))
+    bare = next((s for s in (path.get("relay_floor") or {}).get("stages", []) if s["stage_ms"] == 0), None)
+    spread = path.get("spread")
+    points = [("hot plan", path.get("hot_plan"), bare, "*")]
+    points += [(f"{spread['plans']}-plan spread", spread, spread.get("relay"), "D")] if spread else []
+    for label, ours, relay, marker in points:
+        if ours and ours.get("p99_ms") is not None:
+            axis.scatter([ours["rate"]], [ours["p99_ms"]], marker=marker, s=90, color="#c0392b", zorder=3,
+                         label=f"freshplan, {label}, p99")
+            if relay and relay.get("p99_ms") is not None:
+                axis.scatter([ours["rate"]], [relay["p99_ms"]], marker=marker, s=90, color="#888888", zorder=3,
+                             label=f"bare relay at the {label}'s rate, p99")
+            _note_ratio(axis, ours["rate"], ours, relay, color="#c0392b", below=True)
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    ticks = sorted(set(rates) | {int(ours["rate"]) for _, ours, _, _ in points if ours})
+    axis.set_xticks(ticks, [f"{t:,}" for t in ticks])
+    axis.minorticks_off()
+    axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.margins(x=0.15)
+    axis.set_xlabel("input rate (events/s, log)")
+    axis.set_ylabel("send to visible on plan-invalidations (ms, log)")
+    axis.set_title("Latency against input rate: freshplan beside a bare relay (labels: p99 ratio)")
+    axis.legend(fontsize=7)
+    return _save(fig, directory, name)
+
+
+def _ms(value: float | None) -> float:
+    return float("nan") if value is None else value  # a gap in the line, not a zero
+
+
+def _note_ratio(axis, rate: float, ours: dict, relay: dict | None, color: str = "#2a7ab0", below: bool = False) -> None:
+    """Write freshplan's p99 over the relay's beside freshplan's p99 point (`below` it for the points, which may
+    share a rate with the lines)."""
+    if ours.get("p99_ms") is None or not (relay or {}).get("p99_ms"):
+        return
+    axis.annotate(f"{ours['p99_ms'] / relay['p99_ms']:.1f}x", (rate, ours["p99_ms"]), textcoords="offset points",
+                  xytext=(8, -12 if below else 6), fontsize=8, color=color)
 
 
 def scale_plot(scale: dict, directory: Path, name: str) -> str:
