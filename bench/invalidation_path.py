@@ -1,4 +1,4 @@
-"""The invalidation path through the broker: events/s against a bare Faust agent, latency at fixed rates, fan-out."""
+"""The invalidation path through the broker: events/s against a bare Faust agent, latency beside a relay, fan-out."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bench import faust_relay, relay
+from bench import faust_relay, relay, spread
 from bench.harness import BenchWorker, run_ceiling, start_worker
 from bench.stats import named_latencies, percentiles, stalls_during
 from bench.scale_out import throughput
@@ -21,11 +21,14 @@ from streams.admin import producer
 from streams.settings import INPUT_TOPICS
 
 Progress = Callable[[str], None]
+RELAY_KEYS = 100
+"""Keys the relay beside the bench workload spreads its records over (the workload's inputs span every partition)."""
 
 
 async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates: tuple[int, ...],
                   rate_seconds: float, fanout_plans: int, hot_rate: float, select_rates: tuple[int, ...],
-                  select_rate: float, session_timeout: float, say: Progress) -> dict:
+                  select_rate: float, session_timeout: float, say: Progress, spread_plans: int = 40,
+                  spread_rate: float = 1_000.0) -> dict:
     """Run every broker-side comparison on one worker; returns the report section.
 
     Order matters: the fan-out restarts the worker with many cloned plans, so it comes last. The
@@ -45,10 +48,19 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
             say("ceiling: a bare Faust agent over the same topics")
             ceiling = await run_ceiling(bootstrap, [worker.settings.topic(t) for t in INPUT_TOPICS],
                                         len(workload.catalog) + len(workload.changes), directory)
+            kafka = worker.settings.kafka.client_kwargs()
+            fetch_wait = round(worker.settings.batch_window * 1000)
+
+            async def bare_relay(rate: float, keys: int) -> dict:
+                # Beside each stream, at its rate: the issue judges the fast path as a ratio to this.
+                return await relay.relay(bootstrap, kafka, worker.settings.partitions, rate,
+                                         max(1, int(rate * rate_seconds)), 0.0, fetch_wait, keys=keys)
+
             latency = {}
             for k, rate in enumerate(rates):
-                say(f"subscriber-visible latency at {rate} events/s for {rate_seconds:g}s")
+                say(f"subscriber-visible latency at {rate} events/s for {rate_seconds:g}s, then the bare relay")
                 latency[str(rate)] = await _latency(worker, rate, rate_seconds, version_base=1_000_000 * (k + 1))
+                latency[str(rate)]["relay"] = await bare_relay(rate, RELAY_KEYS)
             selects = {}
             for k, rate in enumerate(select_rates):
                 say(f"cached selects at {select_rate:g}/s while {rate} events/s apply, for {rate_seconds:g}s")
@@ -56,15 +68,17 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
                                    version_base=1_000_000 * (len(rates) + 1 + k)).changes
                 selects[str(rate)] = await selects_under_stream(worker, workload.requests, records, rate,
                                                                 rate_seconds, select_rate)
+            say(f"{spread_plans}-plan spread at {spread_rate:g} events/s for {rate_seconds:g}s, then the bare relay")
+            spreading = await spread.spread(worker, spread_plans, spread_rate, rate_seconds)
+            spreading["relay"] = await bare_relay(spread_rate, spread_plans)
             say(f"hot plan on the Atlas scenario at {hot_rate:g} events/s for {rate_seconds:g}s")
             hot = await hot_plan(worker, hot_rate, rate_seconds)
             batch_ms = ((hot.get("worker_stages") or {}).get("batch_apply") or {}).get("mean_ms")
             stages = sorted({0.0, 10.0, 20.0} | ({round(batch_ms, 1)} if batch_ms else set()))
             say(f"bare relay through the same broker at {hot_rate:g} events/s, serial stages of {stages} ms")
-            floor = await relay.sweep(bootstrap, worker.settings.kafka.client_kwargs(), worker.settings.partitions,
-                                      hot_rate, rate_seconds, stages, round(worker.settings.batch_window * 1000))
+            floor = await relay.sweep(bootstrap, kafka, worker.settings.partitions, hot_rate, rate_seconds, stages,
+                                      fetch_wait)
             say(f"a bare Faust agent as relay at {hot_rate:g} events/s: Faust's fetch wait, then 10 ms set in code")
-            kafka = worker.settings.kafka.client_kwargs()
             events = max(1, int(hot_rate * rate_seconds))
             faust_hops = [await faust_relay.relay(bootstrap, kafka, hot_rate, events, wait) for wait in (None, 10)]
             # Before the fan-out restarts the worker (which starts its figures afresh).
@@ -77,7 +91,8 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
     ratio = throughput["events_per_second"] / ceiling["events_per_second"] if ceiling["events_per_second"] else None
     return {"throughput": {"freshplan": throughput, "ceiling_bare_faust": ceiling,
                            "ratio_to_ceiling": ratio and round(ratio, 4)},
-            "latency_by_rate": latency, "selects_under_stream": selects, "hot_plan": hot, "fanout": fanout,
+            "latency_by_rate": latency, "selects_under_stream": selects, "spread": spreading, "hot_plan": hot,
+            "fanout": fanout,
             "relay_floor": {"stages": floor, "worker_batch_ms": batch_ms}, "faust_relay": faust_hops,
             "worker_counters": {k: v for k, v in health["counters"].items() if not k.startswith("selects")},
             # Pauses that held the worker's loop during the whole run (the tails above include them).

@@ -15,7 +15,7 @@ from streams.admin import producer, stop_within
 
 
 async def relay(bootstrap: str, kafka: dict[str, Any], partitions: int, rate: float, events: int,
-                stage_ms: float, fetch_wait_ms: int) -> dict:
+                stage_ms: float, fetch_wait_ms: int, keys: int = 1) -> dict:
     """Latency from a producer's send to a consumer reading the record that a bare relay passed on.
 
     The relay reads as the worker's replica does (the same long-poll wait, batches of what
@@ -24,6 +24,8 @@ async def relay(bootstrap: str, kafka: dict[str, Any], partitions: int, rate: fl
     is the bench's `Listener` setting (a 10 ms long-poll). With no stage this is the floor two
     broker hops put under the hot-plan figure; with one, what a batch of that length costs.
     The sender is the bench's producer (`send_at_rate`), the relay's the worker's (no linger).
+    `keys` > 1 spreads the records over that many keys (so over the partitions), as a stream of
+    many plans' inputs is spread; 1 is the hot plan's single key.
     """
     inbound, outbound = await relay_topics(bootstrap, kafka, "bench-relay", partitions)
     source = _consumer(bootstrap, kafka, inbound, partitions, fetch_wait_ms)
@@ -42,13 +44,13 @@ async def relay(bootstrap: str, kafka: dict[str, Any], partitions: int, rate: fl
                 consumer.seek(tp, 0)
         tasks = [asyncio.create_task(_pass_on(source, relay_send, outbound, stage_ms / 1000, fetch_wait_ms)),
                  asyncio.create_task(_read(reader, seen))]
-        sent = await _send_at_rate(send, inbound, rate, events)
+        sent = await _send_at_rate(send, inbound, rate, events, keys)
         deadline = time.monotonic() + 30
         while len(seen) < len(sent) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         waits = [seen[value] - at for value, at in sent.items() if value in seen]
         return dict(percentiles(waits), stage_ms=stage_ms, events=len(sent), fetch_wait_ms=fetch_wait_ms,
-                    lost=len(sent) - len(waits))
+                    lost=len(sent) - len(waits), rate=rate, keys=keys)
     finally:
         for task in tasks:
             task.cancel()
@@ -103,8 +105,9 @@ async def _read(reader: AIOKafkaConsumer, seen: dict[bytes, float]) -> None:
                 seen.setdefault(m.value, now)
 
 
-async def _send_at_rate(send, topic: str, rate: float, events: int) -> dict[bytes, float]:
-    """Send `events` records at `rate` per second on one key (one partition, as the hot plan's edits); send stamps."""
+async def _send_at_rate(send, topic: str, rate: float, events: int, keys: int = 1) -> dict[bytes, float]:
+    """Send `events` records at `rate` per second, round robin over `keys` keys (1: one partition, as the hot
+    plan's edits); send stamps."""
     loop = asyncio.get_running_loop()
     stamps: dict[bytes, float] = {}
     futures = []
@@ -114,7 +117,8 @@ async def _send_at_rate(send, topic: str, rate: float, events: int) -> dict[byte
         while i < due:
             value = b"relay-%d" % i
             stamps[value] = time.time()
-            futures.append(await send.send(topic, value, key=b"hot"))
+            key = b"hot" if keys == 1 else b"key-%d" % (i % keys)
+            futures.append(await send.send(topic, value, key=key))
             i += 1
         await asyncio.sleep(0.002)
     await asyncio.gather(*futures)

@@ -1,17 +1,21 @@
-"""Write a benchmark run: the JSON result, the replayable quality file, the targets, a summary and plots."""
+"""The targets of a benchmark run, each with its measured value and verdict, and the JSON writer."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import orjson
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import orjson  # noqa: E402
-
-HOT_PLAN_P99_MS = 50.0
-"""Issue 13's target for the hot plan's subscriber-visible p99 at 200 events/s."""
+HOT_PLAN_VS_RELAY = 2.0
+"""Issue 29: the hot plan's subscriber-visible p99 at 200 events/s against the same run's bare relay at that rate."""
+HOT_PLAN_P99_MS, FAST_RELAY_MS = 50.0, 25.0
+"""Issue 29: and within 50 ms where the relay's p99 is under 25 ms."""
+SPREAD_VS_RELAY = 4.0
+"""Issue 29: the bench workload's and the 40-plan spread's p99 at 1,000 events/s against the same-rate relay."""
+CEILING_SHARE = 0.70
+"""Issue 29: events/s per worker against the bare Faust agent's."""
+SELECT_P99_MS = 20.0
+"""Issue 29: cached select p99 while 1,000 events/s apply."""
 SCALE_EVENTS_2_VS_1 = 1.8
 """Issue 28's events/s of 2 workers, each pinned to a core of its own, against 1 (issue 13 asked 1.5x)."""
 CPU_PER_WORKER_VS_1 = {2: 0.55, 4: 0.3}
@@ -81,33 +85,91 @@ def batch_cost_rows(cost: dict) -> list[dict]:
     return rows
 
 
-def invalidation_rows(path: dict) -> list[dict]:
-    """Issue 13's targets: ratios to same-run references, subscriber-visible percentiles, 1 vs 2 workers."""
-    rows = [_row("events/s per worker vs bare Faust agent", ">= 35% of the ceiling (on the way to 70%)",
-                 path["throughput"]["ratio_to_ceiling"], 0.35, ">=", "{:.1%}")]
-    hot = path.get("hot_plan")
-    rate = f"{hot['rate']:,.0f}" if hot else "200"
-    row = _row(f"subscriber p99, one hot plan (Atlas), {rate} events/s", f"p99 <= {HOT_PLAN_P99_MS:g} ms",
-               hot and hot["p99_ms"], HOT_PLAN_P99_MS,
-               "<=", "{:.0f} ms")
-    if hot and hot.get("uncovered"):
+def hot_plan_bound_ms(relay_p99_ms: float) -> float:
+    """The hot plan's p99 bound: twice the relay's, and 50 ms where the relay's is under 25 ms."""
+    bound = HOT_PLAN_VS_RELAY * relay_p99_ms
+    # Implied by the ratio wherever it applies (2 x 25 = 50); kept so the bound is the issue's as written.
+    return min(bound, HOT_PLAN_P99_MS) if relay_p99_ms < FAST_RELAY_MS else bound
+
+
+def _gap(row: dict, why: str) -> None:
+    row["met"] = False
+    row["gap"] = "; ".join(filter(None, [row["gap"], why]))
+
+
+def vs_relay_row(label: str, target: str, ours: dict | None, relay: dict | None, bound_of,
+                 no_backlog: bool = True) -> dict:
+    """A stream's p99 as a ratio to the same-rate bare relay's; `bound_of(relay p99)` is the p99 it may reach.
+
+    Missing either side is "not measured"; events left uncovered (the coverage rule) miss it whatever
+    the ratio, and so does a backlog where the target says `no_backlog` (shown either way).
+    """
+    ours_p99, relay_p99 = (ours or {}).get("p99_ms"), (relay or {}).get("p99_ms")
+    if ours_p99 is None or not relay_p99:
+        row = _row(label, target, None, 0, "<=", "{}")
+        if ours_p99 is not None:
+            row["shown"] = f"{ours_p99:.0f} ms, relay n/a"
+            row["gap"] = "the same-rate relay was not measured"
+        return row
+    bound = bound_of(relay_p99)
+    row = _row(label, target, ours_p99 / relay_p99, bound / relay_p99, "<=", "{:.2f}x")
+    row["shown"] += f" ({ours_p99:.0f} ms against the relay's {relay_p99:.0f} ms)"
+    if "backlog" in ours:
+        row["shown"] += f", backlog {'yes' if ours['backlog'] else 'no'}"
+        if ours["backlog"] and no_backlog:
+            _gap(row, f"a backlog built ({ours['lag_at_end']} unapplied at the end)")
+    if ours.get("uncovered"):
         # A send with a stale version never announced is a lost sample: the percentile alone would flatter.
-        row["met"] = False
-        row["gap"] = "; ".join(filter(None, [row["gap"], f"{hot['uncovered']} of {hot['events']} sends left a "
-                                                          "stale version unannounced"]))
-    rows.append(row)
+        _gap(row, f"{ours['uncovered']} of {ours['events']} sends left a stale version unannounced")
+    return row
+
+
+def _at(label: str, rate: float, wanted: float) -> str:
+    """A row's label ({} the rate) at the rate it was measured, saying so when that is below its target's."""
+    below = "" if rate >= wanted else f" (the target's {wanted:,.0f}/s not run)"
+    return label.format(f"{rate:,.0f} events/s") + below
+
+
+def latency_rows(path: dict) -> list[dict]:
+    """Issue 29's fast-path targets: p99 as ratios to the same run's bare relay, backlogs, selects under 1,000/s."""
+    rows = []
+    hot = path.get("hot_plan")
+    stages = (path.get("relay_floor") or {}).get("stages") or []
+    bare = next((s for s in stages if s["stage_ms"] == 0), None)
+    rate = f"{hot['rate']:,.0f}" if hot else "200"
+    rows.append(vs_relay_row(f"subscriber p99, one hot plan (Atlas), {rate} events/s, vs the same-rate bare relay",
+                             f"<= {HOT_PLAN_VS_RELAY:g}x the relay's (and <= {HOT_PLAN_P99_MS:g} ms where the "
+                             f"relay's p99 < {FAST_RELAY_MS:g} ms)", hot, bare, hot_plan_bound_ms, no_backlog=False))
+    spread_bound = lambda relay_p99: SPREAD_VS_RELAY * relay_p99  # noqa: E731
+    target = f"<= {SPREAD_VS_RELAY:g}x the relay's, no backlog"
     lat = path["latency_by_rate"].get("1000")
-    row = _row("subscriber p99, bench workload, 1,000 events/s", "p99 <= 100 ms, no backlog",
-               lat and lat["p99_ms"], 100, "<=", "{:.0f} ms")
-    if lat:
-        row["shown"] += f", backlog {'yes' if lat['backlog'] else 'no'} ({lat['lag_at_end']} unapplied at the end)"
-        if lat["backlog"]:
-            row["met"] = False
-            row["gap"] = "; ".join(filter(None, [row["gap"], "a backlog built"]))
+    rows.append(vs_relay_row("subscriber p99, bench workload, 1,000 events/s, vs the same-rate bare relay", target,
+                             lat, (lat or {}).get("relay"), spread_bound))
+    spread = path.get("spread")
+    label = _at(f"subscriber p99, {spread['plans'] if spread else 40}-plan spread, {{}}, vs the same-rate bare relay",
+                spread["rate"] if spread else 1000, 1000)
+    rows.append(vs_relay_row(label, target, spread, (spread or {}).get("relay"), spread_bound))
+    flood = path["latency_by_rate"].get("5000")
+    row = _row("backlog, bench workload, 5,000 events/s (one worker)", "no backlog", flood and flood["lag_at_end"],
+               0, "<=", "{}")
+    if flood:
+        row.update(met=not flood["backlog"], gap="a backlog built" if flood["backlog"] else None,
+                   shown=f"{'yes' if flood['backlog'] else 'no'} ({flood['lag_at_end']} unapplied at the end)")
     rows.append(row)
-    sel = path.get("selects_under_stream", {}).get("200")
-    rows.append(_row("select p99 (cached) while 200 events/s apply", "<= 20 ms", sel and sel["p99_ms"], 20, "<=",
-                     "{:.0f} ms"))
+    selects = path.get("selects_under_stream", {})
+    streamed = [int(r) for r in selects if int(r)]
+    rate = 1000 if "1000" in selects or not streamed else max(streamed)
+    sel = selects.get(str(rate))
+    rows.append(_row(_at("select p99 (cached) while {} apply", rate, 1000),
+                     f"<= {SELECT_P99_MS:g} ms", sel and sel["p99_ms"], SELECT_P99_MS, "<=", "{:.0f} ms"))
+    return rows
+
+
+def invalidation_rows(path: dict) -> list[dict]:
+    """Issue 29's and 13's targets: ratios to same-run references, subscriber-visible percentiles, 1 vs 2 workers."""
+    rows = [_row("events/s per worker vs bare Faust agent", f">= {CEILING_SHARE:.0%} of the ceiling",
+                 path["throughput"]["ratio_to_ceiling"], CEILING_SHARE, ">=", "{:.1%}")]
+    rows += latency_rows(path)
     rows.append(loop_row(path))
     fan = path["fanout"]
     label = "100,000-plan fan-out, last announcement vs bare aiokafka producer" + (
@@ -171,6 +233,9 @@ def streamed_stalls(path: dict) -> list[tuple[str, dict]]:
            if lat.get("loop_stalls")]
     out += [(f"selects while {rate}/s apply", sel["loop_stalls"])
             for rate, sel in path.get("selects_under_stream", {}).items() if int(rate) and sel.get("loop_stalls")]
+    spread = path.get("spread") or {}
+    if spread.get("loop_stalls"):
+        out.append((f"{spread['plans']}-plan spread, {spread['rate']:,.0f}/s", spread["loop_stalls"]))
     hot = path.get("hot_plan") or {}
     if hot.get("loop_stalls"):
         out.append((f"hot plan, {hot['rate']:,.0f}/s", hot["loop_stalls"]))
@@ -248,112 +313,3 @@ def _row(what: str, target: str, value, bound, op: str, fmt: str) -> dict:
         gap = f"{value / bound:.1f}x over" if bound else f"{value} over"
     return {"measure": what, "target": target, "value": value, "shown": "n/a" if value is None else fmt.format(value),
             "met": met, "gap": gap}
-
-
-def plots(result: dict, directory: Path, stem: str) -> list[str]:
-    """PNG plots next to the summary; returns their file names."""
-    names = []
-    path = result.get("invalidation_path")
-    if path:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-        tp = path["throughput"]
-        left.bar(["bare Faust agent\n(ceiling)", "freshplan"],
-                 [tp["ceiling_bare_faust"]["events_per_second"], tp["freshplan"]["events_per_second"]],
-                 color=["#999999", "#2a7ab0"])
-        left.set_ylabel("events/s (one worker)")
-        left.set_title("Invalidation path throughput")
-        rates = list(path["latency_by_rate"])
-        for i, q in enumerate(("p50_ms", "p95_ms", "p99_ms")):
-            right.bar([x + i * 0.27 for x in range(len(rates))],
-                      [path["latency_by_rate"][r][q] or 0 for r in rates], width=0.27, label=q[:3])
-        right.set_xticks([x + 0.27 for x in range(len(rates))], [f"{int(r):,}/s" for r in rates])
-        right.set_yscale("log")
-        right.axhline(100, color="red", linestyle="--", linewidth=1, label="100 ms target at 1,000/s")
-        right.set_ylabel("send to visible on plan-invalidations (ms)")
-        right.set_title("Latency at fixed input rates")
-        right.legend()
-        names.append(_save(fig, directory, f"{stem}-invalidation.png"))
-    scale = (path or {}).get("scale_out") or {}
-    if scale.get("runs"):
-        names.append(scale_plot(scale, directory, f"{stem}-scale.png"))
-    caches = result.get("caches")
-    if caches:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-        contenders = list(caches["contenders"])
-        left.bar(contenders, [caches["contenders"][c]["stale_serves"] for c in contenders], color="#c0392b")
-        left.set_title(f"Stale serves of {caches['contenders']['freshplan']['serves']:,} reads")
-        right.bar(contenders, [caches["contenders"][c]["recompilations"] for c in contenders], color="#2a7ab0")
-        right.set_title("Recompilations")
-        for axis in (left, right):
-            axis.tick_params(axis="x", rotation=30)
-        names.append(_save(fig, directory, f"{stem}-caches.png"))
-    quality = result.get("quality")
-    if quality:
-        fig, axis = plt.subplots(figsize=(11, 4))
-        keys = ("answer_decision_accuracy", "relevant_micro_recall", "abstention_recall",
-                "answer_abstain_type_accuracy")
-        contenders = list(quality["metrics"])
-        for i, name in enumerate(contenders):
-            axis.bar([x + i * 0.2 for x in range(len(keys))],
-                     [quality["metrics"][name][k] or 0 for k in keys], width=0.2, label=name)
-        axis.set_xticks([x + 0.3 for x in range(len(keys))], keys)
-        axis.set_ylim(0, 1.05)
-        axis.set_title(f"003 evaluation, corpus {quality['protocol'].get('corpus', 'policies')}")
-        axis.legend()
-        names.append(_save(fig, directory, f"{stem}-quality.png"))
-    return names
-
-
-def scale_plot(scale: dict, directory: Path, name: str) -> str:
-    """Events/s, CPU seconds and state bytes per worker against the number of workers, with issue 28's targets."""
-    runs = list(scale["runs"].values())
-    counts = [run["workers"] for run in runs]
-    one = scale["runs"]["1"]
-    fig, (rate, cpu, size) = plt.subplots(1, 3, figsize=(14, 4))
-    rate.plot(counts, [run["events_per_second"] for run in runs], marker="o", color="#2a7ab0", label="measured")
-    rate.plot(counts, [one["events_per_second"] * n for n in counts], linestyle="--", color="#999999",
-              label="linear from 1 worker")
-    for run in runs:
-        if not run["pinned"]:
-            rate.annotate("not pinned", (run["workers"], run["events_per_second"]), textcoords="offset points",
-                          xytext=(0, 8), ha="center", fontsize=8)
-    rate.set_ylabel("events/s, whole cluster")
-    rate.set_title("Throughput")
-    single_cpu = one["per_worker"][0].get("cpu_seconds")
-    single_mb = (one["per_worker"][0].get("state_bytes") or 0) / 2**20
-    for axis, values, unit in ((cpu, lambda p: p.get("cpu_seconds"), 1), (size, lambda p: p.get("state_bytes"), 2**20)):
-        for run in runs:
-            points = [values(p) / unit for p in run["per_worker"] if values(p) is not None]
-            axis.scatter([run["workers"]] * len(points), points, color="#2a7ab0", zorder=3)
-    for n, cap in CPU_PER_WORKER_VS_1.items():
-        if str(n) in scale["runs"] and single_cpu:
-            cpu.hlines(cap * single_cpu, n - 0.3, n + 0.3, color="red", linestyle="--")
-    cpu.plot(counts, [single_cpu / n if single_cpu else 0 for n in counts], linestyle=":", color="#999999",
-             label="1/N of one worker's")
-    cpu.set_ylabel("CPU s per worker, same input")
-    cpu.set_title("CPU per worker (red: issue 28 target)")
-    for figures in scale.get("scaling", {}).values():
-        if figures.get("state_bound_bytes") and figures["workers"] > 1:
-            size.hlines(figures["state_bound_bytes"] / 2**20, figures["workers"] - 0.3, figures["workers"] + 0.3,
-                        color="red", linestyle="--")
-    replicated = (scale.get("replicated") or {}).get("bytes")
-    if replicated:
-        size.axhline(replicated / 2**20, color="#999999", linestyle=":", label="replicated part")
-    size.set_ylim(0, max(single_mb, 1) * 1.3)
-    size.set_ylabel("DuckDB state per worker (MB)")
-    size.set_title("State per worker (red: issue 28 bound)")
-    rate.set_ylim(bottom=0)
-    cpu.set_ylim(bottom=0)
-    for axis in (rate, cpu, size):
-        axis.set_xticks(counts)
-        axis.set_xlabel("workers")
-        if axis.get_legend_handles_labels()[0]:
-            axis.legend(fontsize=8)
-    return _save(fig, directory, name)
-
-
-def _save(fig, directory: Path, name: str) -> str:
-    fig.tight_layout()
-    fig.savefig(directory / name, dpi=110)
-    plt.close(fig)
-    return name

@@ -184,10 +184,10 @@ async def hot_plan(worker: BenchWorker, rate: float, seconds: float) -> dict:
     log_after = (await worker.health()).get("checkpoints") or {}
     partition = stream.sent[0].partition
     sends = [(s.offset, s.sent_at) for s in stream.sent]
-    published = [Published(at, doc.get("plan_key", ""), doc.get("plan_id", ""), _as_of(doc, partition))
+    published = [Published(at, doc.get("plan_key", ""), doc.get("plan_id", ""), as_of(doc, partition))
                  for at, doc in listener.published]
     waits, uncovered = invalidation_latencies(sends, listener.seen, published, plan["plan_key"], partition,
-                                              (plan["plan_id"], _as_of(plan, partition)))
+                                              (plan["plan_id"], as_of(plan, partition)))
     successors = percentiles(successor_latencies(sends, published, plan["plan_key"]))
     named = {a.event_id for a in listener.seen if a.plan_key == plan["plan_key"]}
     return dict(percentiles(waits), **stream_summary(stream, rate), rate=rate, uncovered=uncovered,
@@ -195,8 +195,8 @@ async def hot_plan(worker: BenchWorker, rate: float, seconds: float) -> dict:
                 write_ahead_log=log_during(log_before, log_after), loop_stalls=stalls_during(before, after))
 
 
-def _as_of(plan: dict, partition: int) -> int:
-    """Next offset of the hot partition a plan record reflects (0 when it names none)."""
+def as_of(plan: dict, partition: int) -> int:
+    """Next offset of a `source-changes` partition a plan record reflects (0 when it names none)."""
     return int((plan.get("compiled_as_of") or {}).get(HOT_TOPIC, {}).get(str(partition), 0))
 
 

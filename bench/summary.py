@@ -11,7 +11,7 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
     return out + [""]
 
 
-def subscriber_lines(path: dict) -> list[str]:
+def subscriber_lines(path: dict, plot: str | None = None) -> list[str]:
     """Latency a subscriber of `plan-invalidations` sees, and cached selects while events stream."""
     lines = ["Subscriber-visible latency: from the producer's send (stamped just before the call) to an aiokafka "
              "consumer of `plan-invalidations`, assigned every partition at its end before the first send, "
@@ -20,17 +20,25 @@ def subscriber_lines(path: dict) -> list[str]:
              "published before it reflected it has been announced (the plan's first version included); one sent "
              "while its plan was announced and its successor not yet compiled has nothing left to hear. A backlog built when more than 100 ms of input was "
              "unapplied as the last event was acknowledged.", ""]
-    rows = []
     hot = path.get("hot_plan")
-    if hot:
-        rows.append([f"hot Atlas plan, {hot['rate']:,.0f}/s", hot["achieved_rate"], hot["count"], hot["p50_ms"],
-                     hot["p95_ms"], hot["p99_ms"], hot["max_ms"], hot["lag_at_end"], _yes(hot["backlog"]),
-                     _stalls(hot)])
-    for r, v in path["latency_by_rate"].items():
-        rows.append([f"bench workload, {int(r):,}/s", v["achieved_rate"], v["count"], v["p50_ms"], v["p95_ms"],
-                     v["p99_ms"], v["max_ms"], v.get("lag_at_end"), _yes(v.get("backlog")), _stalls(v)])
+    bare = next((s for s in (path.get("relay_floor") or {}).get("stages", []) if s["stage_ms"] == 0), None)
+    streams = [(f"hot Atlas plan, {hot['rate']:,.0f}/s", hot, bare)] if hot else []
+    spread = path.get("spread")
+    if spread:
+        streams.append((f"{spread['plans']}-plan spread, {spread['rate']:,.0f}/s", spread, spread.get("relay")))
+    streams += [(f"bench workload, {int(r):,}/s", v, v.get("relay")) for r, v in path["latency_by_rate"].items()]
+    rows = [[name, v["achieved_rate"], v["count"], v["p50_ms"], v["p95_ms"], v["p99_ms"], v["max_ms"],
+             (relay or {}).get("p50_ms"), (relay or {}).get("p99_ms"), _ratio(v, relay), v.get("lag_at_end"),
+             _yes(v.get("backlog")), _stalls(v)] for name, v, relay in streams]
     lines += _table(["stream", "achieved/s", "measured events", "p50 ms", "p95 ms", "p99 ms", "max ms",
-                     "unapplied at end", "backlog", "loop stalls > 20 ms"], rows)
+                     "relay p50 ms", "relay p99 ms", "p99 vs relay", "unapplied at end", "backlog",
+                     "loop stalls > 20 ms"], rows)
+    lines += ["Relay columns: a bare relay (`bench/relay.py`: a consumer of its own inbound topic producing one "
+              "record per event, no stage, read back by the same kind of consumer) at the stream's rate, run right "
+              "after it in the same run; the hot plan's is the unstaged run below."
+              + (f" Spread: each event edits the one resource of one of {spread['plans']} plans (round robin), "
+                 "counted as the hot plan's events are, plan by plan." if spread else "")
+              + (f" Latency against input rate beside the relay: `{plot}`." if plot else ""), ""]
     if hot and hot.get("successor"):
         succ = hot["successor"]
         lines += [f"Hot plan: a version reflecting each event was published on `plans` for {succ['count']} of "
@@ -51,6 +59,13 @@ def subscriber_lines(path: dict) -> list[str]:
         lines += ["The worker's loop probe wakes every 10 ms; a sample late by more than 20 ms is a stall of the "
                   "HTTP loop (issue 13: applying and compiling must never hold it longer).", ""]
     return lines
+
+
+def _ratio(ours: dict, relay: dict | None) -> str | None:
+    """Our p99 over the relay's at the same rate, or None where either is missing."""
+    if ours.get("p99_ms") is None or not (relay or {}).get("p99_ms"):
+        return None
+    return f"{ours['p99_ms'] / relay['p99_ms']:.2f}x"
 
 
 def _stalls(stream: dict) -> str:
@@ -296,7 +311,7 @@ def markdown(result: dict, images: list[str]) -> str:
                   f"({tp['freshplan']['invalidations']} invalidations announced, "
                   f"{tp['freshplan']['identical_recompilations']} recompilations came out identical and were "
                   "not announced).", ""]
-        lines += subscriber_lines(path)
+        lines += subscriber_lines(path, next((name for name in images if name.endswith("-latency.png")), None))
         fan = path["fanout"]
         lines += [f"Fan-out: one policy version invalidated {fan['invalidations_seen']:,} of {fan['fanout_plans']:,} "
                   f"indexed plans ({fan['cloned_plans']:,} of them copies of one compiled plan with its dependency "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench import scaling
-from bench.report import scale_plot, scale_rows
+from bench.plots import scale_plot
+from bench.report import scale_rows
 from bench.state_size import replicated_only
 from bench.summary import scale_lines
 from bench.workload import Workload, bulk, generate

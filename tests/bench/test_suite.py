@@ -28,10 +28,17 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert path["throughput"]["freshplan"]["events"] == 300 and path["throughput"]["ratio_to_ceiling"] > 0
     latency = path["latency_by_rate"]["100"]
     assert latency["count"] > 0 and latency["events"] == 100 and "backlog" in latency and latency["lag_at_end"] >= 0
+    assert set(path["latency_by_rate"]) == {"100", "400"}
+    for rate, stream in path["latency_by_rate"].items():  # the bare relay ran beside each rate, at that rate
+        assert stream["relay"]["stage_ms"] == 0 and stream["relay"]["rate"] == int(rate)
+        assert stream["relay"]["events"] == int(rate) and stream["relay"]["lost"] == 0
+    spread = path["spread"]                                # every edit of every spread plan reached a subscriber
+    assert spread["plans"] == 40 and spread["events"] == 400 and spread["uncovered"] == 0 and spread["count"] == 400
+    assert spread["relay"]["events"] == 400 and spread["relay"]["lost"] == 0 and spread["relay"]["keys"] == 40
     hot = path["hot_plan"]                                 # every edit of the hot plan reached a subscriber
     assert hot["events"] == 200 and hot["uncovered"] == 0 and hot["count"] == 200
     assert hot["write_ahead_log"]["bytes_after"] is not None and "cap_checkpoint" in hot["write_ahead_log"]
-    for stream in (hot, latency, path["selects_under_stream"]["200"]):  # the loop was probed through each stream
+    for stream in (hot, latency, spread, path["selects_under_stream"]["200"]):  # the loop was probed through each
         assert stream["loop_stalls"]["samples"] > 0 and stream["loop_stalls"]["over_budget"] >= 0
     relay = path["relay_floor"]                            # the broker's floor under the hot-plan figure
     assert [s["stage_ms"] for s in relay["stages"]][:1] == [0.0] and len(relay["stages"]) >= 3
@@ -59,6 +66,9 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert caches["ttl_60s"]["stale_serves"] > 0          # the workload does make cached plans stale
     assert {t["measure"].split(" (")[0] for t in result["targets"]} >= {
         "events/s per worker vs bare Faust agent", "subscriber p99, one hot plan", "select p99",
+        "subscriber p99, bench workload, 1,000 events/s, vs the same-rate bare relay",
+        "subscriber p99, 40-plan spread, 400 events/s, vs the same-rate bare relay",
+        "backlog, bench workload, 5,000 events/s",
         "100,000-plan fan-out, last announcement vs bare aiokafka producer", "total recompilations, 2 workers vs 1",
         "events/s, 2 workers vs 1", "take-over after kill -9", "stale serves", "unnecessary invalidations announced",
         "CPU s of each of 2 workers vs 1 worker", "state file of each of 4 workers vs 1 worker",
@@ -69,14 +79,18 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert "## Targets" in summary and "bare Faust agent" in summary and "plain_top_k" in summary
     assert "## 1, 2, 4 workers" in summary and "hot Atlas plan, 200/s" in summary
     assert "| serial stage ms |" in summary and "loop stalls > 20 ms |" in summary
+    assert "| 40-plan spread, 400/s |" in summary and "| relay p99 ms | p99 vs relay |" in summary
     plots = list(tmp_path.glob("*.png"))
-    assert len(plots) == 4 and all(p.stat().st_size > 5_000 for p in plots)
+    assert len(plots) == 5 and all(p.stat().st_size > 5_000 for p in plots)
+    assert f"beside the relay: `{result_file.stem}-latency.png`" in summary
+    assert f"![{result_file.stem}-latency.png]({result_file.stem}-latency.png)" in summary
     assert (tmp_path / result["quality"]["file"]).exists() and (tmp_path / result["profile"]["file"]).exists()
 
 
 
 def _result(stages: dict | None) -> dict:
-    return {"targets": [{"measure": "subscriber p99, one hot plan (Atlas), 200 events/s", "met": False}],
+    return {"targets": [{"measure": "subscriber p99, one hot plan (Atlas), 200 events/s, vs the same-rate bare relay",
+                         "met": False}],
             "invalidation_path": {"hot_plan": {"p99_ms": 80.0, "worker_stages": stages}}}
 
 
@@ -132,13 +146,15 @@ def test_a_missed_hot_plan_target_says_how_short_the_relay_needs_the_batch():
     stage = {"events": 1000, "count": 1000, "p50_ms": 20.0, "p95_ms": 30.0, "max_ms": 60.0, "lost": 0}
     result["invalidation_path"]["relay_floor"] = {"worker_batch_ms": 23.4, "stages": [
         dict(stage, stage_ms=0.0, p99_ms=38.2), dict(stage, stage_ms=10.0, p99_ms=47.9),
-        dict(stage, stage_ms=20.0, p99_ms=71.0)]}
+        dict(stage, stage_ms=20.0, p99_ms=71.0), dict(stage, stage_ms=23.4, p99_ms=80.0)]}
     said = " ".join(next_steps(result))
-    assert "a p99 of 38.2 ms with a 0 ms stage, 47.9 ms with a 10 ms stage, 71.0 ms with a 20 ms stage" in said
-    assert "The longest stage that kept the relay within 50 ms was 10 ms" in said
+    assert ("a p99 of 38.2 ms with a 0 ms stage, 47.9 ms with a 10 ms stage, 71.0 ms with a 20 ms stage, 80.0 ms "
+            "with a 23.4 ms stage; the hot plan's target is 76.4 ms (twice the unstaged relay's p99)") in said
+    assert "The longest stage that kept the relay within it was 20 ms" in said
     assert "the worker's took 23.4 ms" in said
-    for s in result["invalidation_path"]["relay_floor"]["stages"]:
-        s["p99_ms"] += 20
-    assert "Even without a stage two broker hops exceed 50 ms" in " ".join(next_steps(result))
+    result["invalidation_path"]["relay_floor"]["stages"][0]["p99_ms"] = 12.0  # a fast relay: 24 ms leaves no stage
+    assert "The longest stage that kept the relay within it was 0 ms" in " ".join(next_steps(result))
+    result["invalidation_path"]["relay_floor"]["stages"][0]["p99_ms"] = None  # the bare run measured nothing
+    assert "bare relay" not in " ".join(next_steps(result))
     result["invalidation_path"].pop("relay_floor")
     assert "bare relay" not in " ".join(next_steps(result))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.summary import longest_stage_within, relay_lines, scale_lines
+from bench.summary import longest_stage_within, relay_lines, scale_lines, subscriber_lines
 
 
 def _scale(sharded: bool = False, restore: dict | None = None) -> dict:
@@ -102,3 +102,25 @@ def test_relay_section_lists_each_stage_and_the_workers_batch():
     assert longest_stage_within(floor, 50)["stage_ms"] == 0.0
     assert longest_stage_within(floor, 30) is None
     assert relay_lines(None, None) == [] and relay_lines({"stages": []}, None) == []
+
+
+def _stream(p99: float, **over) -> dict:
+    return dict({"achieved_rate": 199.0, "count": 200, "p50_ms": p99 / 2, "p95_ms": p99 * 0.9, "p99_ms": p99,
+                 "max_ms": p99 * 1.2, "lag_at_end": 0, "backlog": False}, **over)
+
+
+def test_each_stream_is_shown_beside_the_same_rate_relay_with_the_p99_ratio():
+    path = {"hot_plan": _stream(60.0, rate=200.0),
+            "relay_floor": {"stages": [{"stage_ms": 10.0, "p50_ms": 30.0, "p99_ms": 45.0, "events": 200, "lost": 0},
+                                       {"stage_ms": 0.0, "p50_ms": 12.0, "p99_ms": 24.0, "events": 200, "lost": 0}]},
+            "spread": _stream(80.0, rate=400.0, plans=40, relay={"p50_ms": 9.0, "p99_ms": 20.0}),
+            "latency_by_rate": {"100": _stream(30.0, relay={"p50_ms": 8.0, "p99_ms": 15.0}),
+                                "400": _stream(50.0)}}  # its relay not measured
+    text = "\n".join(subscriber_lines(path, "2026-12-05-latency.png"))
+    assert "| hot Atlas plan, 200/s | 199.0 | 200 | 30.0 | 54.0 | 60.0 | 72.0 | 12.0 | 24.0 | 2.50x | 0 | no |" in text
+    assert "| 40-plan spread, 400/s | 199.0 | 200 | 40.0 | 72.0 | 80.0 | 96.0 | 9.0 | 20.0 | 4.00x |" in text
+    assert "| bench workload, 100/s | 199.0 | 200 | 15.0 | 27.0 | 30.0 | 36.0 | 8.0 | 15.0 | 2.00x |" in text
+    assert "| bench workload, 400/s | 199.0 | 200 | 25.0 | 45.0 | 50.0 | 60.0 | n/a | n/a | n/a |" in text
+    assert "one of 40 plans (round robin)" in text and "beside the relay: `2026-12-05-latency.png`" in text
+    bare = "\n".join(subscriber_lines({"latency_by_rate": {"100": _stream(30.0)}}))
+    assert "spread" not in bare and "latency.png" not in bare
