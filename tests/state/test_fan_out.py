@@ -65,6 +65,8 @@ def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | No
             patch.setattr("agents.plans.plan_writer.wall_now", lambda: "2026-11-30T10:00:00Z")
             # The reference: one Invalidation per plan (`announce_first._row_by_row`); else column-wise.
             patch.setattr("agents.plans.announce_first.FEW", 10**9 if reference else 0)
+            # Both announce first: a few plans touched through a resource they left out are compiled first otherwise.
+            patch.setattr("agents.plans.announce_first.COMPILE_FIRST", 0)
             bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
             inv.apply([raw(*EVENTS[event](bundle), offset=1000)], standby=True)
         return _written(state)
