@@ -52,6 +52,8 @@ class ShardState:
         """Partitions being restored right now (read by the loop to refuse their selects)."""
         self.copies: frozenset[int] = frozenset()
         """Held partitions that are warm standby copies, not owned (set by each move; not in the file)."""
+        self.moves = 0
+        """Moves ended (committed or rolled back): a reader off the writer that saw it change re-reads."""
 
     def partition_of(self, entity_id: str) -> int:
         """The entity partition of an entity id (its plans' partition too)."""
@@ -88,13 +90,15 @@ class ShardState:
             db.execute(f"INSERT INTO {_TABLE} SELECT unnest(?::INTEGER[])", [sorted(held)])
         self.held = frozenset(held)
 
-    def figures(self, store: Store | None = None) -> ShardFigures:
-        """Counts over the held partitions, read through `store` (a view's cursor off the writer)."""
+    def figures(self, store: Store | None = None, held: frozenset[int] | None = None) -> ShardFigures:
+        """Counts over the held partitions (or `held`, as the caller read it), read through `store` (a view's
+        cursor off the writer)."""
         db = (store or self.store).db
+        held = self.held if held is None else held
         rows = db.execute("SELECT entity, count(*) FROM resources WHERE entity IS NOT NULL AND NOT deleted "
                           "GROUP BY entity").fetchall()
-        by_partition = dict.fromkeys(sorted(self.held), 0)
-        entities = dict.fromkeys(sorted(self.held), 0)
+        by_partition = dict.fromkeys(sorted(held), 0)
+        entities = dict.fromkeys(sorted(held), 0)
         for entity, count in rows:
             partition = self.partition_of(entity)
             if partition in by_partition:

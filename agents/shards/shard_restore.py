@@ -64,6 +64,7 @@ class Shards:
 
     def settled(self) -> None:
         """The move's transaction has ended: no partition is being restored any more."""
+        self.state.moves += 1  # first: a reader that then sees `restoring` cleared sees the move ended too
         self.state.restoring = frozenset()
 
     def reload(self) -> None:

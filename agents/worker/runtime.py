@@ -70,16 +70,23 @@ class Worker:
     def shard_figures(self, state: LocalState) -> dict:
         """The /healthz `shard` section, read on the status thread (see `ShardState`)."""
         shards = self.ownership.shards
-        figures = shards.state.figures(state.store)
+        # A move runs on the writer meanwhile: `held` grows before its commit and `restoring` clears after it.
+        # Read in that order around the file's counts, and again if a move ended in between, so a shard is
+        # never shown held and not restoring with the counts of its partial file.
+        for _ in range(3):
+            moves, restoring, held = shards.state.moves, shards.state.restoring, shards.state.held
+            figures = shards.state.figures(state.store, held)
+            restoring = restoring | shards.state.restoring
+            if moves == shards.state.moves:
+                break
         owned = self.ownership.owned
-        held = shards.state.held
         serving = held - shards.standby
         (plans,) = state.store.db.execute("SELECT count(*) FROM plan_heads").fetchone()
         # Entity partitions are numbered as `plans` is (co-partitioned); `source-changes` is read whole by every
         # worker, its resources kept by entity, so no input topic is split.
         return {"partitions": {"plans": sorted(serving)}, "owned_partitions": sorted(owned or ()),
                 "resources": figures.resources(serving), "entities": figures.entities(serving), "plans": int(plans),
-                "restoring": sorted(shards.state.restoring), "incomplete": sorted(shards.incomplete),
+                "restoring": sorted(restoring), "incomplete": sorted(shards.incomplete),
                 "by_partition": {str(p): n for p, n in figures.by_partition.items() if p in serving},
                 "standby": {"partitions": sorted(shards.standby), "resources": figures.resources(shards.standby),
                             "entities": figures.entities(shards.standby),
