@@ -118,14 +118,22 @@ class QueryService:
             raise self.state_failed(exc) from None
         return self._answer(found)
 
-    async def select_async(self, doc: Any, run: Callable[..., Awaitable[Any]]) -> dict[str, Any]:
-        """As `select`, but a plan that must be compiled is compiled by `run` (the writer thread).
+    async def select_async(self, doc: Any, run: Callable[..., Awaitable[Any]],
+                           read: Callable[..., Awaitable[Any]] | None = None) -> dict[str, Any]:
+        """As `select`, but a plan that must be compiled is compiled by `run` (the writer thread), and a lookup
+        the head cache cannot answer reads the file through `read` (a thread with a cursor of its own;
+        None: this service's cursor, on the caller's thread).
 
-        The cache lookup reads this service's own cursor, so a hit never waits for a write.
+        The head cache answers from memory; a miss reads committed state, so no lookup waits for a write.
         """
         self._refuse_if_unreadable()
         try:
-            found = self._lookup(doc)
+            request, degraded = self._admit(doc)
+            found = self._held(request, degraded)
+            if found is None:
+                found = (self._read(request, degraded) if read is None else
+                         await read(lambda state: self._read(request, degraded, state)))
+            self.selected.add(found.key)
             if found.plan is None:
                 found = self._merge(await run(self._compile, found))
         except duckdb.Error as exc:
@@ -139,6 +147,15 @@ class QueryService:
 
     def _lookup(self, doc: Any) -> "Found":
         """Parse, check the guard, resolve the entity and look for a fresh plan: in memory, else in the file."""
+        request, degraded = self._admit(doc)
+        found = self._held(request, degraded)
+        if found is None:
+            found = self._read(request, degraded)
+        self.selected.add(found.key)
+        return found
+
+    def _admit(self, doc: Any) -> tuple[Any, list[str]]:
+        """The parsed request and the inputs that may make its answer less current; raises when the guard refuses."""
         if isinstance(doc, dict):
             doc = {k: v for k, v in doc.items() if k != "at_least_as_fresh"}
         request = parse_request(doc, self.limits)
@@ -146,11 +163,7 @@ class QueryService:
         if self.guard is not None:
             self.guard.check()
             degraded = self.guard.degraded()
-        found = self._held(request, degraded)
-        if found is None:
-            found = self._read(request, degraded)
-        self.selected.add(found.key)
-        return found
+        return request, degraded
 
     def _held(self, request, degraded: list[str]) -> "Found | None":
         """The answer from the head cache alone, if it holds the name and the key (no DuckDB read).
@@ -185,18 +198,20 @@ class QueryService:
         self.selects["selects.held"] += 1  # answered from memory, without reading the file
         return found
 
-    def _read(self, request, degraded: list[str]) -> "Found":
-        """Resolve and look the plan up in the file (one snapshot), and hold what was found."""
-        store = self.state.store
+    def _read(self, request, degraded: list[str], state: LocalState | None = None) -> "Found":
+        """Resolve and look the plan up in the file (one snapshot, through `state`'s cursor; this service's by
+        default), and hold what was found."""
+        state = self.state if state is None else state
+        store = state.store
         generation = store.heads.generation  # noted before the snapshot: a removal since refuses the fill
         # One snapshot: the token must name the state the plan was read from, not a later one.
         with store.transaction():
-            entity_id = resolve_entity(request.entity, self.state.catalog.entity_matches(request.entity))
+            entity_id = resolve_entity(request.entity, state.catalog.entity_matches(request.entity))
             partition = self.peers.foreign_partition(entity_id)
             if partition is not None:  # only the owner indexes its plans: a plan here may be stale
                 raise NotOwner(entity_id, partition)
             key = plan_key(request, entity_id)
-            plan = self.state.plans.fresh_plan(key)
+            plan = state.plans.fresh_plan(key)
             token = self.sign(store.position()) if plan is not None else None
         head = (Head(plan["plan_id"], orjson.dumps(plan)) if plan is not None and isinstance(plan.get("plan_id"), str)
                 else None)

@@ -23,6 +23,7 @@ from agents.web.forward import forward_request, owner_url
 from agents.web.metrics import Metrics
 from agents.web.query import QueryService
 from agents.web.routes import Api
+from agents.web.select_reads import SelectReads
 from agents.web.status import Status
 from state.local_state import LocalState
 from streams.settings import INPUT_TOPICS, Settings
@@ -63,9 +64,12 @@ class Worker:
     """Runs the timers and background loops: a failing one is logged, counted and retried, never fatal."""
     status: Status = field(init=False)
     """Answers /healthz and /metrics, reading the file on a thread of its own (never on the loop)."""
+    select_reads: SelectReads = field(init=False)
+    """Reads the file for selects the head cache cannot answer, on a thread of its own (never on the loop)."""
 
     def __post_init__(self) -> None:
         self.status = Status(self.state.reader(), self.query, self.metrics, self.details, self.shard_figures)
+        self.select_reads = SelectReads(self.state.reader())
 
     def shard_figures(self, state: LocalState) -> dict:
         """The /healthz `shard` section, read on the status thread (see `ShardState`)."""
@@ -111,7 +115,7 @@ class Worker:
         """The narrow view of this worker that its HTTP routes get."""
         reader = self.reader
         return Api(settings=self.settings, query=self.query,
-                   select=lambda body: self.query.select_async(body, self.writer.run),
+                   select=lambda body: self.query.select_async(body, self.writer.run, self.select_reads.run),
                    applied=reader.store.next_offsets, incarnation=reader.store.incarnation,
                    incarnation_checked=self._incarnation_checked,
                    receipt=reader.plans.receipt, publish=self.publisher.publish, pause=self.replica.pause,
@@ -150,7 +154,8 @@ class Worker:
                 "parked_plans": figures["parked_plans"], "standby_outbox": figures["standby_outbox"],
                 # announced plans whose successors the backlog has not compiled yet
                 "recompile_queue": figures["recompile_queue"],
-                "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs}, **self.probe.as_dict(),
+                "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs},
+                "select_reads": self.select_reads.reads, **self.probe.as_dict(),
                 "gc": self.collector.as_dict(), "checkpoints": self.state.store.checkpoints.as_dict(),
                 "background_jobs": self.chores.as_dict()}
 
@@ -169,6 +174,7 @@ class Worker:
         """Let the writer finish its job, then close the file (after the app has stopped)."""
         self.writer.close()
         self.status.close()
+        self.select_reads.close()
         self._forget_acknowledged()
         self.collector.remove()
         self.status.state.store.close()
