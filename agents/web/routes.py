@@ -53,7 +53,7 @@ class Api:
     select: Callable[[Any], Awaitable[dict[str, Any]]]
     """Answer a select body (a cache hit on the loop's cursor, a miss compiled by the writer)."""
     applied: Callable[[], dict[str, dict[int, int]]]
-    """Next offsets applied per input topic and partition."""
+    """Next offsets applied per input topic and partition (the replica's, kept in memory as of its last commit)."""
     incarnation: Callable[[], tuple[str | None, int]]
     """(cluster id, rebase epoch) the applied offsets belong to."""
     incarnation_checked: Callable[[], Awaitable[bool]]

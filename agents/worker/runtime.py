@@ -116,7 +116,7 @@ class Worker:
         reader = self.reader
         return Api(settings=self.settings, query=self.query,
                    select=lambda body: self.query.select_async(body, self.writer.run, self.select_reads.run),
-                   applied=reader.store.next_offsets, incarnation=reader.store.incarnation,
+                   applied=lambda: self.replica.positions, incarnation=reader.store.incarnation,
                    incarnation_checked=self._incarnation_checked,
                    receipt=reader.plans.receipt, publish=self.publisher.publish, pause=self.replica.pause,
                    resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.status.metrics_text,
