@@ -163,8 +163,10 @@ class Ownership:
         if not unknown:
             return TakeOver()
         now = self.state.store.now()
-        heads = self.state.plans.heads_stamped(sorted({key for _, key, _ in unknown}), parse=False)
-        fresh = [(key, head.plan_id) for key, head in heads.items() if head.status == "fresh"]
+        # Ids and status only: the heads' requests (read here before) are not needed to announce them.
+        fresh = self.state.store.db.execute(
+            "SELECT h.plan_key, h.plan_id FROM plan_heads h JOIN plans p USING (plan_id) WHERE p.status = 'fresh' "
+            "AND h.plan_key IN (SELECT unnest(?::VARCHAR[]))", [sorted({key for _, key, _ in unknown})]).fetchall()
         announced = self._announce_orphans(fresh, now)
         caught = self.take_over(kept, [plan_id for plan_id, _, _ in unknown])
         judged = set(caught.stale)  # one that cannot stand in for a compilation is followed by nobody here
