@@ -172,9 +172,12 @@ class ParkedPlans:
                 column.append(value)
         types = {"partition": pa.int32(), "progress": pa.int64(), "live": pa.bool_(), "valid_until": _WHEN}
         rows = pa.table({name: pa.array(values, types.get(name, pa.string())) for name, values in columns.items()})
-        updated = ", ".join(f"{name} = excluded.{name}" for name in columns if name != "plan_key")
-        self.store.insert_rows("parked_plans", rows, verb="INSERT INTO",
-                               on_conflict=f"ON CONFLICT (plan_key) DO UPDATE SET {updated}")
+        # Deleted and written again, not upserted: an upsert replacing 6,000 held records cost DuckDB 14.8 s
+        # (11 s of it at commit), a delete and an insert 3.3-4.7 s (measured, batches of 500, single-threaded).
+        replaced = [key for key in latest if key in held]
+        if replaced:
+            self.db.execute("DELETE FROM parked_plans WHERE plan_key IN (SELECT unnest(?::VARCHAR[]))", [replaced])
+        self.store.insert_rows("parked_plans", rows, verb="INSERT INTO")
         return {key: record for key, (_, record, _) in latest.items()}
 
     def forget(self, plan_keys: list[str]) -> None:
