@@ -36,6 +36,7 @@ SUPERSEDED_KEPT = 8  # plan ids a key's lineage replaced, remembered so that a l
 DEPS_TYPE = '["VARCHAR"]'
 AS_OF_TYPE = '[{"topic": "VARCHAR", "partition": "INTEGER", "next_offset": "BIGINT"}]'
 _WHEN = pa.timestamp("us", tz="UTC")
+IN_LIST = 250  # ids `records_of` gives DuckDB as values (200 of 20,000: 0.06 s against 0.11 s; slower from 1,000)
 
 
 def progress(record: Mapping[str, Any]) -> int:
@@ -197,8 +198,12 @@ class ParkedPlans:
         """The parked records with these plan ids, each with whether it is restorable."""
         if not plan_ids:
             return []
-        rows = self.db.execute("SELECT record, unrestorable IS NULL FROM parked_plans "
-                               "WHERE plan_id IN (SELECT unnest(?::VARCHAR[]))", [plan_ids]).fetchall()
+        if len(plan_ids) <= IN_LIST:  # a list of values is looked up in `parked_plans_plan`; a subquery scans records
+            rows = self.db.execute("SELECT record, unrestorable IS NULL FROM parked_plans WHERE plan_id IN "
+                                   f"({', '.join('?' * len(plan_ids))})", plan_ids).fetchall()
+        else:
+            rows = self.db.execute("SELECT record, unrestorable IS NULL FROM parked_plans "
+                                   "WHERE plan_id IN (SELECT unnest(?::VARCHAR[]))", [plan_ids]).fetchall()
         return [(orjson.loads(text), ok) for text, ok in rows]
 
     def unknown(self, partitions: Collection[int]) -> list[tuple[str, str, bool]]:

@@ -6,6 +6,7 @@ import orjson
 
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
+from state import parked_plans
 from state.parked_plans import ParkedPlans
 from state.plan_restore import restore_parked
 from state.store import Store
@@ -142,3 +143,15 @@ def test_a_record_keeps_the_receipt_of_its_own_plan_and_a_file_parked_before_tha
                 .fetchall()] == [("r1", own["receipt"])]
     finally:
         state.close()
+
+
+def test_records_are_found_by_id_the_same_from_a_list_of_values_or_a_list_parameter(tmp_path, monkeypatch):
+    store = Store(tmp_path / "f.duckdb")
+    try:
+        parked = ParkedPlans(store, 4)
+        parked.park([RECORD, dict(RECORD, plan_id="p2", plan_key="pk-2"), dict(RECORD, plan_id="p3", plan_key="pk-3")])
+        by_values = sorted(r["plan_id"] for r, _ in parked.records_of(["p1", "p3", "gone"]))
+        monkeypatch.setattr(parked_plans, "IN_LIST", 1)
+        assert sorted(r["plan_id"] for r, _ in parked.records_of(["p1", "p3", "gone"])) == by_values == ["p1", "p3"]
+    finally:
+        store.close()
