@@ -1,4 +1,4 @@
-"""Announcements of plans no index here follows, written column-wise: one sample record, each plan's id put in by SQL."""
+"""Announcements of plans no index here follows, written column-wise: one sample record, the ids put in by SQL."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ def announce(store: Store, outbox: Outbox, pairs: list[tuple[str, str]], sample:
             + 3 * 2 + RECORD_OVERHEAD_BYTES
         outbox.add_selected(f"SELECT ? AS topic, encode(plan_id) AS key, encode({value}) AS value, NULL::VARCHAR, "
                             f"NULL::INTEGER, NULL::BIGINT FROM {_PAIRS} ORDER BY pos", [topic, record], False, largest)
-        reason, history_cause = sample.reason, _filled("?", [(fills[0][0], fills[0][1].replace("plan_id", "o.plan_id"))])
+        reason = sample.reason
+        history_cause = _filled("?", [(fills[0][0], fills[0][1].replace("plan_id", "o.plan_id"))])
         db.execute("INSERT INTO plan_history (plan_id, reason, cause, successor_plan_id, invalidated_at) "
                    f"SELECT plan_id, ?, {history_cause}, NULL, ? FROM {_PAIRS} o ORDER BY pos", [reason, cause, at])
         store.heads.remove_plans([i for _, i in pairs])

@@ -26,8 +26,8 @@ CREATE TABLE IF NOT EXISTS parked_plans (plan_key VARCHAR PRIMARY KEY, partition
 _RECEIPT_OF_RECORD = """
 UPDATE parked_plans SET receipt = json_extract(record, '$.receipt')::VARCHAR
 WHERE unrestorable IS NULL AND json_extract_string(record, '$.receipt.receipt_id') = receipt_id
-  AND json_extract_string(record, '$.receipt.plan_id') = plan_id AND json_type(record, '$.receipt.receipt_id') = 'VARCHAR'
-  AND json_type(record, '$.receipt.plan_id') = 'VARCHAR'
+  AND json_extract_string(record, '$.receipt.plan_id') = plan_id
+  AND json_type(record, '$.receipt.receipt_id') = 'VARCHAR' AND json_type(record, '$.receipt.plan_id') = 'VARCHAR'
 """
 SUPERSEDED_KEPT = 8  # plan ids a key's lineage replaced, remembered so that a late copy of one is known
 # deps (a JSON array of keys) and as_of (a JSON array of {topic, partition, next_offset}) are
