@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterable
 
+import duckdb
 import pyarrow as pa
 
 from compiler import dependency_keys as dk
@@ -24,6 +25,8 @@ LIST_INSERT = 5_000  # edges written from list parameters; more through an Arrow
 EDGELESS_MEMO = "index.edgeless"
 EDGELESS_ENTRIES = 20_000  # keys remembered before the set starts over (a miss only costs a lookup)
 
+_DIFF = "_edge_diff"  # the edges to delete (by rowid) and to insert, for one statement each
+
 
 def replace_edges(store: Store, plan_keys: str, edges: str, params: list | None = None) -> None:
     """Make the edges of the plan keys `plan_keys` selects exactly the (dep_key, plan_key) rows `edges` selects.
@@ -33,14 +36,23 @@ def replace_edges(store: Store, plan_keys: str, edges: str, params: list | None 
     recompiled plans cost 9.7 s at commit, against 0.7 s for the 20,000 that changed (measured).
     Both queries are SQL over the caller's relations (registered tables or subqueries on `params`).
     """
-    held = f"SELECT dep_key, plan_key FROM dependency_index SEMI JOIN ({plan_keys}) k USING (plan_key)"
     db = store.db
     store.forget(EDGELESS_MEMO)  # the edges written are known only to SQL here
-    db.execute(f"DELETE FROM dependency_index WHERE rowid IN (SELECT d.rowid FROM dependency_index d "
-               f"SEMI JOIN ({plan_keys}) k USING (plan_key) ANTI JOIN ({edges}) e USING (dep_key, plan_key))",
+    # Both sides of the difference from one full join: an anti join each way read and hashed the
+    # 800,000 edges of a 20,000-plan restart twice (0.8 s against 0.5 s, single-threaded).
+    db.execute(f"CREATE OR REPLACE TEMP TABLE {_DIFF} AS SELECT h.rid, e.dep_key, e.plan_key "
+               f"FROM (SELECT d.rowid AS rid, dep_key, plan_key FROM dependency_index d "
+               f"SEMI JOIN ({plan_keys}) k USING (plan_key)) h FULL JOIN ({edges}) e "
+               "ON h.dep_key = e.dep_key AND h.plan_key = e.plan_key WHERE h.rid IS NULL OR e.plan_key IS NULL",
                params or [])
-    db.execute(f"INSERT INTO dependency_index SELECT dep_key, plan_key FROM ({edges}) e "
-               f"ANTI JOIN ({held}) h USING (dep_key, plan_key)", params or [])
+    try:
+        db.execute(f"DELETE FROM dependency_index WHERE rowid IN (SELECT rid FROM {_DIFF} WHERE rid IS NOT NULL)")
+        db.execute(f"INSERT INTO dependency_index SELECT dep_key, plan_key FROM {_DIFF} WHERE rid IS NULL")
+    finally:
+        try:
+            db.execute(f"DROP TABLE IF EXISTS {_DIFF}")
+        except duckdb.Error:  # the transaction failed: its rollback drops the table, and the caller sees why
+            pass
 
 
 class DependencyIndex:

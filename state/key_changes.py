@@ -239,9 +239,11 @@ class KeyChanges:
 
 
 # One row per stale plan. Reasons in order of preference: the event that changed a key (a real
-# cause to name), a passed time horizon, then the two "cannot tell" cases, which deny.
+# cause to name), a passed time horizon, then the two "cannot tell" cases, which deny. The plans and
+# their keys are materialized: each is read by several branches, and a restart's 20,000 parked plans
+# were otherwise parsed from JSON and unnested once a branch (0.8 s against 0.6 s, measured).
 _STALE_SQL = """
-d AS (SELECT plan_id, as_of_id, unnest(deps) AS dep_key FROM _kc_plans WHERE NOT foreign_offsets),
+d AS MATERIALIZED (SELECT plan_id, as_of_id, unnest(deps) AS dep_key FROM _kc_plans WHERE NOT foreign_offsets),
 changed AS (
   SELECT d.plan_id, d.dep_key, k.topic, k.partition, k.change_offset AS "offset", 0 AS rank, k.event_id
   FROM d JOIN key_changes k ON k.dep_key = d.dep_key
@@ -267,7 +269,7 @@ QUALIFY row_number() OVER (PARTITION BY plan_id ORDER BY rank, dep_key, "offset"
 # The two inputs of _STALE_SQL over parked plans: each plan's key is its as_of id.
 # {parked} is the parked rows judged: "parked_plans WHERE ..." (the partitions are $3).
 _PARKED_SQL = f"""
-_kc_plans AS (
+_kc_plans AS MATERIALIZED (
   SELECT plan_id, plan_key AS as_of_id, $2::VARCHAR IS NULL OR compiled_in IS DISTINCT FROM $2 AS foreign_offsets,
          coalesce(len(deps), 0) = 0 AS no_keys, deps
   FROM (SELECT plan_id, plan_key, compiled_in, from_json(deps, '{DEPS_TYPE}') AS deps

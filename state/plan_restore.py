@@ -285,14 +285,9 @@ def _restore_parked(store: Store, owned: list[int], compiled_at: datetime | None
     db.execute("INSERT INTO plans SELECT plan_id, plan_key, 'fresh', live, valid_until, request, plan, receipt_id, "
                f"NULL, NULL, NULL, $2::TIMESTAMPTZ, NULL FROM (SELECT * FROM {mine}) ANTI JOIN plans USING (plan_id)",
                [owned, compiled_at])
-    # The parked record keeps the receipt whole; as in `_receipt`, only a receipt of the record's own plan counts
-    # (ids of another JSON type do not: their extracted text can equal a string id).
+    # A receipt of the record's own plan, kept when it was parked (`_receipt`).
     db.execute("INSERT INTO receipts (receipt_id, plan_id, receipt, stored_at) SELECT DISTINCT ON (receipt_id) "
-               f"receipt_id, plan_id, json_extract(record, '$.receipt')::VARCHAR, $2::TIMESTAMPTZ FROM {mine} "
-               "AND json_extract_string(record, '$.receipt.receipt_id') = receipt_id "
-               "AND json_extract_string(record, '$.receipt.plan_id') = plan_id "
-               "AND json_type(record, '$.receipt.receipt_id') = 'VARCHAR' "
-               "AND json_type(record, '$.receipt.plan_id') = 'VARCHAR' "
+               f"receipt_id, plan_id, receipt, $2::TIMESTAMPTZ FROM {mine} AND receipt IS NOT NULL "
                "AND receipt_id NOT IN (SELECT receipt_id FROM receipts)", [owned, compiled_at])
     # Invalidated ones too are their keys' heads, indexed: the caller announces them again and queues their keys,
     # so no parked plan of an owned key is left neither current nor announced (a peer may serve it again).

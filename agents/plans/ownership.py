@@ -10,6 +10,7 @@ from typing import Any, Collection, Protocol, Sequence
 
 from schemas.outbound import Cause
 from schemas.plan_partition import plan_partition
+from state import orphan_announcements
 from state.key_changes import KeyChanges, PlanPosition, Staleness
 from state.local_state import LocalState
 from state.parked_plans import ParkedPlans
@@ -162,8 +163,10 @@ class Ownership:
         if not unknown:
             return TakeOver()
         now = self.state.store.now()
-        heads = self.state.plans.heads_stamped(sorted({key for _, key, _ in unknown}), parse=False)
-        fresh = [(key, head.plan_id) for key, head in heads.items() if head.status == "fresh"]
+        # Ids and status only: the heads' requests (read here before) are not needed to announce them.
+        fresh = self.state.store.db.execute(
+            "SELECT h.plan_key, h.plan_id FROM plan_heads h JOIN plans p USING (plan_id) WHERE p.status = 'fresh' "
+            "AND h.plan_key IN (SELECT unnest(?::VARCHAR[]))", [sorted({key for _, key, _ in unknown})]).fetchall()
         announced = self._announce_orphans(fresh, now)
         caught = self.take_over(kept, [plan_id for plan_id, _, _ in unknown])
         judged = set(caught.stale)  # one that cannot stand in for a compilation is followed by nobody here
@@ -257,15 +260,22 @@ class Ownership:
         return again
 
     def _announce_orphans(self, plans: Sequence[tuple[str, str]], now) -> list[str]:
-        """Announce (plan key, plan id) pairs that no index here follows; their ids."""
+        """Announce (plan key, plan id) pairs that no index here follows; their ids.
+
+        Each is its own record's cause, so they differ only in id and key: one sample announcement,
+        the ids filled in by SQL (a restart may announce 20,000 heads it no longer follows).
+        """
+        pairs = list(dict.fromkeys(plans))
+        if not pairs:
+            return []
+        plan_hole, key_hole = orphan_announcements.holes()
         memo: dict = {}
-        announced = [self.plans.caused(plan_id, key, "plan-dependencies", _record_cause(plan_id, memo), None, now, memo,
-                                       reason="stale_on_arrival", quiet=True) for key, plan_id in dict.fromkeys(plans)]
-        if announced:
-            self.plans.announce(announced)
-            self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
-            self.state.store.bump_many({"invalidations": len(announced), "plans_displaced": len(announced)})
-        return [e.plan_id for e in announced]
+        sample = self.plans.caused(plan_hole, key_hole, "plan-dependencies", _record_cause(plan_hole, memo), None, now,
+                                   memo, reason="stale_on_arrival", quiet=True)
+        orphan_announcements.announce(self.state.store, self.state.outbox, pairs, sample,
+                                      self.plans.topic_of("plan-invalidations"), now)
+        self.state.store.bump_many({"invalidations": len(pairs), "plans_displaced": len(pairs)})
+        return [plan_id for _, plan_id in pairs]
 
     def _settle(self, records: Sequence[dict[str, Any]], stale: dict[str, Staleness], restored: set[str],
                 known_invalidated: Collection[str], considered: int, restored_count: int, started: float,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import orjson
 
 from schemas.plan_partition import plan_partition
+from state.local_state import LocalState
+from state import parked_plans
 from state.parked_plans import ParkedPlans
+from state.plan_restore import restore_parked
 from state.store import Store
 
 RECORD = {"plan_id": "p1", "plan_key": "pk-1", "entity_id": "E1", "request": {"decision_time": "now"},
@@ -114,5 +117,41 @@ def test_a_file_parked_before_the_plan_id_index_gets_it_and_finds_each_plan_by_i
         parked.park([dict(RECORD, plan_id="p2", replaces="p1")])
         assert [r["plan_id"] for r, _ in parked.records_of(["p1", "p2"])] == ["p2"]  # the replaced id is gone
         assert store.db.execute("SELECT plan_key FROM parked_plans WHERE plan_id = 'p2'").fetchall() == [("pk-1",)]
+    finally:
+        store.close()
+
+
+def test_a_record_keeps_the_receipt_of_its_own_plan_and_a_file_parked_before_that_gets_it(tmp_path):
+    own = dict(RECORD, receipt={"receipt_id": "r1", "plan_id": "p1", "withheld": []})
+    other = dict(RECORD, plan_id="p2", plan_key="pk-2", receipt_id="r2", receipt={"receipt_id": "r2", "plan_id": "p1"})
+    store = Store(tmp_path / "old.duckdb")
+    ParkedPlans(store, 4).park([own, other])
+    assert orjson.loads(_row(store, "pk-1")["receipt"]) == own["receipt"] and _row(store, "pk-2")["receipt"] is None
+    # As files of 2026-12-05 were: the plan id index, no receipt column (a restore read it out of each record).
+    store.db.execute("DROP INDEX parked_plans_plan")
+    store.db.execute("ALTER TABLE parked_plans DROP COLUMN receipt")
+    store.db.execute("CREATE INDEX parked_plans_plan ON parked_plans (plan_id)")
+    store.close()
+    state = LocalState.open(tmp_path / "old.duckdb")  # with the receipts table a restore writes
+    store = state.store
+    try:
+        ParkedPlans(store, 4)
+        assert orjson.loads(_row(store, "pk-1")["receipt"]) == own["receipt"] and _row(store, "pk-2")["receipt"] is None
+        with store.transaction():
+            restore_parked(store, range(4), compiled_at=None)
+        assert [(i, orjson.loads(r)) for i, r in store.db.execute("SELECT receipt_id, receipt FROM receipts")
+                .fetchall()] == [("r1", own["receipt"])]
+    finally:
+        state.close()
+
+
+def test_records_are_found_by_id_the_same_from_a_list_of_values_or_a_list_parameter(tmp_path, monkeypatch):
+    store = Store(tmp_path / "f.duckdb")
+    try:
+        parked = ParkedPlans(store, 4)
+        parked.park([RECORD, dict(RECORD, plan_id="p2", plan_key="pk-2"), dict(RECORD, plan_id="p3", plan_key="pk-3")])
+        by_values = sorted(r["plan_id"] for r, _ in parked.records_of(["p1", "p3", "gone"]))
+        monkeypatch.setattr(parked_plans, "IN_LIST", 1)
+        assert sorted(r["plan_id"] for r, _ in parked.records_of(["p1", "p3", "gone"])) == by_values == ["p1", "p3"]
     finally:
         store.close()
