@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from typing import Any, Awaitable, Callable
 
+import duckdb
 import orjson
 from aiokafka import AIOKafkaConsumer
 
@@ -22,6 +24,8 @@ from streams.admin import stop_within
 from streams.partitions import discover
 
 log = logging.getLogger(__name__)
+
+STATE_RETRY_SECONDS = 5.0  # between attempts to follow the topic again once the state file failed
 
 
 class PlanFeed:
@@ -47,6 +51,7 @@ class PlanFeed:
         self.counts: Counter[str] = Counter()
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
         self.run_writes = run  # runs reads and writes of the state on the writer thread
+        self.state_failures = 0  # times the state file failed under the feed (it then waits and reads again)
 
     async def run(self) -> None:
         """Consume and adopt until cancelled."""
@@ -59,21 +64,35 @@ class PlanFeed:
             await consumer.start()
             tps = await discover(consumer, [self.topic], attempts=None)
             consumer.assign(tps)
-            positions = await self.run_writes(self._positions)
-            for tp in tps:
-                if tp.partition in positions:
-                    consumer.seek(tp, positions[tp.partition])
-                else:
-                    await consumer.seek_to_beginning(tp)
             while True:
-                batch = await consumer.getmany(timeout_ms=200, max_records=500)
-                records = [(tp.partition, m.offset, m.value, m.key) for tp, ms in batch.items() for m in ms]
-                if records:
-                    await self._ingest_isolated(records)
-                    if self.after_apply:
-                        self.after_apply()
+                try:
+                    await self._follow(consumer, tps)
+                except duckdb.Error as exc:
+                    # The file itself fails (damaged, its disk gone): selects are refused already, and the
+                    # worker stays up to say so. Nothing read since the saved positions counts as ingested.
+                    self.state_failures += 1
+                    log.error("the state file failed under the plan feed (%s); it reads plan-dependencies again "
+                              "from its saved positions in %.0f s", type(exc).__name__, STATE_RETRY_SECONDS,
+                              extra={"error_class": "state_unreadable"})
+                    await asyncio.sleep(STATE_RETRY_SECONDS)
         finally:
             await stop_within(consumer)
+
+    async def _follow(self, consumer: AIOKafkaConsumer, tps: list) -> None:
+        """From the saved positions on, ingest until cancelled (or until the state file fails)."""
+        positions = await self.run_writes(self._positions)
+        for tp in tps:
+            if tp.partition in positions:
+                consumer.seek(tp, positions[tp.partition])
+            else:
+                await consumer.seek_to_beginning(tp)
+        while True:
+            batch = await consumer.getmany(timeout_ms=200, max_records=500)
+            records = [(tp.partition, m.offset, m.value, m.key) for tp, ms in batch.items() for m in ms]
+            if records:
+                await self._ingest_isolated(records)
+                if self.after_apply:
+                    self.after_apply()
 
     async def _ingest_isolated(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
         """Ingest a batch; if it fails, one record at a time, skipping (and counting) any that fails."""

@@ -128,3 +128,23 @@ def test_the_check_passes_a_file_a_checkpoint_shrank(tmp_path):
     assert check(path) is None
     os.truncate(path, 3 * 4096 + block_size)  # now a block its table needs is gone
     assert "truncated" in (check(path) or "")
+
+
+async def test_a_plan_record_arriving_after_the_file_failed_does_not_stop_the_worker(worker):
+    from tests.conftest import eventually
+
+    path = await _stopped_with_state(worker)
+    await worker.restart()
+    os.truncate(path, 3 * 4096)
+    # The plan feed must write what it reads (or that it skipped it): with the file gone, that write failed too,
+    # and the feed's task took the worker down with it.
+    await worker.publish([("plan-dependencies", b"plan-key", b'{"not": "a plan record"}')])
+
+    async def met() -> bool:  # the feed read the record and met the file (or the worker died of it)
+        return worker.proc.poll() is not None or (
+            "the state file failed under the plan feed" in worker.log_path.read_text(errors="replace"))
+
+    await eventually(met, timeout=30, what="the plan feed meeting the failed file")
+    assert worker.proc.poll() is None  # the feed waits to read again; the worker stays up, refusing
+    assert (await worker.select(ATLAS_REQUEST, expect=503))["error"]["code"] == "state_unreadable"
+    worker.kill()  # its shutdown would checkpoint into the damaged file
