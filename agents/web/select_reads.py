@@ -18,9 +18,9 @@ class SelectReads:
     """Runs a select's cache-miss lookup (entity names, the key's fresh plan, the token's position) on one thread.
 
     The loop also carries the replica's fetches, the publisher's sends and every other request.
-    A DuckDB read there waits whenever the writer holds the file's checkpoint lock: under 1,000
-    events/s the bench saw such reads hold the loop up to 5 s (cached select p99 1.3 s, and the
-    announcements of the events behind them waited as long). Memory hits stay on the loop.
+    A DuckDB read there takes what the writer leaves it: under 1,000 events/s such reads held the
+    loop up to 5 s (cached select p99 1.3 s, and the announcements of the events behind them
+    waited as long). Memory hits stay on the loop.
     """
 
     def __init__(self, state: "LocalState") -> None:
