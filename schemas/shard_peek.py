@@ -17,6 +17,8 @@ class Peek:
     """The resource's id, for a resource upsert."""
     entity: str | None
     """The entity a resource upsert is about; None for anything else (a delete names no entity)."""
+    version: int | None = None
+    """The version a resource upsert carries, when it is an integer."""
 
 
 def peek(value: bytes | None) -> Peek | None:
@@ -36,4 +38,5 @@ def peek(value: bytes | None) -> Peek | None:
     body = doc.get("resource")
     if not isinstance(body, dict) or not isinstance(body.get("id"), str) or not isinstance(body.get("entity"), str):
         return None
-    return Peek(kind, body["id"], body["entity"])
+    version = body.get("version")
+    return Peek(kind, body["id"], body["entity"], version if type(version) is int else None)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
+
+import orjson
 
 MAX_HEADS = 50_000  # past this, the oldest entries go: a miss only costs a DuckDB read
 MAX_HEAD_BYTES = 64 * 1024 * 1024  # and past this many bytes of plan documents (a plan carries what it admits)
@@ -19,6 +21,22 @@ class Head:
     """The plan's id."""
     plan: bytes
     """The stored plan document, as JSON (parsed per answer: smaller than the parsed form, never shared)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admitting:
+    """A held head that admitted a resource: an edit of that resource makes it stale."""
+
+    plan_key: str
+    """The head's plan key."""
+    plan_id: str
+    """The head's plan id."""
+    version: int
+    """The version of the resource the head admitted."""
+    entity_id: str | None
+    """The entity the plan is about (its partition says who owns the plan)."""
+    principal: str | None = None
+    """The principal the plan was compiled for."""
 
 
 class HeadCache:
@@ -58,12 +76,50 @@ class HeadCache:
         self.version = 0  # bumped by every change: a consistency check skips a lookup that raced one
         self.max_heads, self.max_names, self.max_bytes = max_heads, max_names, max_bytes
         self._bytes = 0  # plan document bytes held
+        # resource id -> plan key -> what that held head admitted of it (see `admitting`)
+        self._admitted: dict[str, dict[str, Admitting]] = {}
+        self._admits: dict[str, tuple[str, ...]] = {}  # plan key -> resource ids it is indexed under
+        self._asked: dict[str, dict[str, Admitting]] = {}  # principal -> plan key -> its head (version 0)
+        self._principal_of: dict[str, str] = {}  # plan key -> the principal it is indexed under
+        self._watchers: list[Callable[[list[str]], object]] = []  # told of the keys each commit or fill put
+        self._put_keys: list[str] = []  # keys put under the lock, told to the watchers after it
 
     # -- the event loop's side ---------------------------------------------------------------
 
     def head(self, plan_key: str) -> Head | None:
         """The key's fresh head, if known here."""
         return self._heads.get(plan_key)
+
+    def admitting(self, resource_id: str) -> list[Admitting]:
+        """The held heads that admitted this resource (the fast path's index: `agents.stream.fast_path`)."""
+        with self._lock:
+            found = self._admitted.get(resource_id)
+            return list(found.values()) if found else []
+
+    def asked_by(self, principal: str) -> list[Admitting]:
+        """The held heads compiled for this principal (`version` is 0: no resource is named)."""
+        with self._lock:
+            found = self._asked.get(principal)
+            return list(found.values()) if found else []
+
+    def principal_of(self, plan_key: str) -> str | None:
+        """The principal the key's held head was compiled for."""
+        with self._lock:
+            return self._principal_of.get(plan_key)
+
+    def admitted_by(self, plan_key: str) -> list[tuple[str, Admitting]]:
+        """(resource id, what the head admitted of it) for each resource the key's held head admitted."""
+        with self._lock:
+            return [(rid, self._admitted[rid][plan_key]) for rid in self._admits.get(plan_key, ())
+                    if plan_key in self._admitted.get(rid, {})]
+
+    def watch(self, callback: Callable[[list[str]], object]) -> None:
+        """Call `callback` with the plan keys each commit or fill made held (on the thread that made them)."""
+        self._watchers.append(callback)
+
+    def _tell(self, keys: list[str]) -> None:
+        for callback in self._watchers if keys else ():
+            callback(keys)
 
     def entity(self, name: str) -> str | None:
         """The one canonical entity id this requested name resolved to, if known here."""
@@ -82,7 +138,9 @@ class HeadCache:
                     self._names.pop(next(iter(self._names)))
                 self._names[name] = entity_id
             self.version += 1
-            return True
+            put, self._put_keys = self._put_keys, []
+        self._tell(put)
+        return True
 
     # -- the writer's side -------------------------------------------------------------------
 
@@ -148,6 +206,8 @@ class HeadCache:
                 self.generation += 1
             self.version += 1
             self._reset()
+            put, self._put_keys = self._put_keys, []
+        self._tell(put)
 
     def rolled_back(self) -> None:
         """The writer's transaction rolled back: what it stored never happened."""
@@ -175,12 +235,40 @@ class HeadCache:
         self._heads[plan_key] = head
         self._keys_by_id[head.plan_id] = plan_key
         self._bytes += len(head.plan)
+        self._index(plan_key, head)
+        if self._watchers:
+            self._put_keys.append(plan_key)
+
+    def _index(self, plan_key: str, head: Head) -> None:
+        """Index a head under the resources it admitted (a document that does not parse is not indexed)."""
+        try:
+            doc = orjson.loads(head.plan)
+            entity_id = doc.get("entity_id")
+            principal = (doc.get("request") or {}).get("principal")
+            admitted = {item["resource_id"]: int(item["version"]) for item in doc.get("admitted") or ()}
+        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+            return
+        entity_id = entity_id if isinstance(entity_id, str) else None
+        principal = principal if isinstance(principal, str) else None
+        for rid, version in admitted.items():
+            self._admitted.setdefault(rid, {})[plan_key] = Admitting(plan_key, head.plan_id, version, entity_id,
+                                                                       principal)
+        self._admits[plan_key] = tuple(admitted)
+        if principal is not None:
+            self._asked.setdefault(principal, {})[plan_key] = Admitting(plan_key, head.plan_id, 0, entity_id,
+                                                                          principal)
+            self._principal_of[plan_key] = principal
 
     def _drop(self, plan_key: str) -> None:
         old = self._heads.pop(plan_key, None)
         if old is not None:
             self._keys_by_id.pop(old.plan_id, None)
             self._bytes -= len(old.plan)
+        for rid in self._admits.pop(plan_key, ()):
+            _unindex(self._admitted, rid, plan_key)
+        principal = self._principal_of.pop(plan_key, None)
+        if principal is not None:
+            _unindex(self._asked, principal, plan_key)
 
     def _remove(self, keys: set[str], pending: bool = True) -> None:
         for key in keys:
@@ -193,6 +281,18 @@ class HeadCache:
     def _clear_heads(self) -> None:
         self._heads.clear()
         self._keys_by_id.clear()
+        self._admitted.clear()
+        self._admits.clear()
+        self._asked.clear()
+        self._principal_of.clear()
         self._bytes = 0
         self.generation += 1
         self.version += 1
+
+
+def _unindex(index: dict[str, dict[str, Admitting]], name: str, plan_key: str) -> None:
+    holders = index.get(name)
+    if holders is not None:
+        holders.pop(plan_key, None)
+        if not holders:
+            del index[name]

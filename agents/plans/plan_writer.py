@@ -59,8 +59,12 @@ class PlanWriter:
     """Turns compilations into stored plans, index edges and outbox records, inside the caller's transaction."""
 
     def __init__(self, state: LocalState, topic_of: Callable[[str], str], eager_limit: int = 0,
-                 on_compile=None, on_latency=None) -> None:
+                 on_compile=None, on_latency=None,
+                 sent_early: Callable[[str, Source], bool] = lambda plan_id, source: False) -> None:
         self.state = state
+        # Whether the broker acknowledged this plan's invalidation by this event, sent before the event was
+        # applied (`agents.stream.fast_path`): its record is not queued again.
+        self.sent_early = sent_early
         self.topic_of = topic_of  # logical name -> broker-side name
         self.eager_limit = eager_limit  # larger fan-outs (all, at 0) are announced first and recompiled later
         self.on_compile = on_compile  # seconds per recompilation
@@ -185,6 +189,9 @@ class PlanWriter:
         rows, row_sources = [], []
         for i, entry in enumerate(invalidations):
             plan_rows = entry.rows(self.topic_of("plan-invalidations"), self.topic_of("receipts"))
+            source = sources[i] if sources else None
+            if entry.successor_plan_id is None and source is not None and self.sent_early(entry.plan_id, source):
+                plan_rows = plan_rows[1:]  # the audit receipt (if any) still goes
             rows.extend(plan_rows)
             row_sources += [sources[i] if sources else None] * len(plan_rows)
         if outbox is not None:

@@ -6,7 +6,7 @@ import logging
 import threading
 from collections import Counter
 from datetime import datetime, timedelta, timezone
-from typing import Sequence
+from typing import Callable, Sequence
 
 from compiler import dependency_keys as dk
 from compiler.trust import unsourced
@@ -67,8 +67,11 @@ class EventApplier:
     def __init__(self, state: LocalState, plans: PlanWriter, max_event_bytes: int = 1_000_000,
                  max_clock_jump: timedelta | None = timedelta(days=400), cdc: CdcMapping | None = None,
                  max_event_skew: timedelta = timedelta(minutes=5), mine: Mine = everything,
-                 owns: Mine = everything) -> None:
+                 owns: Mine = everything, early: Callable[[Sequence[RawMessage]], dict] | None = None) -> None:
         self.state = state
+        # The plans announced stale from memory by events of a batch (`FastPath.announced`): invalidated here
+        # under the same cause whatever applying the event found.
+        self.early = early
         self.mine = mine  # whether a resource's entity is in this worker's shard (see `ShardState.mine`)
         self.owns = owns  # whether it is owned here, not only copied (see `ShardState.owns`)
         self.plans = plans
@@ -165,9 +168,30 @@ class EventApplier:
         self.state.key_changes.record({(c["topic"], c["partition"], c["offset"]): keys for keys, _, c in keyed if keys},
                                       {(c["topic"], c["partition"], c["offset"]): c["event_id"] for _, _, c in keyed})
         touched = self._affected(keyed)
+        if self.early is not None:
+            self._honour_early(messages, touched)
         # Only plans of owned partitions are indexed here, so what they cause is this worker's to publish.
         self.plans.recompile(touched, counts)
         store.bump_many(counts)
+
+    def _honour_early(self, messages: Sequence[RawMessage], touched: Touched) -> None:
+        """Add the plans announced early by these events that applying them did not touch (an edit refused, or
+        older under log order): what subscribers were told must hold in the file too."""
+        early = self.early(messages) if self.early is not None else {}
+        if not early:
+            return
+        stamps = {(m.topic, m.partition, m.offset): m.timestamp for m in messages}
+        for position, entries in early.items():
+            topic, partition, offset = position
+            for entry in entries:
+                found = touched.get(entry.plan_key)
+                if found is None:
+                    touched[entry.plan_key] = (entry.dependency_key, {
+                        "topic": topic, "partition": partition, "offset": offset, "event_id": entry.event_id,
+                        "_timestamp": stamps.get(position)})
+                elif (found[1]["topic"], found[1]["partition"], found[1]["offset"]) == position:
+                    # The same event: name the key the early record named, so the cause is the same one.
+                    touched[entry.plan_key] = (entry.dependency_key, found[1])
 
     def _elsewhere(self, event: InputEvent) -> bool:
         """Whether an event is an upsert of a resource about another shard's entity (a move away is applied

@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
+from agents.stream.fast_path import FastPath
 from agents.stream.incarnation import probe
 from agents.stream.writer import inline
 from agents.stream.event_apply import EventApplier
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 CATCH_UP_BATCHES = 4
 TOP_UP = 0.005  # seconds a prefetched batch waits for the fetch in flight (see `Replica._fetch`)
 PREFETCHED = 0.002  # a getmany that returned sooner than this handed over a buffered fetch
+QUEUED_BATCHES = 8  # fetched batches waiting for the writer before fetching pauses (at most 4,000 records)
 
 
 class Replica:
@@ -44,7 +46,8 @@ class Replica:
                  after_apply: Callable[..., Awaitable[object]] | None = None,
                  auto_rebase: bool = False, kafka: dict | None = None,
                  run: Callable[..., Awaitable[Any]] = inline, catch_up_batches: int = CATCH_UP_BATCHES,
-                 top_up: float = TOP_UP, on_batch: Callable[[float | None, float], object] | None = None) -> None:
+                 top_up: float = TOP_UP, on_batch: Callable[[float | None, float], object] | None = None,
+                 early: FastPath | None = None) -> None:
         self.applier = applier
         self.store = store  # for reads beside the writer (its own cursor in a worker)
         self.run_writes = run  # runs a state write on the writer thread
@@ -70,6 +73,9 @@ class Replica:
         # Called with (seconds the oldest event waited for its batch, seconds the batch took) after each batch.
         self.on_batch = on_batch
         self._hook_failed = False
+        # Announces from memory what a fetched batch makes stale, before the batch waits for the writer.
+        self.early = early
+        self._early_failed = False
 
     def applied(self, topic: str, partition: int, offset: int) -> bool:
         """Whether the event at this position has been applied (or skipped) locally."""
@@ -143,25 +149,20 @@ class Replica:
             for topic in self.paused:
                 self._set_paused(topic, True)
             log.info("replica applying %d input partitions", len(tps))
-            while True:
-                try:
-                    batch = await self._fetch(consumer)
-                except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
-                    # The broker lost offsets this worker applied: stop reading those topics (the
-                    # guard refuses selects with input_reset) rather than skip to the log start.
-                    arg = exc.args[0] if exc.args else None
-                    lost = list(arg) if isinstance(arg, dict) else [arg] if isinstance(arg, TopicPartition) else []
-                    topics = {logical[tp.topic] for tp in lost} or set(self.topics)
-                    self._block({t: "position_out_of_range" for t in topics})
-                    consumer.assign([tp for tp in consumer.assignment() if logical[tp.topic] not in self.blocked])
-                    continue
-                messages = [RawMessage(logical[tp.topic], tp.partition, m.offset, m.key, m.value,
-                                       m.timestamp / 1000 if m.timestamp else None)
-                            for tp, records in batch.items() for m in records]
-                if messages:
+            # Fetching goes on while the writer applies: what a batch announces early must not wait
+            # for the batch before it (the writer takes everything fetched meanwhile as one batch).
+            fetched: asyncio.Queue[list[RawMessage]] = asyncio.Queue(maxsize=QUEUED_BATCHES)
+            fetching = asyncio.ensure_future(self._fetch_loop(consumer, fetched, logical))
+            try:
+                while True:
+                    messages = await self._next(fetched, fetching)
+                    if self.early is not None:
+                        await self.early.settle()  # what the broker acknowledged is not queued again
                     started, begun = time.time(), time.perf_counter()
                     self.positions = await self.run_writes(self._apply, messages)
                     self.applied_at = asyncio.get_running_loop().time()
+                    if self.early is not None:
+                        self.early.forget_applied()
                     if self.on_batch is not None:
                         self._observe(messages, started, time.perf_counter() - begun)
                     async with self._progress:
@@ -169,9 +170,60 @@ class Replica:
                     if self.after_apply:
                         # A writer job fewer per batch when nothing waits on standby to be promoted.
                         await self.after_apply(messages, held=self.applier.held_on_standby)
+            finally:
+                fetching.cancel()
+                await asyncio.gather(fetching, return_exceptions=True)
         finally:
             self._consumer = None
             await stop_within(consumer)
+
+    async def _fetch_loop(self, consumer: AIOKafkaConsumer, fetched: asyncio.Queue,
+                          logical: dict[str, str]) -> None:
+        """Fetch batches, announce what each makes stale at once, and queue them for the writer."""
+        while True:
+            try:
+                batch = await self._fetch(consumer)
+            except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
+                # The broker lost offsets this worker applied: stop reading those topics (the
+                # guard refuses selects with input_reset) rather than skip to the log start.
+                arg = exc.args[0] if exc.args else None
+                lost = list(arg) if isinstance(arg, dict) else [arg] if isinstance(arg, TopicPartition) else []
+                topics = {logical[tp.topic] for tp in lost} or set(self.topics)
+                self._block({t: "position_out_of_range" for t in topics})
+                consumer.assign([tp for tp in consumer.assignment() if logical[tp.topic] not in self.blocked])
+                continue
+            messages = [RawMessage(logical[tp.topic], tp.partition, m.offset, m.key, m.value,
+                                   m.timestamp / 1000 if m.timestamp else None)
+                        for tp, records in batch.items() for m in records]
+            if not messages:
+                continue
+            if self.early is not None:
+                try:
+                    self.early.announce(messages)
+                except Exception:  # noqa: BLE001 - the writer announces the same plans: only later
+                    if not self._early_failed:
+                        log.exception("announcing a fetched batch early failed; the writer announces it (logged once)")
+                    self._early_failed = True
+            await fetched.put(messages)
+
+    async def _next(self, fetched: asyncio.Queue, fetching: asyncio.Future) -> list[RawMessage]:
+        """The next batch to apply: everything fetched meanwhile, up to the catch-up size; a fetch error is raised."""
+        if fetched.empty():
+            getting = asyncio.ensure_future(fetched.get())
+            try:
+                await asyncio.wait({getting, fetching}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not getting.done():
+                    getting.cancel()
+            if not getting.done() or getting.cancelled():
+                fetching.result()  # the fetch loop ended: raise what ended it
+                raise RuntimeError("the replica's fetch loop ended")
+            messages = getting.result()
+        else:
+            messages = fetched.get_nowait()
+        while not fetched.empty() and len(messages) < self.catch_up_size:
+            messages = messages + fetched.get_nowait()
+        return messages
 
     def _observe(self, messages: list[RawMessage], started: float, took: float) -> None:
         """Report a batch's timings to `on_batch`; a failing hook is logged once and never stops applying."""

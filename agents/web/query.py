@@ -15,6 +15,8 @@ from compiler.request import Limits, parse_request, plan_key
 from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
 from agents.plans.plan_writer import PlanWriter
+from agents.web.early_waits import EarlyWaits, refusal as early_refusal
+from agents.web.plan_facts import plan_facts
 from agents.web.token_keys import TokenKeys
 from state.head_cache import Head
 from state.local_state import LocalState
@@ -57,13 +59,17 @@ class Peers:
     """Plan partitions other workers own (all of them while the group has assigned none)."""
 
 
+EARLY_ROUNDS = 3  # lookups a select makes while its plan keeps being announced stale early
+
+
 class QueryService:
     """The read path: plan key lookup, then cache or compile."""
 
     def __init__(self, state: LocalState, writer: PlanWriter, guard=None, *, peers: Peers = Peers(),
                  limits: Limits = Limits(), tokens: TokenKeys | None = None,
                  position: Callable[[], dict[str, dict[int, int]]] | None = None,
-                 last_events: dict[str, dict] | None = None, on_compile=None, check_heads: bool = False) -> None:
+                 last_events: dict[str, dict] | None = None, on_compile=None, check_heads: bool = False,
+                 early: EarlyWaits = EarlyWaits()) -> None:
         self.state = state  # what selects, status and health read: in a worker, a cursor of their own
         self.writer = writer  # compiles and stores on the read-write connection (its state)
         self.guard = guard  # a LagWatcher; None only where no broker exists (unit tests)
@@ -75,6 +81,7 @@ class QueryService:
         self.last_events = {} if last_events is None else last_events  # the applier's latest event per topic
         self.on_compile = on_compile  # seconds per compilation on the read path
         self.check_heads = check_heads  # tests: compare every in-memory hit with the file (see `_check_hit`)
+        self.early = early
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
         self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
         self.unreadable: str | None = None  # why the state file failed a read; sticky until a restart
@@ -129,13 +136,24 @@ class QueryService:
         self._refuse_if_unreadable()
         try:
             request, degraded = self._admit(doc)
-            found = self._held(request, degraded)
-            if found is None:
-                found = (self._read(request, degraded) if read is None else
-                         await read(lambda state: self._read(request, degraded, state)))
-            self.selected.add(found.key)
-            if found.plan is None:
-                found = self._merge(await run(self._compile, found))
+            for _ in range(EARLY_ROUNDS):
+                found = self._held(request, degraded)
+                if found is None:
+                    found = (self._read(request, degraded) if read is None else
+                             await read(lambda state: self._read(request, degraded, state)))
+                # Looked at after the lookup (and after compiling): an announcement sent meanwhile counts too.
+                position = self.early.waiting(found.key)
+                if position is None:
+                    self.selected.add(found.key)
+                    if found.plan is None:
+                        found = self._merge(await run(self._compile, found))
+                        position = self.early.waiting(found.key)
+                    if position is None:
+                        break
+                self.selects["selects.waited_for_early_announcement"] += 1
+                await self.early.wait(position)
+            else:
+                raise early_refusal()
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
         return self._answer(found)
@@ -335,37 +353,6 @@ class QueryService:
         if self.unreadable is not None:
             doc.update(status="state_unreadable", state_error=self.unreadable)
         return doc
-
-
-def plan_facts(state: LocalState, plan_id: str) -> tuple[dict[str, Any] | None, str | None, str | None]:
-    """What a plan status reads from the file: status (or eviction), entity unless invalidated, principal."""
-    status = state.plans.status(plan_id) or state.retention.evicted_status(plan_id)
-    entity_id, principal = _owner_of(state, plan_id)  # a plan only parked here has an entity and no status
-    return status, None if status is not None and status["status"] == "invalidated" else entity_id, principal
-
-
-def _owner_of(state: LocalState, plan_id: str) -> tuple[str | None, str | None]:
-    """The canonical entity and principal of a plan stored here or parked from `plan-dependencies`, if any."""
-    db = state.store.db
-    row = db.execute("SELECT json_extract_string(plan, '$.entity_id'), json_extract_string(plan, "
-                     "'$.request.principal') FROM plans WHERE plan_id = ?", [plan_id]).fetchone()
-    if row is None:
-        try:
-            row = db.execute("SELECT json_extract_string(record, '$.entity_id'), json_extract_string(record, "
-                             "'$.request.principal') FROM parked_plans WHERE plan_id = ? LIMIT 1",
-                             [plan_id]).fetchone()
-        except duckdb.CatalogException:  # a file no plan feed ever wrote to (replay, a lone worker's tools)
-            return None, None
-    return (row[0], row[1]) if row else (None, None)
-
-
-def file_health(state: LocalState) -> dict[str, Any]:
-    """What the health document reads from the state file (through `state`'s own cursor, on any one thread)."""
-    store = state.store
-    now = store.now()
-    return {"now": now and now.isoformat().replace("+00:00", "Z"), "applied_offsets": store.next_offsets(),
-            "position": store.position(), "plans": state.plans.counts(), "index_edges": state.index.size(),
-            "outbox": state.outbox.size(), "retention": state.retention.sizes(), "counters": store.counters()}
 
 
 @dataclass(frozen=True)

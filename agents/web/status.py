@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 import duckdb
 
 from agents.web.metrics import file_figures
-from agents.web.query import file_health
+from agents.web.plan_facts import file_health
 
 if TYPE_CHECKING:
     from agents.web.metrics import Metrics

@@ -15,7 +15,9 @@ from agents.web.gate import Gate, api_routes
 from agents.stream.duty import Duty, TakenOn, register_duty
 from agents.stream.rebalances import Rebalances, woken
 from agents.stream.event_apply import EventApplier
+from agents.stream.fast_path import FastPath
 from agents.plans.plan_writer import PlanWriter
+from agents.web.early_waits import EarlyWaits
 from agents.web.query import Peers, QueryService
 from agents.stream.lag import LagWatcher
 from agents.ops.collector import Collector
@@ -32,6 +34,7 @@ from agents.stream.writer import Writer
 from agents.worker.runtime import Worker
 from compiler.request import Limits
 from schemas.cdc_mapping import CdcMapping
+from schemas.codec import decode
 from schemas.timefmt import format_instant
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
@@ -64,11 +67,21 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     observed = Observations()  # first: what it observes is handed its callbacks when built
     writer, chores, collector = Writer(), Chores(), Collector(settings.gc_freeze).install()
     probe = LoopProbe(on_sample=observed.observe_loop)
+    # Announces from memory what a fetched edit makes stale; the names it calls are bound below.
+    early = FastPath(state.store.heads, owns=lambda entity_id: ownership.owns(entity_id),
+                     send=lambda topic, key, value: app.producer.send(topic, key, value, partition=None,
+                                                                      timestamp=None, headers=None),
+                     topic_of=settings.topic,
+                     decode=lambda m: decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                                             max_bytes=settings.max_event_bytes, cdc=cdc),
+                     applied=lambda topic, partition, offset: replica.applied(topic, partition, offset),
+                     event_time=lambda: applier.now)
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit,
-                             on_compile=observed.recompiled, on_latency=observed.event_to_invalidation.observe)
+                             on_compile=observed.recompiled, on_latency=observed.event_to_invalidation.observe,
+                             sent_early=early.acknowledged)
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
                            cdc=cdc, max_event_skew=settings.max_event_skew, mine=shard_state.mine,
-                           owns=shard_state.owns)
+                           owns=shard_state.owns, early=early.announced)
     # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
     rebalances = Rebalances(app, inputs)
@@ -78,7 +91,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
                       after_apply=publisher.publish_owned,
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run,
-                      on_batch=observed.observe_batch)
+                      on_batch=observed.observe_batch, early=early)
     # Replaced (never changed in place) after each committed batch.
     positions = lambda: replica.positions  # noqa: E731
     guard = LagWatcher(reader.store, bootstrap_servers, inputs, settings.revocation_lag_bound, kafka=kafka,
@@ -97,7 +110,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                          limits=Limits(query_bytes=settings.max_query_bytes, tokens=settings.max_budget_tokens,
                                        calls=settings.max_budget_calls),
                          last_events=applier.last_event, on_compile=observed.selected,
-                         check_heads=settings.check_head_cache)
+                         check_heads=settings.check_head_cache,
+                         early=EarlyWaits(early.waiting, replica.wait_applied, settings.freshness_wait))
     metrics = Metrics(reader, query, guard, probe, collector, chores, observed=observed)
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
     duty = Duty(state, app, writer.run, inputs, group_offsets, kick=publisher.kick,

@@ -155,7 +155,9 @@ class Worker:
                 # announced plans whose successors the backlog has not compiled yet
                 "recompile_queue": figures["recompile_queue"],
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs},
-                "select_reads": self.select_reads.reads, **self.probe.as_dict(),
+                "select_reads": self.select_reads.reads,
+                "early_announcements": self.replica.early.figures() if self.replica.early else None,
+                **self.probe.as_dict(),
                 "gc": self.collector.as_dict(), "checkpoints": self.state.store.checkpoints.as_dict(),
                 "background_jobs": self.chores.as_dict()}
 

@@ -1,0 +1,39 @@
+"""What a select of a plan announced invalid before its cause was applied waits for, and how long."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from compiler.errors import RequestError
+
+Position = tuple[str, int, int]  # (logical input topic, partition, offset)
+
+
+@dataclass(frozen=True)
+class EarlyWaits:
+    """Plans announced stale before the writer applied their events (`agents.stream.fast_path`): a select of one
+    waits until that event is applied, so no answer is older than an announcement already sent."""
+
+    waiting: Callable[[str], Position | None] = lambda plan_key: None
+    """Plan key -> the (topic, partition, offset) of the event its early announcement named, until applied."""
+    wait_applied: Callable[[str, int, int], Awaitable[None]] | None = None
+    """Returns once the replica applied the event at this position."""
+    seconds: float = 10.0
+    """How long a select waits for that before it is refused (503 `plan_being_replaced`)."""
+
+    async def wait(self, position: Position) -> None:
+        """Wait until the event at `position` is applied; raise the refusal if it is not within `seconds`."""
+        if self.wait_applied is None:
+            raise refusal()
+        try:
+            await asyncio.wait_for(self.wait_applied(*position), self.seconds)
+        except asyncio.TimeoutError:
+            raise refusal() from None
+
+
+def refusal() -> RequestError:
+    """The answer to a select whose plan stays announced invalid while its cause is not applied."""
+    return RequestError("plan_being_replaced", "This plan was announced invalid and the change that made it so "
+                        "is still being applied; retry shortly.", status=503)
