@@ -21,6 +21,37 @@ class Head:
     """The plan's id."""
     plan: bytes
     """The stored plan document, as JSON (parsed per answer: smaller than the parsed form, never shared)."""
+    facts: "HeadFacts | None" = None
+    """What the fast path indexes the head by, taken from the document the caller parsed (None: parse `plan`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeadFacts:
+    """What a plan document says of the plan's dependencies on resources and its principal."""
+
+    admitted: tuple[tuple[str, int], ...]
+    """(resource id, version) of every resource the plan admitted."""
+    entity_id: str | None
+    """The entity the plan is about."""
+    principal: str | None
+    """The principal it was compiled for."""
+
+    @classmethod
+    def of(cls, doc: dict) -> "HeadFacts":
+        """The facts of a parsed plan document (raises on a malformed one)."""
+        entity_id = doc.get("entity_id")
+        principal = (doc.get("request") or {}).get("principal")
+        return cls(tuple((item["resource_id"], int(item["version"])) for item in doc.get("admitted") or ()),
+                   entity_id if isinstance(entity_id, str) else None, principal if isinstance(principal, str) else None)
+
+
+def head_of(plan_id: str, plan: bytes, doc: dict | None = None) -> Head:
+    """A head, with its facts read from `doc` (the parsed `plan`) when the caller has it."""
+    try:
+        facts = None if doc is None else HeadFacts.of(doc)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        facts = None
+    return Head(plan_id, plan, facts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +175,10 @@ class HeadCache:
 
     # -- the writer's side -------------------------------------------------------------------
 
-    def stored(self, plan_key: str, plan_id: str, plan: bytes) -> None:
-        """The writer stored this plan as the key's head: shown once the transaction commits."""
-        self._pending[plan_key] = Head(plan_id, plan)
+    def stored(self, plan_key: str, plan_id: str, plan: bytes, doc: dict | None = None) -> None:
+        """The writer stored this plan (`doc` parsed, if at hand) as the key's head: shown once the transaction
+        commits."""
+        self._pending[plan_key] = head_of(plan_id, plan, doc)
 
     def remove_keys(self, plan_keys: Iterable[str]) -> None:
         """These keys' heads changed or went stale."""
@@ -241,15 +273,13 @@ class HeadCache:
 
     def _index(self, plan_key: str, head: Head) -> None:
         """Index a head under the resources it admitted (a document that does not parse is not indexed)."""
-        try:
-            doc = orjson.loads(head.plan)
-            entity_id = doc.get("entity_id")
-            principal = (doc.get("request") or {}).get("principal")
-            admitted = {item["resource_id"]: int(item["version"]) for item in doc.get("admitted") or ()}
-        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
-            return
-        entity_id = entity_id if isinstance(entity_id, str) else None
-        principal = principal if isinstance(principal, str) else None
+        facts = head.facts
+        if facts is None:
+            try:
+                facts = HeadFacts.of(orjson.loads(head.plan))
+            except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+                return
+        admitted, entity_id, principal = dict(facts.admitted), facts.entity_id, facts.principal
         for rid, version in admitted.items():
             self._admitted.setdefault(rid, {})[plan_key] = Admitting(plan_key, head.plan_id, version, entity_id,
                                                                        principal)

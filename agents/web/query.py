@@ -18,7 +18,7 @@ from agents.plans.plan_writer import PlanWriter
 from agents.web.early_waits import EarlyWaits, refusal as early_refusal
 from agents.web.plan_facts import plan_facts
 from agents.web.token_keys import TokenKeys
-from state.head_cache import Head
+from state.head_cache import head_of
 from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
@@ -231,8 +231,8 @@ class QueryService:
             key = plan_key(request, entity_id)
             plan = state.plans.fresh_plan(key)
             token = self.sign(store.position()) if plan is not None else None
-        head = (Head(plan["plan_id"], orjson.dumps(plan)) if plan is not None and isinstance(plan.get("plan_id"), str)
-                else None)
+        head = (head_of(plan["plan_id"], orjson.dumps(plan), plan)
+                if plan is not None and isinstance(plan.get("plan_id"), str) else None)
         store.heads.fill(generation, key if head else None, head, request.entity, entity_id)
         return Found(request, key, plan, token, "cache", degraded, entity_id=entity_id)
 
