@@ -68,7 +68,8 @@ class FastPath:
                  send: Callable[[str, bytes, bytes], Awaitable[Any]], topic_of: Callable[[str], str],
                  decode: Callable[[RawMessage], InputEvent], applied: Callable[[str, int, int], bool],
                  event_time: Callable[[], datetime | None],
-                 on_latency: Callable[[float], object] | None = None) -> None:
+                 on_latency: Callable[[float], object] | None = None,
+                 behind: Callable[[], bool] = lambda: False) -> None:
         self.heads = heads
         self.owns = owns  # whether this worker owns the plans of an entity now
         self.send = send  # (topic, key, value) -> the broker's acknowledgement, awaitable
@@ -77,6 +78,9 @@ class FastPath:
         self.applied = applied  # whether the replica has applied (committed) the event at a position
         self.event_time = event_time
         self.on_latency = on_latency  # seconds from an event's broker timestamp to its acknowledged announcement
+        # Whether the writer is behind: then nothing is announced early, since a select of a plan announced early
+        # waits for its event, and under a backlog that wait is the backlog's age (the writer announces it).
+        self.behind = behind
         self._lock = threading.Lock()  # the writer thread reads what the loop writes
         self._waiting: dict[str, Position] = {}  # plan key -> the event its early announcement named
         self._announced: dict[Position, list[EarlyAnnouncement]] = {}
@@ -169,6 +173,9 @@ class FastPath:
         position = _position(m)
         stale = [h for h in candidates if h.entity_id is not None and self.owns(h.entity_id)]
         if not stale or len(stale) > MOST_PER_EVENT:
+            return 0
+        if self.behind():
+            self.counts["early_skipped_behind"] += len(stale)
             return 0
         self.heads.remove_keys([h.plan_key for h in stale])  # before anything is sent: no hit after it
         early = [EarlyAnnouncement(h.plan_key, h.plan_id, dep_key, event_id) for h in stale]

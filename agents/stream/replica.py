@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import Any, Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -30,6 +31,9 @@ CATCH_UP_BATCHES = 4
 TOP_UP = 0.005  # seconds a prefetched batch waits for the fetch in flight (see `Replica._fetch`)
 PREFETCHED = 0.002  # a getmany that returned sooner than this handed over a buffered fetch
 QUEUED_BATCHES = 8  # fetched batches waiting for the writer before fetching pauses (at most 4,000 records)
+# Fetched input older than this not applied yet: the writer is behind, and early announcements stop (a plan
+# announced early stays unanswerable until its event is applied: under a backlog that is the backlog's age).
+BEHIND_SECONDS = 0.5
 
 
 class Replica:
@@ -76,6 +80,11 @@ class Replica:
         # Announces from memory what a fetched batch makes stale, before the batch waits for the writer.
         self.early = early
         self._early_failed = False
+        self._unapplied: deque[float] = deque()  # loop time each fetched batch not yet applied was fetched at
+
+    def behind(self) -> bool:
+        """Whether input fetched more than `BEHIND_SECONDS` ago is still waiting for the writer."""
+        return bool(self._unapplied) and asyncio.get_running_loop().time() - self._unapplied[0] > BEHIND_SECONDS
 
     def applied(self, topic: str, partition: int, offset: int) -> bool:
         """Whether the event at this position has been applied (or skipped) locally."""
@@ -155,12 +164,14 @@ class Replica:
             fetching = asyncio.ensure_future(self._fetch_loop(consumer, fetched, logical))
             try:
                 while True:
-                    messages = await self._next(fetched, fetching)
+                    messages, taken = await self._next(fetched, fetching)
                     if self.early is not None:
                         await self.early.settle()  # what the broker acknowledged is not queued again
                     started, begun = time.time(), time.perf_counter()
                     self.positions = await self.run_writes(self._apply, messages)
                     self.applied_at = asyncio.get_running_loop().time()
+                    for _ in range(taken):
+                        self._unapplied.popleft()
                     if self.early is not None:
                         self.early.forget_applied()
                     if self.on_batch is not None:
@@ -204,10 +215,12 @@ class Replica:
                     if not self._early_failed:
                         log.exception("announcing a fetched batch early failed; the writer announces it (logged once)")
                     self._early_failed = True
+            self._unapplied.append(asyncio.get_running_loop().time())
             await fetched.put(messages)
 
-    async def _next(self, fetched: asyncio.Queue, fetching: asyncio.Future) -> list[RawMessage]:
-        """The next batch to apply: everything fetched meanwhile, up to the catch-up size; a fetch error is raised."""
+    async def _next(self, fetched: asyncio.Queue, fetching: asyncio.Future) -> tuple[list[RawMessage], int]:
+        """The next batch to apply: everything fetched meanwhile, up to the catch-up size, and how many fetched
+        batches it holds; a fetch error is raised."""
         if fetched.empty():
             getting = asyncio.ensure_future(fetched.get())
             try:
@@ -221,9 +234,11 @@ class Replica:
             messages = getting.result()
         else:
             messages = fetched.get_nowait()
+        taken = 1
         while not fetched.empty() and len(messages) < self.catch_up_size:
             messages = messages + fetched.get_nowait()
-        return messages
+            taken += 1
+        return messages, taken
 
     def _observe(self, messages: list[RawMessage], started: float, took: float) -> None:
         """Report a batch's timings to `on_batch`; a failing hook is logged once and never stops applying."""

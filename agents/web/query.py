@@ -15,7 +15,7 @@ from compiler.request import Limits, parse_request, plan_key
 from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
 from agents.plans.plan_writer import PlanWriter
-from agents.web.early_waits import EarlyWaits, refusal as early_refusal
+from agents.web.early_waits import EarlyWaits
 from agents.web.plan_facts import plan_facts
 from agents.web.token_keys import TokenKeys
 from state.head_cache import head_of
@@ -57,9 +57,6 @@ class Peers:
     """Entity id -> its partition when another worker owns it, else None (then its owner answers)."""
     foreign_partitions: Callable[[], list[int]] = lambda: []
     """Plan partitions other workers own (all of them while the group has assigned none)."""
-
-
-EARLY_ROUNDS = 3  # lookups a select makes while its plan keeps being announced stale early
 
 
 class QueryService:
@@ -136,24 +133,21 @@ class QueryService:
         self._refuse_if_unreadable()
         try:
             request, degraded = self._admit(doc)
-            for _ in range(EARLY_ROUNDS):
-                found = self._held(request, degraded)
-                if found is None:
-                    found = (self._read(request, degraded) if read is None else
-                             await read(lambda state: self._read(request, degraded, state)))
-                # Looked at after the lookup (and after compiling): an announcement sent meanwhile counts too.
-                position = self.early.waiting(found.key)
-                if position is None:
-                    self.selected.add(found.key)
-                    if found.plan is None:
-                        found = self._merge(await run(self._compile, found))
-                        position = self.early.waiting(found.key)
-                    if position is None:
-                        break
+            found = self._held(request, degraded)
+            if found is None:
+                found = (self._read(request, degraded) if read is None else
+                         await read(lambda state: self._read(request, degraded, state)))
+            # Looked at after the lookup: an announcement sent while a file read was under way counts too.
+            position = self.early.waiting(found.key)
+            if position is not None:
+                # Announced invalid, its cause not applied yet: answer once it is, from state that has it.
                 self.selects["selects.waited_for_early_announcement"] += 1
                 await self.early.wait(position)
-            else:
-                raise early_refusal()
+                found = self._read(request, degraded) if read is None else \
+                    await read(lambda state: self._read(request, degraded, state))
+            self.selected.add(found.key)
+            if found.plan is None:
+                found = self._merge(await run(self._compile, found))
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
         return self._answer(found)

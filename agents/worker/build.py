@@ -75,7 +75,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                      decode=lambda m: decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
                                              max_bytes=settings.max_event_bytes, cdc=cdc),
                      applied=lambda topic, partition, offset: replica.applied(topic, partition, offset),
-                     event_time=lambda: applier.now)
+                     event_time=lambda: applier.now, behind=lambda: replica.behind())
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit,
                              on_compile=observed.recompiled, on_latency=observed.event_to_invalidation.observe,
                              sent_early=early.acknowledged)

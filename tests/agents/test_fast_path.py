@@ -137,6 +137,21 @@ async def test_old_versions_foreign_plans_and_invalid_records_are_left_to_the_wr
     assert fast.figures()["early_skipped_invalid"] == 1
 
 
+async def test_nothing_is_announced_early_while_the_writer_is_behind(world):
+    """A select of a plan announced early waits for its event: under a backlog the writer announces instead."""
+    state, fast, sent, query = world["state"], world["fast"], world["sent"], world["query"]
+    plan = query.select(ATLAS_REQUEST)
+    rid, version = admitted(plan)
+    fast.behind = lambda: True
+    message = raw(*edit_of(state, rid, version + 1))
+    assert fast.announce([message]) == 0
+    assert sent.records == [] and fast.waiting(plan["plan_key"]) is None
+    assert state.store.heads.head(plan["plan_key"]) is not None
+    assert fast.figures()["early_skipped_behind"] == 1
+    world["applier"].apply([message])
+    assert [r["plan_id"] for r in invalidations(state)] == [plan["plan_id"]]  # the writer's, as before
+
+
 async def test_an_announced_plan_is_invalidated_even_when_applying_finds_nothing_to_change(world):
     """The event id was applied before with other content: the writer refuses the event (a dead letter) and
     changes nothing, but subscribers were told."""
