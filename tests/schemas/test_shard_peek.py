@@ -10,7 +10,7 @@ from tests.events import resource
 
 def test_a_native_resource_upsert_names_its_id_and_entity():
     _, body = resource("r1", entity="ATLAS-IN-01")
-    assert peek(orjson.dumps(body)) == Peek("resource", "r1", "ATLAS-IN-01")
+    assert peek(orjson.dumps(body)) == Peek("resource", "r1", "ATLAS-IN-01", 1)
 
 
 def test_deletes_and_identities_name_no_entity():
