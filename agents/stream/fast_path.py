@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 Position = tuple[str, int, int]  # (logical input topic, partition, offset)
 SEND_WAIT = 0.1  # seconds the writer's batch waits for the acknowledgements of its early announcements
 MOST_PER_EVENT = 256  # an event that makes more held heads stale is a fan-out: the writer announces it in bulk
+# Full decodes (about 0.1 ms each, on the loop) one fetched batch may spend on early announcements; past it, the
+# writer announces: a flood of edits of held resources must not hold selects up for its length.
+MOST_DECODES_PER_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,7 @@ class FastPath:
         self._edits: dict[str, list[tuple[int, int, RawMessage]]] = {}  # (fetch order, version, record)
         self._revoked: dict[str, list[tuple[int, RawMessage]]] = {}  # principal -> withdrawals not yet applied
         self._seq = 0  # fetch order of the events remembered above
+        self._decodes_left = MOST_DECODES_PER_BATCH  # of the fetched batch being announced
         self._loop: asyncio.AbstractEventLoop | None = None
         heads.watch(self._heads_put)
         self.counts: Counter[str] = Counter()
@@ -99,6 +103,7 @@ class FastPath:
     def announce(self, messages: Sequence[RawMessage]) -> int:
         """Send the announcements a fetched batch makes due from memory; how many were sent."""
         self._loop = asyncio.get_running_loop()
+        self._decodes_left = MOST_DECODES_PER_BATCH
         sent = 0
         for m in messages:
             if m.topic == "source-changes":
@@ -118,7 +123,7 @@ class FastPath:
             # Until applied: a head committed meanwhile that admitted an older version is stale at once.
             self._edits.setdefault(glance.resource_id, []).append((self._seq, glance.version, m))
         holders = self.heads.admitting(glance.resource_id)
-        if not holders:
+        if not holders or self._skipped_behind(len(holders)):
             return 0
         event = self._valid(m)
         payload = event.payload if event is not None else None
@@ -129,14 +134,34 @@ class FastPath:
                               [h for h in holders if version > h.version])
 
     def _revocation(self, m: RawMessage) -> int:
-        """A withdrawal: every held head compiled for its principal is stale (the writer announces those too)."""
-        event = self._valid(m)
-        if event is None or not isinstance(event.payload, Revocation):
+        """A withdrawal: every held head compiled for its principal is stale (the writer announces those too).
+
+        Its principal is read at a glance; only a withdrawal from a principal with held heads is decoded,
+        so a flood of revocations of others costs the loop a JSON parse each."""
+        principal = _principal_of(m.value)
+        if principal is None:
             return 0
-        principal = event.payload.principal
         self._seq += 1
         self._revoked.setdefault(principal, []).append((self._seq, m))
-        return self._announce(m, dk.principal(principal), event.event_id, self.heads.asked_by(principal))
+        held = self.heads.asked_by(principal)
+        if not held or self._skipped_behind(len(held)):
+            return 0
+        event = self._valid(m)
+        if event is None or not isinstance(event.payload, Revocation) or event.payload.principal != principal:
+            return 0
+        return self._announce(m, dk.principal(principal), event.event_id, held)
+
+    def _skipped_behind(self, candidates: int) -> bool:
+        """Whether to leave these candidates to the writer before decoding: it is behind, or this batch spent its
+        decodes (counted either way)."""
+        if self.behind():
+            self.counts["early_skipped_behind"] += candidates
+            return True
+        if self._decodes_left <= 0:
+            self.counts["early_skipped_busy"] += candidates
+            return True
+        self._decodes_left -= 1
+        return False
 
     def _recheck(self, plan_keys: list[str]) -> None:
         """Heads just made held: announce those that an edit or withdrawal fetched and not yet applied already
@@ -271,6 +296,16 @@ class FastPath:
         """Counters and what is outstanding, for /healthz."""
         with self._lock:
             return dict(self.counts, waiting=len(self._waiting), unapplied_events=len(self._announced))
+
+
+def _principal_of(value: bytes | None) -> str | None:
+    """The principal a revocation names, read without validating it; None when it names none."""
+    try:
+        doc = orjson.loads(value) if value else None
+    except orjson.JSONDecodeError:
+        return None
+    principal = doc.get("principal") if isinstance(doc, dict) else None
+    return principal if isinstance(principal, str) else None
 
 
 def _position(m: RawMessage) -> Position:

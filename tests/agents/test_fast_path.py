@@ -245,6 +245,37 @@ async def test_a_head_compiled_while_a_withdrawal_waits_is_announced_when_held(w
     assert [(r["plan_id"], r["cause"]["offset"]) for r in sent.records] == [(plan["plan_id"], message.offset)]
 
 
+async def test_withdrawals_from_principals_with_no_held_head_are_never_decoded(world):
+    """A flood of revocations of other principals costs the loop a glance each, not a validation."""
+    fast, query = world["fast"], world["query"]
+    plan = query.select(ATLAS_REQUEST)
+    decoded = []
+    real = fast.decode
+    fast.decode = lambda m: decoded.append(m.offset) or real(m)
+    others = [raw(*revoke_role(f"someone-{i}", "credit_analyst")) for i in range(50)]
+    mine = raw(*revoke_role(ATLAS_REQUEST["principal"], "credit_analyst"))
+    assert fast.announce(others + [mine]) == 1
+    assert decoded == [mine.offset]
+    await fast.settle()
+    assert fast.waiting(plan["plan_key"]) == ("revocations", 0, mine.offset)
+
+
+async def test_a_batch_spends_a_bounded_number_of_decodes_and_leaves_the_rest_to_the_writer(world, monkeypatch):
+    """Edits of held resources past the batch's decode budget are announced by the writer, not on the loop."""
+    import agents.stream.fast_path as fast_path
+    monkeypatch.setattr(fast_path, "MOST_DECODES_PER_BATCH", 2)
+    state, fast, sent, query = world["state"], world["fast"], world["sent"], world["query"]
+    plan = query.select(ATLAS_REQUEST)
+    rid, version = admitted(plan)
+    old = [raw(*edit_of(state, rid, version)) for _ in range(2)]  # decoded, not newer: nothing announced
+    newer = raw(*edit_of(state, rid, version + 1))
+    assert fast.announce(old + [newer]) == 0
+    assert sent.records == [] and fast.figures()["early_skipped_busy"] == 1
+    assert fast.announce([newer]) == 1  # the next batch has its budget again
+    world["applier"].apply(old + [newer])
+    assert query.plan_status(plan["plan_id"])["status"] == "invalidated"
+
+
 def test_a_held_head_is_indexed_under_what_it_admitted_until_it_goes(world):
     state, query = world["state"], world["query"]
     plan = query.select(ATLAS_REQUEST)
