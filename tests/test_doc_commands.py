@@ -66,7 +66,7 @@ EXERCISED = {
          "examples/cache_subscriber.py"),
     ".venv/bin/freshplan bench --quick":
         ("tests/bench/test_suite.py::test_bench_quick_writes_results_summary_and_plots", '"bench", "--quick"'),
-    # Full size is the same code at larger sizes (five to ten minutes): CI runs --quick.
+    # Full size is the same code at larger sizes (about 40 minutes): CI runs --quick.
     ".venv/bin/freshplan bench":
         ("tests/bench/test_suite.py::test_bench_quick_writes_results_summary_and_plots", '"bench"'),
     ".venv/bin/python bench/select_latency.py":
