@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Awaitable, Callable, Sequence
@@ -31,6 +31,9 @@ MOST_PER_EVENT = 256  # an event that makes more held heads stale is a fan-out: 
 # Full decodes (about 0.1 ms each, on the loop) one fetched batch may spend on early announcements; past it, the
 # writer announces: a flood of edits of held resources must not hold selects up for its length.
 MOST_DECODES_PER_BATCH = 64
+# Plan ids announced early that are remembered for selects: a file read begun before the announcement can finish
+# after its event was applied and still find the plan fresh; only the last few thousand can be in such a read.
+RECENT_IDS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,7 @@ class FastPath:
         self._waiting: dict[str, Position] = {}  # plan key -> the event its early announcement named
         self._announced: dict[Position, list[EarlyAnnouncement]] = {}
         self._acked: set[tuple[str, Position]] = set()  # (plan id, event) the broker acknowledged
+        self._recent: OrderedDict[str, None] = OrderedDict()  # plan ids announced early, the latest RECENT_IDS
         self._inflight: set[asyncio.Future] = set()
         # resource id -> its fetched upserts not yet applied, in fetch order
         self._edits: dict[str, list[tuple[int, int, RawMessage]]] = {}  # (fetch order, version, record)
@@ -207,6 +211,10 @@ class FastPath:
         with self._lock:
             for h in stale:
                 self._waiting[h.plan_key] = position
+                self._recent[h.plan_id] = None
+                self._recent.move_to_end(h.plan_id)
+            while len(self._recent) > RECENT_IDS:
+                self._recent.popitem(last=False)
             self._announced.setdefault(position, []).extend(early)
         for entry in early:
             self._send(entry, position, m.timestamp)
@@ -261,6 +269,10 @@ class FastPath:
                     del self._waiting[plan_key]
             return None
         return position
+
+    def was_announced(self, plan_id: str) -> bool:
+        """Whether this plan was announced stale early (lately): a select that read it fresh read too early."""
+        return plan_id in self._recent
 
     def forget_applied(self) -> None:
         """Drop what concerns events the replica has applied (after each committed batch)."""

@@ -20,6 +20,9 @@ class EarlyWaits:
     """Plan key -> the (topic, partition, offset) of the event its early announcement named, until applied."""
     wait_applied: Callable[[str, int, int], Awaitable[None]] | None = None
     """Returns once the replica applied the event at this position."""
+    announced: Callable[[str], bool] = lambda plan_id: False
+    """Plan id -> whether it was announced stale early: a file read begun before that, and ended after its event was
+    applied (so nothing is `waiting` any more), may still have found it fresh."""
     seconds: float = 10.0
     """How long a select waits for that before it is refused (503 `plan_being_replaced`)."""
 

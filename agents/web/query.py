@@ -139,10 +139,14 @@ class QueryService:
                          await read(lambda state: self._read(request, degraded, state)))
             # Looked at after the lookup: an announcement sent while a file read was under way counts too.
             position = self.early.waiting(found.key)
-            if position is not None:
-                # Announced invalid, its cause not applied yet: answer once it is, from state that has it.
-                self.selects["selects.waited_for_early_announcement"] += 1
-                await self.early.wait(position)
+            announced = found.plan is not None and self.early.announced(str(found.plan.get("plan_id")))
+            if position is not None or announced:
+                # Announced invalid: answer once its cause is applied, from state that has it (a read that found
+                # it fresh although its cause is applied began before the announcement: read again).
+                self.selects["selects.waited_for_early_announcement" if position is not None
+                             else "selects.read_again_after_early_announcement"] += 1
+                if position is not None:
+                    await self.early.wait(position)
                 found = self._read(request, degraded) if read is None else \
                     await read(lambda state: self._read(request, degraded, state))
             self.selected.add(found.key)

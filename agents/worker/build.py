@@ -111,7 +111,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                                        calls=settings.max_budget_calls),
                          last_events=applier.last_event, on_compile=observed.selected,
                          check_heads=settings.check_head_cache,
-                         early=EarlyWaits(early.waiting, replica.wait_applied, settings.freshness_wait))
+                         early=EarlyWaits(early.waiting, replica.wait_applied, early.was_announced,
+                                           settings.freshness_wait))
     metrics = Metrics(reader, query, guard, probe, collector, chores, observed=observed)
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
     duty = Duty(state, app, writer.run, inputs, group_offsets, kick=publisher.kick,

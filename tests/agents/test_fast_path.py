@@ -221,6 +221,36 @@ async def test_a_select_of_an_announced_plan_waits_for_the_writer(world):
     assert refused.value.status == 503 and refused.value.code == "plan_being_replaced"
 
 
+async def test_a_read_whose_snapshot_predates_the_apply_of_an_announced_edit_is_read_again(world):
+    """The edit is announced, a select's file read takes its snapshot, the edit is applied, then the read returns
+    the plan it found fresh in its snapshot: nothing is waiting any more, but the plan was announced, so the select
+    reads again. (Found through the broker under load: a select sent after the announcement answered the plan.)"""
+    state, fast, query = world["state"], world["fast"], world["query"]
+    plan = query.select(ATLAS_REQUEST)
+    rid, version = admitted(plan)
+    message = raw(*edit_of(state, rid, version + 1))
+    query.early = EarlyWaits(fast.waiting, None, fast.was_announced, seconds=5.0)
+    assert fast.announce([message]) == 1  # the head leaves the cache: the select reads the file
+    reads = []
+
+    async def read(lookup):
+        if not reads:  # the first read's snapshot predates the apply that follows it
+            found = lookup(state)
+            world["applier"].apply([message])
+            fast.forget_applied()
+            reads.append(found)
+            return found
+        reads.append(lookup(state))
+        return reads[-1]
+
+    async def run(fn, *args):
+        return fn(*args)
+
+    answer = await query.select_async(ATLAS_REQUEST, run, read)
+    assert len(reads) == 2 and answer["plan_id"] != plan["plan_id"]
+    assert query.selects["selects.read_again_after_early_announcement"] == 1
+
+
 async def test_a_withdrawal_from_the_principal_is_announced_before_it_is_applied(world):
     state, fast, sent, query = world["state"], world["fast"], world["sent"], world["query"]
     plan = query.select(ATLAS_REQUEST)
