@@ -217,14 +217,6 @@ class ParkedPlans:
                                "WHERE partition IN (SELECT unnest(?::INTEGER[])) "
                                "AND plan_id NOT IN (SELECT plan_id FROM plans)", [sorted(partitions)]).fetchall()
 
-    def keys_of(self, partitions: Collection[int]) -> list[str]:
-        """Plan keys owned by these partitions."""
-        if not partitions:
-            return []
-        return [k for (k,) in self.db.execute(
-            "SELECT plan_key FROM parked_plans WHERE partition IN (SELECT unnest(?::INTEGER[]))",
-            [sorted(partitions)]).fetchall()]
-
     def size(self) -> int:
         """Parked plan keys."""
         return self.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0]

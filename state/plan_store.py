@@ -192,20 +192,6 @@ class PlanStore:
         return {r[0] for r in self.db.execute("SELECT plan_id FROM plans WHERE plan_id IN (SELECT unnest(?))",
                                               [plan_ids]).fetchall()}
 
-    def record_stale(self, plan: dict[str, Any], cause: dict, successor: str | None, at: datetime | None) -> None:
-        """Store another worker's plan that local state already proves stale, as invalidated."""
-        if self.known([plan["plan_id"]]):
-            return
-        self.db.execute("INSERT INTO plan_history (plan_id, reason, cause, successor_plan_id, invalidated_at) "
-                        "VALUES (?, 'stale_on_arrival', ?, ?, ?)",
-                        [plan["plan_id"], orjson.dumps(cause).decode(), successor, at])
-        self.db.execute("INSERT OR IGNORE INTO plans VALUES (?, ?, 'invalidated', ?, NULL, ?, ?, ?, "
-                        "'stale_on_arrival', ?, ?, NULL, ?)",
-                        [plan["plan_id"], plan.get("plan_key"),
-                         (plan.get("request") or {}).get("decision_time") is None,
-                         orjson.dumps(plan.get("request")).decode(), orjson.dumps(plan).decode(),
-                         plan.get("receipt_id"), orjson.dumps(cause).decode(), successor, at])
-
     def fresh_plan(self, plan_key: str) -> dict[str, Any] | None:
         """The current plan of a key if it is still fresh (read inside the caller's transaction).
 

@@ -103,18 +103,6 @@ class PlanWriter:
                 out[plan_key] = result
         return out
 
-    def compile_one(self, plan_key: str, request: dict, view, now: datetime | None) -> CompiledPlan | None:
-        """Recompile one plan key; None when it can no longer compile (its plan is dropped)."""
-        started = time.perf_counter()
-        try:
-            return compile_request(request, view, now)
-        except RequestError as exc:
-            log.info("plan key %s can no longer compile: %s", plan_key, exc.code)
-            return None
-        finally:
-            if self.on_compile:
-                self.on_compile(time.perf_counter() - started)
-
     # -- store and adopt ---------------------------------------------------------------
 
     def store(self, plans: Sequence[CompiledPlan], now: datetime | None, counts: Counter[str],
