@@ -95,6 +95,10 @@ class Settings:
     standby_replicas: int = 0
     """Warm copies of other workers' entity partitions each worker keeps (0 to partitions - 1): a partition it
     then gains needs no restore from `source-changes`, at the cost of holding and applying the copies."""
+    restore_stall_seconds: float = 15.0
+    """Seconds a shard's restore read of `source-changes` may go without progress before it gives up (at least 1):
+    the take-over then rolls back and is retried after its backoff. The restore holds the writer, so a broker
+    fault holds every other shard's events up to this long per attempt."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
     check_head_cache: bool = False
@@ -190,6 +194,7 @@ class Settings:
             topic_prefix=get("TOPIC_PREFIX", base.topic_prefix),
             partitions=get("PARTITIONS", base.partitions, int),
             standby_replicas=get("STANDBY_REPLICAS", base.standby_replicas, int),
+            restore_stall_seconds=max(1.0, get("RESTORE_STALL_SECONDS", base.restore_stall_seconds, float)),
             state_dir=Path(get("STATE_DIR", base.state_dir)),
             web_host=get("WEB_HOST", base.web_host),
             web_port=get("WEB_PORT", base.web_port, int),

@@ -29,8 +29,9 @@ class Shards:
 
     def __init__(self, state: ShardState, applier: EventApplier, bootstrap_servers: str, topic: str,
                  kafka: dict | None = None, fetch_bytes: int = 2_000_000, standby_replicas: int = 0,
-                 blocked: Callable[[], bool] = lambda: False) -> None:
+                 blocked: Callable[[], bool] = lambda: False, stall_seconds: float = 15.0) -> None:
         self.state = state
+        self.stall_seconds = stall_seconds  # a restore read without progress this long gives up (ReadStalled)
         # Whether `source-changes` was reset under this file and not rebased: its offsets then name
         # another incarnation's records, and reading the new topic up to them would be wrong.
         self.blocked = blocked
@@ -121,7 +122,7 @@ class Shards:
         # The writer thread has no loop of its own: this read blocks it, which keeps every live
         # batch out until the shard is whole.
         starts = asyncio.run(read_until(self.bootstrap_servers, self.topic, until, on_batch, self.kafka,
-                                        self.fetch_bytes))
+                                        self.fetch_bytes, self.stall_seconds))
         trimmed = {p: s for p, s in starts.items() if s > 0}
         rebased = store.incarnation()[1] > 0
         if trimmed or rebased:

@@ -99,7 +99,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     parked = ParkedPlans(state.store, settings.partitions)
     shards = Shards(shard_state, applier, bootstrap_servers, settings.topic("source-changes"), kafka,
                     max(2 * settings.max_event_bytes, 1_000_000), standby_replicas=settings.standby_replicas,
-                    blocked=lambda: "source-changes" in replica.blocked)
+                    blocked=lambda: "source-changes" in replica.blocked, stall_seconds=settings.restore_stall_seconds)
     ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
                           settings.topic("plan-dependencies"), shards=shards)
     plan_feed = PlanFeed(state, ownership, parked, replica, bootstrap_servers, settings.topic("plan-dependencies"),

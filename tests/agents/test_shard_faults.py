@@ -149,7 +149,9 @@ async def test_a_restore_is_refused_while_source_changes_is_blocked(broker, tmp_
 
 
 async def test_a_restore_whose_read_fails_rolls_back_and_a_retry_restores_it_whole(tmp_path):
-    async with relayed_broker() as (relay, broker), launch(broker, tmp_path / "a") as a:
+    # Both workers (the peer shares the first one's environment) give a stalled restore read up after 3 s.
+    async with relayed_broker() as (relay, broker), launch(broker, tmp_path / "a",
+                                                           FRESHPLAN_RESTORE_STALL_SECONDS="3") as a:
         token = freshest(await a.load("atlas.jsonl"),
                          await a.publish_events(*[resource(f"fault-{e}-{i}", entity=e) for e in (ATLAS, BOREAL)
                                                   for i in range(3)]))
@@ -175,7 +177,7 @@ async def test_a_restore_whose_read_fails_rolls_back_and_a_retry_restores_it_who
             async def failed():
                 h = await atlas_owner.get("/healthz")
                 return h if h["ownership_failures"] > failures else None
-            # The read gives up after its stall bound (15 s without progress), handing the writer back.
+            # The read gives up after its stall bound (3 s without progress here), handing the writer back.
             h = await eventually(failed, timeout=60, what="the take-over failing on the cut read")
             relay.cut = None
             # Rolled back: Boreal's partition is neither held nor owned, and none of its resources are here.

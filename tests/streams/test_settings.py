@@ -56,3 +56,9 @@ def test_retention_spans_are_iso_durations():
     assert settings.plan_retention == timedelta(hours=12) and settings.receipt_retention == timedelta(weeks=2)
     with pytest.raises(ValueError, match="ISO 8601 duration"):
         Settings.from_env({"FRESHPLAN_PLAN_RETENTION": "30 days"})
+
+
+def test_a_restore_read_gives_up_after_at_least_a_second_without_progress():
+    assert Settings.from_env({}).restore_stall_seconds == 15.0
+    assert Settings.from_env({"FRESHPLAN_RESTORE_STALL_SECONDS": "3"}).restore_stall_seconds == 3.0
+    assert Settings.from_env({"FRESHPLAN_RESTORE_STALL_SECONDS": "0"}).restore_stall_seconds == 1.0  # never at once
