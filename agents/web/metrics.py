@@ -157,6 +157,10 @@ class _StateCollector:
                                 ("event_id_generations_dropped", "Event-id generation tables dropped by retention"),
                                 ("resources_of_other_shards", "Resource changes left to the owner of their entity's "
                                  "partition"),
+                                ("resources_passed_by", "Resource changes of other shards passed by without decoding "
+                                 "(on input partitions another worker judges)"),
+                                ("passed_by_judged", "Records read again to judge what was passed by, on gaining "
+                                 "input partitions"),
                                 ("shards_restored", "Entity partitions restored from source-changes"),
                                 ("shard_resources_restored", "Resource changes applied while restoring a shard"),
                                 ("shard_resources_dropped", "Resources removed with an entity partition handed on")):

@@ -16,6 +16,7 @@ from agents.stream.duty import Duty, TakenOn, register_duty
 from agents.stream.rebalances import Rebalances, woken
 from agents.stream.event_apply import EventApplier
 from agents.stream.fast_path import FastPath
+from agents.stream.passed_by import PassedBy
 from agents.plans.plan_writer import PlanWriter
 from agents.web.early_waits import EarlyWaits
 from agents.web.query import Peers, QueryService
@@ -79,13 +80,14 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit,
                              on_compile=observed.recompiled, on_latency=observed.event_to_invalidation.observe,
                              sent_early=early.acknowledged)
+    taken_on = TakenOn()  # the duty fills it, the publisher publishes from it, the applier judges by it
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
                            cdc=cdc, max_event_skew=settings.max_event_skew, mine=shard_state.mine,
-                           owns=shard_state.owns, early=early.announced)
+                           owns=shard_state.owns, early=early.announced,
+                           duty=lambda topic, partition: (topic, partition) in taken_on)
     # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
     rebalances = Rebalances(app, inputs)
-    taken_on = TakenOn()  # the duty fills it, the publisher publishes from it
     publisher = Publisher(state, app, writer.run, taken_on.by_topic)
     replica = Replica(applier, reader.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
@@ -117,7 +119,9 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
     duty = Duty(state, app, writer.run, inputs, group_offsets, kick=publisher.kick,
                 verified=lambda: replica.ready.is_set() and not replica.blocked, assignment=rebalances.keys,
-                floors=taken_on)
+                floors=taken_on, judge=PassedBy(applier, bootstrap_servers, settings.topic("source-changes"), kafka,
+                                                max(2 * settings.max_event_bytes, 1_000_000),
+                                                settings.restore_stall_seconds).judge)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores)
 

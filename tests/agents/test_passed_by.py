@@ -1,0 +1,131 @@
+"""Other shards' resource changes passed by unread, and judged by whoever gains their input partition."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from agents.plans.plan_writer import PlanWriter
+from agents.stream.event_apply import EventApplier, RawMessage
+from agents.stream.passed_by import PassedBy, passed_by
+from state.local_state import LocalState
+from streams.admin import ensure_topics
+from streams.settings import Settings
+from tests.catalog_double import SCENARIOS
+from tests.events import resource
+
+pytestmark = pytest.mark.timeout(90)
+
+A, B = "ATLAS-IN-01", "BOREAL-UK-02"
+SC = "source-changes"
+_offsets = itertools.count(1000)
+
+
+def raw(event: tuple[str, dict] | bytes | None, partition: int = 0, offset: int | None = None) -> RawMessage:
+    value = event if isinstance(event, bytes) or event is None else orjson.dumps(event[1])
+    return RawMessage(SC, partition, next(_offsets) if offset is None else offset, b"k", value)
+
+
+def only(entity: str):
+    return lambda e: e is None or e == entity
+
+
+def nothing_held(ids):
+    return set()
+
+
+def bad(rid: str, entity: str) -> tuple[str, dict]:
+    """Placed at a glance (a resource upsert naming its id and entity), refused by the schema."""
+    return resource(rid, entity=entity, tokens="many")
+
+
+def test_another_shards_upserts_are_passed_by_only_on_partitions_this_worker_does_not_judge():
+    batch = [raw(resource("r1", entity=B), 0), raw(resource("r2", entity=B), 1), raw(resource("r3", entity=A), 0)]
+    passed = passed_by(batch, {}, only(A), lambda topic, partition: partition == 1, nothing_held)
+    assert passed == {0}, "r2 is on a judged partition, r3 about this worker's entity"
+
+
+def test_a_resource_held_here_or_upserted_here_earlier_in_the_batch_is_read_whatever_entity_it_moves_to():
+    batch = [raw(resource("held", entity=B)), raw(resource("new", entity=A)), raw(resource("new", entity=B, version=2)),
+             raw(resource("other", entity=B))]
+    passed = passed_by(batch, {}, only(A), lambda topic, partition: False, lambda ids: {"held"} & set(ids))
+    assert passed == {3}
+
+
+@pytest.mark.parametrize("value", [None, b"{not json", orjson.dumps({"kind": "resource", "op": "delete", "id": "x"}),
+                                   orjson.dumps({"payload": {"op": "c"}})])
+def test_a_batch_with_a_change_the_glance_cannot_place_is_read_whole(value):
+    batch = [raw(resource("r1", entity=B)), raw(value)]
+    assert passed_by(batch, {}, only(A), lambda topic, partition: False, nothing_held) == set()
+
+
+def test_records_already_applied_and_other_topics_are_left_to_the_applier():
+    batch = [RawMessage("revocations", 0, 1, b"k", b"{}"), raw(resource("r1", entity=B), 0, offset=5)]
+    assert passed_by(batch, {SC: {0: 6}}, only(A), lambda topic, partition: False, nothing_held) == set()
+
+
+@pytest.fixture
+def applier(tmp_path):
+    state = LocalState.open(tmp_path / "w.duckdb")
+    applier = EventApplier(state, PlanWriter(state, lambda n: f"x-{n}"), mine=only(A),
+                           duty=lambda topic, partition: partition == 1)
+    scenario = [orjson.loads(line) for line in (SCENARIOS / "atlas.jsonl").read_text().splitlines()]
+    applier.apply([RawMessage(item["topic"], 0, i, b"k", orjson.dumps(item["event"])) for i, item in
+                   enumerate(scenario)])
+    yield applier
+    state.close()
+
+
+def letters(applier: EventApplier) -> list[tuple]:
+    return applier.state.store.db.execute("SELECT src_partition, src_offset, standby FROM outbox "
+                                          "WHERE topic = 'x-dead-letters' ORDER BY ALL").fetchall()
+
+
+def test_a_broken_change_passed_by_is_left_to_the_duty_owner_and_one_on_a_judged_partition_waits_on_standby(applier):
+    applier.apply([raw(bad("b0", B), 0, offset=10), raw(bad("b1", B), 1, offset=10)], standby=True)
+    assert letters(applier) == [(1, 10, True)]
+    counts = applier.state.store.counters()
+    assert counts["resources_passed_by"] == counts["resources_of_other_shards"] == 1
+
+
+def test_a_held_resource_moving_to_another_shard_is_still_applied_here(applier):
+    applier.apply([raw(resource("mover", entity=A), 0, offset=20)])
+    applier.apply([raw(resource("mover", entity=B, version=2), 0, offset=21)])
+    assert applier.state.store.db.execute("SELECT deleted FROM resources WHERE id = 'mover'").fetchone() == (True,)
+
+
+async def test_the_new_duty_owner_judges_what_it_passed_by_from_the_group_offset_on(broker, applier):
+    """Through the broker: the records from the floor on that were passed by get their letters, once."""
+    settings = Settings(topic_prefix=f"passed-{uuid.uuid4().hex[:6]}-", partitions=2)
+    await ensure_topics(settings, broker.bootstrap_servers)
+    topic = settings.topic(SC)
+    records = [resource("ok", entity=B), bad("early", B), bad("late", B), bad("mine", A)]
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+    await producer.start()
+    try:
+        for event in records:
+            await producer.send_and_wait(topic, orjson.dumps(event[1]), key=b"k", partition=1)
+    finally:
+        await producer.stop()
+    applier.duty = lambda topic, partition: False  # partition 1 is another worker's to judge, until it is gained
+    applier.apply([raw(event, 1, offset=i) for i, event in enumerate(records)], standby=True)
+    assert letters(applier) == [(1, 3, True)], "only the change about this worker's entity was judged"
+    judge = PassedBy(applier, broker.bootstrap_servers, topic, stall_seconds=10).judge
+
+    def judged() -> int:
+        with applier.state.store.transaction():
+            # Partition 0 holds nothing on this topic (the scenario was applied from elsewhere): nothing to judge.
+            return judge({(SC, 1): 2, (SC, 0): 0})
+
+    assert await _off_loop(judged) == 1
+    assert letters(applier) == [(1, 2, True), (1, 3, True)], "below the floor the old owner judged; 3 had its letter"
+    assert await _off_loop(judged) == 0, "judged again, nothing is queued twice"
+
+
+async def _off_loop(fn):
+    import asyncio
+    return await asyncio.to_thread(fn)
