@@ -75,17 +75,15 @@ class ReadStalled(Exception):
 
 async def read_until(bootstrap: str, topic: str, until: dict[int, int], on_batch: Callable[[list], object],
                      kafka: dict | None = None, fetch_bytes: int = 2_000_000,
-                     stall_seconds: float = 15.0, since: dict[int, int] | None = None) -> dict[int, int]:
-    """Feed the records of these partitions, from their beginning (or `since`) up to (not including) `until`, to
-    `on_batch`.
+                     stall_seconds: float = 15.0) -> dict[int, int]:
+    """Feed the records of these partitions, from their beginning up to (not including) `until`, to `on_batch`.
 
     Returns each partition's first offset still held by the broker: above 0, older records
     were deleted by retention and are missing from what was fed. Raises `ReadStalled` once
     `stall_seconds` pass without a record: a caller holding a thread for the read (a shard's
     restore holds the writer) gets it back and retries later, rather than waiting out a fault.
     """
-    since = since or {}
-    wanted = {p: n for p, n in until.items() if n > since.get(p, 0)}
+    wanted = {p: n for p, n in until.items() if n > 0}
     if not wanted:
         return {}
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
@@ -98,10 +96,7 @@ async def read_until(bootstrap: str, topic: str, until: dict[int, int], on_batch
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         starts = await asyncio.wait_for(consumer.beginning_offsets(tps), stall_seconds)
-        reached = {tp: max(starts[tp], since.get(tp.partition, 0)) for tp in tps}
-        for tp in tps:
-            if reached[tp] > starts[tp]:
-                consumer.seek(tp, reached[tp])
+        reached = {tp: starts[tp] for tp in tps}
         open_tps = {tp for tp in tps if reached[tp] < wanted[tp.partition]}
         progress = loop.time()
         while open_tps:

@@ -80,7 +80,7 @@ class Duty:
         self.floors = TakenOn() if floors is None else floors  # shared with the publisher, which reads it
         self.committed: dict[Key, int] = {}  # what this worker committed since taking each on
         self.delivered = 0  # input events Faust delivered anyway (fetched before a pause took effect)
-        # Judges what this worker passed by unread from each floor on (`PassedBy.judge`), before the promote.
+        # Judges what this worker passed by unread from each floor on (`judge_passed`), before the promote.
         self.judge = judge
 
     def owned(self) -> dict[str, dict[int, int]]:

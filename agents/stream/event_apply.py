@@ -131,6 +131,7 @@ class EventApplier:
         decoded: list[tuple[RawMessage, InputEvent]] = []
         passed = set() if self.duty is every_partition else passed_by(
             messages, applied, self.mine, self.duty, lambda ids: held_ids(store, ids, self.mine))
+        passed_rows: list[tuple[int, int, bytes | None, bytes | None]] = []
         for i, m in enumerate(messages):
             if m.offset < applied.get(m.topic, {}).get(m.partition, 0):
                 counts["redelivered_skipped"] += 1
@@ -138,8 +139,7 @@ class EventApplier:
             applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
             marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
             if i in passed:
-                counts["resources_of_other_shards"] += 1
-                counts["resources_passed_by"] += 1
+                passed_rows.append((m.partition, m.offset, m.key, m.value))
                 continue
             try:
                 decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
@@ -148,6 +148,11 @@ class EventApplier:
                 counts[f"cdc_skipped.{exc.kind}"] += 1
             except InvalidEvent as exc:
                 self.dead_letter(m, exc.error_class, exc.message, counts)
+        if passed_rows:
+            # Kept with the offsets that passed them: whoever gains their partition judges them (`judge_passed`).
+            self.state.passed.add("source-changes", passed_rows)
+            counts["resources_of_other_shards"] += len(passed_rows)
+            counts["resources_passed_by"] += len(passed_rows)
         store.save_offsets(offsets, {pos: (o, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))
                                      for pos, (o, m) in marks.items()})
         # The clock is idempotent by monotonicity; its ticks need no event-id ledger. Nor are the ids of

@@ -3,7 +3,6 @@ judging them when the group gives it their partition."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Callable, Collection, Sequence
@@ -14,7 +13,6 @@ from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.records import SourceChange
 from schemas.shard_peek import peek
 from state.catalog_resources import Mine, refusal, refused
-from streams.partitions import read_until
 
 if TYPE_CHECKING:
     from agents.stream.event_apply import EventApplier
@@ -60,80 +58,37 @@ def passed_by(messages: Sequence[RawMessage], applied: dict[str, dict[int, int]]
     return {i for i, rid in candidates.items() if rid not in kept}
 
 
-class PassedBy:
-    """Judges, when the group gives this worker input partitions, what it passed by on them since their floor.
+def judge_passed(applier: EventApplier, since: dict[tuple[str, int], int] | None = None) -> int:
+    """Queue on standby the dead letters owed by the records passed by here on these input partitions from each
+    offset on (on every partition, with no `since`); how many (on the writer, in the caller's transaction).
 
-    The group's committed offset (the floor) may lie behind what this worker applied: the
-    partition's previous owner judged up to there, and no further when it died or lost the
-    partition before committing. The dead letters of the events from the floor on are this
-    worker's to send now: those of events it decoded wait on standby, and those it passed by
-    are judged here, from `source-changes` read again, before the take-on promotes them all.
+    Called when the group gives this worker input partitions (`since`: the group's committed
+    offsets, to which their previous owner judged; what it passed by from there on is this
+    worker's to judge now), and before a rebase publishes every standby letter of reset topics
+    (the old records can never be judged again). Each record is judged once, as decoding it
+    would have: its decode error, or a refusal by the source rules in force now.
     """
-
-    def __init__(self, applier: EventApplier, bootstrap_servers: str, topic: str, kafka: dict | None = None,
-                 fetch_bytes: int = 2_000_000, stall_seconds: float = 15.0) -> None:
-        self.applier = applier
-        self.bootstrap_servers = bootstrap_servers
-        self.topic = topic  # broker-side `source-changes`
-        self.kafka = kafka or {}
-        self.fetch_bytes = fetch_bytes
-        self.stall_seconds = stall_seconds
-
-    def judge(self, floors: dict[tuple[str, int], int]) -> int:
-        """Queue on standby the dead letters of the resource changes from each floor to what was applied that
-        this file holds no letter for; how many (on the writer, in the take-on's transaction)."""
-        store = self.applier.state.store
-        applied = store.next_offsets().get("source-changes", {})
-        since = {p: floor for (topic, p), floor in floors.items()
-                 if topic == "source-changes" and applied.get(p, 0) > floor}
-        if not since:
-            return 0
-        until = {p: applied[p] for p in since}
-        letters = set(store.db.execute(
-            "SELECT src_partition, src_offset FROM outbox WHERE topic = ? AND src_topic = 'source-changes'",
-            [self.applier.plans.topic_of("dead-letters")]).fetchall())
-        counts: Counter[str] = Counter()
-        read = 0
-
-        def on_batch(records: list) -> None:
-            nonlocal read
-            read += len(records)
-            for r in records:
-                glance = peek(r.value)
-                # Only upserts placed at a glance are ever passed by; every other record was decoded and judged.
-                if glance is None or glance.kind != "resource" or glance.entity is None or \
-                        (r.partition, r.offset) in letters or r.offset < since[r.partition]:
-                    continue
-                m = RawMessage("source-changes", r.partition, r.offset, r.key, r.value,
-                               r.timestamp / 1000 if r.timestamp else None)
-                self._judge_one(m, counts)
-
-        asyncio.run(read_until(self.bootstrap_servers, self.topic, until, on_batch, self.kafka, self.fetch_bytes,
-                               self.stall_seconds, since=since))
-        sent = sum(n for name, n in counts.items() if name.startswith("dead_letters."))
-        counts["passed_by_judged"] += read
-        store.bump_many(counts)
-        log.info("judged %d records of source-changes partitions %s from the group's offsets %s: %d dead letters",
-                 read, sorted(since), [since[p] for p in sorted(since)], sent,
-                 extra={"partitions": sorted(since), "reason": "passed_by_judged"})
-        return sent
-
-    def _judge_one(self, m: RawMessage, counts: Counter[str]) -> None:
-        """What every worker that decoded the record would have queued: its decode error, or a source refusal."""
+    floors = None if since is None else {p: o for (topic, p), o in since.items() if topic == "source-changes"}
+    rows = applier.state.passed.take("source-changes", floors)
+    counts: Counter[str] = Counter(passed_by_judged=len(rows))
+    for partition, offset, key, value in rows:
+        m = RawMessage("source-changes", partition, offset, key, value)
         try:
-            event = self._decode(m)
+            event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                           max_bytes=applier.max_event_bytes, cdc=applier.cdc)
         except SkippedEvent:
-            return
+            continue
         except InvalidEvent as exc:
-            self.applier.dead_letter(m, exc.error_class, exc.message, counts, standby=True)
-            return
+            applier.dead_letter(m, exc.error_class, exc.message, counts, standby=True)
+            continue
         change = event.payload
         if isinstance(change, SourceChange) and refused(change.record, change.unavailable,  # type: ignore[arg-type]
-                                                        self.applier.state.catalog.source_rules()):
+                                                        applier.state.catalog.source_rules()):
             error = refusal()
-            self.applier.dead_letter(m, error.error_class, error.message, counts, standby=True)
-
-    def _decode(self, m: RawMessage):
-        """Decode as the applier does (its size bound and CDC mapping)."""
-        return decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
-                      max_bytes=self.applier.max_event_bytes, cdc=self.applier.cdc)
+            applier.dead_letter(m, error.error_class, error.message, counts, standby=True)
+    sent = sum(n for name, n in counts.items() if name.startswith("dead_letters."))
+    applier.state.store.bump_many(counts)
+    if rows:
+        log.info("judged %d records passed by on source-changes partitions %s: %d dead letters", len(rows),
+                 sorted({r[0] for r in rows}), sent, extra={"reason": "passed_by_judged"})
+    return sent

@@ -16,7 +16,7 @@ from agents.stream.duty import Duty, TakenOn, register_duty
 from agents.stream.rebalances import Rebalances, woken
 from agents.stream.event_apply import EventApplier
 from agents.stream.fast_path import FastPath
-from agents.stream.passed_by import PassedBy
+from agents.stream.passed_by import judge_passed
 from agents.plans.plan_writer import PlanWriter
 from agents.web.early_waits import EarlyWaits
 from agents.web.query import Peers, QueryService
@@ -119,9 +119,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
     duty = Duty(state, app, writer.run, inputs, group_offsets, kick=publisher.kick,
                 verified=lambda: replica.ready.is_set() and not replica.blocked, assignment=rebalances.keys,
-                floors=taken_on, judge=PassedBy(applier, bootstrap_servers, settings.topic("source-changes"), kafka,
-                                                max(2 * settings.max_event_bytes, 1_000_000),
-                                                settings.restore_stall_seconds).judge)
+                floors=taken_on, judge=lambda floors: judge_passed(applier, floors))
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores)
 
@@ -308,3 +306,4 @@ def _register_input_agent(worker: Worker, name: str) -> None:
 def _prune(state: LocalState, committed: dict[tuple[str, int], int]) -> None:
     with state.store.transaction():
         state.outbox.prune(committed)
+        state.passed.prune(committed)

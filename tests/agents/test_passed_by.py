@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import itertools
-import uuid
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from agents.plans.plan_writer import PlanWriter
 from agents.stream.event_apply import EventApplier, RawMessage
-from agents.stream.passed_by import PassedBy, passed_by
+from agents.stream.passed_by import judge_passed, passed_by
 from state.local_state import LocalState
-from streams.admin import ensure_topics
-from streams.settings import Settings
 from tests.catalog_double import SCENARIOS
-from tests.events import resource
+from tests.events import policy_version, resource
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -98,34 +94,58 @@ def test_a_held_resource_moving_to_another_shard_is_still_applied_here(applier):
     assert applier.state.store.db.execute("SELECT deleted FROM resources WHERE id = 'mover'").fetchone() == (True,)
 
 
-async def test_the_new_duty_owner_judges_what_it_passed_by_from_the_group_offset_on(broker, applier):
-    """Through the broker: the records from the floor on that were passed by get their letters, once."""
-    settings = Settings(topic_prefix=f"passed-{uuid.uuid4().hex[:6]}-", partitions=2)
-    await ensure_topics(settings, broker.bootstrap_servers)
-    topic = settings.topic(SC)
-    records = [resource("ok", entity=B), bad("early", B), bad("late", B), bad("mine", A)]
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
-    await producer.start()
-    try:
-        for event in records:
-            await producer.send_and_wait(topic, orjson.dumps(event[1]), key=b"k", partition=1)
-    finally:
-        await producer.stop()
+def passed_rows(applier: EventApplier) -> list[tuple]:
+    """Kept on partition 1 (the scenario's own records on partition 0 about B are passed by too)."""
+    return applier.state.store.db.execute("SELECT src_partition, src_offset FROM passed_records "
+                                          "WHERE src_partition = 1 ORDER BY ALL").fetchall()
+
+
+def judged(applier: EventApplier, since=None) -> int:
+    with applier.state.store.transaction():
+        return judge_passed(applier, since)
+
+
+def test_the_new_duty_owner_judges_what_it_passed_by_from_the_group_offset_on(applier):
+    """Kept in the file with the offsets that passed them; judged once, from the floor on."""
     applier.duty = lambda topic, partition: False  # partition 1 is another worker's to judge, until it is gained
+    records = [resource("ok", entity=B), bad("early", B), bad("late", B), bad("mine", A)]
     applier.apply([raw(event, 1, offset=i) for i, event in enumerate(records)], standby=True)
     assert letters(applier) == [(1, 3, True)], "only the change about this worker's entity was judged"
-    judge = PassedBy(applier, broker.bootstrap_servers, topic, stall_seconds=10).judge
-
-    def judged() -> int:
-        with applier.state.store.transaction():
-            # Partition 0 holds nothing on this topic (the scenario was applied from elsewhere): nothing to judge.
-            return judge({(SC, 1): 2, (SC, 0): 0})
-
-    assert await _off_loop(judged) == 1
+    assert passed_rows(applier) == [(1, 0), (1, 1), (1, 2)]
+    assert judged(applier, {(SC, 1): 2}) == 1
     assert letters(applier) == [(1, 2, True), (1, 3, True)], "below the floor the old owner judged; 3 had its letter"
-    assert await _off_loop(judged) == 0, "judged again, nothing is queued twice"
+    assert passed_rows(applier) == [], "the gained partition's records are judged or were their owner's"
+    assert judged(applier, {(SC, 1): 0}) == 0, "judged again, nothing is queued twice"
+    assert applier.state.store.counters()["passed_by_judged"] == 1
 
 
-async def _off_loop(fn):
-    import asyncio
-    return await asyncio.to_thread(fn)
+def test_what_this_worker_decoded_itself_is_never_judged_again(applier):
+    """A resource of its own entity applied under one policy is not refused at take-on under a tighter one; a
+    letter it published while it owned the partition is not queued again when it regains the partition."""
+    applier.apply([raw(resource("waiver-W9", entity=A), 1, offset=0), raw(bad("b0", B), 1, offset=1)], standby=True)
+    tightened = policy_version(2, "2026-08-30T10:00:00Z", sources={"credit-committee": ["committee_record"]})
+    applier.apply([RawMessage("policy-versions", 0, 100, b"k", orjson.dumps(tightened[1]))])
+    with applier.state.store.transaction():  # its letter published, acknowledged and forgotten
+        applier.state.store.db.execute("DELETE FROM outbox WHERE topic = 'x-dead-letters'")
+    assert judged(applier, {(SC, 1): 0}) == 0
+    assert letters(applier) == []
+
+
+def test_a_rebase_sends_the_letters_of_what_was_passed_by(applier):
+    """Every standby letter of a reset topic goes out (the old records can never be promoted), and so do the
+    letters owed by records passed by: nobody can read those records again."""
+    from agents.stream.replica import _rebase
+    applier.duty = lambda topic, partition: False
+    applier.apply([raw(bad("b0", B), 1, offset=0)], standby=True)
+    assert letters(applier) == []
+    _rebase(applier, "new-cluster", [SC])
+    assert letters(applier) == [(1, 0, False)]
+    assert passed_rows(applier) == []
+
+
+def test_records_the_group_committed_past_are_forgotten(applier):
+    applier.duty = lambda topic, partition: False
+    applier.apply([raw(bad(f"b{i}", B), 1, offset=i) for i in range(3)], standby=True)
+    with applier.state.store.transaction():
+        applier.state.passed.prune({(SC, 1): 2, ("clock", 0): 5})
+    assert passed_rows(applier) == [(1, 2)]
