@@ -9,7 +9,7 @@ import pyarrow as pa
 from state.store import Store
 
 Position = tuple[str, int]  # (logical input topic, partition)
-Row = tuple[int, int, bytes | None, bytes | None]  # (partition, offset, key, value)
+Row = tuple[int, int, bytes | None, bytes | None, bool]  # (partition, offset, key, value, refused by the source rules)
 
 
 class PassedRecords:
@@ -33,14 +33,16 @@ class PassedRecords:
             "src_partition": pa.array([r[0] for r in rows], pa.int32()),
             "src_offset": pa.array([r[1] for r in rows], pa.int64()),
             "key": pa.array([r[2] for r in rows], pa.binary()),
-            "value": pa.array([r[3] for r in rows], pa.binary())}), verb="INSERT INTO", columns=True)
+            "value": pa.array([r[3] for r in rows], pa.binary()),
+            "refused": pa.array([r[4] for r in rows], pa.bool_())}), verb="INSERT INTO", columns=True)
 
     def take(self, topic: str, since: dict[int, int] | None = None) -> list[Row]:
         """The kept records of these partitions from each offset on (every partition's, with no `since`), in
         order; every kept record of those partitions is forgotten (those below were their owner's)."""
         db = self.store.db
         if since is None:
-            rows = db.execute("SELECT src_partition, src_offset, key, value FROM passed_records WHERE src_topic = ? "
+            rows = db.execute("SELECT src_partition, src_offset, key, value, refused FROM passed_records "
+                              "WHERE src_topic = ? "
                               "ORDER BY src_partition, src_offset", [topic]).fetchall()
             db.execute("DELETE FROM passed_records WHERE src_topic = ?", [topic])
             return rows
@@ -48,7 +50,7 @@ class PassedRecords:
             return []
         parts, floors = list(since), [since[p] for p in since]
         rows = db.execute(
-            "SELECT r.src_partition, r.src_offset, r.key, r.value FROM passed_records r "
+            "SELECT r.src_partition, r.src_offset, r.key, r.value, r.refused FROM passed_records r "
             "JOIN (SELECT unnest(?::INTEGER[]) p, unnest(?::BIGINT[]) o) f ON r.src_partition = f.p "
             "WHERE r.src_topic = ? AND r.src_offset >= f.o ORDER BY 1, 2", [parts, floors, topic]).fetchall()
         db.execute("DELETE FROM passed_records WHERE src_topic = ? AND src_partition IN (SELECT unnest(?::INTEGER[]))",

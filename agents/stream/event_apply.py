@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 from compiler import dependency_keys as dk
 from compiler.trust import unsourced
 from agents.plans.plan_writer import PlanWriter, Touched, wall_now
-from agents.stream.passed_by import Judges, every_partition, passed_by
+from agents.stream.passed_by import Judges, every_partition, passed_by, refused_at_a_glance
 from agents.stream.raw_message import RawMessage
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
@@ -129,9 +129,10 @@ class EventApplier:
         offsets: dict[tuple[str, int], int] = {}
         marks: dict[tuple[str, int], tuple[int, RawMessage]] = {}
         decoded: list[tuple[RawMessage, InputEvent]] = []
-        passed = set() if self.duty is every_partition else passed_by(
+        passed = {} if self.duty is every_partition else passed_by(
             messages, applied, self.mine, self.duty, lambda ids: held_ids(store, ids, self.mine))
-        passed_rows: list[tuple[int, int, bytes | None, bytes | None]] = []
+        passed_rows: list[tuple[int, int, bytes | None, bytes | None, bool]] = []
+        rules: dict[str, set[str]] | None = None
         for i, m in enumerate(messages):
             if m.offset < applied.get(m.topic, {}).get(m.partition, 0):
                 counts["redelivered_skipped"] += 1
@@ -139,7 +140,9 @@ class EventApplier:
             applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
             marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
             if i in passed:
-                passed_rows.append((m.partition, m.offset, m.key, m.value))
+                # Judged by the rules this batch applies under (`apply_resources` reads them once per batch too).
+                rules = self.state.catalog.source_rules() if rules is None else rules
+                passed_rows.append((m.partition, m.offset, m.key, m.value, refused_at_a_glance(passed[i], rules)))
                 continue
             try:
                 decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",

@@ -42,26 +42,26 @@ def bad(rid: str, entity: str) -> tuple[str, dict]:
 def test_another_shards_upserts_are_passed_by_only_on_partitions_this_worker_does_not_judge():
     batch = [raw(resource("r1", entity=B), 0), raw(resource("r2", entity=B), 1), raw(resource("r3", entity=A), 0)]
     passed = passed_by(batch, {}, only(A), lambda topic, partition: partition == 1, nothing_held)
-    assert passed == {0}, "r2 is on a judged partition, r3 about this worker's entity"
+    assert set(passed) == {0} and passed[0].resource_id == "r1", "r2 is on a judged partition, r3 about this worker's entity"
 
 
 def test_a_resource_held_here_or_upserted_here_earlier_in_the_batch_is_read_whatever_entity_it_moves_to():
     batch = [raw(resource("held", entity=B)), raw(resource("new", entity=A)), raw(resource("new", entity=B, version=2)),
              raw(resource("other", entity=B))]
     passed = passed_by(batch, {}, only(A), lambda topic, partition: False, lambda ids: {"held"} & set(ids))
-    assert passed == {3}
+    assert set(passed) == {3}
 
 
 @pytest.mark.parametrize("value", [None, b"{not json", orjson.dumps({"kind": "resource", "op": "delete", "id": "x"}),
                                    orjson.dumps({"payload": {"op": "c"}})])
 def test_a_batch_with_a_change_the_glance_cannot_place_is_read_whole(value):
     batch = [raw(resource("r1", entity=B)), raw(value)]
-    assert passed_by(batch, {}, only(A), lambda topic, partition: False, nothing_held) == set()
+    assert passed_by(batch, {}, only(A), lambda topic, partition: False, nothing_held) == {}
 
 
 def test_records_already_applied_and_other_topics_are_left_to_the_applier():
     batch = [RawMessage("revocations", 0, 1, b"k", b"{}"), raw(resource("r1", entity=B), 0, offset=5)]
-    assert passed_by(batch, {SC: {0: 6}}, only(A), lambda topic, partition: False, nothing_held) == set()
+    assert passed_by(batch, {SC: {0: 6}}, only(A), lambda topic, partition: False, nothing_held) == {}
 
 
 @pytest.fixture
@@ -149,3 +149,30 @@ def test_records_the_group_committed_past_are_forgotten(applier):
     with applier.state.store.transaction():
         applier.state.passed.prune({(SC, 1): 2, ("clock", 0): 5})
     assert passed_rows(applier) == [(1, 2)]
+
+
+def test_a_topic_blocked_on_a_reset_keeps_its_rows_while_the_others_are_pruned(applier):
+    """A worker blocked on one reset topic still applies the others: their rows must not pile up."""
+    from agents.worker.build import _prune
+    applier.duty = lambda topic, partition: False
+    applier.apply([raw(bad(f"b{i}", B), 1, offset=i) for i in range(3)], standby=True)
+    _prune(applier.state, {(SC, 1): 2}, blocked=frozenset({SC}))
+    assert passed_rows(applier) == [(1, 0), (1, 1), (1, 2)], "a blocked topic's offsets name another incarnation"
+    _prune(applier.state, {(SC, 1): 2}, blocked=frozenset({"clock"}))
+    assert passed_rows(applier) == [(1, 2)]
+
+
+@pytest.mark.parametrize("tightened", [True, False])
+def test_a_passed_record_is_refused_by_the_rules_it_was_passed_under_not_those_of_the_take_on(applier, tightened):
+    """A worker that decoded the record judged it by the rules of its batch: the judge must agree, whichever way
+    the policy moved before the partition came to this worker."""
+    applier.duty = lambda topic, partition: False
+    # The scenario's bundle lets credit-committee assert committee_record and approved_waiver, not facility_record.
+    change = resource("r0", entity=B) if tightened else resource("r0", entity=B, cls="facility_record")
+    applier.apply([raw(change, 1, offset=0)], standby=True)
+    sources = {"credit-committee": ["committee_record"]} if tightened else \
+        {"credit-committee": ["committee_record", "approved_waiver", "facility_record"]}
+    applier.apply([RawMessage("policy-versions", 0, 100, b"k", orjson.dumps(
+        policy_version(2, "2026-08-30T10:00:00Z", sources=sources)[1]))])
+    judged(applier, {(SC, 1): 0})
+    assert letters(applier) == ([] if tightened else [(1, 0, True)])
