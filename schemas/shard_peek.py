@@ -19,10 +19,6 @@ class Peek:
     """The entity a resource upsert is about; None for anything else (a delete names no entity)."""
     version: int | None = None
     """The version a resource upsert carries, when it is an integer."""
-    provenance_group: str | None = None
-    """A resource upsert's provenance group, when it is a string (what the source rules judge)."""
-    evidence_class: str | None = None
-    """A resource upsert's evidence class, when it is a string."""
 
 
 def peek(value: bytes | None) -> Peek | None:
@@ -42,6 +38,5 @@ def peek(value: bytes | None) -> Peek | None:
     body = doc.get("resource")
     if not isinstance(body, dict) or not isinstance(body.get("id"), str) or not isinstance(body.get("entity"), str):
         return None
-    version, group, evidence = body.get("version"), body.get("provenance_group"), body.get("evidence_class")
-    return Peek(kind, body["id"], body["entity"], version if type(version) is int else None,
-                group if isinstance(group, str) else None, evidence if isinstance(evidence, str) else None)
+    version = body.get("version")
+    return Peek(kind, body["id"], body["entity"], version if type(version) is int else None)

@@ -69,9 +69,9 @@ class Catalog:
     def apply_resources(self, changes: Sequence[SourceChange],
                         mine: Mine = everything) -> list[list[str] | InvalidEvent | OtherShard | None]:
         """Apply resource upserts and deletes in order in one write; keys per change (see `apply_resources`)."""
-        return apply_resources(self.store, changes, self.source_rules(), mine)
+        return apply_resources(self.store, changes, self._source_rules(), mine)
 
-    def source_rules(self) -> dict[str, set[str]]:
+    def _source_rules(self) -> dict[str, set[str]]:
         """Provenance group -> the evidence classes it may assert, read once per policy change."""
         def load() -> dict[str, set[str]]:
             rules: dict[str, set[str]] = {}

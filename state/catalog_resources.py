@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Collection, Sequence
+from typing import Callable, Sequence
 
 import orjson
 import pyarrow as pa
@@ -95,7 +95,7 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
         if refused(change.record, change.unavailable, rules):  # type: ignore[arg-type]
             # The record alone decides, so any worker that reads it judges it alike (who reports it is the
             # applier's choice: the entity's owner, or the duty owner of its input partition).
-            out.append(refusal())
+            out.append(_refusal())
             continue
         held = old is not None and mine(old[2])
         if not held and (change.record is None or not mine(new_entity)):
@@ -130,7 +130,7 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
         allowed = rules.get(new.provenance_group or "")
         if allowed is not None and new.evidence_class not in allowed:
             # Refused where it was going to: the new entity's holder reports it (once), the old row stays.
-            out.append(refusal())
+            out.append(_refusal())
             continue
         point = new.log_position if new.log_snapshot else None
         current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts,
@@ -157,15 +157,6 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
     return out
 
 
-def held_ids(store: Store, ids: Collection[str], mine: Mine) -> set[str]:
-    """Of these resource ids, those whose stored row (a tombstone too) is about an entity that is `mine`: a change
-    of one of them is this worker's to apply, whatever entity it names (a move away is announced here)."""
-    if not ids:
-        return set()
-    rows = store.db.execute("SELECT id, entity FROM resources WHERE id IN (SELECT unnest(?))", [sorted(ids)])
-    return {rid for rid, entity in rows.fetchall() if mine(entity)}
-
-
 def held_entities(store: Store) -> list[str]:
     """Entities that stored resources are about (those about none are every worker's)."""
     return [r[0] for r in store.db.execute("SELECT DISTINCT entity FROM resources WHERE entity IS NOT NULL").fetchall()]
@@ -190,8 +181,7 @@ def refused(record: Resource | None, unavailable: Sequence[tuple[str, str]], rul
     return allowed is not None and record.evidence_class not in allowed
 
 
-def refusal() -> InvalidEvent:
-    """The error of an upsert whose source may not assert its evidence class (see `refused`)."""
+def _refusal() -> InvalidEvent:
     return InvalidEvent("class_not_allowed_for_source", "the resource's provenance_group may not assert its "
                         "evidence_class (see the policy bundle's sources); the resource is not applied")
 

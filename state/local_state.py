@@ -10,7 +10,6 @@ from state.dependency_index import DependencyIndex
 from state.key_changes import KeyChanges
 from state.checkpoints import DEFAULT_WAL_LIMIT
 from state.outbox import Outbox, OutboundLimit
-from state.passed_records import PassedRecords
 from state.plan_store import PlanStore
 from state.recompile_queue import RecompileQueue
 from state.retention import Retention
@@ -37,8 +36,6 @@ class LocalState:
     """Select stamps, eviction of unused plans, expiry of old plan rows and receipts."""
     key_changes: KeyChanges
     """Where each dependency key last changed: what a take-over judges plans by, without compiling."""
-    passed: PassedRecords
-    """Input records passed by unread, until their partition's owner has judged them (see `passed_by`)."""
 
     @classmethod
     def open(cls, path: Path | str, outbound: OutboundLimit | None = None,
@@ -47,7 +44,7 @@ class LocalState:
         store = Store(path, wal_limit)
         outbox = Outbox(store, outbound)
         return cls(store, Catalog(store), DependencyIndex(store), PlanStore(store), outbox,
-                   RecompileQueue(store), Retention(store, outbox), KeyChanges(store), PassedRecords(store))
+                   RecompileQueue(store), Retention(store, outbox), KeyChanges(store))
 
     def reader(self) -> "LocalState":
         """The same views over a cursor of their own, for reads beside a writer thread (committed state only).
@@ -58,8 +55,7 @@ class LocalState:
         store = self.store.view()
         outbox = Outbox(store, acked=self.outbox.acked)
         return LocalState(store, Catalog(store), DependencyIndex(store), PlanStore(store), outbox,
-                          RecompileQueue(store), Retention(store, outbox, ensure_schema=False), KeyChanges(store),
-                          PassedRecords(store))
+                          RecompileQueue(store), Retention(store, outbox, ensure_schema=False), KeyChanges(store))
 
     def close(self) -> None:
         """Close the file."""

@@ -60,8 +60,6 @@ CREATE TABLE IF NOT EXISTS plan_heads (plan_key VARCHAR PRIMARY KEY, plan_id VAR
 CREATE TABLE IF NOT EXISTS dependency_index (dep_key VARCHAR, plan_key VARCHAR);
 CREATE INDEX IF NOT EXISTS dependency_index_key ON dependency_index (dep_key);
 CREATE TABLE IF NOT EXISTS receipts (receipt_id VARCHAR PRIMARY KEY, plan_id VARCHAR, receipt VARCHAR);
-CREATE TABLE IF NOT EXISTS passed_records (src_topic VARCHAR, src_partition INTEGER, src_offset BIGINT, key BLOB,
-  value BLOB, refused BOOLEAN);
 CREATE SEQUENCE IF NOT EXISTS outbox_seq;
 CREATE TABLE IF NOT EXISTS outbox (seq BIGINT DEFAULT nextval('outbox_seq'), topic VARCHAR,
   key BLOB, value BLOB, src_topic VARCHAR, src_partition INTEGER, src_offset BIGINT,

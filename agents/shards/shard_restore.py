@@ -5,15 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Collection, Sequence
+from typing import Callable, Collection
 
 from agents.stream.event_apply import EventApplier
 from agents.stream.raw_message import RawMessage
-from schemas.codec import decode
-from schemas.errors import InvalidEvent, SkippedEvent
-from schemas.records import SourceChange
-from schemas.shard_peek import peek
-from state.catalog_resources import Mine, apply_resources, drop_resources, held_entities
+from state.catalog_resources import drop_resources, held_entities
 from state.shard_state import ShardState
 from streams.partitions import read_until
 
@@ -114,7 +110,7 @@ class Shards:
             nonlocal seen, restored
             messages = [RawMessage("source-changes", r.partition, r.offset, r.key, r.value,
                                    r.timestamp / 1000 if r.timestamp else None) for r in records]
-            restored += restore_resources(self.applier, messages, mine, seen_ids)
+            restored += self.applier.restore_resources(messages, mine, seen_ids)
             before, seen = seen, seen + len(records)
             if seen // PROGRESS_EVERY > before // PROGRESS_EVERY:
                 log.info("restoring entity partitions %s: %d of %d records read", sorted(gained), seen,
@@ -147,44 +143,3 @@ class Shards:
         log.info("restored entity partitions %s from %s: %d records read, %d resource changes applied, %.2fs",
                  sorted(gained), self.topic, seen, restored, seconds,
                  extra={"partitions": sorted(gained), "reason": "shard_restored"})
-
-
-def restore_resources(applier: EventApplier, messages: Sequence[RawMessage], mine: Mine,
-                      seen: set[str] | None = None) -> int:
-    """Apply the resource changes of a gained shard from its history, in order; how many changed a row.
-
-    Run inside the take-over's transaction, on the writer. Offsets, the event-id ledger and
-    plans are left alone (the live path applied these events already for the shards it held,
-    and a take-over judges parked plans by the key changes recorded here); what the history
-    holds that is invalid was dead-lettered by whoever owned the shard then. `seen` collects, across
-    the calls of one restore, the ids of resources the shard has held.
-    """
-    seen = set() if seen is None else seen
-    changes: list[tuple[RawMessage, SourceChange, str]] = []
-    for m in messages:
-        # Most of a history is other shards' and replicated records: passed by at a glance. A resource
-        # upsert about another entity still counts if its id was this shard's (a move away tombstones it).
-        glance = peek(m.value)
-        if glance is not None and (glance.kind != "resource" or (
-                glance.entity is not None and not mine(glance.entity) and glance.resource_id not in seen)):
-            continue
-        try:
-            event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
-                           max_bytes=applier.max_event_bytes, cdc=applier.cdc)
-        except (SkippedEvent, InvalidEvent):
-            continue
-        if isinstance(event.payload, SourceChange) and event.payload.kind == "resource":
-            changes.append((m, event.payload, event.event_id))
-            record = event.payload.record
-            if record is not None and mine(record.entity):  # type: ignore[union-attr]
-                seen.add(event.payload.record_id)
-    if not changes:
-        return 0
-    # No source rules: what its holder accepted then stays (policy changes never remove stored
-    # resources), and the compiler still refuses what today's bundle does not trust.
-    results = apply_resources(applier.state.store, [c for _, c, _ in changes], {}, mine)
-    keyed = {(m.topic, m.partition, m.offset): keys for (m, _, _), keys in zip(changes, results, strict=True)
-             if isinstance(keys, list) and keys}
-    applier.state.key_changes.record(keyed, {(m.topic, m.partition, m.offset): event_id
-                                          for m, _, event_id in changes})
-    return len(keyed)

@@ -63,8 +63,7 @@ class Duty:
     def __init__(self, state: LocalState, app, run: Callable[..., Awaitable[Any]], topics: dict[str, str],
                  offsets: GroupOffsets, kick: Callable[[], None],
                  verified: Callable[[], bool] = lambda: True,
-                 assignment: Callable[[], set[Key] | None] | None = None, floors: TakenOn | None = None,
-                 judge: Callable[[dict[Key, int]], object] | None = None) -> None:
+                 assignment: Callable[[], set[Key] | None] | None = None, floors: TakenOn | None = None) -> None:
         self.state = state  # the read-write state: touched only through `run`
         self.app = app
         self.run_writes = run
@@ -80,8 +79,6 @@ class Duty:
         self.floors = TakenOn() if floors is None else floors  # shared with the publisher, which reads it
         self.committed: dict[Key, int] = {}  # what this worker committed since taking each on
         self.delivered = 0  # input events Faust delivered anyway (fetched before a pause took effect)
-        # Judges what this worker passed by unread from each floor on (`judge_passed`), before the promote.
-        self.judge = judge
 
     def owned(self) -> dict[str, dict[int, int]]:
         """Partitions taken on, by topic, with the offset from which their events are this worker's to publish."""
@@ -143,7 +140,7 @@ class Duty:
         # Known before promoting: a replica batch applied meanwhile is promoted by `Publisher.publish_owned`.
         self.floors.update(floors)
         try:
-            await self.run_writes(_promote_from, self.state, floors, self.judge)
+            await self.run_writes(_promote_from, self.state, floors)
         except BaseException:
             # Not taken on: the next round finds them gained again and retries (see `Chores`).
             for key in floors:
@@ -176,11 +173,8 @@ class Duty:
         return due
 
 
-def _promote_from(state: LocalState, floors: dict[Key, int],
-                  judge: Callable[[dict[Key, int]], object] | None = None) -> None:
+def _promote_from(state: LocalState, floors: dict[Key, int]) -> None:
     with state.store.transaction():
-        if judge is not None:
-            judge(floors)  # its letters wait on standby too, and are promoted with the rest
         for (topic, partition), floor in floors.items():
             # Standby records of earlier events were published by the partition's previous owner.
             state.outbox.promote(topic, partition, floor, LAST_OFFSET, drop_earlier=True)

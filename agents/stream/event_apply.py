@@ -11,15 +11,15 @@ from typing import Callable, Sequence
 from compiler import dependency_keys as dk
 from compiler.trust import unsourced
 from agents.plans.plan_writer import PlanWriter, Touched, wall_now
-from agents.stream.passed_by import Judges, every_partition, passed_by, refused_at_a_glance
 from agents.stream.raw_message import RawMessage
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
 from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.outbound import input_dead_letter, letter_key
+from schemas.shard_peek import peek
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
-from state.catalog_resources import Mine, OtherShard, everything, held_ids
+from state.catalog_resources import Mine, OtherShard, apply_resources, everything
 from state.local_state import LocalState
 from streams.incarnation import record_mark
 
@@ -67,12 +67,8 @@ class EventApplier:
     def __init__(self, state: LocalState, plans: PlanWriter, max_event_bytes: int = 1_000_000,
                  max_clock_jump: timedelta | None = timedelta(days=400), cdc: CdcMapping | None = None,
                  max_event_skew: timedelta = timedelta(minutes=5), mine: Mine = everything,
-                 owns: Mine = everything, early: Callable[[Sequence[RawMessage]], dict] | None = None,
-                 duty: Judges = every_partition) -> None:
+                 owns: Mine = everything, early: Callable[[Sequence[RawMessage]], dict] | None = None) -> None:
         self.state = state
-        # Whether the group gave this worker an input partition to judge: another shard's resource changes on
-        # the others are passed by unread (see `passed_by`).
-        self.duty = duty
         # The plans announced stale from memory by events of a batch (`FastPath.announced`): invalidated here
         # under the same cause whatever applying the event found.
         self.early = early
@@ -118,7 +114,7 @@ class EventApplier:
                     counts: Counter[str] = Counter()
                     with self.state.store.transaction():
                         self.state.store.save_offsets({(message.topic, message.partition): message.offset + 1})
-                        self.dead_letter(message, "processing_error",
+                        self._dead_letter(message, "processing_error",
                                           f"{type(exc).__name__} while applying", counts)
                         self.state.store.bump_many(counts)
 
@@ -129,33 +125,19 @@ class EventApplier:
         offsets: dict[tuple[str, int], int] = {}
         marks: dict[tuple[str, int], tuple[int, RawMessage]] = {}
         decoded: list[tuple[RawMessage, InputEvent]] = []
-        passed = {} if self.duty is every_partition else passed_by(
-            messages, applied, self.mine, self.duty, lambda ids: held_ids(store, ids, self.mine))
-        passed_rows: list[tuple[int, int, bytes | None, bytes | None, bool]] = []
-        rules: dict[str, set[str]] | None = None
-        for i, m in enumerate(messages):
+        for m in messages:
             if m.offset < applied.get(m.topic, {}).get(m.partition, 0):
                 counts["redelivered_skipped"] += 1
                 continue
             applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
             marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
-            if i in passed:
-                # Judged by the rules this batch applies under (`apply_resources` reads them once per batch too).
-                rules = self.state.catalog.source_rules() if rules is None else rules
-                passed_rows.append((m.partition, m.offset, m.key, m.value, refused_at_a_glance(passed[i], rules)))
-                continue
             try:
                 decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
                                           max_bytes=self.max_event_bytes, cdc=self.cdc)))
             except SkippedEvent as exc:
                 counts[f"cdc_skipped.{exc.kind}"] += 1
             except InvalidEvent as exc:
-                self.dead_letter(m, exc.error_class, exc.message, counts)
-        if passed_rows:
-            # Kept with the offsets that passed them: whoever gains their partition judges them (`judge_passed`).
-            self.state.passed.add("source-changes", passed_rows)
-            counts["resources_of_other_shards"] += len(passed_rows)
-            counts["resources_passed_by"] += len(passed_rows)
+                self._dead_letter(m, exc.error_class, exc.message, counts)
         store.save_offsets(offsets, {pos: (o, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))
                                      for pos, (o, m) in marks.items()})
         # The clock is idempotent by monotonicity; its ticks need no event-id ledger. Nor are the ids of
@@ -174,11 +156,11 @@ class EventApplier:
                 # Dropping a withdrawal grants access; applying one twice is harmless (fail closed).
                 fresh.append((m, e))
                 counts["conflicting_revocations_applied"] += 1
-                self.dead_letter(m, "event_id_conflict", "this event_id was already applied on revocations "
+                self._dead_letter(m, "event_id_conflict", "this event_id was already applied on revocations "
                                   "with different content; the revocation was applied anyway (a withdrawal is "
                                   "never dropped); give every distinct event its own event_id", counts)
             else:
-                self.dead_letter(m, "event_id_conflict", f"this event_id was already applied on {m.topic} "
+                self._dead_letter(m, "event_id_conflict", f"this event_id was already applied on {m.topic} "
                                   "with different content; give every distinct event its own event_id", counts,
                                   about=_entity_of(e))
         keyed = self._apply_events(fresh, counts)
@@ -217,6 +199,45 @@ class EventApplier:
         payload = event.payload
         return (isinstance(payload, SourceChange) and payload.kind == "resource" and payload.record is not None
                 and not self.mine(payload.record.entity))  # type: ignore[union-attr]
+
+    def restore_resources(self, messages: Sequence[RawMessage], mine: Mine, seen: set[str] | None = None) -> int:
+        """Apply the resource changes of a gained shard from its history, in order; how many changed a row.
+
+        Run inside the take-over's transaction, on the writer. Offsets, the event-id ledger and
+        plans are left alone (the live path applied these events already for the shards it held,
+        and a take-over judges parked plans by the key changes recorded here); what the history
+        holds that is invalid was dead-lettered by whoever owned the shard then. `seen` collects, across
+        the calls of one restore, the ids of resources the shard has held.
+        """
+        seen = set() if seen is None else seen
+        changes: list[tuple[RawMessage, SourceChange, str]] = []
+        for m in messages:
+            # Most of a history is other shards' and replicated records: passed by at a glance. A resource
+            # upsert about another entity still counts if its id was this shard's (a move away tombstones it).
+            glance = peek(m.value)
+            if glance is not None and (glance.kind != "resource" or (
+                    glance.entity is not None and not mine(glance.entity) and glance.resource_id not in seen)):
+                continue
+            try:
+                event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                               max_bytes=self.max_event_bytes, cdc=self.cdc)
+            except (SkippedEvent, InvalidEvent):
+                continue
+            if isinstance(event.payload, SourceChange) and event.payload.kind == "resource":
+                changes.append((m, event.payload, event.event_id))
+                record = event.payload.record
+                if record is not None and mine(record.entity):  # type: ignore[union-attr]
+                    seen.add(event.payload.record_id)
+        if not changes:
+            return 0
+        # No source rules: what its holder accepted then stays (policy changes never remove stored
+        # resources), and the compiler still refuses what today's bundle does not trust.
+        results = apply_resources(self.state.store, [c for _, c, _ in changes], {}, mine)
+        keyed = {(m.topic, m.partition, m.offset): keys for (m, _, _), keys in zip(changes, results, strict=True)
+                 if isinstance(keys, list) and keys}
+        self.state.key_changes.record(keyed, {(m.topic, m.partition, m.offset): event_id
+                                              for m, _, event_id in changes})
+        return len(keyed)
 
     def _apply_events(self, fresh: list[tuple[RawMessage, InputEvent]],
                       counts: Counter[str]) -> list[tuple[list[str], dict[str, str], dict]]:
@@ -270,7 +291,7 @@ class EventApplier:
                 # Columns left out are filled from the stored row, which only the resource's holder has: it
                 # alone judges them, and it may not be the duty owner that promotes standby letters.
                 alone = i in resource_at and keys.error_class == "unavailable_value"
-                self.dead_letter(m, keys.error_class, keys.message, counts, about=_entity_of(event) if alone else None)
+                self._dead_letter(m, keys.error_class, keys.message, counts, about=_entity_of(event) if alone else None)
                 continue
             if keys is None:
                 counts["ignored_old_versions"] += 1
@@ -356,12 +377,12 @@ class EventApplier:
                 touched[plan_key] = (order, dep_key, cause)
         return {k: (dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
 
-    def dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str],
-                    about: str | None = None, standby: bool | None = None) -> None:
+    def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str],
+                     about: str | None = None) -> None:
         """Queue a dead letter: on standby for the duty owner of its input partition when every worker judges
         the record alike; sent outright by the owner of the entity `about` when only its holders can (the
         stored row decides, or only they claim its event id), and by no other worker."""
-        standby = self._standby if standby is None else standby
+        standby = self._standby
         if about is not None:
             if not self.owns(about):
                 counts["dead_letters_left_to_owner"] += 1

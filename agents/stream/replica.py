@@ -15,7 +15,6 @@ from agents.stream.fast_path import FastPath
 from agents.stream.incarnation import probe
 from agents.stream.writer import inline
 from agents.stream.event_apply import EventApplier
-from agents.stream.passed_by import judge_passed
 from agents.stream.raw_message import RawMessage
 from state.key_changes import KeyChanges
 from state.store import Store
@@ -308,7 +307,7 @@ class Replica:
             return
         recorded, _ = self.store.incarnation()
         topics = list(resets) + (["plans"] if recorded != self.cluster_id else [])
-        epoch = await self.run_writes(_rebase, self.applier, self.cluster_id, topics)
+        epoch = await self.run_writes(_rebase, writes, self.cluster_id, topics)
         self.positions = self.store.next_offsets()
         log.warning("input topics were reset (%s); offsets rebased to the new topics (epoch %d), catalog and "
                     "plans kept", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())), epoch,
@@ -327,11 +326,8 @@ def _in_transaction(store: Store, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
 
 
-def _rebase(applier: EventApplier, cluster_id: str, topics: list[str]) -> int:
-    store = applier.state.store
+def _rebase(store: Store, cluster_id: str, topics: list[str]) -> int:
     with store.transaction():
-        if "source-changes" in topics:
-            judge_passed(applier)  # their letters go out with every standby letter: the old records are gone
         epoch = store.rebase(cluster_id, topics)
         KeyChanges(store).forget(topics)  # their offsets index the old topics
         store.bump_many({"input_resets": 1})

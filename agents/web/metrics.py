@@ -85,7 +85,6 @@ def file_figures(state: "LocalState") -> dict[str, Any]:
     """What a scrape reads from the state file (through `state`'s own cursor, on any one thread)."""
     return {"counters": dict(state.store.counters()), "plans": state.plans.counts(), "index_edges": state.index.size(),
             "outbox": state.outbox.size(), "standby_outbox": state.outbox.standby_size(),
-            "passed_records": state.passed.size(),
             "recompile_queue": state.queue.size()}
 
 
@@ -123,9 +122,6 @@ class _StateCollector:
         yield GaugeMetricFamily("freshplan_outbox_standby_records",
                                 "Records held until the owner of their input partition publishes them",
                                 value=figures["standby_outbox"])
-        yield GaugeMetricFamily("freshplan_passed_records", "Input records passed by unread, kept until the group "
-                                "commits past them (judged here if their partition comes to this worker)",
-                                value=figures["passed_records"])
         if self.probe is not None:
             yield GaugeMetricFamily("freshplan_loop_stall_max_seconds", "Longest time the HTTP event loop was kept "
                                     "from running since start", value=self.probe.max_stall)
@@ -161,10 +157,6 @@ class _StateCollector:
                                 ("event_id_generations_dropped", "Event-id generation tables dropped by retention"),
                                 ("resources_of_other_shards", "Resource changes left to the owner of their entity's "
                                  "partition"),
-                                ("resources_passed_by", "Resource changes of other shards passed by without decoding "
-                                 "(on input partitions another worker judges)"),
-                                ("passed_by_judged", "Records read again to judge what was passed by, on gaining "
-                                 "input partitions"),
                                 ("shards_restored", "Entity partitions restored from source-changes"),
                                 ("shard_resources_restored", "Resource changes applied while restoring a shard"),
                                 ("shard_resources_dropped", "Resources removed with an entity partition handed on")):

@@ -28,7 +28,6 @@ def health_figures(state: "LocalState") -> dict[str, Any]:
     figures = file_health(state)
     figures["parked_plans"] = state.store.db.execute("SELECT count(*) FROM parked_plans").fetchone()[0]
     figures["standby_outbox"] = state.outbox.standby_size()
-    figures["passed_records"] = state.passed.size()
     figures["recompile_queue"] = state.queue.size()
     return figures
 

@@ -16,7 +16,6 @@ from agents.stream.duty import Duty, TakenOn, register_duty
 from agents.stream.rebalances import Rebalances, woken
 from agents.stream.event_apply import EventApplier
 from agents.stream.fast_path import FastPath
-from agents.stream.passed_by import judge_passed
 from agents.plans.plan_writer import PlanWriter
 from agents.web.early_waits import EarlyWaits
 from agents.web.query import Peers, QueryService
@@ -80,14 +79,13 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit,
                              on_compile=observed.recompiled, on_latency=observed.event_to_invalidation.observe,
                              sent_early=early.acknowledged)
-    taken_on = TakenOn()  # the duty fills it, the publisher publishes from it, the applier judges by it
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
                            cdc=cdc, max_event_skew=settings.max_event_skew, mine=shard_state.mine,
-                           owns=shard_state.owns, early=early.announced,
-                           duty=lambda topic, partition: (topic, partition) in taken_on)
+                           owns=shard_state.owns, early=early.announced)
     # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
     rebalances = Rebalances(app, inputs)
+    taken_on = TakenOn()  # the duty fills it, the publisher publishes from it
     publisher = Publisher(state, app, writer.run, taken_on.by_topic)
     replica = Replica(applier, reader.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
@@ -119,7 +117,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
     duty = Duty(state, app, writer.run, inputs, group_offsets, kick=publisher.kick,
                 verified=lambda: replica.ready.is_set() and not replica.blocked, assignment=rebalances.keys,
-                floors=taken_on, judge=lambda floors: judge_passed(applier, floors))
+                floors=taken_on)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores)
 
@@ -208,10 +206,9 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     @app.timer(interval=5.0)
     @chores.timer("prune_standby")
     async def prune_standby() -> None:
-        # Standby rows and passed-by records of partitions this worker never owns would otherwise pile up.
-        # Not before the replica's offsets are this broker's, nor for a topic blocked on a reset: rows of an
-        # older incarnation are the rebase's to release (the other topics are still applied, and pile up).
-        if not replica.ready.is_set():
+        # Standby rows of partitions this worker never owns would otherwise pile up. Not before the
+        # replica's offsets are this broker's: rows of an older incarnation are the rebase's to release.
+        if not duty.verified():
             return
         try:
             committed = await group_offsets.read({settings.topic(n): n for n in INPUT_TOPICS})
@@ -219,7 +216,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             log.warning("could not read the group's committed offsets: %r", exc)
             await group_offsets.close()
             return
-        await writer.run(_prune, state, committed, frozenset(replica.blocked))
+        await writer.run(_prune, state, committed)
 
     retention = RetentionTimer(state, query, RetentionPolicy(settings.plan_retention, settings.receipt_retention,
                                                              BATCH, settings.event_id_retention),
@@ -304,8 +301,6 @@ def _register_input_agent(worker: Worker, name: str) -> None:
     worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)
 
 
-def _prune(state: LocalState, committed: dict[tuple[str, int], int], blocked: frozenset[str] = frozenset()) -> None:
-    committed = {key: offset for key, offset in committed.items() if key[0] not in blocked}
+def _prune(state: LocalState, committed: dict[tuple[str, int], int]) -> None:
     with state.store.transaction():
         state.outbox.prune(committed)
-        state.passed.prune(committed)

@@ -152,7 +152,6 @@ class Worker:
                 "owned_partitions": None if owned is None else sorted(owned),
                 "ownership_failures": self.ownership.failures,
                 "parked_plans": figures["parked_plans"], "standby_outbox": figures["standby_outbox"],
-                "passed_records": figures["passed_records"],
                 # announced plans whose successors the backlog has not compiled yet
                 "recompile_queue": figures["recompile_queue"],
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs},

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import signal
 
-import orjson
 import pytest
 
 from agents.stream.duty import Duty, commit_targets
@@ -16,9 +15,7 @@ from state.local_state import LocalState
 from streams.admin import GroupOffsets
 from streams.broker import EmbeddedBroker
 from streams.settings import INPUT_TOPICS, Settings
-from schemas.plan_partition import plan_partition
 from tests.conftest import ATLAS_REQUEST, WorkerProcess, auth_header, eventually, start_peer
-from tests.events import resource
 from tests.hostile.test_input_reset import _spawn, _stop, _wait_health
 
 pytestmark = pytest.mark.timeout(120)
@@ -246,33 +243,15 @@ async def test_the_group_offsets_follow_what_was_published_and_a_kill_9_loses_no
             a, b = (await worker.get("/healthz"))["duty"], (await peer.get("/healthz"))["duty"]
             return a.get(SC) and b.get(SC)
         await eventually(split, what="both workers holding input partitions")
-        doomed = set((await worker.get("/healthz"))["duty"][SC])
-
-        async def own_shard_only():  # until then the peer reads every resource change: nothing is passed by
-            return not doomed & set((await peer.get("/healthz"))["shard"]["partitions"]["plans"])
-        await eventually(own_shard_only, what="the peer holding only its own entity partitions")
         # Frozen, the worker publishes and commits nothing: bad events land on every partition, then it is killed.
         worker.proc.send_signal(signal.SIGSTOP)
         bad = [("source-changes", f"bad-{i}".encode(), b"{not json") for i in range(8)]
-        # And broken resource changes about the doomed worker's entities, on its partitions: the peer passes
-        # them by unread, and judges them only once it holds their partitions.
-        entities = [e for e in (f"PASSED-{i}" for i in range(100))
-                    if plan_partition(e, worker.settings.partitions) in doomed][:3]
-        placed = [(SC, e.encode(), orjson.dumps(resource(f"bad-{e}", entity=e, tokens="many")[1])) for e in entities]
-        passed_before = (await peer.get("/healthz"))["counters"].get("resources_passed_by", 0)
-        await worker.publish(placed)  # alone: a batch holding a record the glance cannot place is read whole
-
-        async def passed():
-            return (await peer.get("/healthz"))["counters"].get("resources_passed_by", 0) >= passed_before + len(placed)
-        await eventually(passed, what="the peer passing the broken resource changes by")
         await worker.publish(bad)
         worker.kill()
-        letters = await peer.records("dead-letters", lambda rs: {r["_key"] for r in rs} >= {k for _, k, _ in
-                                                                                         bad + placed}, timeout=60)
+        letters = await peer.records("dead-letters", lambda rs: {r["_key"] for r in rs} >= {k for _, k, _ in bad},
+                                     timeout=60)
         assert all(r["error_class"] == "malformed_json" for r in letters if r["_key"].startswith(b"bad-"))
-        assert all(r["error_class"] == "schema_violation" for r in letters if r["_key"].startswith(b"PASSED-"))
         health = await peer.get("/healthz")  # its letters published: every bad event applied
-        assert health["counters"].get("passed_by_judged", 0) >= len(placed), health["counters"]
         assert all(health["applied_offsets"][SC][str(p)] > applied.get((SC, p), 0) for p in (0, 1))
         await eventually(lambda: committed(peer, _offsets(health)), what="the group's offsets past the bad events")
         assert (await peer.get("/healthz"))["outbox"] == 0

@@ -9,7 +9,6 @@ import pytest
 
 from agents.stream.event_apply import EventApplier, RawMessage
 from agents.plans.plan_writer import PlanWriter
-from agents.shards.shard_restore import restore_resources
 from state.catalog_resources import drop_resources
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
@@ -90,7 +89,7 @@ def test_a_restored_shard_keeps_what_its_old_owner_accepted_under_the_policy_of_
         w.apply([tightened])
     assert stored(alone, "waiver-W9") == (1, A)  # one worker keeps it
     with y.state.store.transaction():
-        restore_resources(y, [m for m in history if m.topic == "source-changes"], lambda e: e == A)
+        y.restore_resources([m for m in history if m.topic == "source-changes"], lambda e: e == A)
     assert stored(y, "waiver-W9") == (1, A), "the restored shard lost a resource its old owner held"
 
 
@@ -103,7 +102,7 @@ def test_a_refused_resource_applied_while_its_shard_was_between_owners_is_dead_l
     bad = raw(*refused("waiver-bad", entity=A))
     y.apply([bad], standby=True)  # A is another shard's here: OTHER_SHARD, no letter
     with y.state.store.transaction():
-        restore_resources(y, [bad], lambda e: e == A)  # y gains A: restored, still no letter
+        y.restore_resources([bad], lambda e: e == A)  # y gains A: restored, still no letter
     assert letters(y), "a refused resource change of the gained shard was never dead-lettered"
 
 
@@ -177,7 +176,7 @@ def test_a_restore_passing_others_records_by_at_a_glance_ends_where_applying_eve
     assert stored(y, "r1") is None and stored(y, "r2") is None  # A's: not held by B's holder
     with y.state.store.transaction():
         drop_resources(y.state.store, [A])  # as `Shards.restore` starts: tombstones of moves into A go
-        restore_resources(y, [m for m in history if m.topic == "source-changes"], lambda e: e == A)
+        y.restore_resources([m for m in history if m.topic == "source-changes"], lambda e: e == A)
 
     def rows(w):
         return w.state.store.db.execute("SELECT id, version, entity FROM resources WHERE NOT deleted AND entity = ? "
