@@ -207,8 +207,9 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     @chores.timer("prune_standby")
     async def prune_standby() -> None:
         # Standby rows of partitions this worker never owns would otherwise pile up. Not before the
-        # replica's offsets are this broker's: rows of an older incarnation are the rebase's to release.
-        if not duty.verified():
+        # replica's offsets are this broker's, nor for a topic blocked on a reset: rows of an older
+        # incarnation are the rebase's to release (the other topics are still applied, and pile up).
+        if not replica.ready.is_set():
             return
         try:
             committed = await group_offsets.read({settings.topic(n): n for n in INPUT_TOPICS})
@@ -216,7 +217,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             log.warning("could not read the group's committed offsets: %r", exc)
             await group_offsets.close()
             return
-        await writer.run(_prune, state, committed)
+        await writer.run(_prune, state, committed, frozenset(replica.blocked))
 
     retention = RetentionTimer(state, query, RetentionPolicy(settings.plan_retention, settings.receipt_retention,
                                                              BATCH, settings.event_id_retention),
@@ -301,6 +302,7 @@ def _register_input_agent(worker: Worker, name: str) -> None:
     worker.app.agent(topic, name=f"freshplan.agents.{consume.__name__}")(consume)
 
 
-def _prune(state: LocalState, committed: dict[tuple[str, int], int]) -> None:
+def _prune(state: LocalState, committed: dict[tuple[str, int], int], blocked: frozenset[str] = frozenset()) -> None:
+    committed = {key: offset for key, offset in committed.items() if key[0] not in blocked}
     with state.store.transaction():
         state.outbox.prune(committed)

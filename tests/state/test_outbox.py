@@ -162,3 +162,14 @@ def test_an_input_dead_letter_too_large_to_store_is_replaced_by_a_letter_naming_
     assert orjson.loads(value)["error_class"] == "record_too_large" and orjson.loads(value)["original_size"] == 10_000
     assert not state.store.counters().get("outbound_dropped")
     state.close()
+
+
+def test_standby_rows_of_a_topic_blocked_on_a_reset_stay_while_the_other_topics_are_pruned(tmp_path):
+    """A worker blocked on one reset topic still applies the others: their standby rows must not pile up,
+    while the blocked topic's committed offsets name another incarnation's events (the rebase releases them)."""
+    from agents.worker.build import _prune
+    state = LocalState.open(tmp_path / "f.duckdb")
+    state.outbox.add_many(_rows(2), [("clock", 0, 5), ("revocations", 0, 5)], standby=True)
+    _prune(state, {("clock", 0): 9, ("revocations", 0): 9}, blocked=frozenset({"revocations"}))
+    assert state.store.db.execute("SELECT src_topic FROM outbox WHERE standby").fetchall() == [("revocations",)]
+    state.close()
