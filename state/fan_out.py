@@ -23,6 +23,7 @@ _TOUCHED = "_fanout_touched"
 _HEADS = "_fanout_heads"
 _GROUPS = "_fanout_groups"
 _ESCAPED = 6  # a character JSON-escaped as \u00XX takes six bytes
+DROPPED_ONE_BY_ONE = 5_000  # a fan-out over more plans drops every held head, faster than finding its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +127,11 @@ class FanOut:
         self.outbox.add_selected(rows, [invalidations_topic, receipts_topic], standby, self._largest(announced))
         self.db.execute("INSERT INTO plan_history (plan_id, reason, cause, successor_plan_id, invalidated_at) "
                         f"SELECT f.plan_id, g.reason, g.cause_text, NULL, ? FROM {plans}", [at])
-        self.store.heads.remove_all()  # a fan-out touches thousands of heads: held ones go (a miss reads the file)
+        if sum(a.group.plans for a in announced) <= DROPPED_ONE_BY_ONE:
+            # Other plans' heads stay held: their cached selects are still answered from memory.
+            self.store.heads.remove_keys(key for key, in self.db.execute(f"SELECT f.plan_key FROM {plans}").fetchall())
+        else:  # thousands of heads: held ones all go (a miss reads the file)
+            self.store.heads.remove_all()
         self.db.execute("UPDATE plans SET status = 'invalidated', reason = x.reason, cause = x.cause_text, "
                         "successor_plan_id = NULL, invalidated_at = ? "
                         f"FROM (SELECT f.plan_id, g.reason, g.cause_text FROM {plans}) x "

@@ -131,3 +131,22 @@ def test_successors_compiled_later_are_recorded_on_each_plan_and_its_latest_hist
         status = query.plan_status(plan["plan_id"])
         assert status["successor_plan_id"] not in (None, plan["plan_id"])
         assert status["history"][-1]["successor_plan_id"] == status["successor_plan_id"]
+
+
+def test_a_fan_out_drops_the_held_heads_of_the_plans_it_announces_and_keeps_the_others(setup, monkeypatch):  # noqa: F811
+    """Cached selects of plans a fan-out did not touch are still answered from memory after it."""
+    state, inv, query = setup
+    plans = _atlas_plans(query) + [query.select(dict(ATLAS_REQUEST, entity="Boreal", query="the Boreal waiver"))]
+    heads = state.store.heads
+    assert all(heads.head(p["plan_key"]) is not None for p in plans)
+    monkeypatch.setattr("agents.plans.announce_first.FEW", 0)  # column-wise at any size
+    monkeypatch.setattr("agents.plans.announce_first.COMPILE_FIRST", 0)
+    inv.plans.eager_limit = 0
+    inv.apply([raw("source-changes", envelope(event_id="del-p2", kind="resource", op="delete",
+                                              resource={"id": "policy-P2"}))])
+    announced = {orjson.loads(v)["plan_id"] for _, t, _, v in state.outbox.pending(10_000)
+                 if t == "x-plan-invalidations"}
+    kept = [p for p in plans if p["plan_id"] not in announced]
+    assert announced and kept, "the event must touch some plans and leave others"
+    assert all(heads.head(p["plan_key"]) is None for p in plans if p["plan_id"] in announced)
+    assert all(heads.head(p["plan_key"]) is not None for p in kept), "untouched plans were dropped from memory"
