@@ -24,6 +24,7 @@ CREATE INDEX IF NOT EXISTS plan_history_plan ON plan_history (plan_id);
 
 
 _WHEN = pa.timestamp("us", tz="UTC")
+FEW_SUCCESSORS = 4  # up to this many successors are recorded by point statements (see `set_successors`)
 _SCHEMAS = {  # what `save_many` writes, in each table's column order
     "plans": pa.schema([("plan_id", pa.string()), ("plan_key", pa.string()), ("status", pa.string()),
                         ("live", pa.bool_()), ("valid_until", _WHEN), ("request", pa.string()), ("plan", pa.string()),
@@ -173,6 +174,16 @@ class PlanStore:
         """
         first = dict(reversed([(old, new) for old, new in pairs if old != new]))  # the first pair of an old id
         if not first:
+            return
+        if len(first) <= FEW_SUCCESSORS:
+            # A select's compile or a small backlog step: point statements find the rows through the primary
+            # key and the history's plan id index, where a join with a registered table scans both tables.
+            for old, new in first.items():
+                self.db.execute("UPDATE plans SET successor_plan_id = ? WHERE plan_id = ? AND successor_plan_id IS NULL",
+                                [new, old])
+                self.db.execute("UPDATE plan_history SET successor_plan_id = ? WHERE plan_id = ? AND seq = (SELECT "
+                                "max(seq) FROM plan_history WHERE plan_id = ?) AND successor_plan_id IS NULL",
+                                [new, old, old])
             return
         self.db.register("_successors", pa.table({"old": list(first), "new": list(first.values())}))
         try:

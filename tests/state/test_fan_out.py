@@ -118,9 +118,12 @@ def test_a_fan_out_builds_one_announcement_per_group_not_per_plan(setup, monkeyp
     assert 1 <= built["caused"] <= 2 < len(announced)  # the policy key and the contract key, at most
 
 
-def test_successors_compiled_later_are_recorded_on_each_plan_and_its_latest_history_entry(setup):  # noqa: F811
+@pytest.mark.parametrize("point_updates", [0, 10_000])  # set-wise joins, then one pair at a time
+def test_successors_compiled_later_are_recorded_on_each_plan_and_its_latest_history_entry(setup, monkeypatch,  # noqa: F811
+                                                                                          point_updates):
     from agents.plans.backlog import recompile_queued
 
+    monkeypatch.setattr("state.plan_store.FEW_SUCCESSORS", point_updates)
     state, inv, query = setup
     plans = _atlas_plans(query)
     inv.plans.eager_limit = 0
