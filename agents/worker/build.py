@@ -188,7 +188,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         waits_for = plan_writer.backlog_waits_for  # no writer job while those records are still due
         if ownership.owned is None or (waits_for is not None and reader.outbox.last_due(waits_for) is not None):
             return 0.05
-        done = await writer.run(recompile_owned)
+        done = await writer.run_later(recompile_owned)  # a select's compile or an apply batch goes first
         if done:
             await publisher.publish()
         return 0 if done else 0.05
@@ -217,7 +217,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             log.warning("could not read the group's committed offsets: %r", exc)
             await group_offsets.close()
             return
-        await writer.run(_prune, state, committed, frozenset(replica.blocked))
+        await writer.run_later(_prune, state, committed, frozenset(replica.blocked))
 
     retention = RetentionTimer(state, query, RetentionPolicy(settings.plan_retention, settings.receipt_retention,
                                                              BATCH, settings.event_id_retention),
@@ -228,7 +228,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     @chores.timer("enforce_retention")
     async def enforce_retention() -> None:
         # Evictions are announced by the worker that makes them (see RetentionTimer).
-        result = await retention.run(writer.run)
+        result = await retention.run(writer.run_later)
         if result is not None and result.evicted:
             await publisher.publish()
 
@@ -280,7 +280,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
 
 async def _checkpoint(writer: Writer, state: LocalState) -> None:
     try:
-        await writer.run(state.store.checkpoints.when_idle)
+        await writer.run_later(state.store.checkpoints.when_idle)
     except Exception:  # noqa: BLE001 - housekeeping: a failure must never stop the worker; the next second retries
         log.exception("checkpointing the state file failed; retrying when idle")
 

@@ -113,3 +113,44 @@ async def test_through_the_broker_events_are_applied_on_the_writer_thread_and_th
                    if line.startswith("freshplan_loop_stall_seconds_count"))
     assert samples >= health["loop_stall_samples"] > 0
     assert 'freshplan_loop_stall_seconds_bucket{le="0.02"}' in text
+
+
+async def test_work_nobody_waits_on_runs_after_every_job_queued_before_it_starts():
+    """A select's compile queued behind a backlog of recompiles runs as soon as the running job ends."""
+    writer = Writer()
+    release = threading.Event()
+    try:
+        seen: list[str] = []
+        running = asyncio.ensure_future(writer.run(release.wait, 30))
+        while writer._queue.qsize():  # the blocking job has started
+            await asyncio.sleep(0.001)
+        later = [asyncio.ensure_future(writer.run_later(seen.append, f"later-{i}")) for i in range(3)]
+        await asyncio.sleep(0.01)
+        now = [asyncio.ensure_future(writer.run(seen.append, f"now-{i}")) for i in range(2)]
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(running, *later, *now)
+        assert seen == ["now-0", "now-1", "later-0", "later-1", "later-2"]
+    finally:
+        release.set()
+        writer.close()
+
+
+async def test_a_closed_writer_cancels_what_is_queued_and_refuses_more():
+    writer = Writer()
+    release = threading.Event()
+    running = asyncio.ensure_future(writer.run(release.wait, 30))
+    while writer._queue.qsize():
+        await asyncio.sleep(0.001)
+    queued = asyncio.ensure_future(writer.run(lambda: "ran"))
+    await asyncio.sleep(0.01)
+    closing = asyncio.ensure_future(asyncio.to_thread(writer.close))  # waits for the running job
+    while not queued.done():
+        await asyncio.sleep(0.001)
+    release.set()
+    await closing
+    assert await running is True
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    with pytest.raises(RuntimeError):
+        await writer.run(lambda: None)
