@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import itertools
-import queue
 import threading
+import time
+from collections import deque
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
@@ -19,8 +19,9 @@ SWITCH_INTERVAL_SECONDS = 0.001
 The loop releases the GIL on every socket and DuckDB call and waits up to this long to get
 it back while the writer compiles in Python, so a select pays it once per such call."""
 
-NOW, LATER = 0, 1  # job classes: a queued `NOW` job runs before any queued `LATER` one
-_STOP = 2  # after everything queued
+LATER_WAITS_AT_MOST = 1.0
+"""Seconds a `run_later` job waits while other jobs keep coming: then it runs next, so a writer kept busy by a
+stream still compiles successors, enforces retention and prunes, one job at a time."""
 
 
 class Writer:
@@ -31,41 +32,55 @@ class Writer:
     state through its own cursor (`Store.view()`) meanwhile, and awaits what it asked for.
 
     Jobs run in submission order, except that work nobody waits on (`run_later`: successors of
-    announced plans, retention, pruning) runs only when no other job is queued: a select that
-    must compile waits for the job running, not for a backlog of recompiles queued before it.
+    announced plans, retention, pruning) runs when no other job is queued, or once it has waited
+    `LATER_WAITS_AT_MOST`: a select that must compile waits for the job running, not for a
+    backlog of recompiles queued before it.
     """
 
-    def __init__(self) -> None:
-        self._queue: queue.PriorityQueue = queue.PriorityQueue()
-        self._order = itertools.count()
+    def __init__(self, later_waits_at_most: float = LATER_WAITS_AT_MOST) -> None:
+        self.later_waits_at_most = later_waits_at_most
+        self._ready = threading.Condition()
+        self._now: deque[tuple[float, Callable[[], Any], concurrent.futures.Future]] = deque()
+        self._later: deque[tuple[float, Callable[[], Any], concurrent.futures.Future]] = deque()
+        self._closed = False
         self._thread = threading.Thread(target=self._work, name=f"{THREAD_NAME}_0", daemon=True)
         self._thread.start()
         self.jobs = 0  # jobs run, for /healthz
-        self._closed = False
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` on the writer thread and return (or raise) what it did."""
-        return await self._submit(NOW, fn, args, kwargs)
+        return await self._submit(self._now, fn, args, kwargs)
 
     async def run_later(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """As `run`, after every job submitted with `run` that is waiting when this one would start."""
-        return await self._submit(LATER, fn, args, kwargs)
+        """As `run`, after the jobs submitted with `run` that are waiting when it would start (for a while at most)."""
+        return await self._submit(self._later, fn, args, kwargs)
 
-    async def _submit(self, kind: int, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
-        if self._closed:
-            raise RuntimeError("the writer is closed")
-        self.jobs += 1
+    async def _submit(self, jobs: deque, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
         call = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
         job: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((kind, next(self._order), call, job))
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the writer is closed")
+            jobs.append((time.monotonic(), call, job))
+            self._ready.notify()
+        self.jobs += 1
         # A cancelled caller does not stop the job once it runs: it runs to its commit or rollback.
         return await asyncio.wrap_future(job)
 
+    def _next(self) -> tuple[Callable[[], Any], concurrent.futures.Future] | None:
+        """The next job to run (None: closed and nothing left)."""
+        with self._ready:
+            while not self._now and not self._later:
+                if self._closed:
+                    return None
+                self._ready.wait()
+            overdue = self._later and time.monotonic() - self._later[0][0] >= self.later_waits_at_most
+            _, call, job = (self._later if overdue or not self._now else self._now).popleft()
+            return call, job
+
     def _work(self) -> None:
-        while True:
-            kind, _, call, job = self._queue.get()
-            if kind == _STOP:
-                return
+        while (taken := self._next()) is not None:
+            call, job = taken
             if not job.set_running_or_notify_cancel():
                 continue  # its caller was cancelled before it started
             try:
@@ -83,15 +98,12 @@ class Writer:
     def close(self) -> None:
         """Wait for the running job (if any), cancel the queued ones and stop the thread; call before closing the
         file."""
-        self._closed = True
-        while True:
-            try:
-                _, _, _, job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel()
-        self._queue.put((_STOP, next(self._order), None, None))
+        with self._ready:
+            self._closed = True
+            for jobs in (self._now, self._later):
+                while jobs:
+                    jobs.popleft()[2].cancel()
+            self._ready.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join()
 

@@ -117,12 +117,12 @@ async def test_through_the_broker_events_are_applied_on_the_writer_thread_and_th
 
 async def test_work_nobody_waits_on_runs_after_every_job_queued_before_it_starts():
     """A select's compile queued behind a backlog of recompiles runs as soon as the running job ends."""
-    writer = Writer()
+    writer = Writer(later_waits_at_most=60)
     release = threading.Event()
     try:
         seen: list[str] = []
         running = asyncio.ensure_future(writer.run(release.wait, 30))
-        while writer._queue.qsize():  # the blocking job has started
+        while writer._now:  # the blocking job has started
             await asyncio.sleep(0.001)
         later = [asyncio.ensure_future(writer.run_later(seen.append, f"later-{i}")) for i in range(3)]
         await asyncio.sleep(0.01)
@@ -140,7 +140,7 @@ async def test_a_closed_writer_cancels_what_is_queued_and_refuses_more():
     writer = Writer()
     release = threading.Event()
     running = asyncio.ensure_future(writer.run(release.wait, 30))
-    while writer._queue.qsize():
+    while writer._now:
         await asyncio.sleep(0.001)
     queued = asyncio.ensure_future(writer.run(lambda: "ran"))
     await asyncio.sleep(0.01)
@@ -154,3 +154,27 @@ async def test_a_closed_writer_cancels_what_is_queued_and_refuses_more():
         await queued
     with pytest.raises(RuntimeError):
         await writer.run(lambda: None)
+
+
+async def test_work_nobody_waits_on_still_runs_while_other_jobs_keep_coming():
+    """A stream that keeps the writer busy must not starve successors, retention and pruning for good."""
+    writer = Writer(later_waits_at_most=0.05)
+    try:
+        seen: list[str] = []
+        stop = asyncio.Event()
+
+        async def stream() -> None:  # three jobs in flight: one runs, two wait, a new one for each that ends
+            running = {asyncio.ensure_future(writer.run(time.sleep, 0.005)) for _ in range(3)}
+            while not stop.is_set():
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                running |= {asyncio.ensure_future(writer.run(time.sleep, 0.005)) for _ in done}
+            await asyncio.gather(*running)
+
+        streaming = asyncio.ensure_future(stream())
+        await asyncio.sleep(0.02)
+        await asyncio.wait_for(writer.run_later(seen.append, "later"), 5)
+        assert seen == ["later"]
+        stop.set()
+        await streaming
+    finally:
+        writer.close()
