@@ -179,8 +179,8 @@ class PlanStore:
             # A select's compile or a small backlog step: point statements find the rows through the primary
             # key and the history's plan id index, where a join with a registered table scans both tables.
             for old, new in first.items():
-                self.db.execute("UPDATE plans SET successor_plan_id = ? WHERE plan_id = ? AND successor_plan_id IS NULL",
-                                [new, old])
+                self.db.execute("UPDATE plans SET successor_plan_id = ? WHERE plan_id = ? "
+                                "AND successor_plan_id IS NULL", [new, old])
                 self.db.execute("UPDATE plan_history SET successor_plan_id = ? WHERE plan_id = ? AND seq = (SELECT "
                                 "max(seq) FROM plan_history WHERE plan_id = ?) AND successor_plan_id IS NULL",
                                 [new, old, old])

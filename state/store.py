@@ -120,7 +120,10 @@ class Store:
         moved, self._moved = self._moved, False
         if not moved:
             return None
-        # The writer remembers what it committed: no read (views never publish a position).
+        return self.remembered_position()
+
+    def remembered_position(self) -> tuple[dict[str, dict[int, int]], str | None, int]:
+        """`position()` as the writer remembers it, with no read (a view, which remembers nothing, reads it)."""
         return (self.next_offsets(), *self.incarnation()) if self._memo is not None else self.position()
 
     def _position_moved(self) -> None:

@@ -63,22 +63,22 @@ class QueryService:
     """The read path: plan key lookup, then cache or compile."""
 
     def __init__(self, state: LocalState, writer: PlanWriter, guard=None, *, peers: Peers = Peers(),
-                 limits: Limits = Limits(), tokens: TokenKeys | None = None,
+                 limits: Limits | None = None, tokens: TokenKeys | None = None,
                  position: Callable[[], dict[str, dict[int, int]]] | None = None,
                  last_events: dict[str, dict] | None = None, on_compile=None, check_heads: bool = False,
-                 early: EarlyWaits = EarlyWaits()) -> None:
+                 early: EarlyWaits | None = None) -> None:
         self.state = state  # what selects, status and health read: in a worker, a cursor of their own
         self.writer = writer  # compiles and stores on the read-write connection (its state)
         self.guard = guard  # a LagWatcher; None only where no broker exists (unit tests)
         self.peers = peers
-        self.limits = limits  # largest request fields a select accepts
+        self.limits = Limits() if limits is None else limits  # largest request fields a select accepts
         self.tokens = TokenKeys.ephemeral() if tokens is None else tokens  # a worker's: the group's key file
         # The input offsets applied and committed, kept in memory (the replica's); None: read them from the file.
         self.position = position
         self.last_events = {} if last_events is None else last_events  # the applier's latest event per topic
         self.on_compile = on_compile  # seconds per compilation on the read path
         self.check_heads = check_heads  # tests: compare every in-memory hit with the file (see `_check_hit`)
-        self.early = early
+        self.early = EarlyWaits() if early is None else early
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
         self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
         self.unreadable: str | None = None  # why the state file failed a read; sticky until a restart
@@ -277,8 +277,9 @@ class QueryService:
         if plan is None:
             plan = self.writer.compile_select(found.request, counts, self.on_compile).plan
             served_from = "compiled"
-        return replace(found, plan=plan, token=self.sign(state.store.position()), served_from=served_from,
-                       counts=counts)
+        # The writer's remembered position: committed (no transaction is open here), and no read of the file.
+        token = self.sign(state.store.remembered_position())
+        return replace(found, plan=plan, token=token, served_from=served_from, counts=counts)
 
     def _merge(self, found: "Found") -> "Found":
         self.selects.update(found.counts)  # counted here: the selects counter belongs to the caller's thread
