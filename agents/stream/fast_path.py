@@ -59,9 +59,8 @@ class FastPath:
     withdrawal from its principal is announced by the writer whatever it changes. Either way
     the head is stale before anything is written: it leaves the cache, its key is `waiting` until the
     writer has applied the event (a select of it waits for that, then reads what the writer left), and
-    its `plan-invalidations` record
-    is sent at once. The writer still applies the event as before and invalidates the plan in
-    the file under the same cause (`announced`), and leaves out the record the broker already
+    its `plan-invalidations` record is sent at once. The writer still applies the event as before and
+    invalidates the plan in the file under the same cause (`announced`), and leaves out the record the broker already
     acknowledged (`acknowledged`); one sent but not acknowledged, or lost with a crash before
     the batch committed, is sent again by the writer: at least once, same cause.
 

@@ -178,3 +178,15 @@ async def test_work_nobody_waits_on_still_runs_while_other_jobs_keep_coming():
         await streaming
     finally:
         writer.close()
+
+
+async def test_a_failing_job_nobody_waits_on_reaches_its_caller_and_the_writer_goes_on():
+    """A DuckDB error inside a recompile or retention job must surface to its loop, not stop the writer."""
+    writer = Writer()
+    try:
+        with pytest.raises(ZeroDivisionError):
+            await writer.run_later(lambda: 1 / 0)
+        assert await writer.run(lambda: "next") == "next"
+        assert await writer.run_later(lambda: "later") == "later"
+    finally:
+        writer.close()
