@@ -256,6 +256,10 @@ class Outbox:
         return self.db.execute(f"SELECT max(seq) FROM outbox WHERE NOT standby{unacked}{bound}",
                                params + ([] if through is None else [through])).fetchone()[0]
 
+    def newest(self) -> int | None:
+        """The sequence number of the record queued last (on the writer: the caller's own last record)."""
+        return self.db.execute("SELECT max(seq) FROM outbox").fetchone()[0]
+
     def standby_size(self) -> int:
         """Records held for events whose partition another worker may own."""
         return self.db.execute("SELECT count(*) FROM outbox WHERE standby").fetchone()[0]

@@ -61,6 +61,10 @@ class Publisher:
         self.lock = asyncio.Lock()  # one flush at a time: records leave in outbox order
         self._again = False  # promoted records wait for a flush that has not read the outbox yet
         self._flushing: asyncio.Task | None = None
+        # Every record due at or before this sequence number when a flush read it was acknowledged (or, refused
+        # for good, replaced by its dead letter): a select waits for its own plan's records, not the whole outbox.
+        self.acknowledged_through = -1
+        self._waiting: list[tuple[int, asyncio.Future]] = []
 
     async def publish_owned(self, messages, held: bool = True) -> None:
         """Publish at once what the replica's batch caused on partitions this worker owns.
@@ -105,6 +109,39 @@ class Publisher:
             for (topic, partition), (first, last) in spans.items():
                 self.state.outbox.promote(topic, partition, first, last, drop_earlier=drop_earlier)
 
+    async def published(self, seq: int, timeout: float) -> bool:
+        """Whether the records queued up to sequence number `seq` were acknowledged within `timeout` seconds.
+
+        A select that compiled waits here for its plan's records: under a stream, a flush of the whole
+        outbox waited for every batch's records as well (1.7 s of a 2.4 s select at 1,000 events/s).
+        """
+        if seq <= self.acknowledged_through:
+            return True
+        done = asyncio.get_running_loop().create_future()
+        self._waiting.append((seq, done))
+        self.kick()
+        try:
+            await asyncio.wait_for(done, timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._waiting = [(s, f) for s, f in self._waiting if f is not done]
+
+    def _acknowledged(self, rows: list[tuple[int, str, bytes | None, bytes]], failed: set[int]) -> None:
+        """A round's rows were sent: the mark moves to the last row before the first that failed."""
+        through = None
+        for row in rows:
+            if row[0] in failed:
+                break
+            through = row[0]
+        if through is None or through <= self.acknowledged_through:
+            return
+        self.acknowledged_through = through
+        for seq, done in self._waiting:
+            if seq <= through and not done.done():
+                done.set_result(None)
+
     async def publish(self) -> int:
         """Publish the outbox; never raises (what failed stays queued and is retried by the timer)."""
         try:
@@ -134,7 +171,7 @@ class Publisher:
                     if not rows:
                         return sent
                     results = await self._send([(topic, key, value) for _, topic, key, value in rows])
-                    done, refused, retry = [], [], 0
+                    done, refused, failed = [], [], set()
                     for row, result in zip(rows, results, strict=True):
                         if not isinstance(result, BaseException):
                             done.append(row[0])
@@ -144,7 +181,8 @@ class Publisher:
                                       extra={"topic": row[1], "error_class": "record_too_large"})
                             refused.append(row)
                         else:
-                            retry += 1
+                            failed.add(row[0])
+                    retry = len(failed)
                     if refused or len(done) + len(self.state.outbox.acked) >= FORGET_NOW:
                         # A fan-out's rows are forgotten as it goes, by number: reads that pass over a long
                         # list of acknowledged rows would cost tens of ms each (a round holds 50,000). The
@@ -155,6 +193,8 @@ class Publisher:
                     else:
                         self.state.outbox.acked.add(done)
                     sent, after = sent + len(done), rows[-1][0]
+                    # Rounds of one call read on from the last: each read every record due up to its last row.
+                    self._acknowledged(rows, failed)
                     if retry:
                         log.warning("%d records not acknowledged; they stay queued", retry)
                         return sent

@@ -23,6 +23,8 @@ from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
 
+PUBLISH_WAIT_SECONDS = 2.0  # longest a select waits for its compiled plan's records to be acknowledged
+
 # Errors that say the file itself cannot be read: once seen, nothing read from it is trusted.
 STORAGE_ERRORS = (duckdb.IOException, duckdb.FatalException, duckdb.InternalException,
                   duckdb.SerializationException, duckdb.ConnectionException)
@@ -123,10 +125,13 @@ class QueryService:
         return self._answer(found)
 
     async def select_async(self, doc: Any, run: Callable[..., Awaitable[Any]],
-                           read: Callable[..., Awaitable[Any]] | None = None) -> dict[str, Any]:
+                           read: Callable[..., Awaitable[Any]] | None = None,
+                           published: Callable[[int, float], Awaitable[bool]] | None = None) -> dict[str, Any]:
         """As `select`, but a plan that must be compiled is compiled by `run` (the writer thread), and a lookup
         the head cache cannot answer reads the file through `read` (a thread with a cursor of its own;
-        None: this service's cursor, on the caller's thread).
+        None: this service's cursor, on the caller's thread). A compiled plan is answered once `published`
+        (the publisher's) says its records were acknowledged, or after `PUBLISH_WAIT_SECONDS` regardless: a
+        worker killed after answering leaves its successor the plan's `plan-dependencies` record to judge.
 
         The head cache answers from memory; a miss reads committed state, so no lookup waits for a write.
         """
@@ -152,6 +157,11 @@ class QueryService:
             self.selected.add(found.key)
             if found.plan is None:
                 found = self._merge(await run(self._compile, found))
+                if found.queued_through is not None and published is not None and \
+                        not await published(found.queued_through, PUBLISH_WAIT_SECONDS):
+                    # Bounded: with the broker gone the records stay queued for the flush timer, and the
+                    # caller still gets its answer within the request's deadline.
+                    log.warning("the compiled plan's records are still queued; the flush timer publishes them")
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
         return self._answer(found)
@@ -273,13 +283,14 @@ class QueryService:
         if partition is not None:  # the partition moved while this select waited for the writer
             raise NotOwner(found.entity_id, partition)
         plan = state.plans.fresh_plan(found.key)  # another select may have compiled it meanwhile
-        served_from = "cache"
+        served_from, queued_through = "cache", None
         if plan is None:
             plan = self.writer.compile_select(found.request, counts, self.on_compile).plan
-            served_from = "compiled"
+            served_from, queued_through = "compiled", state.outbox.newest()
         # The writer's remembered position: committed (no transaction is open here), and no read of the file.
         token = self.sign(state.store.remembered_position())
-        return replace(found, plan=plan, token=token, served_from=served_from, counts=counts)
+        return replace(found, plan=plan, token=token, served_from=served_from, counts=counts,
+                       queued_through=queued_through)
 
     def _merge(self, found: "Found") -> "Found":
         self.selects.update(found.counts)  # counted here: the selects counter belongs to the caller's thread
@@ -374,4 +385,6 @@ class Found:
     """Counters the compiling thread gathered, merged into `selects` by the caller."""
     entity_id: str = ""
     """The canonical entity id the request resolved to (its partition owns the plan)."""
+    queued_through: int | None = None
+    """A compiled plan: the outbox sequence number of its last record (answered once that is published)."""
 

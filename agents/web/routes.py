@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PUBLISH_WAIT_SECONDS = 2.0  # longest a select waits for its compiled plan to leave the outbox
-
 _PLAN_ID = re.compile(rf"plan-[0-9a-f]{{{PLAN_ID_HEX}}}")
 
 
@@ -63,8 +61,6 @@ class Api:
     plan_status: Callable[[str, Callable[[str | None], bool]], Awaitable[dict[str, Any] | None]]
     """A plan id's status (None: unknown here, or of a principal the predicate refuses); raises NotOwner for a
     plan another worker answers for."""
-    publish: Callable[[], Awaitable[int]]
-    """Publish the outbox now; never raises."""
     pause: Callable[[str], list[int]]
     """Stop applying an input topic; returns its partitions."""
     resume: Callable[[str], list[int]]
@@ -154,13 +150,6 @@ def register_routes(app, api: Api, access: Access) -> None:
                          extra={"code": exc.code, "pass": exc.pass_name})
                 return self.json(exc.as_dict(), status=exc.status)
             request[AUDIT].update(plan_id=result["plan_id"], served_from=result["served_from"])
-            if result.get("served_from") == "compiled":
-                # Bounded: with the broker gone the records stay queued for the flush timer, and the
-                # caller still gets its answer within the request's deadline.
-                try:
-                    await asyncio.wait_for(asyncio.shield(api.publish()), PUBLISH_WAIT_SECONDS)
-                except asyncio.TimeoutError:
-                    log.warning("the compiled plan's records are still queued; the flush timer publishes them")
             log.info("select %s from %s", result["plan_id"], result["served_from"],
                      extra={"plan_id": result["plan_id"], "served_from": result["served_from"],
                             "state": result["state"], "stop_reason": result["stop_reason"]})

@@ -115,10 +115,11 @@ class Worker:
         """The narrow view of this worker that its HTTP routes get."""
         reader = self.reader
         return Api(settings=self.settings, query=self.query,
-                   select=lambda body: self.query.select_async(body, self.writer.run, self.select_reads.run),
+                   select=lambda body: self.query.select_async(body, self.writer.run, self.select_reads.run,
+                                                                self.publisher.published),
                    applied=lambda: self.replica.positions, incarnation=reader.store.incarnation,
                    incarnation_checked=self._incarnation_checked,
-                   receipt=reader.plans.receipt, publish=self.publisher.publish, pause=self.replica.pause,
+                   receipt=reader.plans.receipt, pause=self.replica.pause,
                    resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.status.metrics_text,
                    health=self.status.health, owner_url=self.owner_url, forward=self._forward,
                    plan_status=lambda plan_id, may: self.query.plan_status_async(plan_id, self.status.read, may),

@@ -383,3 +383,59 @@ async def test_after_a_transient_failure_later_records_of_its_key_wait_for_the_n
         assert isinstance(results[0], KafkaTimeoutError) and isinstance(results[2], HeldBack)
     finally:
         state.close()
+
+
+@pytest.mark.timeout(10)
+async def test_a_select_waits_for_its_own_records_and_not_for_those_queued_after_them(setup):
+    state, app, publisher = setup
+    with state.store.transaction():
+        state.outbox.add_many([("plans", b"p1", b"the select's plan"), ("plan-dependencies", b"k1", b"its record")])
+    mine = state.outbox.newest()
+    waiting = asyncio.ensure_future(publisher.published(mine, 5.0))
+    await _until(lambda: len(app.producer.sent) == 2)
+    # A stream goes on queueing records while the select's are in flight.
+    with state.store.transaction():
+        state.outbox.add_many([("plan-invalidations", f"o{i}".encode(), b"later") for i in range(5)])
+    publisher.kick()
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # not acknowledged yet
+    for ack in app.producer.acks[:2]:
+        ack.set_result(None)
+    assert await waiting is True
+    assert app.producer.acks[2:] == [] or not all(a.done() for a in app.producer.acks[2:])  # the rest still out
+    assert publisher.acknowledged_through == mine
+    app.producer.ack_all()
+    await _until(lambda: publisher.acknowledged_through > mine)
+
+
+@pytest.mark.timeout(10)
+async def test_a_select_whose_record_fails_to_send_is_answered_after_the_bounded_wait(tmp_path):
+    from aiokafka.errors import KafkaTimeoutError
+
+    class Down(SlowProducer):
+        async def send(self, topic, key, value, partition, timestamp, headers):
+            raise KafkaTimeoutError()
+
+    state = LocalState.open(tmp_path / "f.duckdb")
+    try:
+        app = App()
+        app.producer = Down()
+        publisher = Publisher(state, app, inline, lambda: {})
+        with state.store.transaction():
+            state.outbox.add_many([("plans", b"p1", b"v")])
+        assert await publisher.published(state.outbox.newest(), 0.3) is False
+        assert publisher.acknowledged_through == -1 and state.outbox.size() == 1  # still queued for the timer
+    finally:
+        state.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_compiled_select_is_answered_once_its_plan_s_records_are_on_the_broker(broker, tmp_path):
+    async with launch(broker, tmp_path) as worker:
+        loaded = await worker.load("atlas.jsonl")
+        for i in range(3):
+            answer = await worker.select(dict(ATLAS_REQUEST, query=f"published {i}"), loaded)
+            assert answer["served_from"] == "compiled"
+            # Read right after the answer: a worker killed now has left its successor the plan to judge.
+            assert answer["plan_id"] in {r["plan_id"] for r in await worker.everything("plan-dependencies")}
+            assert answer["plan_id"] in {r["plan_id"] for r in await worker.everything("plans")}
