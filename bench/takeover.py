@@ -11,7 +11,8 @@ import orjson
 from agents.stream.event_apply import EventApplier, RawMessage
 from agents.plans.ownership import Ownership, WholeCatalog
 from agents.plans.plan_writer import PlanWriter
-from agents.web.query import Peers, QueryService
+from agents.web.peers import Peers
+from agents.web.query import QueryService
 from bench.workload import generate
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState

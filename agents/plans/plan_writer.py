@@ -337,18 +337,43 @@ class PlanWriter:
         Raises RequestError for a request no state can answer. `counts` are the caller's
         in-memory counters: a counter write would cost as much as the plan.
         """
+        [result] = self.compile_selects([request], counts, on_compile)
+        if isinstance(result, RequestError):
+            raise result
+        return result
+
+    def compile_selects(self, requests: Sequence, counts: Counter[str], on_compile=None,
+                        ) -> list[CompiledPlan | RequestError]:
+        """As `compile_select` for selects that waited together: per request its plan or its RequestError.
+
+        The plans are stored in one transaction: storing is most of a select's compile on the writer
+        (some 10 ms of statements against 3.5 ms of compiling), and selects that arrive while an input
+        batch holds the writer would otherwise each pay it after that batch.
+        """
         now = self.state.store.now()
-        started = time.perf_counter()
-        compiled = compile_request(request, self.state.catalog, now)
-        if on_compile:
-            on_compile(time.perf_counter() - started)
+        out: list[CompiledPlan | RequestError] = []
+        for request in requests:
+            started = time.perf_counter()
+            try:
+                out.append(compile_request(request, self.state.catalog, now))
+            except RequestError as exc:
+                out.append(exc)
+            if on_compile:
+                on_compile(time.perf_counter() - started)
+        # Two selects of one plan key compiled the same plan: it is stored once.
+        compiled = list({p.plan_key: p for p in out if isinstance(p, CompiledPlan)}.values())
+        if not compiled:
+            return out
         with self.state.store.transaction():
-            head = self.state.plans.heads([compiled.plan_key], parse=False).get(compiled.plan_key)
-            self.store([compiled], now, counts, replaces={compiled.plan_key: head[0]} if head else {})
-            if head and head[2] == "invalidated":  # announced first: this select compiled its successor
-                self.state.plans.set_successors([(head[0], compiled.plan_id)])
-                if head[0] == compiled.plan_id:
-                    # The same plan again: that announcement was unnecessary. Counted in the file (as the backlog
-                    # counts what it compiles), or precision would look better the more plans selects compile.
-                    self.state.store.bump_many({"announced_unchanged": 1})
-        return compiled
+            heads = self.state.plans.heads([p.plan_key for p in compiled], parse=False)
+            self.store(compiled, now, counts, replaces={key: head[0] for key, head in heads.items()})
+            # Announced first: these selects compiled the successors.
+            successors = [(heads[p.plan_key][0], p.plan_id) for p in compiled
+                          if p.plan_key in heads and heads[p.plan_key][2] == "invalidated"]
+            self.state.plans.set_successors(successors)
+            unchanged = sum(old == new for old, new in successors)
+            if unchanged:
+                # The same plan again: that announcement was unnecessary. Counted in the file (as the backlog
+                # counts what it compiles), or precision would look better the more plans selects compile.
+                self.state.store.bump_many({"announced_unchanged": unchanged})
+        return out

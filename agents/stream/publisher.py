@@ -9,6 +9,7 @@ from typing import Any, Awaitable, Callable
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 
+from agents.stream.read_thread import ReadThread
 from schemas.outbound import shown_key
 from state.local_state import LocalState
 from streams.batches import Batch, partitions_of, plan_batches
@@ -53,10 +54,14 @@ class Publisher:
     """Sends the outbox through the app's producer; the outbox itself is read and written on the writer thread."""
 
     def __init__(self, state: LocalState, app, run: Callable[..., Awaitable[Any]],
-                 duty: Callable[[], dict[str, list[int]] | dict[str, dict[int, int]]]) -> None:
+                 duty: Callable[[], dict[str, list[int]] | dict[str, dict[int, int]]],
+                 reads: ReadThread | None = None) -> None:
         self.state = state  # the read-write state: touched only through `run`
         self.app = app
         self.run_writes = run
+        # Due records are read through a cursor of their own: a read queued on the writer waited for the input
+        # batch ahead of it, and every select that compiled waited for that read (0.18 s median at 1,000/s).
+        self.reads = reads
         self.duty = duty  # input partitions this worker publishes for (see `publish_owned`)
         self.lock = asyncio.Lock()  # one flush at a time: records leave in outbox order
         self._again = False  # promoted records wait for a flush that has not read the outbox yet
@@ -163,7 +168,7 @@ class Publisher:
                 while True:
                     # Past the rows still being forgotten: forgetting (its commit may checkpoint the
                     # file) runs on the writer thread while the next round is sent.
-                    rows = await self.run_writes(self.state.outbox.pending, READ_ROWS, after)
+                    rows = await self._pending(after)
                     if not rows and forgetting is not None:  # it may queue dead letters: read once more
                         await forgetting
                         forgetting = None
@@ -205,6 +210,21 @@ class Publisher:
             finally:
                 if forgetting is not None:
                     await forgetting
+
+    async def _pending(self, after: int | None) -> list[tuple[int, str, bytes | None, bytes]]:
+        """The next records due, read from committed state.
+
+        Safe beside the writer: a row acknowledged stays in `acked` (so passed over) until its
+        deletion commits, and the rows `_forget_sent` is deleting are at or before `after`.
+        """
+        if self.reads is None:
+            return await self.run_writes(self.state.outbox.pending, READ_ROWS, after)
+        return await self.reads.run(lambda state: state.outbox.pending(READ_ROWS, after))
+
+    def close(self) -> None:
+        """Stop the reading thread (after the last flush; before the file is closed)."""
+        if self.reads is not None:
+            self.reads.close()
 
     async def _send(self, rows: list[tuple[str, bytes | None, bytes]]) -> list:
         """Send (topic, key, value) records; per record, its acknowledgement or the error that stopped it."""

@@ -19,6 +19,11 @@ SWITCH_INTERVAL_SECONDS = 0.001
 The loop releases the GIL on every socket and DuckDB call and waits up to this long to get
 it back while the writer compiles in Python, so a select pays it once per such call."""
 
+FIRST_IN_A_ROW = 4
+"""`run_first` jobs run ahead of `run` jobs, but no more than this many in a row while one of those waits: a
+flood of selects that must compile slows the input down and never stops it (the revocation guard would then
+refuse every select)."""
+
 LATER_WAITS_AT_MOST = 1.0
 """Seconds a `run_later` job waits while other jobs keep coming: then it runs next, so a writer kept busy by a
 stream still compiles successors, enforces retention and prunes, one job at a time."""
@@ -31,17 +36,21 @@ class Writer:
     (an apply batch and a select's compiled plan both write plans); the loop reads committed
     state through its own cursor (`Store.view()`) meanwhile, and awaits what it asked for.
 
-    Jobs run in submission order, except that work nobody waits on (`run_later`: successors of
-    announced plans, retention, pruning) runs when no other job is queued, or once it has waited
-    `LATER_WAITS_AT_MOST`: a select that must compile waits for the job running, not for a
-    backlog of recompiles queued before it.
+    Jobs run in submission order, except that a caller waiting on the answer (`run_first`: a select
+    that must compile) goes ahead of input batches (up to `FIRST_IN_A_ROW` in a row), and work
+    nobody waits on (`run_later`: successors of announced plans, retention, pruning) runs when no
+    other job is queued, or once it has waited `LATER_WAITS_AT_MOST`: a select that must compile
+    waits for the job running, not for the input batches and recompiles queued before it.
     """
 
-    def __init__(self, later_waits_at_most: float = LATER_WAITS_AT_MOST) -> None:
+    def __init__(self, later_waits_at_most: float = LATER_WAITS_AT_MOST, first_in_a_row: int = FIRST_IN_A_ROW) -> None:
         self.later_waits_at_most = later_waits_at_most
+        self.first_in_a_row = first_in_a_row
         self._ready = threading.Condition()
+        self._first: deque[tuple[float, Callable[[], Any], concurrent.futures.Future]] = deque()
         self._now: deque[tuple[float, Callable[[], Any], concurrent.futures.Future]] = deque()
         self._later: deque[tuple[float, Callable[[], Any], concurrent.futures.Future]] = deque()
+        self._firsts = 0  # `run_first` jobs taken in a row while a `run` job waited
         self._closed = False
         self._thread = threading.Thread(target=self._work, name=f"{THREAD_NAME}_0", daemon=True)
         self._thread.start()
@@ -50,6 +59,10 @@ class Writer:
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` on the writer thread and return (or raise) what it did."""
         return await self._submit(self._now, fn, args, kwargs)
+
+    async def run_first(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """As `run`, ahead of the `run` jobs waiting (see `FIRST_IN_A_ROW`)."""
+        return await self._submit(self._first, fn, args, kwargs)
 
     async def run_later(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """As `run`, after the jobs submitted with `run` that are waiting when it would start (for a while at most)."""
@@ -70,12 +83,19 @@ class Writer:
     def _next(self) -> tuple[Callable[[], Any], concurrent.futures.Future] | None:
         """The next job to run (None: closed and nothing left)."""
         with self._ready:
-            while not self._now and not self._later:
+            while not self._first and not self._now and not self._later:
                 if self._closed:
                     return None
                 self._ready.wait()
-            overdue = self._later and time.monotonic() - self._later[0][0] >= self.later_waits_at_most
-            _, call, job = (self._later if overdue or not self._now else self._now).popleft()
+            if self._later and time.monotonic() - self._later[0][0] >= self.later_waits_at_most:
+                jobs = self._later
+            elif self._first and (not self._now or self._firsts < self.first_in_a_row):
+                jobs = self._first
+                self._firsts += bool(self._now)
+            else:
+                jobs = self._now or self._later
+                self._firsts = 0 if jobs is self._now else self._firsts
+            _, call, job = jobs.popleft()
             return call, job
 
     def _work(self) -> None:
@@ -100,7 +120,7 @@ class Writer:
         file."""
         with self._ready:
             self._closed = True
-            for jobs in (self._now, self._later):
+            for jobs in (self._first, self._now, self._later):
                 while jobs:
                     jobs.popleft()[2].cancel()
             self._ready.notify()

@@ -16,7 +16,9 @@ from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
 from agents.plans.plan_writer import PlanWriter
 from agents.web.early_waits import EarlyWaits
+from agents.web.peers import NotOwner, Peers
 from agents.web.plan_facts import plan_facts
+from agents.web.select_compiles import SelectCompiles
 from agents.web.token_keys import TokenKeys
 from state.head_cache import head_of
 from state.local_state import LocalState
@@ -40,31 +42,10 @@ MayRead = Callable[[str | None], bool]
 """Whether the caller may see a plan or receipt of this principal (None: the principal is not known)."""
 
 
-class NotOwner(Exception):
-    """The entity's plans belong to a partition another worker owns: its owner answers the select."""
-
-    def __init__(self, entity_id: str, partition: int) -> None:
-        super().__init__(f"entity partition {partition} is owned elsewhere")
-        self.entity_id = entity_id
-        self.partition = partition
-
-
-@dataclass(frozen=True)
-class Peers:
-    """Where this worker stands among its group's workers, as the read path needs it (defaults: a lone worker)."""
-
-    served_by: str | None = None
-    """This worker's URL, named in every answer it serves."""
-    foreign_partition: Callable[[str], int | None] = lambda entity_id: None
-    """Entity id -> its partition when another worker owns it, else None (then its owner answers)."""
-    foreign_partitions: Callable[[], list[int]] = lambda: []
-    """Plan partitions other workers own (all of them while the group has assigned none)."""
-
-
 class QueryService:
     """The read path: plan key lookup, then cache or compile."""
 
-    def __init__(self, state: LocalState, writer: PlanWriter, guard=None, *, peers: Peers = Peers(),
+    def __init__(self, state: LocalState, writer: PlanWriter, guard=None, *, peers: Peers | None = None,
                  limits: Limits | None = None, tokens: TokenKeys | None = None,
                  position: Callable[[], dict[str, dict[int, int]]] | None = None,
                  last_events: dict[str, dict] | None = None, on_compile=None, check_heads: bool = False,
@@ -72,7 +53,7 @@ class QueryService:
         self.state = state  # what selects, status and health read: in a worker, a cursor of their own
         self.writer = writer  # compiles and stores on the read-write connection (its state)
         self.guard = guard  # a LagWatcher; None only where no broker exists (unit tests)
-        self.peers = peers
+        self.peers = Peers() if peers is None else peers  # a lone worker by default
         self.limits = Limits() if limits is None else limits  # largest request fields a select accepts
         self.tokens = TokenKeys.ephemeral() if tokens is None else tokens  # a worker's: the group's key file
         # The input offsets applied and committed, kept in memory (the replica's); None: read them from the file.
@@ -83,6 +64,7 @@ class QueryService:
         self.early = EarlyWaits() if early is None else early
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
         self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
+        self.compiles = SelectCompiles(self._compile_many)  # selects that must compile share a writer job
         self.unreadable: str | None = None  # why the state file failed a read; sticky until a restart
         self._token_cache: tuple[object, bytes, str] | None = None
 
@@ -156,7 +138,7 @@ class QueryService:
                     await read(lambda state: self._read(request, degraded, state))
             self.selected.add(found.key)
             if found.plan is None:
-                found = self._merge(await run(self._compile, found))
+                found = self._merge(await self.compiles.compile(found, run))
                 if found.queued_through is not None and published is not None and \
                         not await published(found.queued_through, PUBLISH_WAIT_SECONDS):
                     # Bounded: with the broker gone the records stay queued for the flush timer, and the
@@ -277,20 +259,39 @@ class QueryService:
 
     def _compile(self, found: "Found") -> "Found":
         """Compile and store a missing plan on the writer's connection (run on the writer thread)."""
+        [result] = self._compile_many([found])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _compile_many(self, founds: list["Found"]) -> list["Found | Exception"]:
+        """Compile and store missing plans together (on the writer thread); per select its answer or its error."""
         state = self.writer.state
+        out: list[Found | Exception | None] = [None] * len(founds)
+        due = []
+        for i, found in enumerate(founds):
+            partition = self.peers.foreign_partition(found.entity_id)
+            if partition is not None:  # the partition moved while this select waited for the writer
+                out[i] = NotOwner(found.entity_id, partition)
+                continue
+            plan = state.plans.fresh_plan(found.key)  # another select may have compiled it meanwhile
+            if plan is None:
+                due.append(i)
+            else:
+                out[i] = replace(found, plan=plan, served_from="cache")
         counts: Counter[str] = Counter()
-        partition = self.peers.foreign_partition(found.entity_id)
-        if partition is not None:  # the partition moved while this select waited for the writer
-            raise NotOwner(found.entity_id, partition)
-        plan = state.plans.fresh_plan(found.key)  # another select may have compiled it meanwhile
-        served_from, queued_through = "cache", None
-        if plan is None:
-            plan = self.writer.compile_select(found.request, counts, self.on_compile).plan
-            served_from, queued_through = "compiled", state.outbox.newest()
+        if due:
+            compiled = self.writer.compile_selects([founds[i].request for i in due], counts, self.on_compile)
+            queued_through = state.outbox.newest()
+            for i, result in zip(due, compiled, strict=True):
+                out[i] = result if isinstance(result, RequestError) else replace(
+                    founds[i], plan=result.plan, served_from="compiled", queued_through=queued_through)
         # The writer's remembered position: committed (no transaction is open here), and no read of the file.
         token = self.sign(state.store.remembered_position())
-        return replace(found, plan=plan, token=token, served_from=served_from, counts=counts,
-                       queued_through=queued_through)
+        answered = [i for i, result in enumerate(out) if isinstance(result, Found)]
+        for i in answered:  # the counts go with one answer: the caller merges each answer's
+            out[i] = replace(out[i], token=token, counts=counts if i == answered[0] else Counter())
+        return out
 
     def _merge(self, found: "Found") -> "Found":
         self.selects.update(found.counts)  # counted here: the selects counter belongs to the caller's thread

@@ -20,7 +20,7 @@ from agents.web.access import Access
 from agents.web.gate import AUDIT, CALLER, principal_refusal
 from agents.web.forward import is_forwarded, owner_unavailable, retry_headers, shard_restoring
 from agents.web.metrics_port import serve_metrics
-from agents.web.query import NotOwner
+from agents.web.peers import NotOwner
 from compiler.errors import AttestError, RequestError
 from compiler.pipeline import PLAN_ID_HEX
 from compiler.request import decode_body

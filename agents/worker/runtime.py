@@ -115,7 +115,7 @@ class Worker:
         """The narrow view of this worker that its HTTP routes get."""
         reader = self.reader
         return Api(settings=self.settings, query=self.query,
-                   select=lambda body: self.query.select_async(body, self.writer.run, self.select_reads.run,
+                   select=lambda body: self.query.select_async(body, self.writer.run_first, self.select_reads.run,
                                                                 self.publisher.published),
                    applied=lambda: self.replica.positions, incarnation=reader.store.incarnation,
                    incarnation_checked=self._incarnation_checked,
@@ -178,6 +178,7 @@ class Worker:
         self.writer.close()
         self.status.close()
         self.select_reads.close()
+        self.publisher.close()
         self._forget_acknowledged()
         self.collector.remove()
         self.status.state.store.close()

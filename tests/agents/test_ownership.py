@@ -11,7 +11,8 @@ from agents.plans.backlog import recompile_queued
 from agents.stream.event_apply import EventApplier, RawMessage
 from agents.plans.ownership import Ownership, WholeCatalog
 from agents.plans.plan_writer import PlanWriter
-from agents.web.query import NotOwner, Peers, QueryService
+from agents.web.peers import NotOwner, Peers
+from agents.web.query import QueryService
 from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
 from state.parked_plans import ParkedPlans

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.web.query import NotOwner
+from agents.web.peers import NotOwner
 from schemas.plan_partition import plan_partition
 from tests.agents.test_ownership import _event, nodes  # noqa: F401 - the two-node fixture
 from tests.conftest import ATLAS_REQUEST

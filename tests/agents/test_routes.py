@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from agents.web.forward import FORWARDED_HEADER, owner_unavailable, retry_headers
-from agents.web.query import NotOwner
+from agents.web.peers import NotOwner
 from agents.web.routes import _ask_other_owners, _forwarded
 
 pytestmark = pytest.mark.timeout(30)

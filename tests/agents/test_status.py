@@ -12,7 +12,8 @@ from agents.ops.loop_probe import LoopProbe
 from agents.plans.backlog import recompile_queued
 from agents.stream.lag import LagWatcher
 from agents.web.metrics import Metrics
-from agents.web.query import NotOwner, Peers, StateError
+from agents.web.peers import NotOwner, Peers
+from agents.web.query import StateError
 from agents.web.status import THREAD_NAME, Status, health_figures
 from state.parked_plans import ParkedPlans
 from tests.agents.test_invalidation import raw, setup  # noqa: F401 - the fixture

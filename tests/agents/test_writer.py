@@ -10,6 +10,7 @@ import pytest
 
 from agents.ops.loop_probe import LoopProbe
 from agents.stream.writer import THREAD_NAME, Writer, inline
+from compiler.errors import RequestError
 from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource
@@ -77,12 +78,35 @@ async def test_a_cache_hit_never_waits_for_the_writer_and_a_miss_is_compiled_by_
         return fn(*args)
 
     first = await query.select_async(ATLAS_REQUEST, writer_run)
-    assert first["served_from"] == "compiled" and ran == ["_compile"]
+    assert first["served_from"] == "compiled" and ran == ["_take_and_compile"]
     again = await query.select_async(ATLAS_REQUEST, writer_run)
-    assert again["served_from"] == "cache" and ran == ["_compile"]  # the hit read its own cursor only
+    assert again["served_from"] == "cache" and ran == ["_take_and_compile"]  # the hit read its own cursor only
     assert again["plan_id"] == first["plan_id"] and again["freshness_token"] == first["freshness_token"]
     assert query.selects["selects.compiled"] == 1 and query.selects["compilations"] == 1
     assert (await query.select_async(ATLAS_REQUEST, inline))["served_from"] == "cache"
+
+
+async def test_selects_that_must_compile_while_the_writer_is_busy_share_one_job(setup):  # noqa: F811
+    _, _, query = setup
+    busy = asyncio.Event()
+
+    async def writer_run(fn, *args):
+        await busy.wait()  # an input batch holds the writer
+        return fn(*args)
+
+    bodies = [dict(ATLAS_REQUEST, query=f"question {i}") for i in range(3)] + [dict(ATLAS_REQUEST, decision_type="no.such.decision")]
+    selecting = [asyncio.ensure_future(query.select_async(body, writer_run)) for body in bodies]
+    await asyncio.sleep(0.01)
+    busy.set()
+    answers = await asyncio.gather(*selecting, return_exceptions=True)
+    assert [a["served_from"] for a in answers[:3]] == ["compiled"] * 3
+    assert len({a["plan_id"] for a in answers[:3]}) == 3
+    assert isinstance(answers[3], RequestError) and answers[3].code == "unknown_decision_type"  # to it alone
+    assert query.compiles.jobs == 1 and query.compiles.items == 4
+    assert query.selects["selects.compiled"] == 3 and query.selects["compilations"] == 3
+    # Asked again, each is a cache hit on the loop's cursor: all three were stored.
+    again = [(await query.select_async(body, writer_run))["served_from"] for body in bodies[:3]]
+    assert again == ["cache"] * 3
 
 
 async def test_through_the_broker_events_are_applied_on_the_writer_thread_and_the_loop_is_probed(worker):
@@ -131,6 +155,29 @@ async def test_work_nobody_waits_on_runs_after_every_job_queued_before_it_starts
         release.set()
         await asyncio.gather(running, *later, *now)
         assert seen == ["now-0", "now-1", "later-0", "later-1", "later-2"]
+    finally:
+        release.set()
+        writer.close()
+
+
+async def test_a_caller_waiting_goes_ahead_of_input_batches_but_never_starves_them():
+    """A select's compile runs after the running job, not after the input batches queued before it; a flood of
+    them lets one batch through after every `first_in_a_row`."""
+    writer = Writer(later_waits_at_most=60, first_in_a_row=2)
+    release = threading.Event()
+    try:
+        seen: list[str] = []
+        running = asyncio.ensure_future(writer.run(release.wait, 30))
+        while writer._now:  # the blocking job has started
+            await asyncio.sleep(0.001)
+        later = asyncio.ensure_future(writer.run_later(seen.append, "later"))
+        now = [asyncio.ensure_future(writer.run(seen.append, f"batch-{i}")) for i in range(2)]
+        await asyncio.sleep(0.01)
+        first = [asyncio.ensure_future(writer.run_first(seen.append, f"select-{i}")) for i in range(5)]
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(running, later, *now, *first)
+        assert seen == ["select-0", "select-1", "batch-0", "select-2", "select-3", "batch-1", "select-4", "later"]
     finally:
         release.set()
         writer.close()
