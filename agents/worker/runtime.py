@@ -157,6 +157,7 @@ class Worker:
                 "recompile_queue": figures["recompile_queue"],
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs},
                 "select_reads": self.select_reads.reads,
+                "select_compiles": {"jobs": self.query.compiles.jobs, "selects": self.query.compiles.items},
                 "early_announcements": self.replica.early.figures() if self.replica.early else None,
                 **self.probe.as_dict(),
                 "gc": self.collector.as_dict(), "checkpoints": self.state.store.checkpoints.as_dict(),

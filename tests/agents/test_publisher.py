@@ -439,3 +439,5 @@ async def test_a_compiled_select_is_answered_once_its_plan_s_records_are_on_the_
             # Read right after the answer: a worker killed now has left its successor the plan to judge.
             assert answer["plan_id"] in {r["plan_id"] for r in await worker.everything("plan-dependencies")}
             assert answer["plan_id"] in {r["plan_id"] for r in await worker.everything("plans")}
+        compiles = (await worker.get("/healthz"))["select_compiles"]
+        assert compiles["selects"] >= 3 and 1 <= compiles["jobs"] <= compiles["selects"]
