@@ -9,6 +9,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from typing import Callable, Mapping, Sequence
 
+import duckdb
 import orjson
 
 from compiler.errors import RequestError
@@ -338,12 +339,12 @@ class PlanWriter:
         in-memory counters: a counter write would cost as much as the plan.
         """
         [result] = self.compile_selects([request], counts, on_compile)
-        if isinstance(result, RequestError):
+        if isinstance(result, Exception):
             raise result
         return result
 
     def compile_selects(self, requests: Sequence, counts: Counter[str], on_compile=None,
-                        ) -> list[CompiledPlan | RequestError]:
+                        ) -> list[CompiledPlan | Exception]:
         """As `compile_select` for selects that waited together: per request its plan or its RequestError.
 
         The plans are stored in one transaction: storing is most of a select's compile on the writer
@@ -351,12 +352,17 @@ class PlanWriter:
         batch holds the writer would otherwise each pay it after that batch.
         """
         now = self.state.store.now()
-        out: list[CompiledPlan | RequestError] = []
+        out: list[CompiledPlan | Exception] = []
         for request in requests:
             started = time.perf_counter()
             try:
                 out.append(compile_request(request, self.state.catalog, now))
             except RequestError as exc:
+                out.append(exc)
+            except duckdb.Error:
+                raise  # the file: every select of the job is refused (`state_unreadable`)
+            except Exception as exc:  # noqa: BLE001 - a bug met by one request is that caller's alone
+                log.exception("compiling a selected request failed")
                 out.append(exc)
             if on_compile:
                 on_compile(time.perf_counter() - started)

@@ -32,6 +32,16 @@ class HeldBack(Exception):
     """Not sent: an earlier record of its key failed in the same round, and keys keep their order."""
 
 
+def _sent_through(rows: list[tuple[int, str, bytes | None, bytes]], failed: set[int]) -> int | None:
+    """The sequence number of a round's last row before the first that failed (None: the first failed)."""
+    through = None
+    for seq, *_ in rows:
+        if seq in failed:
+            break
+        through = seq
+    return through
+
+
 def _batching_producer(app):
     """The aiokafka producer under Faust's, if it takes pre-built batches (not a transactional one)."""
     producer = getattr(app.producer, "_producer", None)  # Faust keeps no public handle on it
@@ -133,13 +143,8 @@ class Publisher:
         finally:
             self._waiting = [(s, f) for s, f in self._waiting if f is not done]
 
-    def _acknowledged(self, rows: list[tuple[int, str, bytes | None, bytes]], failed: set[int]) -> None:
-        """A round's rows were sent: the mark moves to the last row before the first that failed."""
-        through = None
-        for row in rows:
-            if row[0] in failed:
-                break
-            through = row[0]
+    def _acknowledged(self, through: int | None) -> None:
+        """Every record due at or before `through` when a flush read it was acknowledged: wake who waits on it."""
         if through is None or through <= self.acknowledged_through:
             return
         self.acknowledged_through = through
@@ -164,6 +169,9 @@ class Publisher:
         """
         sent, after, forgetting = 0, None, None
         async with self.lock:
+            # Acknowledged by an earlier call (a retry's rounds pass over them): the reads below find every other
+            # record due, so a call that sends them all has every record due up to here acknowledged.
+            earlier = max(self.state.outbox.acked.current(), default=-1)
             try:
                 while True:
                     # Past the rows still being forgotten: forgetting (its commit may checkpoint the
@@ -174,6 +182,7 @@ class Publisher:
                         forgetting = None
                         continue
                     if not rows:
+                        self._acknowledged(max(earlier, -1 if after is None else after))
                         return sent
                     results = await self._send([(topic, key, value) for _, topic, key, value in rows])
                     done, refused, failed = [], [], set()
@@ -199,13 +208,14 @@ class Publisher:
                         self.state.outbox.acked.add(done)
                     sent, after = sent + len(done), rows[-1][0]
                     # Rounds of one call read on from the last: each read every record due up to its last row.
-                    self._acknowledged(rows, failed)
+                    self._acknowledged(_sent_through(rows, failed))
                     if retry:
                         log.warning("%d records not acknowledged; they stay queued", retry)
                         return sent
                     if len(rows) < READ_ROWS and forgetting is None:
                         # Everything due was read: a read more would find nothing (a writer job saved
                         # per batch). Records queued since come with a kick or a publish of their own.
+                        self._acknowledged(max(earlier, after))
                         return sent
             finally:
                 if forgetting is not None:

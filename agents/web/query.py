@@ -64,7 +64,7 @@ class QueryService:
         self.early = EarlyWaits() if early is None else early
         self.selects: Counter[str] = Counter()  # per process; the read path writes nothing it need not
         self.selected: set[str] = set()  # plan keys selected since the last retention pass (stamped there)
-        self.compiles = SelectCompiles(self._compile_many)  # selects that must compile share a writer job
+        self.compiles = SelectCompiles(self._compile_many, self.selects.update)  # selects compiling share a job
         self.unreadable: str | None = None  # why the state file failed a read; sticky until a restart
         self._token_cache: tuple[object, bytes, str] | None = None
 
@@ -259,13 +259,14 @@ class QueryService:
 
     def _compile(self, found: "Found") -> "Found":
         """Compile and store a missing plan on the writer's connection (run on the writer thread)."""
-        [result] = self._compile_many([found])
+        [result], counts = self._compile_many([found])
         if isinstance(result, BaseException):
             raise result
-        return result
+        return replace(result, counts=counts)
 
-    def _compile_many(self, founds: list["Found"]) -> list["Found | Exception"]:
-        """Compile and store missing plans together (on the writer thread); per select its answer or its error."""
+    def _compile_many(self, founds: list["Found"]) -> tuple[list["Found | Exception"], Counter[str]]:
+        """Compile and store missing plans together (on the writer thread); per select its answer or its error,
+        and what the job counted (merged into `selects` on the caller's thread)."""
         state = self.writer.state
         out: list[Found | Exception | None] = [None] * len(founds)
         due = []
@@ -284,14 +285,11 @@ class QueryService:
             compiled = self.writer.compile_selects([founds[i].request for i in due], counts, self.on_compile)
             queued_through = state.outbox.newest()
             for i, result in zip(due, compiled, strict=True):
-                out[i] = result if isinstance(result, RequestError) else replace(
+                out[i] = result if isinstance(result, Exception) else replace(
                     founds[i], plan=result.plan, served_from="compiled", queued_through=queued_through)
         # The writer's remembered position: committed (no transaction is open here), and no read of the file.
         token = self.sign(state.store.remembered_position())
-        answered = [i for i, result in enumerate(out) if isinstance(result, Found)]
-        for i in answered:  # the counts go with one answer: the caller merges each answer's
-            out[i] = replace(out[i], token=token, counts=counts if i == answered[0] else Counter())
-        return out
+        return [replace(r, token=token) if isinstance(r, Found) else r for r in out], counts
 
     def _merge(self, found: "Found") -> "Found":
         self.selects.update(found.counts)  # counted here: the selects counter belongs to the caller's thread

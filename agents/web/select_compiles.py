@@ -6,6 +6,10 @@ import asyncio
 import threading
 from typing import Any, Awaitable, Callable, Generic, Sequence, TypeVar
 
+GATHERED_AT_MOST = 32
+"""Selects compiled by one job (some 5 ms each): a flood of selects that must compile holds an input batch back
+for at most `FIRST_IN_A_ROW` such jobs (see `agents.stream.writer`), well under a second."""
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -19,15 +23,16 @@ class _Gathering(Generic[T]):
         self._taken = False
 
     def join(self, item: T, done: asyncio.Future) -> bool:
-        """Add an item (False: the job has already taken what it runs, start another)."""
+        """Add an item (False: the job has already taken what it runs, or it is full: start another)."""
         with self._lock:
-            if self._taken:
+            if self._taken or len(self._items) >= GATHERED_AT_MOST:
                 return False
             self._items.append((item, done))
             return True
 
     def take(self) -> list[T]:
-        """What the job runs: everything joined so far, and nothing after (on the writer thread)."""
+        """What the job runs: everything joined so far, and nothing after (on the writer thread; or on the loop
+        when the job never ran, so that nobody joins a gathering that nothing will settle)."""
         with self._lock:
             self._taken = True
             return [item for item, _ in self._items]
@@ -52,11 +57,14 @@ class SelectCompiles(Generic[T, R]):
     An input batch holds the writer for up to hundreds of ms under a stream; every select that
     must compile meanwhile used to queue a job of its own and store its plan in a transaction of
     its own after that batch. Now they share one job and one transaction. `compile_many` returns
-    per item its result or the exception to raise to that item's caller.
+    per item its result or the exception to raise to that item's caller, and what the job counted,
+    which `merge` takes on the loop once (whichever callers are still waiting).
     """
 
-    def __init__(self, compile_many: Callable[[list[T]], Sequence[R | BaseException]]) -> None:
+    def __init__(self, compile_many: Callable[[list[T]], tuple[Sequence[R | BaseException], Any]],
+                 merge: Callable[[Any], None] = lambda counted: None) -> None:
         self.compile_many = compile_many
+        self.merge = merge
         self.jobs = 0  # writer jobs run, for /healthz
         self.items = 0  # items they compiled
         self._open: _Gathering[T] | None = None
@@ -72,15 +80,21 @@ class SelectCompiles(Generic[T, R]):
 
     async def _run(self, gathering: _Gathering[T], run: Callable[..., Awaitable[Any]]) -> None:
         try:
-            results = await run(self._take_and_compile, gathering)
+            results, counted = await run(self._take_and_compile, gathering)
         except BaseException as exc:  # noqa: BLE001 - every waiter gets the job's error (a state error, a cancel)
+            # A job refused or cancelled before it ran took nothing: close the gathering, or later selects
+            # would join it and wait for ever.
+            gathering.take()
+            if self._open is gathering:
+                self._open = None
             gathering.settle(exc)
             if not isinstance(exc, Exception):
                 raise
             return
+        self.merge(counted)
         gathering.settle(results)
 
-    def _take_and_compile(self, gathering: _Gathering[T]) -> Sequence[R | BaseException]:
+    def _take_and_compile(self, gathering: _Gathering[T]) -> tuple[Sequence[R | BaseException], Any]:
         items = gathering.take()
         self.jobs += 1
         self.items += len(items)

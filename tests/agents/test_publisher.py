@@ -441,3 +441,37 @@ async def test_a_compiled_select_is_answered_once_its_plan_s_records_are_on_the_
             assert answer["plan_id"] in {r["plan_id"] for r in await worker.everything("plans")}
         compiles = (await worker.get("/healthz"))["select_compiles"]
         assert compiles["selects"] >= 3 and 1 <= compiles["jobs"] <= compiles["selects"]
+
+
+@pytest.mark.timeout(20)
+async def test_a_select_s_record_sent_beside_an_earlier_failure_is_known_acknowledged_after_the_retry(tmp_path):
+    from aiokafka.errors import KafkaTimeoutError
+
+    class FailsOnce(SlowProducer):
+        failed = False
+
+        async def send(self, topic, key, value, partition, timestamp, headers):
+            if key == b"earlier" and not self.failed:
+                self.failed = True
+                raise KafkaTimeoutError()
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            self.sent.append(key)
+            return done
+
+    state = LocalState.open(tmp_path / "f.duckdb")
+    try:
+        app = App()
+        app.producer = FailsOnce()
+        publisher = Publisher(state, app, inline, lambda: {})
+        with state.store.transaction():
+            state.outbox.add_many([("out", b"earlier", b"another key's record, first")])
+            state.outbox.add_many([("plan-dependencies", b"mine", b"the select's record")])
+        mine = state.outbox.newest()
+        waiting = asyncio.ensure_future(publisher.published(mine, 5.0))
+        await _until(lambda: app.producer.sent == [b"mine"])
+        assert not waiting.done()  # a record before it is not acknowledged yet
+        await publisher.publish()  # the retry (the flush timer's)
+        assert await asyncio.wait_for(waiting, 1.0) is True
+    finally:
+        state.close()

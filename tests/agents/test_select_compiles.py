@@ -1,0 +1,105 @@
+"""Selects that must compile while the writer is busy share one job: each keeps its own answer, error and counts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from agents.stream.writer import Writer
+from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
+from tests.conftest import ATLAS_REQUEST
+
+
+def _gated():
+    busy = asyncio.Event()
+
+    async def run(fn, *args):
+        await busy.wait()  # an input batch holds the writer
+        return fn(*args)
+    return busy, run
+
+
+@pytest.mark.timeout(20)
+async def test_the_job_s_counts_are_kept_when_the_first_caller_has_gone(setup):  # noqa: F811
+    _, _, query = setup
+    busy, run = _gated()
+    tasks = [asyncio.ensure_future(query.select_async(dict(ATLAS_REQUEST, query=f"c{i}"), run)) for i in range(3)]
+    await asyncio.sleep(0.01)
+    tasks[0].cancel()  # its client went away; its plan is still compiled and stored
+    busy.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert query.compiles.jobs == 1 and query.compiles.items == 3
+    assert query.selects["compilations"] == 3 and query.selects["selects.compiled"] == 2
+
+
+@pytest.mark.timeout(20)
+async def test_an_unexpected_error_compiling_one_select_reaches_that_select_only(setup, monkeypatch):  # noqa: F811
+    import agents.plans.plan_writer as plan_writer
+    real = plan_writer.compile_request
+
+    def failing(request, catalog, now):
+        if request.query == "boom":
+            raise KeyError("a bug one request runs into")
+        return real(request, catalog, now)
+
+    monkeypatch.setattr(plan_writer, "compile_request", failing)
+    _, _, query = setup
+    busy, run = _gated()
+    tasks = [asyncio.ensure_future(query.select_async(dict(ATLAS_REQUEST, query=q), run)) for q in ("a", "boom", "b")]
+    await asyncio.sleep(0.01)
+    busy.set()
+    answers = await asyncio.gather(*tasks, return_exceptions=True)
+    assert answers[0]["served_from"] == answers[2]["served_from"] == "compiled"
+    assert isinstance(answers[1], KeyError)
+
+
+@pytest.mark.timeout(20)
+async def test_selects_after_a_closed_writer_refused_a_job_are_refused_too_never_left_waiting(setup):  # noqa: F811
+    _, _, query = setup
+    writer = Writer()
+    writer.close()
+    with pytest.raises(RuntimeError):
+        await query.select_async(dict(ATLAS_REQUEST, query="one"), writer.run_first)
+    with pytest.raises(RuntimeError):
+        await asyncio.wait_for(query.select_async(dict(ATLAS_REQUEST, query="two"), writer.run_first), 3)
+
+
+@pytest.mark.timeout(20)
+async def test_a_job_cancelled_before_it_ran_leaves_no_gathering_for_later_selects_to_wait_on(setup):  # noqa: F811
+    _, _, query = setup
+    writer = Writer()
+    release = threading.Event()
+    busy = asyncio.ensure_future(writer.run(release.wait, 30))
+    while writer._now:
+        await asyncio.sleep(0.001)
+    first = asyncio.ensure_future(query.select_async(dict(ATLAS_REQUEST, query="one"), writer.run_first))
+    await asyncio.sleep(0.05)
+    closing = asyncio.ensure_future(asyncio.to_thread(writer.close))  # cancels the queued job
+    await asyncio.sleep(0.05)
+    release.set()
+    await closing
+    await busy
+    assert isinstance((await asyncio.gather(first, return_exceptions=True))[0], asyncio.CancelledError)
+    later = Writer()
+    try:  # a writer that runs jobs again (a test's, or the next in a restarted worker)
+        answer = await asyncio.wait_for(query.select_async(dict(ATLAS_REQUEST, query="two"), later.run_first), 5)
+        assert answer["served_from"] == "compiled"
+    finally:
+        later.close()
+
+
+@pytest.mark.timeout(30)
+async def test_a_flood_of_selects_is_compiled_in_jobs_of_bounded_size(setup):  # noqa: F811
+    from agents.web.select_compiles import GATHERED_AT_MOST
+
+    _, _, query = setup
+    busy, run = _gated()
+    tasks = [asyncio.ensure_future(query.select_async(dict(ATLAS_REQUEST, query=f"f{i}"), run))
+             for i in range(GATHERED_AT_MOST + 5)]
+    await asyncio.sleep(0.01)
+    busy.set()
+    answers = await asyncio.gather(*tasks)
+    assert all(a["served_from"] == "compiled" for a in answers)
+    assert query.compiles.jobs == 2 and query.compiles.items == GATHERED_AT_MOST + 5
