@@ -38,7 +38,7 @@ _SCHEMAS = {  # what `save_many` writes, in each table's column order
 
 
 class PlanHead(NamedTuple):
-    """A plan key's current plan (a tuple still: the write path unpacks it)."""
+    """A plan key's current plan."""
 
     plan_id: str
     """The plan the key serves."""

@@ -53,16 +53,16 @@ def announce_first(writer: PlanWriter, touched: Touched, now: datetime | None, c
 def _left_out(state: LocalState, touched: Touched, heads: dict) -> set[str]:
     """Plan keys with a fresh head touched through a `resource:` key of a resource that head did not admit."""
     through = {k: resource_id(dep_key) for k, (dep_key, _) in touched.items()
-               if k in heads and heads[k][2] != "invalidated" and resource_id(dep_key) is not None}
+               if k in heads and heads[k].status != "invalidated" and resource_id(dep_key) is not None}
     if not through:
         return set()
     known = state.store.cached(ADMITTED_MEMO, dict)
-    missing = sorted({heads[k][0] for k in through} - set(known))
+    missing = sorted({heads[k].plan_id for k in through} - set(known))
     if missing:
         if len(known) + len(missing) > ADMITTED_ENTRIES:
             known.clear()
         known.update(state.plans.admitted(missing))
-    return {k for k, rid in through.items() if rid not in known.get(heads[k][0], ())}
+    return {k for k, rid in through.items() if rid not in known.get(heads[k].plan_id, ())}
 
 
 def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],
@@ -80,9 +80,9 @@ def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, coun
     announced, sources, queued, memo = [], [], [], {}
     for plan_key, (dep_key, cause) in touched.items():
         head = heads.get(plan_key)
-        if head is None or head[2] == "invalidated":  # announced already: its successor is queued
+        if head is None or head.status == "invalidated":  # announced already: its successor is queued
             continue
-        old_id, request = head[0], head[1]
+        old_id, request = head.plan_id, head.request
         took_over = False
         if dep_key.startswith("time:"):  # only a crossed time key can hand the plan to another bundle version
             view = view or CatalogSnapshot(state.catalog)

@@ -38,7 +38,7 @@ def recompile_queued(writer: PlanWriter, limit: int, owns: Callable[[str, int], 
         counts: Counter[str] = Counter()
         published, local, successors, dropped = [], [], [], []
         # Skipped: compiled on demand by a select in the meantime.
-        due = [(e[0], heads[e[0]][1]) for e in entries if e[0] in heads and heads[e[0]][2] != "fresh"]
+        due = [(e[0], heads[e[0]].request) for e in entries if e[0] in heads and heads[e[0]].status != "fresh"]
         compiled_all = writer.compile_all(due, view, now)
         for plan_key, topic, partition, _ in entries:
             if plan_key not in compiled_all:

@@ -233,10 +233,10 @@ class PlanWriter:
             touched = announce_first(self, touched, now, counts, standby)
             if not touched:
                 return
-        heads = {k: (plan_id, orjson.loads(request), *stored) for k, (plan_id, request, *stored)
-                 in state.plans.heads_stamped(list(touched), parse=False).items()}
+        heads = {k: head._replace(request=orjson.loads(head.request))
+                 for k, head in state.plans.heads_stamped(list(touched), parse=False).items()}
         visible = self.discoverable(touched, heads)
-        view = self.snapshot([head[1] for head in heads.values()], now)
+        view = self.snapshot([head.request for head in heads.values()], now)
         current: list[CompiledPlan] = []
         settled: list[CompiledPlan] = []
         successors: list[CompiledPlan] = []
@@ -246,7 +246,7 @@ class PlanWriter:
         dropped: list[str] = []
         memo: dict = {}
         # A plan touched many times in the batch is compiled once (touched holds each key once).
-        compiled_all = self.compile_all([(k, heads[k][1]) for k in touched if k in heads], view, now)
+        compiled_all = self.compile_all([(k, heads[k].request) for k in touched if k in heads], view, now)
         for plan_key, (dep_key, cause) in touched.items():
             if plan_key not in heads:
                 continue
@@ -278,11 +278,11 @@ class PlanWriter:
         outbox: list = []  # announcements first, then successors: one outbox write for both
         self.announce(announced, sources, standby, outbox)
         self.store(successors, now, counts, publish=True, sources=successor_sources, standby=standby, outbox=outbox,
-                   replaces={k: head[0] for k, head in heads.items()})
+                   replaces={k: head.plan_id for k, head in heads.items()})
         self.confirm(settled, counts, outbox)
         state.outbox.add_many([r for rows, _ in outbox for r in rows], [s for _, srcs in outbox for s in srcs],
                               standby=standby)
-        self.store(current, now, counts, publish=False, replaces={k: head[0] for k, head in heads.items()})
+        self.store(current, now, counts, publish=False, replaces={k: head.plan_id for k, head in heads.items()})
         state.plans.invalidate_many([e.history_entry() for e in announced], now)
         state.plans.drop_heads(dropped)
         state.index.drop_many(dropped)
@@ -291,7 +291,7 @@ class PlanWriter:
 
     def discoverable(self, touched: Touched, heads: dict) -> dict[str, set[str]]:
         """For plans touched through a resource key: the resource ids their principal may learn of."""
-        by_resource = {heads[k][0] for k, (dep_key, _) in touched.items()
+        by_resource = {heads[k].plan_id for k, (dep_key, _) in touched.items()
                        if k in heads and dep_key.startswith("resource:")}
         # A plan id digests what it admitted and rejected, so what the writer stored needs no read.
         known = self.state.store.cached(DISCOVERABLE_MEMO, dict)
@@ -372,10 +372,10 @@ class PlanWriter:
             return out
         with self.state.store.transaction():
             heads = self.state.plans.heads([p.plan_key for p in compiled], parse=False)
-            self.store(compiled, now, counts, replaces={key: head[0] for key, head in heads.items()})
+            self.store(compiled, now, counts, replaces={key: head.plan_id for key, head in heads.items()})
             # Announced first: these selects compiled the successors.
-            successors = [(heads[p.plan_key][0], p.plan_id) for p in compiled
-                          if p.plan_key in heads and heads[p.plan_key][2] == "invalidated"]
+            successors = [(heads[p.plan_key].plan_id, p.plan_id) for p in compiled
+                          if p.plan_key in heads and heads[p.plan_key].status == "invalidated"]
             self.state.plans.set_successors(successors)
             unchanged = sum(old == new for old, new in successors)
             if unchanged:
