@@ -27,7 +27,6 @@ from agents.web.metrics import Metrics, Observations
 from agents.plans.ownership import Ownership
 from agents.stream.plan_feed import PlanFeed
 from agents.stream.publisher import Publisher
-from agents.stream.read_thread import ReadThread
 from agents.stream.replica import Replica
 from agents.ops.retention import BATCH, RetentionTimer
 from agents.web.routes import register_routes
@@ -50,7 +49,6 @@ from streams.topics import declare_topics
 
 log = logging.getLogger(__name__)
 
-OUTBOX_THREAD = "freshplan-outbox"  # reads the records due for the publisher
 IDLE_SECONDS = 1.0  # no input batch applied for this long: the writer may checkpoint the file
 
 def build_worker(settings: Settings, bootstrap_servers: str, access: Access | None = None,
@@ -89,7 +87,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
     rebalances = Rebalances(app, inputs)
     taken_on = TakenOn()  # the duty fills it, the publisher publishes from it
-    publisher = Publisher(state, app, writer.run, taken_on.by_topic, ReadThread(state.reader(), OUTBOX_THREAD))
+    publisher = Publisher(state, app, writer.run, taken_on.by_topic, writer.run_first)
     replica = Replica(applier, reader.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
                       after_apply=publisher.publish_owned,

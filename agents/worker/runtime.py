@@ -179,7 +179,6 @@ class Worker:
         self.writer.close()
         self.status.close()
         self.select_reads.close()
-        self.publisher.close()
         self._forget_acknowledged()
         self.collector.remove()
         self.status.state.store.close()
