@@ -87,7 +87,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
     rebalances = Rebalances(app, inputs)
     taken_on = TakenOn()  # the duty fills it, the publisher publishes from it
-    publisher = Publisher(state, app, writer.run, taken_on.by_topic, writer.run_first)
+    publisher = Publisher(state, app, writer.run, taken_on.by_topic)
     replica = Replica(applier, reader.store, bootstrap_servers, inputs,
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
                       after_apply=publisher.publish_owned,
