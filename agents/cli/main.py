@@ -238,7 +238,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     Writes bench/results/<date>.json (everything), <date>-quality.json (replayable selection
     quality), <date>.md (summary with targets met or missed), <date>-profile.txt and PNG plots.
-    A full run takes about 40 minutes on two cores (37 on 2026-12-05); --quick takes a minute or two.
+    A full run takes about 15 minutes on two cores (13 on 2026-12-05); --quick takes a minute or two.
     """
     from bench.suite import BenchOptions, run  # bench sits above agents; loaded only for this command
 
