@@ -67,6 +67,7 @@ class SelectCompiles(Generic[T, R]):
         self.merge = merge
         self.jobs = 0  # writer jobs run, for /healthz
         self.items = 0  # items they compiled
+        self.waiting = 0  # selects waiting for their job now
         self._open: _Gathering[T] | None = None
 
     async def compile(self, item: T, run: Callable[..., Awaitable[Any]]) -> R:
@@ -76,7 +77,11 @@ class SelectCompiles(Generic[T, R]):
             self._open = gathering = _Gathering()
             gathering.join(item, done)
             asyncio.ensure_future(self._run(gathering, run))
-        return await done
+        self.waiting += 1
+        try:
+            return await done
+        finally:
+            self.waiting -= 1
 
     async def _run(self, gathering: _Gathering[T], run: Callable[..., Awaitable[Any]]) -> None:
         try:

@@ -21,12 +21,18 @@ def _gated():
     return busy, run
 
 
+async def _joined(query, n: int) -> None:
+    """Wait until `n` selects wait on the writer for their compile (each select reads before it joins)."""
+    while query.compiles.waiting < n:
+        await asyncio.sleep(0.002)
+
+
 @pytest.mark.timeout(20)
 async def test_the_job_s_counts_are_kept_when_the_first_caller_has_gone(setup):  # noqa: F811
     _, _, query = setup
     busy, run = _gated()
     tasks = [asyncio.ensure_future(query.select_async(dict(ATLAS_REQUEST, query=f"c{i}"), run)) for i in range(3)]
-    await asyncio.sleep(0.01)
+    await _joined(query, 3)
     tasks[0].cancel()  # its client went away; its plan is still compiled and stored
     busy.set()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -48,7 +54,7 @@ async def test_an_unexpected_error_compiling_one_select_reaches_that_select_only
     _, _, query = setup
     busy, run = _gated()
     tasks = [asyncio.ensure_future(query.select_async(dict(ATLAS_REQUEST, query=q), run)) for q in ("a", "boom", "b")]
-    await asyncio.sleep(0.01)
+    await _joined(query, 3)
     busy.set()
     answers = await asyncio.gather(*tasks, return_exceptions=True)
     assert answers[0]["served_from"] == answers[2]["served_from"] == "compiled"
@@ -70,14 +76,21 @@ async def test_selects_after_a_closed_writer_refused_a_job_are_refused_too_never
 async def test_a_job_cancelled_before_it_ran_leaves_no_gathering_for_later_selects_to_wait_on(setup):  # noqa: F811
     _, _, query = setup
     writer = Writer()
-    release = threading.Event()
-    busy = asyncio.ensure_future(writer.run(release.wait, 30))
-    while writer._now:
-        await asyncio.sleep(0.001)
+    release, running = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        running.set()
+        release.wait(30)
+
+    busy = asyncio.ensure_future(writer.run(hold))
+    # The writer must be inside `hold` before the select queues: a job queued first would run first.
+    assert await asyncio.to_thread(running.wait, 10)
     first = asyncio.ensure_future(query.select_async(dict(ATLAS_REQUEST, query="one"), writer.run_first))
-    await asyncio.sleep(0.05)
+    while not writer._first:
+        await asyncio.sleep(0.002)
     closing = asyncio.ensure_future(asyncio.to_thread(writer.close))  # cancels the queued job
-    await asyncio.sleep(0.05)
+    while writer._first:
+        await asyncio.sleep(0.002)
     release.set()
     await closing
     await busy
@@ -98,7 +111,7 @@ async def test_a_flood_of_selects_is_compiled_in_jobs_of_bounded_size(setup):  #
     busy, run = _gated()
     tasks = [asyncio.ensure_future(query.select_async(dict(ATLAS_REQUEST, query=f"f{i}"), run))
              for i in range(GATHERED_AT_MOST + 5)]
-    await asyncio.sleep(0.01)
+    await _joined(query, GATHERED_AT_MOST + 5)
     busy.set()
     answers = await asyncio.gather(*tasks)
     assert all(a["served_from"] == "compiled" for a in answers)
