@@ -1,4 +1,4 @@
-"""Fast input validators accept exactly what the published schemas accept, and raise nothing on good events."""
+"""The fast input validators never accept what the published schemas refuse, and accept every good event."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.workload import generate
-from schemas import fastcheck
 from schemas import codec
 from schemas.codec import INPUT_TOPICS, decode, document, fast_validator, validator
 from schemas.errors import InvalidEvent, SkippedEvent
@@ -24,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # Values that sit on the schemas' edges: nulls, wrong types, bools posing as ints, length and range limits.
 EDGES = [None, True, False, 0, -1, 1, 0.5, 1.5, 2**63 - 1, 2**63, "", "x", "P1D", "upsert", "delete",
          "resource", "principal", "entity", "spaceship", "2026-01-01T00:00:00Z", "a" * 9, "a" * 41, "a" * 513,
-         [], [""], ["x"], ["x"] * 1001, {}, {"id": "x"}, {"id": ""}]
+         [], [""], ["x"], ["x"] * 1001, {}, {"id": "x"}, {"id": ""},
+         # where Rust's and Python's readings of the schema could part: whole floats as integers, 64-bit
+         # limits, and regular expressions (`.` and `$` at line breaks, Unicode digits, astral characters)
+         1.0, -0.0, 2**64 - 1, -2**63, "a:1\n", "\u2028:1", "x:\u0661", "P\n", "\U0001f600" * 40]
 _DELETE = object()
 
 
@@ -74,10 +76,21 @@ def _outcome(check, doc) -> bool:
     return True
 
 
-def _assert_same(doc, topics=INPUT_TOPICS) -> None:
+def _verdict(topic, doc) -> bool:
+    try:
+        codec.validate(topic, doc)
+    except InvalidEvent:
+        return False
+    return True
+
+
+def _assert_same(doc, topics=INPUT_TOPICS, strict=False) -> None:
+    """The fast check never accepts what the published schema refuses; what it refuses goes on to the published
+    one, so the verdict is the published schema's (`strict`: it also accepts all the published one does)."""
     for topic in topics:
         published, fast = _outcome(validator(topic), doc), _outcome(fast_validator(topic), doc)
-        assert published == fast, (topic, doc)
+        assert fast <= published and (not strict or fast == published), (topic, doc)
+        assert _verdict(topic, doc) == published, (topic, doc)
 
 
 def _paths(node, prefix=()):
@@ -129,7 +142,7 @@ def test_there_are_fixtures_of_every_input_topic_and_kind():
 
 def test_every_fixture_gets_the_same_verdict():
     for doc in SEEDS:
-        _assert_same(doc)
+        _assert_same(doc, strict=True)
 
 
 def test_every_single_edit_of_every_layout_gets_the_same_verdict():
@@ -181,7 +194,7 @@ def test_decode_gives_the_same_events_and_dead_letters_as_the_published_schema_a
     assert fast == [[_decoded(topic, value) for topic in INPUT_TOPICS] for value in values]
 
 
-def test_good_events_raise_nothing_inside_the_validator(monkeypatch):
+def test_good_events_pass_the_fast_check_and_raise_nothing_inside_the_validator(monkeypatch):
     raised = []
     original = fastjsonschema.JsonSchemaValueException.__init__
 
@@ -197,6 +210,7 @@ def test_good_events_raise_nothing_inside_the_validator(monkeypatch):
     for doc in [*good, nullable]:
         topic = ("source-changes" if "kind" in doc else "clock" if "now" in doc else
                  "revocations" if "revoke" in doc else "policy-versions")
+        assert _outcome(fast_validator(topic), doc), (topic, doc)  # never sent on to the slower check
         decode(topic, None, orjson.dumps(doc))
     assert raised == []
 
@@ -211,22 +225,3 @@ def test_rejections_keep_the_published_schemas_messages():
     with pytest.raises(InvalidEvent) as bad:
         decode("source-changes", None, orjson.dumps(doc))
     assert bad.value.message == "source-changes event at (top level): breaks the schema's oneOf rule"
-
-
-def test_a_nullable_one_of_that_could_match_null_twice_is_left_alone():
-    loose = {"oneOf": [{"minLength": 2}, {"type": "null"}]}
-    assert fastcheck.without_nullable_one_of(loose, lambda ref: {}) == loose
-    typed = {"oneOf": [{"$ref": "#/x"}, {"type": "null"}]}
-    assert fastcheck.without_nullable_one_of(typed, lambda ref: {"type": "string", "minLength": 2}) == \
-        {"type": ["string", "null"], "minLength": 2}
-    shaped = {"oneOf": [{"type": "object", "required": ["a"]}, {"type": "null"}]}
-    assert fastcheck.without_nullable_one_of(shaped, lambda ref: {}) == \
-        {"anyOf": [shaped["oneOf"][0], {"type": "null"}]}
-
-
-def test_branches_without_one_string_const_are_not_dispatched():
-    assert fastcheck.discriminator({"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}) is None
-    assert fastcheck.discriminator({"oneOf": [{"properties": {"k": {"const": "a"}}},
-                                              {"properties": {"k": {"const": "a"}}}]}) is None
-    assert fastcheck.discriminator({"oneOf": [{"properties": {"k": {"const": "a"}}},
-                                              {"properties": {"k": {"const": "b"}}}]}) == ("k", ["a", "b"])
