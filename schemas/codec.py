@@ -23,6 +23,7 @@ from schemas.records import (ClockTick, Contract, Entity, InputEvent, PolicyBund
 from schemas.timefmt import parse_duration, parse_instant
 
 SCHEMA_VERSION = 1
+NESTING_LIMIT = 254  # levels of arrays and objects inside an event that orjson can write back (it reads 1,024)
 INPUT_TOPICS = ("source-changes", "policy-versions", "revocations", "clock")
 TOPICS = ("source-changes", "policy-versions", "revocations", "clock", "plan-invalidations",
           "plans", "receipts", "dead-letters", "plan-dependencies")
@@ -192,8 +193,14 @@ def _checked(topic: str, doc: Any) -> InputEvent:
         raise InvalidEvent("invalid_value", f"{topic} event: a field holds a value of the right type that this "
                            f"service cannot use ({type(exc).__name__}); check it against the topic's "
                            "JSON Schema and its fields in docs/topics.md") from None
+    try:
+        digest = content_hash(doc)
+    except orjson.JSONEncodeError:
+        # Parsing allows 1,024 levels, writing 255: a record nested between would fail every write of it later.
+        raise InvalidEvent("invalid_value", f"{topic} event: a value is nested more than {NESTING_LIMIT} levels "
+                           "deep, which this service cannot store; flatten it") from None
     return InputEvent(event_id=doc["event_id"], occurred_at=occurred, topic=topic, payload=payload,
-                      content_hash=content_hash(doc))
+                      content_hash=digest)
 
 
 def content_hash(doc: dict) -> str:

@@ -33,6 +33,9 @@ async def test_bad_input_catalogue(worker):
         ("clock", None, orjson.dumps(tick("2026-01-01T00:00:00Z")[1])),
         ("source-changes", b"w6", orjson.dumps(resource("w-forged", cls="facility_record",
                                                         supports=("facility_limit",))[1])),
+        # Valid JSON nested deeper than the worker can write back (it once failed the batch as a TypeError).
+        ("source-changes", b"w7", orjson.dumps(dict(waiver, resource=dict(waiver["resource"], attributes={
+            "a": "HERE"}))).replace(b'"HERE"', b"[" * 300 + b"1" + b"]" * 300)),
     ]
     await worker.publish(bad)
     # Valid events behind them on the same topics must still be applied.
@@ -41,13 +44,15 @@ async def test_bad_input_catalogue(worker):
     # The stale tick was published to both clock partitions, so it is refused twice.
     expected = sorted(["malformed_json", "schema_violation", "schema_violation", "unknown_schema_version",
                        "oversized", "invalid_policy", "clock_regression", "clock_regression",
-                       "class_not_allowed_for_source", "decision_type_conflict"])
+                       "class_not_allowed_for_source", "decision_type_conflict", "invalid_value"])
     await worker.records("dead-letters", lambda rs: len(rs) >= len(expected))
     after = await worker.select(ATLAS_REQUEST, fresh)
     letters = await worker.everything("dead-letters")
     classes = sorted(r["error_class"] for r in letters)
     assert classes == expected  # exactly once each: nothing blocks or repeats the outbox
     assert all(r["message"] for r in letters)
+    assert "nested more than 254 levels" in next(r for r in letters if r["error_class"] == "invalid_value")["message"]
+    assert not (await worker.get("/healthz"))["counters"].get("dead_letters.processing_error")
     oversized = next(r for r in letters if r["error_class"] == "oversized")
     assert oversized["original_truncated"] and oversized["original_size"] > 1_000_000
     waiver_slot = next(s for s in after["slots"] if s["proposition"] == "waiver_valid")

@@ -84,6 +84,25 @@ def test_out_of_range_clock_ticks_are_invalid_values():
     assert decode("clock", None, orjson.dumps(tick("9999-12-31T23:59:59Z")[1])).payload.now.year == 9999
 
 
+def _nested(levels: int) -> bytes:
+    """A resource event whose attribute value holds `levels` nested arrays (written by hand: orjson cannot)."""
+    _, doc = resource("r-deep")
+    text = orjson.dumps(dict(doc, resource=dict(doc["resource"], attributes={"a": "HERE"}))).decode()
+    return text.replace('"HERE"', "[" * levels + "1" + "]" * levels).encode()
+
+
+def test_values_nested_deeper_than_can_be_stored_are_invalid_values_not_type_errors():
+    # The event, its resource and its attributes are three levels: 251 arrays more is the most orjson writes.
+    assert decode("source-changes", None, _nested(251)).payload.record.attributes["a"]
+    for levels in (252, 600, 1_000):
+        with pytest.raises(InvalidEvent) as err:
+            decode("source-changes", None, _nested(levels))
+        assert err.value.error_class == "invalid_value" and "nested more than 254 levels" in err.value.message
+    with pytest.raises(InvalidEvent) as err:  # past what orjson reads: not JSON it can parse
+        decode("source-changes", None, _nested(2_000))
+    assert err.value.error_class == "malformed_json"
+
+
 def test_observed_at_defaults_to_the_event_time():
     _, stated = resource("r-stated", observed_at="2026-08-01T00:00:00Z")
     _, unstated = resource("r-unstated")
