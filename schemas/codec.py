@@ -24,6 +24,8 @@ from schemas.timefmt import parse_duration, parse_instant
 
 SCHEMA_VERSION = 1
 NESTING_LIMIT = 254  # levels of arrays and objects inside an event that orjson can write back (it reads 1,024)
+# What decoding raises on a value no check foresaw; never MemoryError and the like, which are the worker's.
+_UNUSABLE = (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError, RecursionError, OSError)
 INPUT_TOPICS = ("source-changes", "policy-versions", "revocations", "clock")
 TOPICS = ("source-changes", "policy-versions", "revocations", "clock", "plan-invalidations",
           "plans", "receipts", "dead-letters", "plan-dependencies")
@@ -72,7 +74,11 @@ def fast_validator(topic: str):
                                           validate_formats=False).is_valid
 
     def check(doc: Any) -> Any:
-        if not accepts(doc):
+        try:
+            accepted = accepts(doc)
+        except (ValueError, TypeError, OverflowError):  # a non-string key, say: the published validator judges it
+            accepted = False
+        if not accepted:
             raise fastjsonschema.JsonSchemaException("rejected: the published schema names why")
         return doc
     return check
@@ -85,6 +91,11 @@ def validate(topic: str, doc: Any) -> None:
         return
     except fastjsonschema.JsonSchemaException:
         pass
+    published(topic, doc)
+
+
+def published(topic: str, doc: Any) -> None:
+    """`validate` by the published schema alone (fastjsonschema), which names the problem."""
     try:
         validator(topic)(doc)
     except fastjsonschema.JsonSchemaException as err:
@@ -167,13 +178,23 @@ def decode(topic: str, key: bytes | None, value: bytes | None, *, position: str 
 
     `cdc` is the mapping file loaded at start-up (None: Debezium rows carry freshplan's field names).
     """
-    doc = document(topic, key, value, position=position, max_bytes=max_bytes, cdc=cdc)
     try:
-        return _checked(topic, doc)
-    except InvalidEvent as exc:
-        if cdc is None or value is None or not isinstance(doc, dict) or not doc.get("event_id", "").startswith("dbz:"):
-            raise
-        raise InvalidEvent(exc.error_class, debezium.blame(orjson.loads(value), cdc, exc.message)) from None
+        doc = document(topic, key, value, position=position, max_bytes=max_bytes, cdc=cdc)
+        try:
+            return _checked(topic, doc)
+        except InvalidEvent as exc:
+            if cdc is None or value is None or not isinstance(doc, dict) or not str(doc.get("event_id")).startswith(
+                    "dbz:"):
+                raise
+            raise InvalidEvent(exc.error_class, debezium.blame(orjson.loads(value), cdc, exc.message)) from None
+    except (InvalidEvent, SkippedEvent):
+        raise
+    except _UNUSABLE as exc:
+        # A shape no check above foresaw (a Connect schema, a key, a value the mapping chokes on): this record
+        # alone is refused. Raised on, it would fail its whole batch into one-by-one retries.
+        raise InvalidEvent("invalid_value", f"{topic} event holds a value this service cannot use "
+                           f"({type(exc).__name__}); check it against the topic's JSON Schema and its fields in "
+                           "docs/topics.md (Debezium messages: docs/cdc.md)") from None
 
 
 def _checked(topic: str, doc: Any) -> InputEvent:
@@ -195,10 +216,15 @@ def _checked(topic: str, doc: Any) -> InputEvent:
                            "JSON Schema and its fields in docs/topics.md") from None
     try:
         digest = content_hash(doc)
-    except orjson.JSONEncodeError:
-        # Parsing allows 1,024 levels, writing 255: a record nested between would fail every write of it later.
-        raise InvalidEvent("invalid_value", f"{topic} event: a value is nested more than {NESTING_LIMIT} levels "
-                           "deep, which this service cannot store; flatten it") from None
+    except orjson.JSONEncodeError as exc:
+        # What cannot be written back would fail every later write of it: parsing allows 1,024 levels and
+        # writing 255, and a Debezium Decimal can be wider than 64 bits (which the Rust check may let through
+        # past 4,300 digits: the published schema decides first).
+        published(topic, doc)
+        what = (f"a value nested more than {NESTING_LIMIT} levels deep" if "Recursion" in str(exc)
+                else "an integer beyond 64 bits" if "64-bit" in str(exc) else "a value JSON cannot hold")
+        raise InvalidEvent("invalid_value", f"{topic} event: holds {what}, which this service cannot store; "
+                           "change the producer") from None
     return InputEvent(event_id=doc["event_id"], occurred_at=occurred, topic=topic, payload=payload,
                       content_hash=digest)
 

@@ -109,6 +109,9 @@ def _uuid(value: Any) -> str:
         raise ColumnError("is not a UUID") from None
 
 
+DECIMAL_BYTES = 128
+
+
 def decimal(value: Any, scale: Any) -> int | float:
     """A Connect Decimal: base64 of the big-endian two's-complement unscaled integer, with its scale."""
     try:
@@ -125,6 +128,9 @@ def decimal(value: Any, scale: Any) -> int | float:
         raw = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise ColumnError("is not a base64 Decimal") from None
+    if len(raw) > DECIMAL_BYTES:
+        # No number here holds more (a float stops near 2**1024), and converting a wider one takes seconds.
+        raise ColumnError(f"is a Decimal wider than {DECIMAL_BYTES * 8} bits")
     number = Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
     return int(number) if number == number.to_integral_value() else float(number)
 

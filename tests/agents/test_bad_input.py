@@ -36,6 +36,11 @@ async def test_bad_input_catalogue(worker):
         # Valid JSON nested deeper than the worker can write back (it once failed the batch as a TypeError).
         ("source-changes", b"w7", orjson.dumps(dict(waiver, resource=dict(waiver["resource"], attributes={
             "a": "HERE"}))).replace(b'"HERE"', b"[" * 300 + b"1" + b"]" * 300)),
+        # A Debezium row whose kind column is a number: the Rust schema check raised on it and failed the batch.
+        ("source-changes", b"w8", orjson.dumps({"op": "c", "after": {"id": "r1", "kind": 5},
+                                               "source": {"table": "t", "lsn": 1}})),
+        # A tombstone whose Connect key schema is unusable: it raised a TypeError past every check.
+        ("source-changes", b'{"schema":{"fields":5},"payload":{"id":"x"}}', None),
     ]
     await worker.publish(bad)
     # Valid events behind them on the same topics must still be applied.
@@ -44,14 +49,15 @@ async def test_bad_input_catalogue(worker):
     # The stale tick was published to both clock partitions, so it is refused twice.
     expected = sorted(["malformed_json", "schema_violation", "schema_violation", "unknown_schema_version",
                        "oversized", "invalid_policy", "clock_regression", "clock_regression",
-                       "class_not_allowed_for_source", "decision_type_conflict", "invalid_value"])
+                       "class_not_allowed_for_source", "decision_type_conflict", "invalid_value", "schema_violation",
+                       "invalid_value"])
     await worker.records("dead-letters", lambda rs: len(rs) >= len(expected))
     after = await worker.select(ATLAS_REQUEST, fresh)
     letters = await worker.everything("dead-letters")
     classes = sorted(r["error_class"] for r in letters)
     assert classes == expected  # exactly once each: nothing blocks or repeats the outbox
     assert all(r["message"] for r in letters)
-    assert "nested more than 254 levels" in next(r for r in letters if r["error_class"] == "invalid_value")["message"]
+    assert any("nested more than 254 levels" in r["message"] for r in letters if r["error_class"] == "invalid_value")
     assert not (await worker.get("/healthz"))["counters"].get("dead_letters.processing_error")
     oversized = next(r for r in letters if r["error_class"] == "oversized")
     assert oversized["original_truncated"] and oversized["original_size"] > 1_000_000
