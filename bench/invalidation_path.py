@@ -22,9 +22,9 @@ from streams.settings import INPUT_TOPICS
 
 Progress = Callable[[str], None]
 RELAY_KEYS = 100
+"""Keys the relay beside the bench workload spreads its records over (the workload's inputs span every partition)."""
 CEILING_RUNS = 3
 """Runs of the bare Faust agent; the median is the ceiling (one run alone moved 11,300-14,000 events/s in a day)."""
-"""Keys the relay beside the bench workload spreads its records over (the workload's inputs span every partition)."""
 
 
 async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates: tuple[int, ...],

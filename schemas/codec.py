@@ -60,7 +60,7 @@ def validator(topic: str):
 
 @lru_cache(maxsize=None)
 def fast_validator(topic: str):
-    """For an input topic, a validator that accepts exactly what `validator` accepts, in a sixth of the time.
+    """For an input topic, a validator that accepts what `validator` accepts and never more, in a sixth of the time.
 
     jsonschema-rs (compiled Rust) checks the published schema itself; whatever it rejects is
     checked again by `validator`, which decides and names the problem, so its messages stay the
