@@ -1,0 +1,114 @@
+"""Route a span of a `source-changes` partition to the lanes of the shards that apply it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from agents.stream.raw_message import RawMessage
+from schemas.errors import InvalidEvent, SkippedEvent
+from schemas.records import InputEvent, SourceChange
+from schemas.routed_batch import NOTICE, RECORD, TOMBSTONE, Frame, RoutedBatch
+from schemas.shard_peek import peek
+
+SHARED = -1  # the lane of what every worker applies (see `Lane`)
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """Where a routed batch goes: an entity partition's lane, or the source partition's shared lane."""
+
+    topic: str
+    """`entity-changes` or `shared-changes` (logical names)."""
+    partition: int
+    """The entity partition, or for `shared-changes` the source partition."""
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """Where one source record goes, as the router judged it."""
+
+    lane: int
+    """The entity partition of its resource, or SHARED."""
+    everywhere: bool = False
+    """Also to every entity lane (a delete or move whose earlier lane is unknown)."""
+    notice_to: int | None = None
+    """The lane it left (its id is named there as a move notice); None when it left none it knows of."""
+    notice_everywhere: bool = False
+    """Named as a move notice in every other lane, the shared one included (its earlier lane is unknown)."""
+    resource_id: str | None = None
+    """The resource id a notice names."""
+
+
+class Router:
+    """Decides each record's lanes and frames a span's records per lane.
+
+    Holds only what it routed since it started (each resource id's lane), so a new router
+    names a resource in every other lane the first time it routes it: the lane it left, if
+    any, removes it there.
+    """
+
+    def __init__(self, partitions: int, decode: Callable[[RawMessage], InputEvent]) -> None:
+        self.partitions = partitions
+        self.decode = decode  # the pure input decode (CDC mapping included): records a glance cannot read
+        self.lanes: dict[str, int] = {}  # resource id -> the lane it was last routed to (SHARED: no entity)
+        self.partition_of: Callable[[str], int] = _partitioner(partitions)
+
+    def destination(self, m: RawMessage) -> Destination:
+        """Where one record of `source-changes` goes."""
+        glance = peek(m.value)
+        if glance is not None:
+            if glance.kind != "resource":
+                return Destination(SHARED)
+            if glance.entity is not None:
+                return self._upsert(glance.resource_id, self.partition_of(glance.entity))
+        try:
+            event = self.decode(m)
+        except (InvalidEvent, SkippedEvent):
+            return Destination(SHARED)  # judged by every worker, dead-lettered by the duty owner, as today
+        change = event.payload
+        if not isinstance(change, SourceChange) or change.kind != "resource":
+            return Destination(SHARED)
+        if change.op == "delete":
+            known = self.lanes.pop(change.record_id, None)
+            if known is None:
+                return Destination(SHARED, everywhere=True)
+            return Destination(known)
+        entity = getattr(change.record, "entity", None)
+        return self._upsert(change.record_id, SHARED if entity is None else self.partition_of(entity))
+
+    def _upsert(self, resource_id: str, lane: int) -> Destination:
+        known = self.lanes.get(resource_id)
+        self.lanes[resource_id] = lane
+        if known == lane:
+            return Destination(lane)
+        if known is None:
+            return Destination(lane, notice_everywhere=True, resource_id=resource_id)
+        return Destination(lane, notice_to=known, resource_id=resource_id)
+
+    def route(self, partition: int, records: Sequence[RawMessage], start: int, end: int) -> dict[Lane, RoutedBatch]:
+        """Every lane's batch for the span `[start, end)` of a source partition (every lane gets one: its mark)."""
+        per_lane: dict[int, list[Frame]] = {q: [] for q in range(self.partitions)}
+        per_lane[SHARED] = []
+        for m in records:
+            where = self.destination(m)
+            stamp = None if m.timestamp is None else round(m.timestamp * 1000)
+            frame = Frame(RECORD if m.value is not None else TOMBSTONE, m.offset, stamp, m.key, m.value)
+            per_lane[where.lane].append(frame)
+            if where.everywhere:
+                for q in range(self.partitions):
+                    if q != where.lane:
+                        per_lane[q].append(frame)
+            if where.resource_id is not None and (where.notice_everywhere or where.notice_to is not None):
+                notice = Frame(NOTICE, m.offset, stamp, None, where.resource_id.encode())
+                left = [*range(self.partitions), SHARED] if where.notice_everywhere else [where.notice_to]
+                for q in left:
+                    if q != where.lane:
+                        per_lane[q].append(notice)
+        return {Lane("shared-changes" if q == SHARED else "entity-changes", partition if q == SHARED else q):
+                RoutedBatch(partition, start, end, tuple(frames)) for q, frames in per_lane.items()}
+
+
+def _partitioner(partitions: int) -> Callable[[str], int]:
+    from schemas.plan_partition import plan_partition
+    return lambda entity: plan_partition(entity, partitions)

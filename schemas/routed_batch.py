@@ -1,0 +1,86 @@
+"""Routed batches: the records of one span of a `source-changes` partition meant for one lane, framed."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from schemas.errors import InvalidEvent
+
+VERSION = 1
+_HEAD = struct.Struct(">BIqq")  # version, source partition, from, to
+_FRAME = struct.Struct(">BqqiI")  # kind, offset, timestamp ms (-1: none), key length (-1: none), value length
+RECORD, NOTICE = 1, 2  # a source record as read; a move notice (its value is the resource id that moved)
+TOMBSTONE = 3  # a source record with no value
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One record of a routed batch."""
+
+    kind: int
+    """RECORD, TOMBSTONE or NOTICE."""
+    offset: int
+    """Its offset in the source partition."""
+    timestamp_ms: int | None
+    """The source record's broker timestamp."""
+    key: bytes | None
+    """The source record's key."""
+    value: bytes | None
+    """The source record's value (None for a tombstone; the resource id for a notice)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedBatch:
+    """What one lane receives of one span of a source partition."""
+
+    partition: int
+    """The `source-changes` partition the span is of."""
+    start: int
+    """The first offset of the span."""
+    end: int
+    """One past the last offset of the span: the lane's mark once the batch is applied."""
+    frames: tuple[Frame, ...]
+    """The span's records meant for this lane, in source order."""
+
+
+def pack(batch: RoutedBatch) -> bytes:
+    """The bytes of a routed batch."""
+    parts = [_HEAD.pack(VERSION, batch.partition, batch.start, batch.end)]
+    for f in batch.frames:
+        key, value = f.key, f.value
+        parts.append(_FRAME.pack(f.kind, f.offset, -1 if f.timestamp_ms is None else f.timestamp_ms,
+                                 -1 if key is None else len(key), 0 if value is None else len(value)))
+        if key is not None:
+            parts.append(key)
+        if value is not None:
+            parts.append(value)
+    return b"".join(parts)
+
+
+def unpack(data: bytes) -> RoutedBatch:
+    """Read a routed batch; anything that is not one is an `InvalidEvent` (a poisoned internal topic)."""
+    try:
+        version, partition, start, end = _HEAD.unpack_from(data, 0)
+        if version != VERSION:
+            raise InvalidEvent("unknown_schema_version", f"routed batch version {version}; this worker reads {VERSION}")
+        if not 0 <= start <= end:
+            raise InvalidEvent("invalid_value", f"routed batch span [{start}, {end}) is not a span")
+        at, frames, last = _HEAD.size, [], start - 1
+        while at < len(data):
+            kind, offset, stamp, key_len, value_len = _FRAME.unpack_from(data, at)
+            at += _FRAME.size
+            if kind not in (RECORD, NOTICE, TOMBSTONE) or not last < offset < end:
+                raise InvalidEvent("invalid_value", f"routed batch frame of kind {kind} at offset {offset} "
+                                   f"is out of order or outside [{start}, {end})")
+            key = None if key_len < 0 else data[at:at + key_len]
+            at += max(key_len, 0)
+            value = data[at:at + value_len] if kind != TOMBSTONE else None
+            at += value_len
+            if at > len(data) or (key is not None and len(key) != key_len):
+                raise InvalidEvent("malformed_json", "routed batch is truncated")
+            frames.append(Frame(kind, offset, None if stamp < 0 else stamp, key, value))
+            last = offset
+        return RoutedBatch(partition, start, end, tuple(frames))
+    except struct.error as exc:
+        raise InvalidEvent("malformed_json", f"routed batch is truncated ({exc})") from None
