@@ -21,3 +21,7 @@ class RawMessage:
     """Message value (None for a tombstone)."""
     timestamp: float | None = None
     """Broker timestamp in epoch seconds, for event-to-invalidation latency."""
+    lane: int | None = None
+    """For a `source-changes` record read from a routed lane: the entity lane (None: the shared lane)."""
+    notice: bool = False
+    """A move notice: the resource whose id is `value` left `lane` (see `agents.stream.router`)."""
