@@ -12,6 +12,7 @@ _HEAD = struct.Struct(">BIqq")  # version, source partition, from, to
 _FRAME = struct.Struct(">BqqiI")  # kind, offset, timestamp ms (-1: none), key length (-1: none), value length
 RECORD, NOTICE = 1, 2  # a source record as read; a move notice (its value is the resource id that moved)
 TOMBSTONE = 3  # a source record with no value
+SHARED = -1  # the lane of what every worker applies (resources about no entity among it), as a lane number
 
 
 @dataclass(frozen=True, slots=True)

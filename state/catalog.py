@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
-from typing import Sequence
+from typing import Callable, Sequence
 
 import orjson
 
@@ -66,10 +66,11 @@ class Catalog:
             raise result
         return result
 
-    def apply_resources(self, changes: Sequence[SourceChange],
-                        mine: Mine = everything) -> list[list[str] | InvalidEvent | OtherShard | None]:
+    def apply_resources(self, changes: Sequence[SourceChange], mine: Mine = everything,
+                        left: dict[int, int] | None = None, lane_of: Callable[[str | None], int] | None = None,
+                        ) -> list[list[str] | InvalidEvent | OtherShard | None]:
         """Apply resource upserts and deletes in order in one write; keys per change (see `apply_resources`)."""
-        return apply_resources(self.store, changes, self._source_rules(), mine)
+        return apply_resources(self.store, changes, self._source_rules(), mine, left, lane_of)
 
     def _source_rules(self) -> dict[str, set[str]]:
         """Provenance group -> the evidence classes it may assert, read once per policy change."""

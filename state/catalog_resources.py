@@ -63,8 +63,13 @@ def resource_row(row: tuple) -> Resource:
 
 
 def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[str, set[str]],
-                    mine: Mine = everything) -> list[list[str] | InvalidEvent | OtherShard | None]:
+                    mine: Mine = everything, left: dict[int, int] | None = None,
+                    lane_of: Callable[[str | None], int] | None = None,
+                    ) -> list[list[str] | InvalidEvent | OtherShard | None]:
     """Apply resource upserts and deletes in order with one read and one write; keys per change.
+
+    `left` names the changes that are move notices (a delete that holds only while the row,
+    as this batch has it so far, is about an entity of the lane it names: `lane_of` its entity).
 
     A change is None when it is older than what is stored, an InvalidEvent when its source may
     not assert its evidence class (the bundles' `sources` rules), and OTHER_SHARD when neither
@@ -89,8 +94,12 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
     written: dict[str, Resource | None] = {}
     out: list[list[str] | InvalidEvent | None] = []
     moved: set[str] = set()
-    for change in changes:
+    left = left or {}
+    for at, change in enumerate(changes):
         old = current.get(change.record_id)
+        if at in left and (old is None or old[1] or lane_of is None or lane_of(old[2]) != left[at]):
+            out.append(None)  # the resource is not in the lane it left (any more): nothing to remove
+            continue
         new_entity = change.record.entity if change.record is not None else None  # type: ignore[union-attr]
         if refused(change.record, change.unavailable, rules):  # type: ignore[arg-type]
             # The record alone decides, so any worker that reads it judges it alike (who reports it is the

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Collection
 
 from schemas.plan_partition import plan_partition
+from schemas.routed_batch import SHARED
 from state.catalog_resources import drop_resources, held_entities
 from state.store import Store
 
@@ -62,6 +63,14 @@ class ShardState:
     def mine(self, entity: str | None) -> bool:
         """Whether a resource about this entity is applied here: replicated (no entity), or in a held partition."""
         return entity is None or plan_partition(entity, self.partitions) in self.held
+
+    def lane_of(self, entity: str | None) -> int:
+        """The routed lane of a resource about this entity: its partition, or SHARED for none."""
+        return SHARED if entity is None else plan_partition(entity, self.partitions)
+
+    def owns_lane(self, lane: int) -> bool:
+        """Whether this worker owns an entity lane (holds it, and not only as a standby copy)."""
+        return lane in self.held - self.copies
 
     def owns(self, entity: str | None) -> bool:
         """Whether this worker owns the entity's partition (held, and not only as a standby copy): the one that

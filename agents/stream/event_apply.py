@@ -17,6 +17,7 @@ from schemas.codec import decode
 from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.outbound import input_dead_letter, letter_key
 from schemas.shard_peek import peek
+from schemas.routed_batch import SHARED
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
 from state.catalog_resources import Mine, OtherShard, apply_resources, everything
@@ -24,6 +25,8 @@ from state.local_state import LocalState
 from streams.incarnation import record_mark
 
 log = logging.getLogger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def warn_unsourced(bundle: PolicyBundle) -> None:
@@ -67,13 +70,17 @@ class EventApplier:
     def __init__(self, state: LocalState, plans: PlanWriter, max_event_bytes: int = 1_000_000,
                  max_clock_jump: timedelta | None = timedelta(days=400), cdc: CdcMapping | None = None,
                  max_event_skew: timedelta = timedelta(minutes=5), mine: Mine = everything,
-                 owns: Mine = everything, early: Callable[[Sequence[RawMessage]], dict] | None = None) -> None:
+                 owns: Mine = everything, early: Callable[[Sequence[RawMessage]], dict] | None = None,
+                 lane_of: Callable[[str | None], int] | None = None,
+                 owns_lane: Callable[[int], bool] = lambda lane: True) -> None:
         self.state = state
         # The plans announced stale from memory by events of a batch (`FastPath.announced`): invalidated here
         # under the same cause whatever applying the event found.
         self.early = early
         self.mine = mine  # whether a resource's entity is in this worker's shard (see `ShardState.mine`)
         self.owns = owns  # whether it is owned here, not only copied (see `ShardState.owns`)
+        self.lane_of = lane_of  # the routed lane of a resource about an entity (see `ShardState.lane_of`)
+        self.owns_lane = owns_lane  # whether an entity lane is owned here, not only copied
         self.plans = plans
         self.cdc = cdc  # the CDC mapping file, loaded once at start-up
         self.max_event_bytes = max_event_bytes
@@ -131,6 +138,11 @@ class EventApplier:
                 continue
             applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
             marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
+            if m.notice:
+                notice = self._notice(m)
+                if notice is not None:
+                    decoded.append((m, notice))
+                continue
             try:
                 decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
                                           max_bytes=self.max_event_bytes, cdc=self.cdc)))
@@ -142,7 +154,7 @@ class EventApplier:
                                      for pos, (o, m) in marks.items()})
         # The clock is idempotent by monotonicity; its ticks need no event-id ledger. Nor are the ids of
         # other shards' resources claimed: a shard gained later must not take them for applied.
-        claimed = [m.topic != "clock" and not self._elsewhere(e) for m, e in decoded]
+        claimed = [m.topic != "clock" and not m.notice and not self._elsewhere(e) for m, e in decoded]
         verdicts = iter(store.claim_events([(m.topic, e.event_id, e.content_hash)
                                             for (m, e), claim in zip(decoded, claimed, strict=True) if claim]))
         fresh: list[tuple[RawMessage, InputEvent]] = []
@@ -192,6 +204,16 @@ class EventApplier:
                 elif (found[1]["topic"], found[1]["partition"], found[1]["offset"]) == position:
                     # The same event: name the key the early record named, so the cause is the same one.
                     touched[entry.plan_key] = (entry.dependency_key, found[1])
+
+    def _notice(self, m: RawMessage) -> InputEvent | None:
+        """A move notice as the delete it amounts to in the lane it names (applied only if the resource is there)."""
+        try:
+            rid = (m.value or b"").decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if not rid:
+            return None
+        return InputEvent(f"moved:{rid}", self.now or _EPOCH, m.topic, SourceChange("resource", "delete", rid, None))
 
     def _elsewhere(self, event: InputEvent) -> bool:
         """Whether an event is an upsert of a resource about another shard's entity (a move away is applied
@@ -249,8 +271,11 @@ class EventApplier:
         """
         resources = [(i, e.payload) for i, (_, e) in enumerate(fresh)
                      if isinstance(e.payload, SourceChange) and e.payload.kind == "resource"]
+        left = {j: SHARED if fresh[i][0].lane is None else fresh[i][0].lane
+                for j, (i, _) in enumerate(resources) if fresh[i][0].notice}
         results: dict[int, list[str] | InvalidEvent | None] = dict(zip(
-            (i for i, _ in resources), self.state.catalog.apply_resources([c for _, c in resources], self.mine),
+            (i for i, _ in resources), self.state.catalog.apply_resources([c for _, c in resources], self.mine,
+                                                                          left, self.lane_of),
             strict=True))
         resource_at = {i for i, _ in resources}
         clocks: dict[int, datetime] | None = None
@@ -383,7 +408,13 @@ class EventApplier:
         the record alike; sent outright by the owner of the entity `about` when only its holders can (the
         stored row decides, or only they claim its event id), and by no other worker."""
         standby = self._standby
-        if about is not None:
+        if m.lane is not None:
+            # Read from an entity lane: only the lane's holders judged it, and its owner reports it.
+            if not self.owns_lane(m.lane):
+                counts["dead_letters_left_to_owner"] += 1
+                return
+            standby = False
+        elif about is not None:
             if not self.owns(about):
                 counts["dead_letters_left_to_owner"] += 1
                 return

@@ -8,10 +8,8 @@ from typing import Callable, Sequence
 from agents.stream.raw_message import RawMessage
 from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.records import InputEvent, SourceChange
-from schemas.routed_batch import NOTICE, RECORD, TOMBSTONE, Frame, RoutedBatch
+from schemas.routed_batch import NOTICE, RECORD, SHARED, TOMBSTONE, Frame, RoutedBatch
 from schemas.shard_peek import peek
-
-SHARED = -1  # the lane of what every worker applies (see `Lane`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ import orjson
 import pytest
 
 from agents.stream.raw_message import RawMessage
-from agents.stream.router import SHARED, Lane, Router
+from agents.stream.router import Lane, Router
+from schemas.routed_batch import SHARED
 from schemas.codec import decode
 from schemas.errors import InvalidEvent
 from schemas.plan_partition import plan_partition
