@@ -12,6 +12,9 @@ _HEAD = struct.Struct(">BIqq")  # version, source partition, from, to
 _FRAME = struct.Struct(">BqqiI")  # kind, offset, timestamp ms (-1: none), key length (-1: none), value length
 RECORD, NOTICE = 1, 2  # a source record as read; a move notice (its value is the resource id that moved)
 TOMBSTONE = 3  # a source record with no value
+OVERSIZED = 4  # a source record too large to route: its first KEPT_BYTES, to be dead-lettered `oversized`
+KEPT_BYTES = 65_536  # what a dead letter keeps of an original anyway
+FRAME_OVERHEAD = 25  # bytes a frame adds to its key and value
 SHARED = -1  # the lane of what every worker applies (resources about no entity among it), as a lane number
 
 
@@ -20,7 +23,7 @@ class Frame:
     """One record of a routed batch."""
 
     kind: int
-    """RECORD, TOMBSTONE or NOTICE."""
+    """RECORD, TOMBSTONE, NOTICE or OVERSIZED."""
     offset: int
     """Its offset in the source partition."""
     timestamp_ms: int | None
@@ -71,7 +74,7 @@ def unpack(data: bytes) -> RoutedBatch:
         while at < len(data):
             kind, offset, stamp, key_len, value_len = _FRAME.unpack_from(data, at)
             at += _FRAME.size
-            if kind not in (RECORD, NOTICE, TOMBSTONE) or not last < offset < end:
+            if kind not in (RECORD, NOTICE, TOMBSTONE, OVERSIZED) or not last < offset < end:
                 raise InvalidEvent("invalid_value", f"routed batch frame of kind {kind} at offset {offset} "
                                    f"is out of order or outside [{start}, {end})")
             key = None if key_len < 0 else data[at:at + key_len]
@@ -85,3 +88,27 @@ def unpack(data: bytes) -> RoutedBatch:
         return RoutedBatch(partition, start, end, tuple(frames))
     except struct.error as exc:
         raise InvalidEvent("malformed_json", f"routed batch is truncated ({exc})") from None
+
+
+def split(batch: RoutedBatch, max_bytes: int) -> list[RoutedBatch]:
+    """The batch as contiguous spans whose packed size stays under `max_bytes` (each at least one frame)."""
+    out: list[RoutedBatch] = []
+    frames: list[Frame] = []
+    size, start = _HEAD.size, batch.start
+    for f in batch.frames:
+        grows = FRAME_OVERHEAD + len(f.key or b"") + len(f.value or b"")
+        if frames and size + grows > max_bytes:
+            out.append(RoutedBatch(batch.partition, start, f.offset, tuple(frames)))
+            frames, size, start = [], _HEAD.size, f.offset
+        frames.append(f)
+        size += grows
+    out.append(RoutedBatch(batch.partition, start, batch.end, tuple(frames)))
+    return out
+
+
+def fitted(frame: Frame, max_bytes: int) -> Frame:
+    """A frame that fits a routed batch alone: a record too large is cut to what its dead letter keeps."""
+    if FRAME_OVERHEAD + _HEAD.size + len(frame.key or b"") + len(frame.value or b"") <= max_bytes:
+        return frame
+    room = max(0, min(KEPT_BYTES, max_bytes - FRAME_OVERHEAD - _HEAD.size) // 2)
+    return Frame(OVERSIZED, frame.offset, frame.timestamp_ms, (frame.key or b"")[:room], (frame.value or b"")[:room])

@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streams.partitions import discover
-from streams.settings import COMPACTED_TOPICS, INPUT_TOPICS, INTERNAL_TOPICS, OUTPUT_TOPICS, Settings
+from streams.settings import COMPACTED_TOPICS, INPUT_TOPICS, INTERNAL_TOPICS, KEPT_TOPICS, OUTPUT_TOPICS, Settings
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,8 @@ async def ensure_topics(settings: Settings, bootstrap_servers: str) -> list[str]
             full = settings.topic(name)
             if full in existing:
                 continue
-            configs = {"cleanup.policy": "compact"} if name in COMPACTED_TOPICS else {}
+            configs = ({"cleanup.policy": "compact"} if name in COMPACTED_TOPICS else
+                       {"retention.ms": "-1"} if name in KEPT_TOPICS else {})
             wanted.append(NewTopic(full, num_partitions=settings.partitions, replication_factor=1,
                                    topic_configs=configs))
         if wanted:

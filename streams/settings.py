@@ -12,9 +12,11 @@ from streams.kafka_security import KafkaSecurity
 
 INPUT_TOPICS = ("source-changes", "policy-versions", "revocations", "clock")
 OUTPUT_TOPICS = ("plan-invalidations", "plans", "receipts", "dead-letters")
-INTERNAL_TOPICS = ("plan-dependencies",)
-"""Read and written by workers only: it names withheld resources, so callers get no ACL on it."""
+INTERNAL_TOPICS = ("plan-dependencies", "entity-changes", "shared-changes")
+"""Read and written by workers only: they name withheld resources, so callers get no ACL on them."""
 COMPACTED_TOPICS = ("plans", "plan-dependencies")
+KEPT_TOPICS = ("entity-changes", "shared-changes")
+"""The routed lanes: each shard's history (a gained shard is restored from it), kept whatever the broker's default."""
 
 
 @dataclass(frozen=True)

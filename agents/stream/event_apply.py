@@ -138,6 +138,11 @@ class EventApplier:
                 continue
             applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
             marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
+            if m.oversized:
+                self._dead_letter(m, "oversized", "the event is larger than the largest record this service can "
+                                  "route between its workers (FRESHPLAN_MAX_RECORD_BYTES); split it or raise both "
+                                  "limits", counts)
+                continue
             if m.notice:
                 notice = self._notice(m)
                 if notice is not None:

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from agents.stream.raw_message import RawMessage
-from schemas.routed_batch import NOTICE, TOMBSTONE, Frame, RoutedBatch
+from schemas.routed_batch import NOTICE, OVERSIZED, TOMBSTONE, Frame, RoutedBatch
 
 SOURCE = "source-changes"
-_ORDER = {1: 0, TOMBSTONE: 0, NOTICE: 1}  # at one offset the record goes before notices of lanes it left
+_ORDER = {1: 0, TOMBSTONE: 0, OVERSIZED: 0, NOTICE: 1}  # at one offset the record goes before notices of lanes it left
 
 
 @dataclass
@@ -145,4 +145,4 @@ class LaneMerge:
 def _message(p: int, f: Frame, lane: _Lane) -> RawMessage:
     entity_lane = lane.partition if lane.topic == "entity-changes" else None
     return RawMessage(SOURCE, p, f.offset, f.key, f.value, None if f.timestamp_ms is None else f.timestamp_ms / 1000,
-                      lane=entity_lane, notice=f.kind == NOTICE)
+                      lane=entity_lane, notice=f.kind == NOTICE, oversized=f.kind == OVERSIZED)

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 from agents.stream.raw_message import RawMessage
 from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.records import InputEvent, SourceChange
-from schemas.routed_batch import NOTICE, RECORD, SHARED, TOMBSTONE, Frame, RoutedBatch
+from schemas.routed_batch import NOTICE, RECORD, SHARED, TOMBSTONE, Frame, RoutedBatch, fitted
 from schemas.shard_peek import peek
 
 
@@ -46,11 +46,17 @@ class Router:
     any, removes it there.
     """
 
-    def __init__(self, partitions: int, decode: Callable[[RawMessage], InputEvent]) -> None:
+    def __init__(self, partitions: int, decode: Callable[[RawMessage], InputEvent],
+                 max_bytes: int = 1_000_000) -> None:
         self.partitions = partitions
+        self.max_bytes = max_bytes  # a routed batch's largest size: a record that cannot fit is cut (OVERSIZED)
         self.decode = decode  # the pure input decode (CDC mapping included): records a glance cannot read
-        self.lanes: dict[str, int] = {}  # resource id -> the lane it was last routed to (SHARED: no entity)
+        # Per source partition: resource id -> the lane it was last routed to (SHARED: no entity). Forgotten at
+        # any gap in a partition's offsets: another router may have routed what lies between.
+        self.lanes: dict[int, dict[str, int]] = {}
+        self.routed_to: dict[int, int] = {}  # source partition -> one past the last offset routed
         self.partition_of: Callable[[str], int] = _partitioner(partitions)
+        self._known: dict[str, int] = {}
 
     def destination(self, m: RawMessage) -> Destination:
         """Where one record of `source-changes` goes."""
@@ -68,7 +74,7 @@ class Router:
         if not isinstance(change, SourceChange) or change.kind != "resource":
             return Destination(SHARED)
         if change.op == "delete":
-            known = self.lanes.pop(change.record_id, None)
+            known = self._known.pop(change.record_id, None)
             if known is None:
                 return Destination(SHARED, everywhere=True)
             return Destination(known)
@@ -76,8 +82,8 @@ class Router:
         return self._upsert(change.record_id, SHARED if entity is None else self.partition_of(entity))
 
     def _upsert(self, resource_id: str, lane: int) -> Destination:
-        known = self.lanes.get(resource_id)
-        self.lanes[resource_id] = lane
+        known = self._known.get(resource_id)
+        self._known[resource_id] = lane
         if known == lane:
             return Destination(lane)
         if known is None:
@@ -86,12 +92,17 @@ class Router:
 
     def route(self, partition: int, records: Sequence[RawMessage], start: int, end: int) -> dict[Lane, RoutedBatch]:
         """Every lane's batch for the span `[start, end)` of a source partition (every lane gets one: its mark)."""
+        if self.routed_to.get(partition) != start:
+            self.lanes[partition] = {}  # a gap, a repeat, or the partition is new here: what it knew may be stale
+        self._known = self.lanes.setdefault(partition, {})
+        self.routed_to[partition] = end
         per_lane: dict[int, list[Frame]] = {q: [] for q in range(self.partitions)}
         per_lane[SHARED] = []
         for m in records:
             where = self.destination(m)
             stamp = None if m.timestamp is None else round(m.timestamp * 1000)
-            frame = Frame(RECORD if m.value is not None else TOMBSTONE, m.offset, stamp, m.key, m.value)
+            frame = fitted(Frame(RECORD if m.value is not None else TOMBSTONE, m.offset, stamp, m.key, m.value),
+                           self.max_bytes)
             per_lane[where.lane].append(frame)
             if where.everywhere:
                 for q in range(self.partitions):

@@ -105,3 +105,28 @@ def test_every_lane_gets_a_batch_even_with_nothing_for_it():
     batches = _router().route(2, [], 40, 41)
     assert len(batches) == P + 1 and all(b.frames == () and b.end == 41 for b in batches.values())
     assert Lane("shared-changes", 2) in batches and SHARED == -1
+
+
+def test_a_batch_too_large_for_one_record_is_split_into_contiguous_spans_and_a_record_too_large_is_cut():
+    from schemas.routed_batch import OVERSIZED, split
+    router = Router(P, lambda m: decode(m.topic, m.key, m.value), max_bytes=2_000)
+    big = _msg(2, principal("p1"))
+    huge = RawMessage("source-changes", 0, 3, b"k", b"{" + b" " * 5_000 + b"}")
+    batches = router.route(0, [_msg(0, principal("p0")), _msg(1, principal("p2")), big, huge], 0, 4)
+    shared = batches[Lane("shared-changes", 0)]
+    assert shared.frames[-1].kind == OVERSIZED and len(shared.frames[-1].value) <= 2_000
+    parts = split(shared, 700)
+    assert len(parts) > 1 and parts[0].start == 0 and parts[-1].end == 4
+    assert all(a.end == b.start for a, b in zip(parts, parts[1:]))
+    assert [f for p in parts for f in p.frames] == list(shared.frames)
+    assert all(len(pack(p)) <= 700 or len(p.frames) == 1 for p in parts)
+
+
+def test_a_gap_in_a_partitions_offsets_forgets_what_the_router_knew_of_it():
+    router = _router()
+    entity, _ = _entities_in_distinct_lanes()
+    router.route(0, [_msg(0, resource("r1", entity=entity))], 0, 1)
+    assert sum(len(b.frames) for b in router.route(0, [_msg(1, resource("r1", entity=entity))], 1, 2).values()) == 1
+    # Routed again from an earlier offset (a new duty owner's start, or this one's after a hand-back): notices again.
+    again = router.route(0, [_msg(1, resource("r1", entity=entity))], 1, 2)
+    assert sum(len(b.frames) for b in again.values()) == P + 1
