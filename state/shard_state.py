@@ -53,6 +53,8 @@ class ShardState:
         """Partitions being restored right now (read by the loop to refuse their selects)."""
         self.copies: frozenset[int] = frozenset()
         """Held partitions that are warm standby copies, not owned (set by each move; not in the file)."""
+        self.catching: frozenset[int] = frozenset()
+        """Partitions whose lanes are read from their start to restore them: applied, not held yet (not in the file)."""
         self.moves = 0
         """Moves ended (committed or rolled back): a reader off the writer that saw it change re-reads."""
 
@@ -62,7 +64,10 @@ class ShardState:
 
     def mine(self, entity: str | None) -> bool:
         """Whether a resource about this entity is applied here: replicated (no entity), or in a held partition."""
-        return entity is None or plan_partition(entity, self.partitions) in self.held
+        if entity is None:
+            return True
+        partition = plan_partition(entity, self.partitions)
+        return partition in self.held or partition in self.catching
 
     def lane_of(self, entity: str | None) -> int:
         """The routed lane of a resource about this entity: its partition, or SHARED for none."""

@@ -264,6 +264,13 @@ class Store:
                 known[pos] = max(known.get(pos, nxt), nxt)
         self._position_moved()
 
+    def forget_offsets(self, topic: str, partitions: list[int]) -> None:
+        """Forget where this file read some partitions of a topic (it reads them from their start again)."""
+        self.db.execute("DELETE FROM offsets WHERE topic = ? AND partition IN (SELECT unnest(?::INTEGER[]))",
+                        [topic, sorted(partitions)])
+        self.forget("offsets")
+        self._position_moved()
+
     def offset_marks(self) -> dict[tuple[str, int], tuple[int, str]]:
         """(topic, partition) -> (offset, mark) of the last record applied there."""
         return {(t, p): (o, m) for t, p, o, m in self.db.execute(

@@ -1,48 +1,34 @@
-"""Move a worker's entity shard to the group's assignment: drop what it lost, restore what it gained."""
+"""A worker's entity shard follows the group's assignment: drop what it lost, restore what it gained from its lane."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from typing import Callable, Collection
+from typing import Collection
 
 from agents.stream.event_apply import EventApplier
-from agents.stream.raw_message import RawMessage
 from state.catalog_resources import drop_resources, held_entities
 from state.shard_state import ShardState
-from streams.partitions import read_until
 
 log = logging.getLogger(__name__)
-
-PROGRESS_EVERY = 50_000  # records read between progress lines of a long restore
 
 
 class Shards:
     """The resources a worker holds follow the plan partitions it owns (see `ShardState`).
 
-    A gained partition is restored by reading `source-changes` from its beginning up to what
-    this file applied, keeping the resources about the gained partitions' entities; it runs
-    on the writer inside the take-over's transaction, so no live batch interleaves, and only
-    then are the partition's plans taken over and served.
+    A gained partition is restored from its lane (`entity-changes`), read from its start by the
+    replica beside the live lanes: the lane's records below what the worker applied are its
+    history, restored here; the rest joins the merge. Once the lane has caught up with every
+    source partition the shard is held (in the file) and its plans can be taken over.
     """
 
-    def __init__(self, state: ShardState, applier: EventApplier, bootstrap_servers: str, topic: str,
-                 kafka: dict | None = None, fetch_bytes: int = 2_000_000, standby_replicas: int = 0,
-                 blocked: Callable[[], bool] = lambda: False, stall_seconds: float = 15.0) -> None:
+    def __init__(self, state: ShardState, applier: EventApplier, standby_replicas: int = 0) -> None:
         self.state = state
-        self.stall_seconds = stall_seconds  # a restore read without progress this long gives up (ReadStalled)
-        # Whether `source-changes` was reset under this file and not rebased: its offsets then name
-        # another incarnation's records, and reading the new topic up to them would be wrong.
-        self.blocked = blocked
-        self.incomplete: frozenset[int] = frozenset()  # restored partitions whose history the topic no longer had
+        self.incomplete: frozenset[int] = frozenset()  # restored partitions whose history the lanes no longer had
         self.standby_replicas = standby_replicas  # warm copies: the next partitions after each owned one
         self.applier = applier
-        self.bootstrap_servers = bootstrap_servers
-        self.topic = topic  # broker-side `source-changes`
-        self.kafka = kafka or {}
-        self.fetch_bytes = fetch_bytes
         self.last_restore: dict | None = None  # partitions, records read, rows restored, seconds: for /healthz
+        self._restoring: dict[int, list] = {}  # lane -> [started, history records read, resource changes applied]
 
     @property
     def standby(self) -> frozenset[int]:
@@ -66,80 +52,117 @@ class Shards:
     def settled(self) -> None:
         """The move's transaction has ended: no partition is being restored any more."""
         self.state.moves += 1  # first: a reader that then sees `restoring` cleared sees the move ended too
-        self.state.restoring = frozenset()
+        self.state.restoring = self.state.catching  # lanes still being read from their start
 
     def reload(self) -> None:
         """After a rolled-back move: the held partitions as the file has them."""
         self.state.reload()
         self.standby = self.standby & self.state.held
 
+    def wanted(self, owned: frozenset[int]) -> frozenset[int]:
+        """The partitions to hold for these owned ones: them and their standby copies."""
+        return owned | self.standby_for(owned)
+
     def move(self, assigned: Collection[int]) -> None:
-        """Hold the assigned partitions and their standby copies (on the writer, inside the caller's transaction)."""
+        """Hold the assigned partitions and their standby copies (on the writer, inside the caller's transaction).
+
+        Gained partitions must have been restored from their lanes first (`Replica.gain_lanes`).
+        """
         owned = frozenset(assigned)
         standby = self.standby_for(owned)
         after = owned | standby
         lost, gained = self.state.held - after, after - self.state.held
+        if gained:
+            raise RuntimeError(f"entity partitions {sorted(gained)} are not restored yet: their lanes are still "
+                               "being read")
         self.standby = standby
         if lost:
             dropped = self.state.drop(lost)
             log.info("handed entity partitions %s to their new owner: %d resources removed", sorted(lost), dropped,
                      extra={"partitions": sorted(lost), "reason": "shard_dropped"})
-        if gained:
-            self.restore(gained)
 
-    def restore(self, gained: frozenset[int]) -> None:
-        """Apply the gained partitions' resource history, then hold them."""
-        if self.blocked():
-            raise RuntimeError("source-changes was reset and is not applied until an operator rebases or replays: "
-                               "a shard cannot be restored from it")
-        started = time.perf_counter()
+    def gain(self, lanes: frozenset[int]) -> None:
+        """A clean slate for lanes read from their start (on the writer): rows left about their entities
+        are tombstones of resources that moved there while another worker held them; the lane decides again."""
         store = self.applier.state.store
-        until = store.next_offsets().get("source-changes", {})
         partition_of = self.state.partition_of
-        # A clean slate: rows left about these entities are tombstones of resources that moved here
-        # while another worker held the partition; its history decides them again.
-        drop_resources(store, [e for e in held_entities(store) if partition_of(e) in gained])
+        with store.transaction():
+            drop_resources(store, [e for e in held_entities(store) if partition_of(e) in lanes])
+            store.forget_offsets("entity-changes", sorted(lanes))
+        self.state.catching = self.state.catching | lanes
+        self.state.restoring = self.state.restoring | lanes
+        if store.incarnation()[1] > 0:
+            # As a fresh worker reading the lanes would: what a broker reset took with the old topics is gone.
+            self.incomplete = self.incomplete | lanes
+            log.warning("restoring entity partitions %s: the input topics were reset and rebased, and the old "
+                        "lanes' records are gone; resources changed only there are missing from this shard until "
+                        "their sources publish them again (a CDC re-snapshot)", sorted(lanes),
+                        extra={"partitions": sorted(lanes), "reason": "shard_incomplete"})
+        for q in lanes:
+            self._restoring[q] = [time.perf_counter(), 0, 0]
+        log.info("restoring entity partitions %s from their lanes", sorted(lanes),
+                 extra={"partitions": sorted(lanes), "reason": "shard_restoring"})
+
+    def lose(self, lanes: frozenset[int]) -> None:
+        """Lanes no longer read (on the writer): a shard caught up is dropped by the next move; one still
+        catching up is dropped here."""
+        catching = lanes & self.state.catching
+        if not catching:
+            return
+        store = self.applier.state.store
+        partition_of = self.state.partition_of
+        with store.transaction():
+            drop_resources(store, [e for e in held_entities(store) if partition_of(e) in catching])
+        self.state.catching = self.state.catching - catching
+        self.state.restoring = self.state.restoring - catching
+        for q in catching:
+            self._restoring.pop(q, None)
+
+    def restore(self, history: list) -> int:
+        """Apply lane history (records below what the worker applied) of the lanes catching up; rows changed."""
+        catching = self.state.catching
+        if not history or not catching:
+            return 0
+        partition_of = self.state.partition_of
 
         def mine(entity: str | None) -> bool:
-            return entity is not None and partition_of(entity) in gained
+            return entity is not None and partition_of(entity) in catching
 
-        seen, restored = 0, 0
-        seen_ids: set[str] = set()  # resources of the gained partitions met so far in the history
+        with self.applier.state.store.transaction():
+            restored = self.applier.restore_resources(history, mine, set())
+        for m in history:
+            entry = self._restoring.get(m.lane)
+            if entry is not None:
+                entry[1] += 1
+        if history and history[0].lane in self._restoring:
+            self._restoring[history[0].lane][2] += restored
+        return restored
 
-        def on_batch(records: list) -> None:
-            nonlocal seen, restored
-            messages = [RawMessage("source-changes", r.partition, r.offset, r.key, r.value,
-                                   r.timestamp / 1000 if r.timestamp else None) for r in records]
-            restored += self.applier.restore_resources(messages, mine, seen_ids)
-            before, seen = seen, seen + len(records)
-            if seen // PROGRESS_EVERY > before // PROGRESS_EVERY:
-                log.info("restoring entity partitions %s: %d of %d records read", sorted(gained), seen,
-                         sum(until.values()), extra={"partitions": sorted(gained), "reason": "shard_restoring"})
+    def caught_up(self, lanes: frozenset[int]) -> None:
+        """Lanes that joined the merge in every source partition (on the writer): their shards are whole."""
+        lanes = lanes & self.state.catching
+        if not lanes:
+            return
+        store = self.applier.state.store
+        with store.transaction():
+            self.state.add(lanes)
+            store.bump_many({"shards_restored": len(lanes)})
+        self.state.catching = self.state.catching - lanes
+        self.state.restoring = self.state.restoring - lanes
+        self.state.moves += 1
+        for q in sorted(lanes):
+            started, read, restored = self._restoring.pop(q, [time.perf_counter(), 0, 0])
+            seconds = time.perf_counter() - started
+            self.last_restore = {"partitions": [q], "records_read": read, "resources_restored": restored,
+                                 "seconds": round(seconds, 3)}
+            log.info("restored entity partition %d from its lane: %d records read, %d resource changes applied, "
+                     "%.2fs", q, read, restored, seconds, extra={"partitions": [q], "reason": "shard_restored"})
 
-        # Cleared by `settled` once the caller's transaction ends: until it commits, a reader of the
-        # file would see the partition held but its resources not yet there.
-        self.state.restoring = self.state.restoring | gained
-        # The writer thread has no loop of its own: this read blocks it, which keeps every live
-        # batch out until the shard is whole.
-        starts = asyncio.run(read_until(self.bootstrap_servers, self.topic, until, on_batch, self.kafka,
-                                        self.fetch_bytes, self.stall_seconds))
-        trimmed = {p: s for p, s in starts.items() if s > 0}
-        rebased = store.incarnation()[1] > 0
-        if trimmed or rebased:
-            # As a fresh worker reading the topic would: what retention deleted, or what a broker reset took
-            # with the old topics, survives only at the old holder (if at all).
-            self.incomplete = self.incomplete | gained
-            store.bump_many({"shard_restores_incomplete": 1})
-            why = (f"source-changes no longer holds its oldest records (first offsets {trimmed})" if trimmed else
-                   "the input topics were reset and rebased, and the old topics' records are gone")
-            log.warning("restoring entity partitions %s: %s; resources changed only there are missing from this "
-                        "shard until their sources publish them again (a CDC re-snapshot)", sorted(gained), why,
-                        extra={"partitions": sorted(gained), "reason": "shard_incomplete"})
-        self.state.add(gained)
-        seconds = time.perf_counter() - started
-        store.bump_many({"shards_restored": len(gained), "shard_resources_restored": restored})
-        self.last_restore = {"partitions": sorted(gained), "records_read": seen, "resources_restored": restored,
-                             "seconds": round(seconds, 3)}
-        log.info("restored entity partitions %s from %s: %d records read, %d resource changes applied, %.2fs",
-                 sorted(gained), self.topic, seen, restored, seconds,
-                 extra={"partitions": sorted(gained), "reason": "shard_restored"})
+    def lanes_applied(self, batch, before: bool) -> None:
+        """The replica's hook around a batch (on the writer): gained lanes and history first, caught-up lanes after."""
+        if before:
+            if batch.gained:
+                self.gain(frozenset(batch.gained))
+            self.restore(batch.history)
+        else:
+            self.caught_up(frozenset(batch.caught_up))

@@ -63,7 +63,8 @@ class Duty:
     def __init__(self, state: LocalState, app, run: Callable[..., Awaitable[Any]], topics: dict[str, str],
                  offsets: GroupOffsets, kick: Callable[[], None],
                  verified: Callable[[], bool] = lambda: True,
-                 assignment: Callable[[], set[Key] | None] | None = None, floors: TakenOn | None = None) -> None:
+                 assignment: Callable[[], set[Key] | None] | None = None, floors: TakenOn | None = None,
+                 delivered: frozenset[str] = frozenset()) -> None:
         self.state = state  # the read-write state: touched only through `run`
         self.app = app
         self.run_writes = run
@@ -77,6 +78,8 @@ class Duty:
         # The group's assignment of the inputs: the last rebalance signal's (`Rebalances.keys`) in a worker.
         self.assignment = assignment or self._consumer_assignment
         self.floors = TakenOn() if floors is None else floors  # shared with the publisher, which reads it
+        # Inputs Faust delivers to an agent (the router's `source-changes`): never paused, committed here all the same.
+        self.unpaused = frozenset(topics[t] for t in delivered)
         self.committed: dict[Key, int] = {}  # what this worker committed since taking each on
         self.delivered = 0  # input events Faust delivered anyway (fetched before a pause took effect)
 
@@ -108,7 +111,7 @@ class Duty:
         """Keep Faust's consumer from fetching the input partitions (it resumes them after every rebalance)."""
         try:
             consumer = self.app.consumer
-            tps = [tp for tp in consumer.assignment() if tp.topic in self.logical]
+            tps = [tp for tp in consumer.assignment() if tp.topic in self.logical and tp.topic not in self.unpaused]
         except Exception:  # noqa: BLE001 - not started yet: the next call pauses them
             return
         if tps:

@@ -56,6 +56,15 @@ def _entity_of(event: InputEvent) -> str | None:
     return None
 
 
+def _by_position(pairs) -> dict[tuple[str, int, int], list[str]]:
+    """Changed keys by input position, those of one position together."""
+    out: dict[tuple[str, int, int], list[str]] = {}
+    for position, keys in pairs:
+        if keys:
+            out.setdefault(position, []).extend(keys)
+    return out
+
+
 def _iso(span: timedelta) -> str:
     """A span as an ISO 8601 duration of days and seconds."""
     return f"P{span.days}D" + (f"T{span.seconds}S" if span.seconds else "")
@@ -92,18 +101,27 @@ class EventApplier:
         self._standby = False
         self.held_on_standby = False  # whether the last batch queued records on standby (only dead letters do)
 
-    def apply(self, messages: Sequence[RawMessage], standby: bool = False) -> None:
+    def apply(self, messages: Sequence[RawMessage], standby: bool = False,
+              positions: dict[tuple[str, int], int] | None = None) -> None:
         """Apply a batch in one transaction; on an unexpected error, retry one by one.
 
         With `standby`, what the events cause is queued for the owner of their partitions to
-        promote (see `Outbox`) instead of being published by this worker outright.
+        promote (see `Outbox`) instead of being published by this worker outright. `positions`
+        are next offsets the batch reaches beyond its records (a lane merge's marks), saved with it.
         """
+        if not messages:
+            if positions:
+                with self.state.store.transaction():
+                    self.state.store.save_offsets(positions)
+            return
         self._standby = standby
         self.held_on_standby = False
         self.applied_in = threading.current_thread().name
         try:
             with self.state.store.transaction():
                 self._apply_all(messages)
+                if positions:
+                    self.state.store.save_offsets(positions)
                 # The publisher's acknowledged rows go in this commit, not one of their own.
                 forgotten = self.state.outbox.forget_acked()
             self.state.outbox.acked.deleted(forgotten)
@@ -124,20 +142,26 @@ class EventApplier:
                         self._dead_letter(message, "processing_error",
                                           f"{type(exc).__name__} while applying", counts)
                         self.state.store.bump_many(counts)
+            if positions:
+                with self.state.store.transaction():
+                    self.state.store.save_offsets(positions)
 
     def _apply_all(self, messages: Sequence[RawMessage]) -> None:
         store = self.state.store
         applied = store.next_offsets()
+        # Judged against what was applied before the batch: a lane merge gives a record and move notices one offset.
+        before = {topic: dict(parts) for topic, parts in applied.items()}
         counts: Counter[str] = Counter()
         offsets: dict[tuple[str, int], int] = {}
         marks: dict[tuple[str, int], tuple[int, RawMessage]] = {}
         decoded: list[tuple[RawMessage, InputEvent]] = []
         for m in messages:
-            if m.offset < applied.get(m.topic, {}).get(m.partition, 0):
+            if m.offset < before.get(m.topic, {}).get(m.partition, 0):
                 counts["redelivered_skipped"] += 1
                 continue
             applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
-            marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
+            if not (m.notice or m.oversized):  # a notice or a cut record is not the record at its offset
+                marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
             if m.oversized:
                 self._dead_letter(m, "oversized", "the event is larger than the largest record this service can "
                                   "route between its workers (FRESHPLAN_MAX_RECORD_BYTES); split it or raise both "
@@ -182,7 +206,9 @@ class EventApplier:
                                   about=_entity_of(e))
         keyed = self._apply_events(fresh, counts)
         # Every worker records where each key changed, owner or not: a later owner judges by it.
-        self.state.key_changes.record({(c["topic"], c["partition"], c["offset"]): keys for keys, _, c in keyed if keys},
+        # A record and a move notice can share an offset (a lane merge): their keys are recorded together.
+        self.state.key_changes.record(_by_position(((c["topic"], c["partition"], c["offset"]), keys)
+                                                   for keys, _, c in keyed),
                                       {(c["topic"], c["partition"], c["offset"]): c["event_id"] for _, _, c in keyed})
         touched = self._affected(keyed)
         if self.early is not None:
@@ -239,6 +265,13 @@ class EventApplier:
         seen = set() if seen is None else seen
         changes: list[tuple[RawMessage, SourceChange, str]] = []
         for m in messages:
+            if m.oversized:
+                continue  # dead-lettered by whoever held the lane then
+            if m.notice:
+                notice = self._notice(m)
+                if notice is not None:
+                    changes.append((m, notice.payload, notice.event_id))  # type: ignore[arg-type]
+                continue
             # Most of a history is other shards' and replicated records: passed by at a glance. A resource
             # upsert about another entity still counts if its id was this shard's (a move away tombstones it).
             glance = peek(m.value)
@@ -257,11 +290,12 @@ class EventApplier:
                     seen.add(event.payload.record_id)
         if not changes:
             return 0
+        left = {j: SHARED if m.lane is None else m.lane for j, (m, _, _) in enumerate(changes) if m.notice}
         # No source rules: what its holder accepted then stays (policy changes never remove stored
         # resources), and the compiler still refuses what today's bundle does not trust.
-        results = apply_resources(self.state.store, [c for _, c, _ in changes], {}, mine)
-        keyed = {(m.topic, m.partition, m.offset): keys for (m, _, _), keys in zip(changes, results, strict=True)
-                 if isinstance(keys, list) and keys}
+        results = apply_resources(self.state.store, [c for _, c, _ in changes], {}, mine, left, self.lane_of)
+        keyed = _by_position(((m.topic, m.partition, m.offset), keys)
+                             for (m, _, _), keys in zip(changes, results, strict=True) if isinstance(keys, list))
         self.state.key_changes.record(keyed, {(m.topic, m.partition, m.offset): event_id
                                               for m, _, event_id in changes})
         return len(keyed)

@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from agents.stream.fast_path import FastPath
+from agents.stream.lane_merge import LaneMerge, Released
 from agents.stream.incarnation import probe
 from agents.stream.writer import inline
 from agents.stream.event_apply import EventApplier
@@ -20,6 +21,8 @@ from state.key_changes import KeyChanges
 from state.store import Store
 from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
+from schemas.errors import InvalidEvent
+from schemas.routed_batch import unpack
 from streams.partitions import discover
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,30 @@ QUEUED_BATCHES = 8  # fetched batches waiting for the writer before fetching pau
 # Fetched input older than this not applied yet: the writer is behind, and early announcements stop (a plan
 # announced early stays unanswerable until its event is applied: under a backlog that is the backlog's age).
 BEHIND_SECONDS = 0.5
+LANES = ("shared-changes", "entity-changes")  # routed `source-changes` (see `agents.stream.router`)
+
+
+class Fetched:
+    """What one fetch hands the writer: records to apply, a gained lane's history, and the positions they reach."""
+
+    __slots__ = ("messages", "history", "positions", "caught_up", "gained")
+
+    def __init__(self, messages: list[RawMessage], released: Released | None = None,
+                 gained: frozenset[int] = frozenset()) -> None:
+        self.messages = messages + (released.messages if released else [])
+        self.history = released.history if released else []
+        self.positions = released.positions if released else {}
+        self.caught_up = released.caught_up if released else frozenset()
+        self.gained = gained  # entity lanes read from their start since the last fetch: cleaned first
+
+    def join(self, later: "Fetched") -> "Fetched":
+        """This fetch followed by a later one, as one batch."""
+        self.messages = self.messages + later.messages
+        self.history = self.history + later.history
+        self.positions = {**self.positions, **later.positions}
+        self.caught_up = self.caught_up | later.caught_up
+        self.gained = self.gained | later.gained
+        return self
 
 
 class Replica:
@@ -51,7 +78,9 @@ class Replica:
                  auto_rebase: bool = False, kafka: dict | None = None,
                  run: Callable[..., Awaitable[Any]] = inline, catch_up_batches: int = CATCH_UP_BATCHES,
                  top_up: float = TOP_UP, on_batch: Callable[[float | None, float], object] | None = None,
-                 early: FastPath | None = None) -> None:
+                 early: FastPath | None = None, partitions: int = 1,
+                 held_lanes: Callable[[], frozenset[int]] = frozenset,
+                 lanes_applied: Callable[[Fetched], object] | None = None) -> None:
         self.applier = applier
         self.store = store  # for reads beside the writer (its own cursor in a worker)
         self.run_writes = run  # runs a state write on the writer thread
@@ -81,6 +110,15 @@ class Replica:
         self.early = early
         self._early_failed = False
         self._unapplied: deque[float] = deque()  # loop time each fetched batch not yet applied was fetched at
+        # Routed `source-changes` (when the topics hold the lanes): the merge of the lanes read, the entity lanes
+        # held at start (the file's), and what to do on the writer with a batch's gained and caught-up lanes.
+        self.partitions = partitions
+        self.held_lanes = held_lanes
+        self.lanes_applied = lanes_applied
+        self.merge: LaneMerge | None = None
+        self._gained: set[int] = set()
+        self.lane_errors = 0  # lane records that were not routed batches (a poisoned internal topic), skipped
+        self.caught_up = asyncio.Condition()  # notified when gained lanes joined the merge
 
     def behind(self) -> bool:
         """Whether input fetched more than `BEHIND_SECONDS` ago is still waiting for the writer."""
@@ -123,12 +161,71 @@ class Replica:
     def _set_paused(self, topic: str, paused: bool) -> list[int]:
         if self._consumer is None:
             return []
-        tps = [tp for tp in self._consumer.assignment() if tp.topic == self.topics[topic]]
+        names = {self.topics[t] for t in (LANES if topic == "source-changes" and self.routed else (topic,))
+                 if t in self.topics}
+        tps = [tp for tp in self._consumer.assignment() if tp.topic in names]
         if paused:
             self._consumer.pause(*tps)
         else:
             self._consumer.resume(*tps)
         return sorted(tp.partition for tp in tps)
+
+    @property
+    def routed(self) -> bool:
+        """Whether `source-changes` is read through its lanes (a worker's), not directly."""
+        return "shared-changes" in self.topics
+
+    def _readable(self, tps: list[TopicPartition], logical: dict[str, str]) -> list[TopicPartition]:
+        """What to read of the discovered partitions: routed, the lanes held, never `source-changes` itself."""
+        if not self.routed:
+            return tps
+        lanes = set(self.merge.lanes) if self.merge is not None else set()
+        return [tp for tp in tps if logical[tp.topic] != "source-changes" and
+                (logical[tp.topic] != "entity-changes" or ("entity-changes", tp.partition) in lanes)]
+
+    def gain_lanes(self, lanes: frozenset[int]) -> None:
+        """Read these entity lanes from their start: their history restores the shard, then they join the merge."""
+        if self.merge is None or self._consumer is None:
+            raise RuntimeError("the replica is not reading yet")
+        for q in lanes:
+            self.merge.gain(q)
+        self._gained.update(lanes)
+        self._reassign()
+        tps = [TopicPartition(self.topics["entity-changes"], q) for q in lanes]
+        for tp in tps:
+            self._consumer.seek(tp, 0)
+
+    def lose_lanes(self, lanes: frozenset[int]) -> None:
+        """Stop reading these entity lanes."""
+        if self.merge is None:
+            return
+        for q in lanes:
+            self.merge.lose(q)
+        self._gained.difference_update(lanes)
+        self._reassign()
+
+    def reading_lanes(self) -> frozenset[int]:
+        """The entity lanes read now (held, or catching up)."""
+        if self.merge is None:
+            return frozenset()
+        return frozenset(p for t, p in self.merge.lanes if t == "entity-changes")
+
+    def _reassign(self) -> None:
+        if self._consumer is None:
+            return
+        logical = {v: k for k, v in self.topics.items()}
+        keep = [tp for tp in self._consumer.assignment() if logical[tp.topic] != "entity-changes"]
+        lanes = [TopicPartition(self.topics["entity-changes"], q) for t, q in self.merge.lanes if t == "entity-changes"]
+        positions = {tp: self._consumer._subscription.subscription.assignment.state_value(tp).position
+                     for tp in keep + lanes if tp in self._consumer.assignment()
+                     and self._consumer._subscription.subscription.assignment.state_value(tp).has_valid_position}
+        self._consumer.assign(keep + lanes)
+        for tp in keep + lanes:
+            if tp in positions:
+                self._consumer.seek(tp, positions[tp])
+            else:
+                self._consumer.seek(tp, self.positions.get("entity-changes", {}).get(tp.partition, 0)
+                                    if tp.partition not in self._gained else 0)
 
     async def run(self) -> None:
         """Consume and apply until cancelled."""
@@ -145,6 +242,12 @@ class Replica:
             await consumer.stop()
             consumer = self._consumer = self._new_consumer()
             await consumer.start()
+            if self.routed:
+                positions = self.store.next_offsets()
+                self.merge = LaneMerge(self.partitions, positions.get("source-changes", {}),
+                                       {(t, p): n for t in LANES for p, n in positions.get(t, {}).items()},
+                                       held=self.held_lanes())
+            tps = self._readable(tps, logical)
             if not tps:
                 await asyncio.Event().wait()  # every input was reset: apply nothing until restarted
             consumer.assign(tps)
@@ -160,15 +263,16 @@ class Replica:
             log.info("replica applying %d input partitions", len(tps))
             # Fetching goes on while the writer applies: what a batch announces early must not wait
             # for the batch before it (the writer takes everything fetched meanwhile as one batch).
-            fetched: asyncio.Queue[list[RawMessage]] = asyncio.Queue(maxsize=QUEUED_BATCHES)
+            fetched: asyncio.Queue[Fetched] = asyncio.Queue(maxsize=QUEUED_BATCHES)
             fetching = asyncio.ensure_future(self._fetch_loop(consumer, fetched, logical))
             try:
                 while True:
-                    messages, taken = await self._next(fetched, fetching)
+                    batch, taken = await self._next(fetched, fetching)
+                    messages = batch.messages
                     if self.early is not None:
                         await self.early.settle()  # what the broker acknowledged is not queued again
                     started, begun = time.time(), time.perf_counter()
-                    self.positions = await self.run_writes(self._apply, messages)
+                    self.positions = await self.run_writes(self._apply, batch)
                     self.applied_at = asyncio.get_running_loop().time()
                     for _ in range(taken):
                         self._unapplied.popleft()
@@ -178,6 +282,9 @@ class Replica:
                         self._observe(messages, started, time.perf_counter() - begun)
                     async with self._progress:
                         self._progress.notify_all()
+                    if batch.caught_up:
+                        async with self.caught_up:
+                            self.caught_up.notify_all()
                     if self.after_apply:
                         # A writer job fewer per batch when nothing waits on standby to be promoted.
                         await self.after_apply(messages, held=self.applier.held_on_standby)
@@ -188,7 +295,33 @@ class Replica:
             self._consumer = None
             await stop_within(consumer)
 
-    async def _fetch_loop(self, consumer: AIOKafkaConsumer, fetched: asyncio.Queue,
+    def _fetched(self, batch: dict[TopicPartition, list], logical: dict[str, str]) -> Fetched:
+        """A fetch's records: the direct ones as read, the lanes' through the merge (what it can release now)."""
+        direct: list[RawMessage] = []
+        lanes = False
+        for tp, records in batch.items():
+            name = logical[tp.topic]
+            if self.merge is not None and name in LANES:
+                lanes = True
+                for m in records:
+                    try:
+                        routed = unpack(m.value or b"")
+                    except InvalidEvent as exc:
+                        self.lane_errors += 1
+                        log.error("skipped a record of %s/%d/%d that is not a routed batch (%s): only workers may "
+                                  "write the lanes", name, tp.partition, m.offset, exc,
+                                  extra={"reason": "lane_record_invalid", "topic": name, "partition": tp.partition})
+                        continue
+                    self.merge.add(name, tp.partition, m.offset, routed)
+                continue
+            direct.extend(RawMessage(name, tp.partition, m.offset, m.key, m.value,
+                                     m.timestamp / 1000 if m.timestamp else None) for m in records)
+        gained, self._gained = frozenset(self._gained), set()
+        if self.merge is None or not (lanes or gained):
+            return Fetched(direct, gained=gained)
+        return Fetched(direct, self.merge.release(), gained)
+
+    async def _fetch_loop(self, consumer: AIOKafkaConsumer, queue: asyncio.Queue,
                           logical: dict[str, str]) -> None:
         """Fetch batches, announce what each makes stale at once, and queue them for the writer."""
         while True:
@@ -203,10 +336,9 @@ class Replica:
                 self._block({t: "position_out_of_range" for t in topics})
                 consumer.assign([tp for tp in consumer.assignment() if logical[tp.topic] not in self.blocked])
                 continue
-            messages = [RawMessage(logical[tp.topic], tp.partition, m.offset, m.key, m.value,
-                                   m.timestamp / 1000 if m.timestamp else None)
-                        for tp, records in batch.items() for m in records]
-            if not messages:
+            fetched = self._fetched(batch, logical)
+            messages = fetched.messages
+            if not messages and not fetched.history and not fetched.positions and not fetched.gained:
                 continue
             if self.early is not None:
                 try:
@@ -216,9 +348,9 @@ class Replica:
                         log.exception("announcing a fetched batch early failed; the writer announces it (logged once)")
                     self._early_failed = True
             self._unapplied.append(asyncio.get_running_loop().time())
-            await fetched.put(messages)
+            await queue.put(fetched)
 
-    async def _next(self, fetched: asyncio.Queue, fetching: asyncio.Future) -> tuple[list[RawMessage], int]:
+    async def _next(self, fetched: asyncio.Queue, fetching: asyncio.Future) -> tuple[Fetched, int]:
         """The next batch to apply: everything fetched meanwhile, up to the catch-up size, and how many fetched
         batches it holds; a fetch error is raised."""
         if fetched.empty():
@@ -231,14 +363,14 @@ class Replica:
             if not getting.done() or getting.cancelled():
                 fetching.result()  # the fetch loop ended: raise what ended it
                 raise RuntimeError("the replica's fetch loop ended")
-            messages = getting.result()
+            batch = getting.result()
         else:
-            messages = fetched.get_nowait()
+            batch = fetched.get_nowait()
         taken = 1
-        while not fetched.empty() and len(messages) < self.catch_up_size:
-            messages = messages + fetched.get_nowait()
+        while not fetched.empty() and len(batch.messages) < self.catch_up_size:
+            batch = batch.join(fetched.get_nowait())
             taken += 1
-        return messages, taken
+        return batch, taken
 
     def _observe(self, messages: list[RawMessage], started: float, took: float) -> None:
         """Report a batch's timings to `on_batch`; a failing hook is logged once and never stops applying."""
@@ -283,9 +415,17 @@ class Replica:
             taken += _extend(batch, more)
         return batch
 
-    def _apply(self, messages: list[RawMessage]) -> dict[str, dict[int, int]]:
-        """Apply a batch on standby (on the writer thread); the offsets applied once it committed."""
-        self.applier.apply(messages, standby=True)
+    def _apply(self, batch: Fetched) -> dict[str, dict[int, int]]:
+        """Apply a batch on standby (on the writer thread); the offsets applied once it committed.
+
+        Gained lanes are cleaned and their history restored first, each in a transaction of its
+        own: a crash between leaves them not held, and a restart reads them from their start again.
+        """
+        if self.lanes_applied is not None and (batch.gained or batch.history):
+            self.lanes_applied(batch, before=True)
+        self.applier.apply(batch.messages, standby=True, positions=batch.positions)
+        if self.lanes_applied is not None and batch.caught_up:
+            self.lanes_applied(batch, before=False)
         return self.applier.state.store.next_offsets()
 
     def _new_consumer(self) -> AIOKafkaConsumer:

@@ -28,6 +28,8 @@ from agents.plans.ownership import Ownership
 from agents.stream.plan_feed import PlanFeed
 from agents.stream.publisher import Publisher
 from agents.stream.replica import Replica
+from agents.stream.route_source import SourceRouter, register_router
+from agents.stream.router import Router
 from agents.ops.retention import BATCH, RetentionTimer
 from agents.web.routes import register_routes
 from agents.shards.shard_restore import Shards
@@ -44,6 +46,7 @@ from state.shard_state import ShardState
 from state.retention import RetentionPolicy, Topics as RetentionTopics
 from streams.admin import GroupOffsets
 from streams.app import create_app
+from streams.fetch_wait import set_fetch_wait
 from streams.settings import INPUT_TOPICS, Settings
 from streams.topics import declare_topics
 
@@ -57,6 +60,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     access = access or Access.closed()
     kafka = settings.kafka.client_kwargs()
     gate = Gate(settings, access.callers, access.jwt, api_routes(settings))
+    # The router's deliveries come through Faust's group consumer: its fetches must not wait 1.5 s on the broker.
+    set_fetch_wait(max(1, int(settings.batch_window * 1000)))
     app = create_app(settings, bootstrap_servers, [gate.middleware])
     topics = declare_topics(app, settings)
     outbound = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
@@ -82,25 +87,27 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                              sent_early=early.acknowledged)
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
                            cdc=cdc, max_event_skew=settings.max_event_skew, mine=shard_state.mine,
-                           owns=shard_state.owns, early=early.announced)
+                           owns=shard_state.owns, early=early.announced, lane_of=shard_state.lane_of,
+                           owns_lane=shard_state.owns_lane)
     # The embedded broker keeps topics in memory: every start is a reset that must be rebased.
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
     rebalances = Rebalances(app, inputs)
     taken_on = TakenOn()  # the duty fills it, the publisher publishes from it
     publisher = Publisher(state, app, writer.run, taken_on.by_topic)
-    replica = Replica(applier, reader.store, bootstrap_servers, inputs,
+    shards = Shards(shard_state, applier, standby_replicas=settings.standby_replicas)
+    # `source-changes` is read through its lanes (named here so that a reset of it is still detected).
+    lanes = {name: settings.topic(name) for name in ("shared-changes", "entity-changes")}
+    replica = Replica(applier, reader.store, bootstrap_servers, {**inputs, **lanes},
                       settings.batch_size, settings.batch_window, max(2 * settings.max_event_bytes, 1_000_000),
                       after_apply=publisher.publish_owned,
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run,
-                      on_batch=observed.observe_batch, early=early)
+                      on_batch=observed.observe_batch, early=early, partitions=settings.partitions,
+                      held_lanes=lambda: shard_state.held, lanes_applied=shards.lanes_applied)
     # Replaced (never changed in place) after each committed batch.
     positions = lambda: replica.positions  # noqa: E731
     guard = LagWatcher(reader.store, bootstrap_servers, inputs, settings.revocation_lag_bound, kafka=kafka,
                        paused=replica.paused, blocked=replica.blocked, applied=positions)
     parked = ParkedPlans(state.store, settings.partitions)
-    shards = Shards(shard_state, applier, bootstrap_servers, settings.topic("source-changes"), kafka,
-                    max(2 * settings.max_event_bytes, 1_000_000), standby_replicas=settings.standby_replicas,
-                    blocked=lambda: "source-changes" in replica.blocked, stall_seconds=settings.restore_stall_seconds)
     ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
                           settings.topic("plan-dependencies"), shards=shards)
     plan_feed = PlanFeed(state, ownership, parked, replica, bootstrap_servers, settings.topic("plan-dependencies"),
@@ -118,12 +125,21 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
     duty = Duty(state, app, writer.run, inputs, group_offsets, kick=publisher.kick,
                 verified=lambda: replica.ready.is_set() and not replica.blocked, assignment=rebalances.keys,
-                floors=taken_on)
+                floors=taken_on, delivered=frozenset({"source-changes"}))
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores)
 
     for name in INPUT_TOPICS:
-        _register_input_agent(worker, name)
+        if name != "source-changes":
+            _register_input_agent(worker, name)
+    route = SourceRouter(Router(settings.partitions,
+                                lambda m: decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                                                 max_bytes=settings.max_event_bytes, cdc=cdc),
+                                max_bytes=settings.max_record_bytes - 4096),
+                         lambda topic, partition, value: app.producer.send(settings.topic(topic), None, value,
+                                                                           partition=partition, timestamp=None,
+                                                                           headers=None))
+    register_router(app, topics["source-changes"].clone(acks=False), route, settings.batch_size, settings.batch_window)
     register_duty(app, duty, chores, rebalances.waker())
 
     @app.task
@@ -156,8 +172,19 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             # Woken by Faust's rebalance signals, or after a failure by the end of its backoff.
             await woken(signal, retry_in)
             assigned = rebalances.assigned("source-changes")
-            if assigned is None or assigned == ownership.owned:
+            if assigned is None or (assigned == ownership.owned and shards.wanted(assigned) == replica.reading_lanes()):
                 retry_in = None
+                continue
+            # The shards first: lanes gained are read from their start, lost ones no longer; the plans are taken
+            # over once every wanted lane has caught up (a new assignment meanwhile starts over).
+            wanted, reading = shards.wanted(frozenset(assigned)), replica.reading_lanes()
+            if reading - wanted:
+                replica.lose_lanes(reading - wanted)
+                await writer.run(shards.lose, reading - wanted)
+            if wanted - reading:
+                replica.gain_lanes(wanted - reading)
+            if not wanted <= shard_state.held:
+                retry_in = 0.05
                 continue
             try:
                 await writer.run(ownership.follow, assigned)
