@@ -119,6 +119,7 @@ class Replica:
         self._gained: set[int] = set()
         self.lane_errors = 0  # lane records that were not routed batches (a poisoned internal topic), skipped
         self.caught_up = asyncio.Condition()  # notified when gained lanes joined the merge
+        self._read_to: dict[TopicPartition, int] = {}  # next offset to read per assigned partition (None: its start)
 
     def behind(self) -> bool:
         """Whether input fetched more than `BEHIND_SECONDS` ago is still waiting for the writer."""
@@ -183,26 +184,24 @@ class Replica:
         return [tp for tp in tps if logical[tp.topic] != "source-changes" and
                 (logical[tp.topic] != "entity-changes" or ("entity-changes", tp.partition) in lanes)]
 
-    def gain_lanes(self, lanes: frozenset[int]) -> None:
+    async def gain_lanes(self, lanes: frozenset[int]) -> None:
         """Read these entity lanes from their start: their history restores the shard, then they join the merge."""
         if self.merge is None or self._consumer is None:
             raise RuntimeError("the replica is not reading yet")
         for q in lanes:
             self.merge.gain(q)
+            self._read_to.pop(TopicPartition(self.topics["entity-changes"], q), None)
         self._gained.update(lanes)
-        self._reassign()
-        tps = [TopicPartition(self.topics["entity-changes"], q) for q in lanes]
-        for tp in tps:
-            self._consumer.seek(tp, 0)
+        await self._reassign()
 
-    def lose_lanes(self, lanes: frozenset[int]) -> None:
+    async def lose_lanes(self, lanes: frozenset[int]) -> None:
         """Stop reading these entity lanes."""
         if self.merge is None:
             return
         for q in lanes:
             self.merge.lose(q)
         self._gained.difference_update(lanes)
-        self._reassign()
+        await self._reassign()
 
     def reading_lanes(self) -> frozenset[int]:
         """The entity lanes read now (held, or catching up)."""
@@ -210,22 +209,24 @@ class Replica:
             return frozenset()
         return frozenset(p for t, p in self.merge.lanes if t == "entity-changes")
 
-    def _reassign(self) -> None:
-        if self._consumer is None:
+    async def _reassign(self) -> None:
+        """Read the lanes the merge holds; every other partition goes on from where it was."""
+        consumer = self._consumer
+        if consumer is None:
             return
         logical = {v: k for k, v in self.topics.items()}
-        keep = [tp for tp in self._consumer.assignment() if logical[tp.topic] != "entity-changes"]
-        lanes = [TopicPartition(self.topics["entity-changes"], q) for t, q in self.merge.lanes if t == "entity-changes"]
-        positions = {tp: self._consumer._subscription.subscription.assignment.state_value(tp).position
-                     for tp in keep + lanes if tp in self._consumer.assignment()
-                     and self._consumer._subscription.subscription.assignment.state_value(tp).has_valid_position}
-        self._consumer.assign(keep + lanes)
-        for tp in keep + lanes:
-            if tp in positions:
-                self._consumer.seek(tp, positions[tp])
+        lane_topic = self.topics.get("entity-changes")
+        tps = [tp for tp in consumer.assignment() if tp.topic != lane_topic and logical[tp.topic] not in self.blocked]
+        if self.merge is not None and "entity-changes" not in self.blocked:
+            tps += [TopicPartition(lane_topic, q) for t, q in sorted(self.merge.lanes) if t == "entity-changes"]
+        # aiokafka forgets every position on `assign`: each is set again, from what was read so far.
+        consumer.assign(tps)
+        for tp in tps:
+            nxt = self._read_to.get(tp)
+            if nxt is None:
+                await consumer.seek_to_beginning(tp)
             else:
-                self._consumer.seek(tp, self.positions.get("entity-changes", {}).get(tp.partition, 0)
-                                    if tp.partition not in self._gained else 0)
+                consumer.seek(tp, nxt)
 
     async def run(self) -> None:
         """Consume and apply until cancelled."""
@@ -258,6 +259,7 @@ class Replica:
                     await consumer.seek_to_beginning(tp)
                 else:
                     consumer.seek(tp, nxt)
+                    self._read_to[tp] = nxt
             for topic in self.paused:
                 self._set_paused(topic, True)
             log.info("replica applying %d input partitions", len(tps))
@@ -334,8 +336,11 @@ class Replica:
                 lost = list(arg) if isinstance(arg, dict) else [arg] if isinstance(arg, TopicPartition) else []
                 topics = {logical[tp.topic] for tp in lost} or set(self.topics)
                 self._block({t: "position_out_of_range" for t in topics})
-                consumer.assign([tp for tp in consumer.assignment() if logical[tp.topic] not in self.blocked])
+                await self._reassign()
                 continue
+            for tp, records in batch.items():
+                if records:
+                    self._read_to[tp] = records[-1].offset + 1
             fetched = self._fetched(batch, logical)
             messages = fetched.messages
             if not messages and not fetched.history and not fetched.positions and not fetched.gained:

@@ -179,10 +179,10 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             # over once every wanted lane has caught up (a new assignment meanwhile starts over).
             wanted, reading = shards.wanted(frozenset(assigned)), replica.reading_lanes()
             if reading - wanted:
-                replica.lose_lanes(reading - wanted)
+                await replica.lose_lanes(reading - wanted)
                 await writer.run(shards.lose, reading - wanted)
             if wanted - reading:
-                replica.gain_lanes(wanted - reading)
+                await replica.gain_lanes(wanted - reading)
             if not wanted <= shard_state.held:
                 retry_in = 0.05
                 continue
