@@ -150,6 +150,13 @@ def topics_page() -> str:
             out.append(f"| `{field_name}` | {'yes' if field_name in required else ''} | {_type(prop)} | "
                        f"{' '.join(prop.get('description', '').split())} |")
         out.append("")
+    out += ["## `entity-changes` and `shared-changes` (internal, kept)", "",
+            "The routed lanes of `source-changes` (see [scaling](scaling.md)), written and read by workers only.",
+            "Each record is one routed batch, binary (`schemas/routed_batch.py`, version 1): a head of version",
+            "(1 byte), source partition (4), first and one-past-last source offset (8 + 8), then one frame per",
+            "record: kind (1: record, 2: move notice, 3: tombstone, 4: cut for size), source offset (8),",
+            "timestamp ms (8, -1: none), key length (4, -1: none), value length (4), key, value; big-endian.",
+            "A record that is not a routed batch is skipped and logged `lane_record_invalid`.", ""]
     return "\n".join(out)
 
 

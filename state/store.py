@@ -22,9 +22,9 @@ from state.store_migrations import migrate
 
 log = logging.getLogger(__name__)
 
-# dependency_index_key stays although it costs a bulk take-over: at 100,000 plans / 4M edges it
-# answers a lookup of up to ~30 keys (an apply batch's) in 1-2 ms against 70-150 ms for a scan;
-# inserting 4M edges with it costs ~1-3 s more (insert and commit), measured on two shared cores.
+# dependency_index_key stays although it costs a bulk take-over: at 100,000 plans / 4M edges it answers a lookup of
+# up to ~30 keys (an apply batch's) in 1-2 ms against 70-150 ms for a scan; inserting 4M edges with it costs ~1-3 s
+# more (insert and commit), measured on two shared cores.
 _DDL = """
 CREATE TABLE IF NOT EXISTS resources (
   id VARCHAR PRIMARY KEY, version BIGINT NOT NULL, entity VARCHAR, evidence_class VARCHAR,
@@ -80,6 +80,7 @@ CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 
 
 _LATER = "CAST({record_offset} AS BIGINT) >= coalesce(record_offset, -1)"  # a mark of a later record (or the first)
+_LATER_ROW = "excluded.record_offset >= coalesce(offsets.record_offset, -1)"  # the same, in an upsert
 
 
 class Store:
@@ -102,10 +103,9 @@ class Store:
         self._depth = 0
         self.heads = HeadCache()  # shared with views: what cached selects read instead of the file
         self._heads_writer = True  # views read only: their transactions never publish the writer's changes
-        # The writer's copy of what it read or wrote and rarely changes (offsets, clock, incarnation,
-        # catalog lookups): each saves a statement per batch. Dropped whenever a transaction rolls
-        # back, so it never holds an uncommitted value past its transaction; None on views, which
-        # always read the file (they must never see the writer's uncommitted values).
+        # The writer's copy of what it read or wrote and rarely changes (offsets, clock, incarnation, catalog
+        # lookups): each saves a statement per batch. Dropped whenever a transaction rolls back, so it never holds
+        # an uncommitted value past it; None on views, which must never see the writer's uncommitted values.
         self._memo: dict | None = {}
         self._moved = False  # offsets or incarnation written in the open transaction: published at commit
         self.heads.position = self.position()
@@ -230,10 +230,9 @@ class Store:
                      marks: dict[tuple[str, int], tuple[int, str]] | None = None) -> None:
         """Record many partitions' next offsets, with the mark of each last record read, in one statement.
 
-        A mark (see `streams.incarnation.record_mark`) identifies the record at one offset, so
-        a later start can tell whether the broker still holds the topic these offsets belong to;
-        a mark never gives way to one of an earlier record. Partitions the writer knows to have
-        rows are updated in place: an upsert costs about twice an update in DuckDB.
+        A mark (see `streams.incarnation.record_mark`) identifies the record at one offset, so a later start can
+        tell whether the broker still holds the topic these offsets belong to; a mark never gives way to one of
+        an earlier record. Known rows are updated in place: an upsert costs about twice an update in DuckDB.
         """
         if not offsets:
             return
@@ -255,10 +254,8 @@ class Store:
                 "mark": pa.array([r[4] for r in rows], pa.string())}), verb="INSERT INTO", on_conflict=(
                 "ON CONFLICT (topic, partition) DO UPDATE SET "
                 "next_offset = greatest(offsets.next_offset, excluded.next_offset), "
-                "record_offset = CASE WHEN excluded.record_offset >= coalesce(offsets.record_offset, -1) "
-                "THEN excluded.record_offset ELSE offsets.record_offset END, "
-                "mark = CASE WHEN excluded.record_offset >= coalesce(offsets.record_offset, -1) "
-                "THEN excluded.mark ELSE offsets.mark END"))
+                f"record_offset = CASE WHEN {_LATER_ROW} THEN excluded.record_offset ELSE offsets.record_offset END, "
+                f"mark = CASE WHEN {_LATER_ROW} THEN excluded.mark ELSE offsets.mark END"))
         if self._memo is not None:
             for pos, nxt in offsets.items():
                 known[pos] = max(known.get(pos, nxt), nxt)
@@ -266,8 +263,7 @@ class Store:
 
     def forget_offsets(self, topic: str, partitions: list[int]) -> None:
         """Forget where this file read some partitions of a topic (it reads them from their start again)."""
-        self.db.execute("DELETE FROM offsets WHERE topic = ? AND partition IN (SELECT unnest(?::INTEGER[]))",
-                        [topic, sorted(partitions)])
+        self.db.execute("DELETE FROM offsets WHERE topic = ? AND list_contains(?, partition)", [topic, partitions])
         self.forget("offsets")
         self._position_moved()
 
@@ -306,11 +302,10 @@ class Store:
     def rebase(self, cluster_id: str, topics: list[str]) -> int:
         """Forget offsets recorded against another incarnation of these topics; returns the new epoch.
 
-        Catalog, plans and event ids stay: events read again from the new topics are applied
-        by id (a repeat changes nothing), so nothing is skipped because of an old offset.
+        Catalog, plans and event ids stay: events read again from the new topics are applied by id (a repeat changes
+        nothing), so nothing is skipped because of an old offset.
         """
-        _, epoch = self.incarnation()
-        epoch += 1
+        epoch = self.incarnation()[1] + 1
         self.db.execute("INSERT INTO incarnation VALUES (0, ?, ?, now()) ON CONFLICT (id) DO UPDATE SET "
                         "cluster_id = excluded.cluster_id, epoch = excluded.epoch, rebased_at = excluded.rebased_at",
                         [cluster_id, epoch])

@@ -6,8 +6,14 @@ import logging
 import time
 from typing import Collection
 
-from agents.stream.event_apply import EventApplier
-from state.catalog_resources import drop_resources, held_entities
+from agents.stream.event_apply import EventApplier, by_position, moved_away
+from agents.stream.raw_message import RawMessage
+from schemas.codec import decode
+from schemas.errors import InvalidEvent, SkippedEvent
+from schemas.records import SourceChange
+from schemas.routed_batch import SHARED
+from schemas.shard_peek import peek
+from state.catalog_resources import apply_resources, drop_resources, held_entities
 from state.shard_state import ShardState
 
 log = logging.getLogger(__name__)
@@ -118,8 +124,13 @@ class Shards:
         for q in catching:
             self._restoring.pop(q, None)
 
-    def restore(self, history: list) -> int:
-        """Apply lane history (records below what the worker applied) of the lanes catching up; rows changed."""
+    def restore(self, history: list[RawMessage]) -> int:
+        """Apply lane history (records below what the worker applied) of the lanes catching up; rows changed.
+
+        Offsets, the event-id ledger and plans are left alone (the take-over judges parked plans by
+        the key changes recorded here); what the history holds that is invalid was dead-lettered by
+        whoever held the lane then.
+        """
         catching = self.state.catching
         if not history or not catching:
             return 0
@@ -128,15 +139,45 @@ class Shards:
         def mine(entity: str | None) -> bool:
             return entity is not None and partition_of(entity) in catching
 
-        with self.applier.state.store.transaction():
-            restored = self.applier.restore_resources(history, mine, set())
+        applier = self.applier
+        changes: list[tuple[RawMessage, SourceChange, str]] = []
         for m in history:
-            entry = self._restoring.get(m.lane)
+            entry = self._restoring.get(m.lane)  # type: ignore[arg-type]
             if entry is not None:
                 entry[1] += 1
-        if history and history[0].lane in self._restoring:
-            self._restoring[history[0].lane][2] += restored
-        return restored
+            if m.oversized:
+                continue
+            if m.notice:
+                event = moved_away(m, applier.now)
+            else:
+                glance = peek(m.value)  # a lane holds its own entities' resources, and unknown deletes
+                if glance is not None and (glance.kind != "resource" or (glance.entity is not None
+                                                                         and not mine(glance.entity))):
+                    continue
+                try:
+                    event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                                   max_bytes=applier.max_event_bytes, cdc=applier.cdc)
+                except (SkippedEvent, InvalidEvent):
+                    continue
+            if event is not None and isinstance(event.payload, SourceChange) and event.payload.kind == "resource":
+                changes.append((m, event.payload, event.event_id))
+        if not changes:
+            return 0
+        left = {j: SHARED if m.lane is None else m.lane for j, (m, _, _) in enumerate(changes) if m.notice}
+        store = applier.state.store
+        with store.transaction():
+            # No source rules: what its holder accepted then stays (policy changes never remove stored
+            # resources), and the compiler still refuses what today's bundle does not trust.
+            results = apply_resources(store, [c for _, c, _ in changes], {}, mine, left, self.state.lane_of)
+            keyed = by_position(((m.topic, m.partition, m.offset), keys)
+                                for (m, _, _), keys in zip(changes, results, strict=True) if isinstance(keys, list))
+            applier.state.key_changes.record(keyed, {(m.topic, m.partition, m.offset): event_id
+                                                     for m, _, event_id in changes})
+        for q in {m.lane for m, _, _ in changes}:
+            if q in self._restoring:
+                self._restoring[q][2] += sum(1 for (m, _, _) in changes if m.lane == q and
+                                             (m.topic, m.partition, m.offset) in keyed)
+        return len(keyed)
 
     def caught_up(self, lanes: frozenset[int]) -> None:
         """Lanes that joined the merge in every source partition (on the writer): their shards are whole."""

@@ -11,16 +11,16 @@ from typing import Callable, Sequence
 from compiler import dependency_keys as dk
 from compiler.trust import unsourced
 from agents.plans.plan_writer import PlanWriter, Touched, wall_now
+from agents.stream.clock_ticks import play_tick
 from agents.stream.raw_message import RawMessage
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
 from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.outbound import input_dead_letter, letter_key
-from schemas.shard_peek import peek
 from schemas.routed_batch import SHARED
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
-from state.catalog_resources import Mine, OtherShard, apply_resources, everything
+from state.catalog_resources import Mine, OtherShard, everything
 from state.local_state import LocalState
 from streams.incarnation import record_mark
 
@@ -56,18 +56,24 @@ def _entity_of(event: InputEvent) -> str | None:
     return None
 
 
-def _by_position(pairs) -> dict[tuple[str, int, int], list[str]]:
+def moved_away(m: RawMessage, now: datetime | None) -> InputEvent | None:
+    """A move notice as the delete it amounts to in the lane it names (applied only if the resource is there)."""
+    try:
+        rid = (m.value or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if not rid:
+        return None
+    return InputEvent(f"moved:{rid}", now or _EPOCH, m.topic, SourceChange("resource", "delete", rid, None))
+
+
+def by_position(pairs) -> dict[tuple[str, int, int], list[str]]:
     """Changed keys by input position, those of one position together."""
     out: dict[tuple[str, int, int], list[str]] = {}
     for position, keys in pairs:
         if keys:
             out.setdefault(position, []).extend(keys)
     return out
-
-
-def _iso(span: timedelta) -> str:
-    """A span as an ISO 8601 duration of days and seconds."""
-    return f"P{span.days}D" + (f"T{span.seconds}S" if span.seconds else "")
 
 
 class EventApplier:
@@ -168,7 +174,7 @@ class EventApplier:
                                   "limits", counts)
                 continue
             if m.notice:
-                notice = self._notice(m)
+                notice = moved_away(m, self.now)
                 if notice is not None:
                     decoded.append((m, notice))
                 continue
@@ -207,7 +213,7 @@ class EventApplier:
         keyed = self._apply_events(fresh, counts)
         # Every worker records where each key changed, owner or not: a later owner judges by it.
         # A record and a move notice can share an offset (a lane merge): their keys are recorded together.
-        self.state.key_changes.record(_by_position(((c["topic"], c["partition"], c["offset"]), keys)
+        self.state.key_changes.record(by_position(((c["topic"], c["partition"], c["offset"]), keys)
                                                    for keys, _, c in keyed),
                                       {(c["topic"], c["partition"], c["offset"]): c["event_id"] for _, _, c in keyed})
         touched = self._affected(keyed)
@@ -236,69 +242,12 @@ class EventApplier:
                     # The same event: name the key the early record named, so the cause is the same one.
                     touched[entry.plan_key] = (entry.dependency_key, found[1])
 
-    def _notice(self, m: RawMessage) -> InputEvent | None:
-        """A move notice as the delete it amounts to in the lane it names (applied only if the resource is there)."""
-        try:
-            rid = (m.value or b"").decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        if not rid:
-            return None
-        return InputEvent(f"moved:{rid}", self.now or _EPOCH, m.topic, SourceChange("resource", "delete", rid, None))
-
     def _elsewhere(self, event: InputEvent) -> bool:
         """Whether an event is an upsert of a resource about another shard's entity (a move away is applied
         unclaimed: versions make a repeat of it harmless)."""
         payload = event.payload
         return (isinstance(payload, SourceChange) and payload.kind == "resource" and payload.record is not None
                 and not self.mine(payload.record.entity))  # type: ignore[union-attr]
-
-    def restore_resources(self, messages: Sequence[RawMessage], mine: Mine, seen: set[str] | None = None) -> int:
-        """Apply the resource changes of a gained shard from its history, in order; how many changed a row.
-
-        Run inside the take-over's transaction, on the writer. Offsets, the event-id ledger and
-        plans are left alone (the live path applied these events already for the shards it held,
-        and a take-over judges parked plans by the key changes recorded here); what the history
-        holds that is invalid was dead-lettered by whoever owned the shard then. `seen` collects, across
-        the calls of one restore, the ids of resources the shard has held.
-        """
-        seen = set() if seen is None else seen
-        changes: list[tuple[RawMessage, SourceChange, str]] = []
-        for m in messages:
-            if m.oversized:
-                continue  # dead-lettered by whoever held the lane then
-            if m.notice:
-                notice = self._notice(m)
-                if notice is not None:
-                    changes.append((m, notice.payload, notice.event_id))  # type: ignore[arg-type]
-                continue
-            # Most of a history is other shards' and replicated records: passed by at a glance. A resource
-            # upsert about another entity still counts if its id was this shard's (a move away tombstones it).
-            glance = peek(m.value)
-            if glance is not None and (glance.kind != "resource" or (
-                    glance.entity is not None and not mine(glance.entity) and glance.resource_id not in seen)):
-                continue
-            try:
-                event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
-                               max_bytes=self.max_event_bytes, cdc=self.cdc)
-            except (SkippedEvent, InvalidEvent):
-                continue
-            if isinstance(event.payload, SourceChange) and event.payload.kind == "resource":
-                changes.append((m, event.payload, event.event_id))
-                record = event.payload.record
-                if record is not None and mine(record.entity):  # type: ignore[union-attr]
-                    seen.add(event.payload.record_id)
-        if not changes:
-            return 0
-        left = {j: SHARED if m.lane is None else m.lane for j, (m, _, _) in enumerate(changes) if m.notice}
-        # No source rules: what its holder accepted then stays (policy changes never remove stored
-        # resources), and the compiler still refuses what today's bundle does not trust.
-        results = apply_resources(self.state.store, [c for _, c, _ in changes], {}, mine, left, self.lane_of)
-        keyed = _by_position(((m.topic, m.partition, m.offset), keys)
-                             for (m, _, _), keys in zip(changes, results, strict=True) if isinstance(keys, list))
-        self.state.key_changes.record(keyed, {(m.topic, m.partition, m.offset): event_id
-                                              for m, _, event_id in changes})
-        return len(keyed)
 
     def _apply_events(self, fresh: list[tuple[RawMessage, InputEvent]],
                       counts: Counter[str]) -> list[tuple[list[str], dict[str, str], dict]]:
@@ -334,7 +283,7 @@ class EventApplier:
                         warn_unsourced(payload)
             elif isinstance(payload, ClockTick):
                 clocks = self.state.store.clocks() if clocks is None else clocks
-                results[i] = self._tick(payload, m.partition, _published_at(m), clocks, ticked)
+                results[i] = play_tick(payload, m.partition, _published_at(m), clocks, ticked, self.max_clock_jump)
             elif isinstance(payload, Revocation) or (isinstance(payload, SourceChange) and payload.kind != "resource"):
                 run.append(i)
             elif i not in results:
@@ -391,28 +340,6 @@ class EventApplier:
             counts["principal_time_ahead"] += 1
             return None
         return event.occurred_at
-
-    def _tick(self, tick: ClockTick, partition: int, written_at: datetime, clocks: dict[int, datetime],
-              ticked: dict[int, datetime]) -> list[str] | InvalidEvent | None:
-        """Play a tick over the clock partitions' last ticks: [] when it moves its partition, None for a repeat."""
-        now = max(clocks.values(), default=None)
-        # One wild tick must not move event time for good (later correct ticks would all regress).
-        if now is not None and self.max_clock_jump is not None and tick.now - now > self.max_clock_jump:
-            return InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} past the "
-                                "current now; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
-        # Nor may steps each under the bound add up to years: event time leads the record's own
-        # (broker) time by at most the bound, which a replay of the same records judges alike.
-        if self.max_clock_jump is not None and tick.now - written_at > self.max_clock_jump:
-            return InvalidEvent("clock_jump", f"tick is more than {_iso(self.max_clock_jump)} ahead of the time "
-                                "it was published; fix the clock producer, or raise FRESHPLAN_MAX_CLOCK_JUMP")
-        last = clocks.get(partition)
-        if last is not None and tick.now <= last:
-            if tick.now == last:
-                return None
-            return InvalidEvent("clock_regression", "now is older than the last tick on clock partition "
-                                f"{partition}; event time only moves forward")
-        clocks[partition] = ticked[partition] = tick.now
-        return []
 
     def _due(self, ticks: list[tuple[datetime, int]], keyed: list[tuple[list[str], dict[str, str], dict]]) -> None:
         """Plans whose validity horizon a tick reached, each under the first tick in the batch that reached it.

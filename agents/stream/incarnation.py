@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
+from state.key_changes import KeyChanges
 from state.store import Store
 from streams.incarnation import record_mark
+
+log = logging.getLogger(__name__)
+
+ROUTED = ("source-changes", "shared-changes", "entity-changes")  # one stream: reset and rebased together
 
 Position = tuple[str, int]  # (logical topic, partition)
 
@@ -118,3 +124,38 @@ async def probe(consumer: AIOKafkaConsumer, store: Store, topics: dict[str, str]
             break
         await asyncio.sleep(0)
     return judge(recorded, cluster_id, topics, firsts, highwaters, out_of_range)
+
+
+async def verify(consumer: AIOKafkaConsumer, store: Store, writes: Store, topics: dict[str, str], cluster_id: str,
+                 auto_rebase: bool, run: Callable[..., Awaitable[Any]]) -> dict[str, str]:
+    """Probe the recorded offsets of these topics and rebase what was reset (with `auto_rebase`); what to block.
+
+    `store` is read beside the writer, `writes` written through `run` (on the writer). A reset of any of
+    `source-changes` and its lanes rebases all three: their offsets index one stream.
+    """
+    resets = await probe(consumer, store, topics, cluster_id)
+    if not resets:
+        await run(_in_transaction, writes, writes.record_cluster, cluster_id)
+        return {}
+    if not auto_rebase:
+        return resets
+    recorded, _ = store.incarnation()
+    rebased = list(resets) + [t for t in ROUTED if t in topics and t not in resets and set(resets) & set(ROUTED)]
+    epoch = await run(_rebase, writes, cluster_id, rebased + (["plans"] if recorded != cluster_id else []))
+    log.warning("input topics were reset (%s); offsets rebased to the new topics (epoch %d), catalog and "
+                "plans kept", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())), epoch,
+                extra={"reason": "input_reset", "topics": sorted(resets)})
+    return {}
+
+
+def _in_transaction(store: Store, fn: Callable[..., Any], *args: Any) -> Any:
+    with store.transaction():
+        return fn(*args)
+
+
+def _rebase(store: Store, cluster_id: str, topics: list[str]) -> int:
+    with store.transaction():
+        epoch = store.rebase(cluster_id, topics)
+        KeyChanges(store).forget(topics)  # their offsets index the old topics
+        store.bump_many({"input_resets": 1})
+    return epoch

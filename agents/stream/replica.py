@@ -12,17 +12,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from agents.stream.fast_path import FastPath
-from agents.stream.lane_merge import LaneMerge, Released
-from agents.stream.incarnation import probe
+from agents.stream.lane_reader import LANES, Fetched, LaneReader
+from agents.stream.incarnation import verify
 from agents.stream.writer import inline
 from agents.stream.event_apply import EventApplier
 from agents.stream.raw_message import RawMessage
-from state.key_changes import KeyChanges
 from state.store import Store
 from streams.admin import stop_within
 from streams.incarnation import read_cluster_id
-from schemas.errors import InvalidEvent
-from schemas.routed_batch import unpack
 from streams.partitions import discover
 
 log = logging.getLogger(__name__)
@@ -37,31 +34,6 @@ QUEUED_BATCHES = 8  # fetched batches waiting for the writer before fetching pau
 # Fetched input older than this not applied yet: the writer is behind, and early announcements stop (a plan
 # announced early stays unanswerable until its event is applied: under a backlog that is the backlog's age).
 BEHIND_SECONDS = 0.5
-LANES = ("shared-changes", "entity-changes")  # routed `source-changes` (see `agents.stream.router`)
-
-
-class Fetched:
-    """What one fetch hands the writer: records to apply, a gained lane's history, and the positions they reach."""
-
-    __slots__ = ("messages", "history", "positions", "caught_up", "gained")
-
-    def __init__(self, messages: list[RawMessage], released: Released | None = None,
-                 gained: frozenset[int] = frozenset()) -> None:
-        self.messages = messages + (released.messages if released else [])
-        self.history = released.history if released else []
-        self.positions = released.positions if released else {}
-        self.caught_up = released.caught_up if released else frozenset()
-        self.gained = gained  # entity lanes read from their start since the last fetch: cleaned first
-
-    def join(self, later: "Fetched") -> "Fetched":
-        """This fetch followed by a later one, as one batch."""
-        self.messages = self.messages + later.messages
-        self.history = self.history + later.history
-        self.positions = {**self.positions, **later.positions}
-        self.caught_up = self.caught_up | later.caught_up
-        self.gained = self.gained | later.gained
-        return self
-
 
 class Replica:
     """Reads all input partitions (no consumer group) and applies them on standby.
@@ -110,15 +82,11 @@ class Replica:
         self.early = early
         self._early_failed = False
         self._unapplied: deque[float] = deque()  # loop time each fetched batch not yet applied was fetched at
-        # Routed `source-changes` (when the topics hold the lanes): the merge of the lanes read, the entity lanes
-        # held at start (the file's), and what to do on the writer with a batch's gained and caught-up lanes.
-        self.partitions = partitions
-        self.held_lanes = held_lanes
+        # Routed `source-changes` (when the topics hold the lanes), and what to do on the writer with a batch's
+        # gained and caught-up lanes.
+        self.lanes = LaneReader(partitions, held_lanes)
         self.lanes_applied = lanes_applied
-        self.merge: LaneMerge | None = None
-        self._gained: set[int] = set()
-        self.lane_errors = 0  # lane records that were not routed batches (a poisoned internal topic), skipped
-        self.caught_up = asyncio.Condition()  # notified when gained lanes joined the merge
+        self._assigning = asyncio.Lock()
         self._read_to: dict[TopicPartition, int] = {}  # next offset to read per assigned partition (None: its start)
 
     def behind(self) -> bool:
@@ -180,45 +148,42 @@ class Replica:
         """What to read of the discovered partitions: routed, the lanes held, never `source-changes` itself."""
         if not self.routed:
             return tps
-        lanes = set(self.merge.lanes) if self.merge is not None else set()
+        lanes = self.lanes.reading()
         return [tp for tp in tps if logical[tp.topic] != "source-changes" and
-                (logical[tp.topic] != "entity-changes" or ("entity-changes", tp.partition) in lanes)]
+                (logical[tp.topic] != "entity-changes" or tp.partition in lanes)]
 
     async def gain_lanes(self, lanes: frozenset[int]) -> None:
         """Read these entity lanes from their start: their history restores the shard, then they join the merge."""
-        if self.merge is None or self._consumer is None:
+        if self._consumer is None:
             raise RuntimeError("the replica is not reading yet")
+        self.lanes.gain(lanes)
         for q in lanes:
-            self.merge.gain(q)
             self._read_to.pop(TopicPartition(self.topics["entity-changes"], q), None)
-        self._gained.update(lanes)
         await self._reassign()
 
     async def lose_lanes(self, lanes: frozenset[int]) -> None:
         """Stop reading these entity lanes."""
-        if self.merge is None:
-            return
-        for q in lanes:
-            self.merge.lose(q)
-        self._gained.difference_update(lanes)
+        self.lanes.lose(lanes)
         await self._reassign()
 
     def reading_lanes(self) -> frozenset[int]:
         """The entity lanes read now (held, or catching up)."""
-        if self.merge is None:
-            return frozenset()
-        return frozenset(p for t, p in self.merge.lanes if t == "entity-changes")
+        return self.lanes.reading()
 
     async def _reassign(self) -> None:
         """Read the lanes the merge holds; every other partition goes on from where it was."""
+        async with self._assigning:  # one change at a time: each sets every position after its `assign`
+            await self._assign_now()
+
+    async def _assign_now(self) -> None:
         consumer = self._consumer
         if consumer is None:
             return
         logical = {v: k for k, v in self.topics.items()}
         lane_topic = self.topics.get("entity-changes")
         tps = [tp for tp in consumer.assignment() if tp.topic != lane_topic and logical[tp.topic] not in self.blocked]
-        if self.merge is not None and "entity-changes" not in self.blocked:
-            tps += [TopicPartition(lane_topic, q) for t, q in sorted(self.merge.lanes) if t == "entity-changes"]
+        if lane_topic is not None and "entity-changes" not in self.blocked:
+            tps += [TopicPartition(lane_topic, q) for q in sorted(self.lanes.reading())]
         # aiokafka forgets every position on `assign`: each is set again, from what was read so far.
         consumer.assign(tps)
         for tp in tps:
@@ -244,22 +209,20 @@ class Replica:
             consumer = self._consumer = self._new_consumer()
             await consumer.start()
             if self.routed:
-                positions = self.store.next_offsets()
-                self.merge = LaneMerge(self.partitions, positions.get("source-changes", {}),
-                                       {(t, p): n for t in LANES for p, n in positions.get(t, {}).items()},
-                                       held=self.held_lanes())
+                self.lanes.start(self.store.next_offsets())
             tps = self._readable(tps, logical)
             if not tps:
                 await asyncio.Event().wait()  # every input was reset: apply nothing until restarted
-            consumer.assign(tps)
+            async with self._assigning:
+                consumer.assign(tps)
+                for tp in tps:
+                    nxt = self.positions.get(logical[tp.topic], {}).get(tp.partition)
+                    if nxt is None:
+                        await consumer.seek_to_beginning(tp)
+                    else:
+                        consumer.seek(tp, nxt)
+                        self._read_to[tp] = nxt
             self.ready.set()
-            for tp in tps:
-                nxt = self.positions.get(logical[tp.topic], {}).get(tp.partition)
-                if nxt is None:
-                    await consumer.seek_to_beginning(tp)
-                else:
-                    consumer.seek(tp, nxt)
-                    self._read_to[tp] = nxt
             for topic in self.paused:
                 self._set_paused(topic, True)
             log.info("replica applying %d input partitions", len(tps))
@@ -284,9 +247,7 @@ class Replica:
                         self._observe(messages, started, time.perf_counter() - begun)
                     async with self._progress:
                         self._progress.notify_all()
-                    if batch.caught_up:
-                        async with self.caught_up:
-                            self.caught_up.notify_all()
+                    await self.lanes.applied(batch)
                     if self.after_apply:
                         # A writer job fewer per batch when nothing waits on standby to be promoted.
                         await self.after_apply(messages, held=self.applier.held_on_standby)
@@ -296,32 +257,6 @@ class Replica:
         finally:
             self._consumer = None
             await stop_within(consumer)
-
-    def _fetched(self, batch: dict[TopicPartition, list], logical: dict[str, str]) -> Fetched:
-        """A fetch's records: the direct ones as read, the lanes' through the merge (what it can release now)."""
-        direct: list[RawMessage] = []
-        lanes = False
-        for tp, records in batch.items():
-            name = logical[tp.topic]
-            if self.merge is not None and name in LANES:
-                lanes = True
-                for m in records:
-                    try:
-                        routed = unpack(m.value or b"")
-                    except InvalidEvent as exc:
-                        self.lane_errors += 1
-                        log.error("skipped a record of %s/%d/%d that is not a routed batch (%s): only workers may "
-                                  "write the lanes", name, tp.partition, m.offset, exc,
-                                  extra={"reason": "lane_record_invalid", "topic": name, "partition": tp.partition})
-                        continue
-                    self.merge.add(name, tp.partition, m.offset, routed)
-                continue
-            direct.extend(RawMessage(name, tp.partition, m.offset, m.key, m.value,
-                                     m.timestamp / 1000 if m.timestamp else None) for m in records)
-        gained, self._gained = frozenset(self._gained), set()
-        if self.merge is None or not (lanes or gained):
-            return Fetched(direct, gained=gained)
-        return Fetched(direct, self.merge.release(), gained)
 
     async def _fetch_loop(self, consumer: AIOKafkaConsumer, queue: asyncio.Queue,
                           logical: dict[str, str]) -> None:
@@ -341,7 +276,7 @@ class Replica:
             for tp, records in batch.items():
                 if records:
                     self._read_to[tp] = records[-1].offset + 1
-            fetched = self._fetched(batch, logical)
+            fetched = self.lanes.fetched(batch, logical)
             messages = fetched.messages
             if not messages and not fetched.history and not fetched.positions and not fetched.gained:
                 continue
@@ -442,21 +377,11 @@ class Replica:
     async def _verify_incarnation(self, consumer: AIOKafkaConsumer) -> None:
         """Compare the recorded offsets with the broker's topics; rebase or block what was reset."""
         self.cluster_id = await read_cluster_id(self.bootstrap_servers, **self.kafka)
-        resets = await probe(consumer, self.store, self.topics, self.cluster_id)
-        writes = self.applier.state.store
-        if not resets:
-            await self.run_writes(_in_transaction, writes, writes.record_cluster, self.cluster_id)
-            return
-        if not self.auto_rebase:
-            self._block(resets)
-            return
-        recorded, _ = self.store.incarnation()
-        topics = list(resets) + (["plans"] if recorded != self.cluster_id else [])
-        epoch = await self.run_writes(_rebase, writes, self.cluster_id, topics)
+        blocked = await verify(consumer, self.store, self.applier.state.store, self.topics, self.cluster_id,
+                               self.auto_rebase, self.run_writes)
+        if blocked:
+            self._block(blocked)
         self.positions = self.store.next_offsets()
-        log.warning("input topics were reset (%s); offsets rebased to the new topics (epoch %d), catalog and "
-                    "plans kept", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())), epoch,
-                    extra={"reason": "input_reset", "topics": sorted(resets)})
 
     def _block(self, resets: dict[str, str]) -> None:
         self.blocked.update(resets)
@@ -464,19 +389,6 @@ class Replica:
                   "incarnation; selects are refused with input_reset until an operator runs `freshplan replay` "
                   "or `freshplan run --rebase`", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())),
                   extra={"reason": "input_reset", "topics": sorted(resets)})
-
-
-def _in_transaction(store: Store, fn: Callable[..., Any], *args: Any) -> Any:
-    with store.transaction():
-        return fn(*args)
-
-
-def _rebase(store: Store, cluster_id: str, topics: list[str]) -> int:
-    with store.transaction():
-        epoch = store.rebase(cluster_id, topics)
-        KeyChanges(store).forget(topics)  # their offsets index the old topics
-        store.bump_many({"input_resets": 1})
-    return epoch
 
 
 def _extend(batch: dict[TopicPartition, list], more: dict[TopicPartition, list]) -> int:

@@ -126,12 +126,6 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     duty = Duty(state, app, writer.run, inputs, group_offsets, kick=publisher.kick,
                 verified=lambda: replica.ready.is_set() and not replica.blocked, assignment=rebalances.keys,
                 floors=taken_on, delivered=frozenset({"source-changes"}))
-    worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
-                    replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores)
-
-    for name in INPUT_TOPICS:
-        if name != "source-changes":
-            _register_input_agent(worker, name)
     route = SourceRouter(Router(settings.partitions,
                                 lambda m: decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
                                                  max_bytes=settings.max_event_bytes, cdc=cdc),
@@ -139,6 +133,12 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                          lambda topic, partition, value: app.producer.send(settings.topic(topic), None, value,
                                                                            partition=partition, timestamp=None,
                                                                            headers=None))
+    worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
+                    replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores, router=route)
+
+    for name in INPUT_TOPICS:
+        if name != "source-changes":
+            _register_input_agent(worker, name)
     register_router(app, topics["source-changes"].clone(acks=False), route, settings.batch_size, settings.batch_window)
     register_duty(app, duty, chores, rebalances.waker())
 

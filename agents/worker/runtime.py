@@ -18,6 +18,7 @@ from agents.stream.lag import LagWatcher
 from agents.stream.plan_feed import PlanFeed
 from agents.stream.publisher import Publisher
 from agents.stream.replica import Replica
+from agents.stream.route_source import SourceRouter
 from agents.stream.writer import Writer
 from agents.web.forward import forward_request, owner_url
 from agents.web.metrics import Metrics
@@ -62,6 +63,8 @@ class Worker:
     """Freezes what start-up built out of garbage collection, and measures every collection's pause."""
     chores: Chores
     """Runs the timers and background loops: a failing one is logged, counted and retried, never fatal."""
+    router: SourceRouter | None = None
+    """Routes the duty's `source-changes` partitions to the lanes (see `agents.stream.route_source`)."""
     status: Status = field(init=False)
     """Answers /healthz and /metrics, reading the file on a thread of its own (never on the loop)."""
     select_reads: SelectReads = field(init=False)
@@ -86,8 +89,7 @@ class Worker:
         owned = self.ownership.owned
         serving = held - shards.standby
         (plans,) = state.store.db.execute("SELECT count(*) FROM plan_heads").fetchone()
-        # Entity partitions are numbered as `plans` is (co-partitioned); `source-changes` is read whole by every
-        # worker, its resources kept by entity, so no input topic is split.
+        # Entity partitions are numbered as `plans` is (co-partitioned), and so are the lanes they are read from.
         return {"partitions": {"plans": sorted(serving)}, "owned_partitions": sorted(owned or ()),
                 "resources": figures.resources(serving), "entities": figures.entities(serving), "plans": int(plans),
                 "restoring": sorted(restoring), "incomplete": sorted(shards.incomplete),
@@ -149,7 +151,8 @@ class Worker:
             # Who holds every entity partition, as the group's assignment says (`freshplan status` lists it).
             shard["owners"] = {str(p): self.owner_url(p) for p in range(self.settings.partitions)}
         return {"shard": shard, "duty": self.duty(), "duty_committed": self.input_duty.committed_by_topic(),
-                "inputs_from_faust": self.input_duty.delivered,
+                "inputs_from_faust": self.input_duty.delivered + (self.router.routed if self.router else 0),
+                "routing": self.routing(),
                 "owned_partitions": None if owned is None else sorted(owned),
                 "ownership_failures": self.ownership.failures,
                 "parked_plans": figures["parked_plans"], "standby_outbox": figures["standby_outbox"],
@@ -163,6 +166,15 @@ class Worker:
                 **self.probe.as_dict(),
                 "gc": self.collector.as_dict(), "checkpoints": self.state.store.checkpoints.as_dict(),
                 "background_jobs": self.chores.as_dict()}
+
+    def routing(self) -> dict | None:
+        """What this worker routed and which lanes it reads (the catching-up ones apart)."""
+        if self.router is None:
+            return None
+        catching = self.ownership.shards.state.catching
+        return {"routed": self.router.routed, "batches_sent": self.router.batches,
+                "lanes": sorted(self.replica.reading_lanes() - catching), "catching_up": sorted(catching),
+                "lane_records_skipped": self.replica.lanes.errors}
 
     def _forget_acknowledged(self) -> None:
         """Delete the rows of records the broker acknowledged: a clean stop sends nothing twice after its restart."""

@@ -1,0 +1,111 @@
+"""The lanes a worker reads `source-changes` through: unpack each routed batch, merge, and say what it releases."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+from agents.stream.lane_merge import LaneMerge, Released
+from agents.stream.raw_message import RawMessage
+from schemas.errors import InvalidEvent
+from schemas.routed_batch import unpack
+
+log = logging.getLogger(__name__)
+
+LANES = ("shared-changes", "entity-changes")  # routed `source-changes` (see `agents.stream.router`)
+
+
+class Fetched:
+    """What one fetch hands the writer: records to apply, a gained lane's history, and the positions they reach."""
+
+    __slots__ = ("messages", "history", "positions", "caught_up", "gained")
+
+    def __init__(self, messages: list[RawMessage], released: Released | None = None,
+                 gained: frozenset[int] = frozenset()) -> None:
+        self.messages = messages + (released.messages if released else [])
+        self.history = released.history if released else []
+        self.positions = released.positions if released else {}
+        self.caught_up = released.caught_up if released else frozenset()
+        self.gained = gained  # entity lanes read from their start since the last fetch: cleaned first
+
+    def join(self, later: "Fetched") -> "Fetched":
+        """This fetch followed by a later one, as one batch."""
+        self.messages = self.messages + later.messages
+        self.history = self.history + later.history
+        self.positions = {**self.positions, **later.positions}
+        self.caught_up = self.caught_up | later.caught_up
+        self.gained = self.gained | later.gained
+        return self
+
+
+class LaneReader:
+    """The merge of the lanes read, the lanes gained since the last fetch, and who waits for a lane to catch up."""
+
+    def __init__(self, partitions: int, held: Callable[[], frozenset[int]]) -> None:
+        self.partitions = partitions
+        self.held = held  # the entity lanes the file holds (read at start, each from where it was)
+        self.merge: LaneMerge | None = None
+        self.gained: set[int] = set()
+        self.errors = 0  # lane records that were not routed batches (a poisoned internal topic), skipped
+        self.caught_up = asyncio.Condition()  # notified when gained lanes joined the merge
+
+    def start(self, positions: dict[str, dict[int, int]]) -> None:
+        """Merge from what the file applied (after any rebase): the shared lanes and the entity lanes held."""
+        self.merge = LaneMerge(self.partitions, positions.get("source-changes", {}),
+                               {(t, p): n for t in LANES for p, n in positions.get(t, {}).items()}, held=self.held())
+        self.gained = set()
+
+    def reading(self) -> frozenset[int]:
+        """The entity lanes read now (held, or catching up)."""
+        if self.merge is None:
+            return frozenset()
+        return frozenset(p for t, p in self.merge.lanes if t == "entity-changes")
+
+    def gain(self, lanes: frozenset[int]) -> None:
+        """Read these entity lanes from their start."""
+        if self.merge is None:
+            raise RuntimeError("the replica is not reading yet")
+        for q in lanes:
+            self.merge.gain(q)
+        self.gained.update(lanes)
+
+    def lose(self, lanes: frozenset[int]) -> None:
+        """Stop reading these entity lanes."""
+        if self.merge is None:
+            return
+        for q in lanes:
+            self.merge.lose(q)
+        self.gained.difference_update(lanes)
+
+    def fetched(self, batch: dict, logical: dict[str, str]) -> Fetched:
+        """A fetch's records: the direct ones as read, the lanes' through the merge (what it can release now)."""
+        direct: list[RawMessage] = []
+        lanes = False
+        for tp, records in batch.items():
+            name = logical[tp.topic]
+            if self.merge is not None and name in LANES:
+                lanes = True
+                for m in records:
+                    try:
+                        routed = unpack(m.value or b"")
+                    except InvalidEvent as exc:
+                        self.errors += 1
+                        log.error("skipped a record of %s/%d/%d that is not a routed batch (%s): only workers may "
+                                  "write the lanes", name, tp.partition, m.offset, exc,
+                                  extra={"reason": "lane_record_invalid", "topic": name, "partition": tp.partition})
+                        continue
+                    self.merge.add(name, tp.partition, m.offset, routed)
+                continue
+            direct.extend(RawMessage(name, tp.partition, m.offset, m.key, m.value,
+                                     m.timestamp / 1000 if m.timestamp else None) for m in records)
+        gained, self.gained = frozenset(self.gained), set()
+        if self.merge is None or not (lanes or gained):
+            return Fetched(direct, gained=gained)
+        return Fetched(direct, self.merge.release(), gained)
+
+    async def applied(self, batch: Fetched) -> None:
+        """After the writer applied a batch: wake whoever waits for lanes to catch up."""
+        if batch.caught_up:
+            async with self.caught_up:
+                self.caught_up.notify_all()
