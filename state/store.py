@@ -80,6 +80,7 @@ CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 
 
 _LATER = "CAST({record_offset} AS BIGINT) >= coalesce(record_offset, -1)"  # a mark of a later record (or the first)
+LANE_TOPICS = ("shared-changes", "entity-changes")  # this worker's read positions: in no token, no compiled_as_of
 _LATER_ROW = "excluded.record_offset >= coalesce(offsets.record_offset, -1)"  # the same, in an upsert
 
 
@@ -213,12 +214,12 @@ class Store:
         update_rows(self.db, table, keys, values, rows, assign)
 
     # -- offsets and idempotence -------------------------------------------------------
-
-    def next_offsets(self) -> dict[str, dict[int, int]]:
-        """For each input topic and partition, the next offset not yet applied."""
+    def next_offsets(self, lanes: bool = False) -> dict[str, dict[int, int]]:
+        """Per input topic and partition, the next offset not yet applied (`lanes`: the lanes' read positions)."""
         out: dict[str, dict[int, int]] = {}
         for (topic, partition), nxt in self._offsets().items():
-            out.setdefault(topic, {})[partition] = nxt
+            if (topic in LANE_TOPICS) == lanes:
+                out.setdefault(topic, {})[partition] = nxt
         return out
 
     def _offsets(self) -> dict[tuple[str, int], int]:
@@ -273,12 +274,11 @@ class Store:
             "SELECT topic, partition, record_offset, mark FROM offsets WHERE mark IS NOT NULL").fetchall()}
 
     # -- broker incarnation ------------------------------------------------------------
-
     def position(self) -> tuple[dict[str, dict[int, int]], str | None, int]:
         """`next_offsets()` and `incarnation()` in one statement: what a freshness token names."""
         rows = self.db.execute("SELECT o.topic, o.partition, o.next_offset, i.cluster_id, i.epoch "
                                "FROM (SELECT 0 AS id) LEFT JOIN incarnation i USING (id) "
-                               "LEFT JOIN offsets o ON true").fetchall()
+                               "LEFT JOIN offsets o ON o.topic NOT IN ('shared-changes', 'entity-changes')").fetchall()
         out: dict[str, dict[int, int]] = {}
         for topic, partition, nxt, _, _ in rows:
             if topic is not None:

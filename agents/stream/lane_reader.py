@@ -50,10 +50,11 @@ class LaneReader:
         self.errors = 0  # lane records that were not routed batches (a poisoned internal topic), skipped
         self.caught_up = asyncio.Condition()  # notified when gained lanes joined the merge
 
-    def start(self, positions: dict[str, dict[int, int]]) -> None:
-        """Merge from what the file applied (after any rebase): the shared lanes and the entity lanes held."""
-        self.merge = LaneMerge(self.partitions, positions.get("source-changes", {}),
-                               {(t, p): n for t in LANES for p, n in positions.get(t, {}).items()}, held=self.held())
+    def start(self, applied: dict[str, dict[int, int]], lanes: dict[str, dict[int, int]]) -> None:
+        """Merge from what the file applied (after any rebase), the shared lanes and the entity lanes held each
+        from where it was read to."""
+        self.merge = LaneMerge(self.partitions, applied.get("source-changes", {}),
+                               {(t, p): n for t in LANES for p, n in lanes.get(t, {}).items()}, held=self.held())
         self.gained = set()
 
     def reading(self) -> frozenset[int]:

@@ -175,23 +175,26 @@ class Replica:
         async with self._assigning:  # one change at a time: each sets every position after its `assign`
             await self._assign_now()
 
-    async def _assign_now(self) -> None:
+    async def _assign_now(self, tps: list[TopicPartition] | None = None) -> None:
         consumer = self._consumer
         if consumer is None:
             return
-        logical = {v: k for k, v in self.topics.items()}
-        lane_topic = self.topics.get("entity-changes")
-        tps = [tp for tp in consumer.assignment() if tp.topic != lane_topic and logical[tp.topic] not in self.blocked]
-        if lane_topic is not None and "entity-changes" not in self.blocked:
-            tps += [TopicPartition(lane_topic, q) for q in sorted(self.lanes.reading())]
-        # aiokafka forgets every position on `assign`: each is set again, from what was read so far.
+        if tps is None:
+            logical = {v: k for k, v in self.topics.items()}
+            lane_topic = self.topics.get("entity-changes")
+            tps = [tp for tp in consumer.assignment()
+                   if tp.topic != lane_topic and logical[tp.topic] not in self.blocked]
+            if lane_topic is not None and "entity-changes" not in self.blocked:
+                tps += [TopicPartition(lane_topic, q) for q in sorted(self.lanes.reading())]
+        # aiokafka forgets every position on `assign`: each is set again, from what was read so far, with no
+        # await between (the fetch loop would meet a partition without a position and take it for a reset).
+        starts = [tp for tp in tps if self._read_to.get(tp) is None]
+        firsts = await consumer.beginning_offsets(starts) if starts else {}
         consumer.assign(tps)
         for tp in tps:
             nxt = self._read_to.get(tp)
-            if nxt is None:
-                await consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, nxt)
+            consumer.seek(tp, firsts[tp] if nxt is None else nxt)
+            self._read_to[tp] = firsts[tp] if nxt is None else nxt
 
     async def run(self) -> None:
         """Consume and apply until cancelled."""
@@ -209,19 +212,17 @@ class Replica:
             consumer = self._consumer = self._new_consumer()
             await consumer.start()
             if self.routed:
-                self.lanes.start(self.store.next_offsets())
+                self.lanes.start(self.store.next_offsets(), self.store.next_offsets(lanes=True))
             tps = self._readable(tps, logical)
             if not tps:
                 await asyncio.Event().wait()  # every input was reset: apply nothing until restarted
             async with self._assigning:
-                consumer.assign(tps)
                 for tp in tps:
-                    nxt = self.positions.get(logical[tp.topic], {}).get(tp.partition)
-                    if nxt is None:
-                        await consumer.seek_to_beginning(tp)
-                    else:
-                        consumer.seek(tp, nxt)
+                    nxt = {**self.positions, **self.store.next_offsets(lanes=True)}.get(logical[tp.topic], {}).get(
+                        tp.partition)
+                    if nxt is not None:
                         self._read_to[tp] = nxt
+                await self._assign_now(tps)
             self.ready.set()
             for topic in self.paused:
                 self._set_paused(topic, True)
