@@ -29,6 +29,8 @@ class _Lane:
     """Carrier offset -> frames of that batch not released yet."""
     next_carrier: int = 0
     """One past the last carrier record read."""
+    history_to: dict[int, int] = field(default_factory=dict)
+    """Source partition -> one past the last history frame handed out: a span routed again is not history twice."""
 
     def resume_at(self) -> int:
         """Where a restarted reader must read this lane from: its oldest batch with frames not released."""
@@ -122,7 +124,12 @@ class LaneMerge:
             for lane in self.lanes.values():
                 if p in lane.joined or lane.topic == "shared-changes":  # a shared lane carries its own partition
                     continue
-                history.extend(_message(p, f, lane) for f in self._take(lane, p, self.released[p]))
+                for f in self._take(lane, p, self.released[p]):
+                    # Read in carrier order, a span a new router sent again comes after later records: only the
+                    # first routing of an offset is history (a repeated move notice would undo a later upsert).
+                    if f.offset >= lane.history_to.get(p, 0):
+                        history.append(_message(p, f, lane))
+                        lane.history_to[p] = f.offset + 1
                 if lane.marks.get(p, 0) >= self.released[p]:
                     lane.joined.add(p)
         positions = {(SOURCE, p): n for p, n in self.released.items()}

@@ -1,4 +1,4 @@
-"""Apply every partition of the input topics to local state, so each worker holds the whole catalog."""
+"""Apply the input topics (`source-changes` through its lanes) to local state, batch after batch, on the writer."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, Awaitable, Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
+from agents.stream.batch_fetcher import TOP_UP, BatchFetcher
 from agents.stream.fast_path import FastPath
 from agents.stream.lane_reader import LANES, Fetched, LaneReader
 from agents.stream.incarnation import verify
@@ -28,20 +29,20 @@ log = logging.getLogger(__name__)
 # touched by several events of one batch is recompiled once, and a batch's fixed statements are
 # shared by more events (events/s per CPU second 2x at 4x, measured on the bench workload).
 CATCH_UP_BATCHES = 4
-TOP_UP = 0.005  # seconds a prefetched batch waits for the fetch in flight (see `Replica._fetch`)
-PREFETCHED = 0.002  # a getmany that returned sooner than this handed over a buffered fetch
 QUEUED_BATCHES = 8  # fetched batches waiting for the writer before fetching pauses (at most 4,000 records)
 # Fetched input older than this not applied yet: the writer is behind, and early announcements stop (a plan
 # announced early stays unanswerable until its event is applied: under a backlog that is the backlog's age).
 BEHIND_SECONDS = 0.5
 
-class Replica:
-    """Reads all input partitions (no consumer group) and applies them on standby.
 
-    Selects can then be answered by any worker from its own state. What an event causes
-    (invalidations, successors, dead letters) is held on standby in the outbox until the
-    worker that the consumer group gave the event's partition promotes it (`wait_applied`
-    lets that duty path wait for this replica to reach the event).
+class Replica:
+    """Reads the input partitions (no consumer group) and applies them on standby.
+
+    `source-changes` is read through its lanes (`shared-changes`, and the `entity-changes` lanes
+    of the shards held), merged back into source order (see `LaneReader`); the other inputs are
+    read whole. Selects can then be answered by any worker from its own state. What an event
+    causes is held on standby in the outbox until the worker the consumer group gave the event's
+    partition promotes it (`wait_applied` lets that duty path wait for this replica to reach it).
     """
 
     def __init__(self, applier: EventApplier, store: Store, bootstrap_servers: str, topics: dict[str, str],
@@ -73,7 +74,7 @@ class Replica:
         self.cluster_id: str | None = None
         self.ready = asyncio.Event()  # set once offsets are known to belong to the broker's topics
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
-        self._deferred: Exception | None = None  # a fetch error met after records were taken, raised next
+        self.batches = BatchFetcher(batch_size, self.catch_up_size, batch_window, top_up)
         self.applied_at = 0.0  # loop time of the last batch applied (idle checkpoints wait for a quiet second)
         # Called with (seconds the oldest event waited for its batch, seconds the batch took) after each batch.
         self.on_batch = on_batch
@@ -153,13 +154,18 @@ class Replica:
                 (logical[tp.topic] != "entity-changes" or tp.partition in lanes)]
 
     async def gain_lanes(self, lanes: frozenset[int]) -> None:
-        """Read these entity lanes from their start: their history restores the shard, then they join the merge."""
+        """Read these entity lanes from their start: their history restores the shard, then they join the merge.
+
+        Nothing changes when the read cannot start (its first offsets unknown): the caller tries again.
+        """
         if self._consumer is None:
             raise RuntimeError("the replica is not reading yet")
-        self.lanes.gain(lanes)
-        for q in lanes:
-            self._read_to.pop(TopicPartition(self.topics["entity-changes"], q), None)
-        await self._reassign()
+        topic = self.topics["entity-changes"]
+        async with self._assigning:
+            for q in lanes:
+                self._read_to.pop(TopicPartition(topic, q), None)
+            await self._assign_now(self._wanted(extra=lanes))
+            self.lanes.gain(lanes)
 
     async def lose_lanes(self, lanes: frozenset[int]) -> None:
         """Stop reading these entity lanes."""
@@ -175,17 +181,21 @@ class Replica:
         async with self._assigning:  # one change at a time: each sets every position after its `assign`
             await self._assign_now()
 
+    def _wanted(self, extra: frozenset[int] = frozenset()) -> list[TopicPartition]:
+        """The partitions to read: the assigned ones of every unblocked topic, and the lanes read (with `extra`)."""
+        logical = {v: k for k, v in self.topics.items()}
+        lane_topic = self.topics.get("entity-changes")
+        tps = [tp for tp in self._consumer.assignment()
+               if tp.topic != lane_topic and logical[tp.topic] not in self.blocked]
+        if lane_topic is not None and "entity-changes" not in self.blocked:
+            tps += [TopicPartition(lane_topic, q) for q in sorted(self.lanes.reading() | extra)]
+        return tps
+
     async def _assign_now(self, tps: list[TopicPartition] | None = None) -> None:
         consumer = self._consumer
         if consumer is None:
             return
-        if tps is None:
-            logical = {v: k for k, v in self.topics.items()}
-            lane_topic = self.topics.get("entity-changes")
-            tps = [tp for tp in consumer.assignment()
-                   if tp.topic != lane_topic and logical[tp.topic] not in self.blocked]
-            if lane_topic is not None and "entity-changes" not in self.blocked:
-                tps += [TopicPartition(lane_topic, q) for q in sorted(self.lanes.reading())]
+        tps = self._wanted() if tps is None else tps
         # aiokafka forgets every position on `assign`: each is set again, from what was read so far, with no
         # await between (the fetch loop would meet a partition without a position and take it for a reset).
         starts = [tp for tp in tps if self._read_to.get(tp) is None]
@@ -264,7 +274,7 @@ class Replica:
         """Fetch batches, announce what each makes stale at once, and queue them for the writer."""
         while True:
             try:
-                batch = await self._fetch(consumer)
+                batch = await self.batches.fetch(consumer)
             except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
                 # The broker lost offsets this worker applied: stop reading those topics (the
                 # guard refuses selects with input_reset) rather than skip to the log start.
@@ -323,39 +333,6 @@ class Replica:
                 log.exception("reporting a batch's timings failed; applying goes on (logged once)")
             self._hook_failed = True
 
-    async def _fetch(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, list]:
-        """One batch: up to `batch_size` records, or while behind up to `catch_up_size` already fetched."""
-        if self._deferred is not None:
-            error, self._deferred = self._deferred, None
-            raise error
-        loop = asyncio.get_running_loop()
-        asked = loop.time()
-        batch = await consumer.getmany(timeout_ms=int(self.batch_window * 1000), max_records=self.batch_size)
-        taken = sum(len(records) for records in batch.values())
-        if self.top_up and 0 < taken < self.batch_size and loop.time() - asked < PREFETCHED:
-            # Returned at once: aiokafka fetched these while the last batch applied, so they are a
-            # batch old, and what arrived since waits for the fetch now in flight. Taking that too
-            # saves the next event a whole cycle (hot plan at 200/s: p50 70 -> 50 ms).
-            try:
-                more = await consumer.getmany(timeout_ms=max(1, int(self.top_up * 1000)),
-                                              max_records=self.batch_size - taken)
-            except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
-                self._deferred = exc  # as below: apply what was taken, raise on the next fetch
-                return batch
-            taken += _extend(batch, more)
-        while self.batch_size <= taken < self.catch_up_size:
-            try:
-                more = await consumer.getmany(timeout_ms=0,
-                                              max_records=min(self.batch_size, self.catch_up_size - taken))
-            except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
-                # Records already taken are consumed: apply them first, raise the error on the next fetch.
-                self._deferred = exc
-                break
-            if not more:
-                break
-            taken += _extend(batch, more)
-        return batch
-
     def _apply(self, batch: Fetched) -> dict[str, dict[int, int]]:
         """Apply a batch on standby (on the writer thread); the offsets applied once it committed.
 
@@ -390,10 +367,3 @@ class Replica:
                   "incarnation; selects are refused with input_reset until an operator runs `freshplan replay` "
                   "or `freshplan run --rebase`", ", ".join(f"{t}: {why}" for t, why in sorted(resets.items())),
                   extra={"reason": "input_reset", "topics": sorted(resets)})
-
-
-def _extend(batch: dict[TopicPartition, list], more: dict[TopicPartition, list]) -> int:
-    """Add a later fetch to a batch (a partition's later records follow its earlier ones); how many it added."""
-    for tp, records in more.items():
-        batch.setdefault(tp, []).extend(records)
-    return sum(len(records) for records in more.values())

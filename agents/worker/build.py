@@ -13,7 +13,7 @@ from agents.plans.backlog import recompile_queued
 from agents.ops.chores import Chores
 from agents.web.gate import Gate, api_routes
 from agents.stream.duty import Duty, TakenOn, register_duty
-from agents.stream.rebalances import Rebalances, woken
+from agents.stream.rebalances import Rebalances
 from agents.stream.event_apply import EventApplier
 from agents.stream.fast_path import FastPath
 from agents.plans.plan_writer import PlanWriter
@@ -32,6 +32,7 @@ from agents.stream.route_source import SourceRouter, register_router
 from agents.stream.router import Router
 from agents.ops.retention import BATCH, RetentionTimer
 from agents.web.routes import register_routes
+from agents.shards.shard_follow import ShardFollower
 from agents.shards.shard_restore import Shards
 from agents.stream.writer import Writer
 from agents.worker.runtime import Worker
@@ -162,42 +163,9 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     async def adopt_plans() -> None:
         await plan_feed.run()
 
-    @app.task
-    async def follow_ownership() -> None:
-        # Plans are owned with the input partition of the same number (the assignor co-partitions
-        # them). Judging a take-over needs offsets verified against this broker incarnation.
-        await replica.ready.wait()
-        signal, backoff, retry_in = rebalances.waker(), 1.0, None
-        while True:
-            # Woken by Faust's rebalance signals, or after a failure by the end of its backoff.
-            await woken(signal, retry_in)
-            assigned = rebalances.assigned("source-changes")
-            if assigned is None or (assigned == ownership.owned and shards.wanted(assigned) == replica.reading_lanes()):
-                retry_in = None
-                continue
-            # The shards first: lanes gained are read from their start, lost ones no longer; the plans are taken
-            # over once every wanted lane has caught up (a new assignment meanwhile starts over).
-            wanted, reading = shards.wanted(frozenset(assigned)), replica.reading_lanes()
-            if reading - wanted:
-                await replica.lose_lanes(reading - wanted)
-                await writer.run(shards.lose, reading - wanted)
-            if wanted - reading:
-                await replica.gain_lanes(wanted - reading)
-            if not wanted <= shard_state.held:
-                retry_in = 0.05
-                continue
-            try:
-                await writer.run(ownership.follow, assigned)
-            except Exception:  # noqa: BLE001 - nothing changed (see `Ownership.follow`): try again
-                ownership.failures += 1
-                # Each attempt reruns the whole take-over on the writer: a lasting fault must not starve it.
-                retry_in, backoff = backoff, min(2 * backoff, 60.0)
-                log.exception("following the assignment %s failed (%d so far); retrying in %.0f s",
-                              sorted(assigned), ownership.failures, retry_in,
-                              extra={"reason": "take_over_failed", "partitions": sorted(assigned)})
-                continue
-            retry_in, backoff = None, 1.0
-            await publisher.publish()
+    follower = ShardFollower(rebalances, replica, shards, ownership, writer.run, publisher.publish,
+                             stall_seconds=settings.restore_stall_seconds)
+    app.task(follower.run)
 
     def recompile_owned() -> int:
         # Checked on the writer, where `owned` changes. Before the first assignment the queue read from

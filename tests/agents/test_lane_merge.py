@@ -12,7 +12,7 @@ from agents.stream.raw_message import RawMessage
 from agents.stream.router import Lane, Router
 from schemas.codec import decode
 from schemas.plan_partition import plan_partition
-from schemas.routed_batch import RECORD, Frame, RoutedBatch, pack, unpack
+from schemas.routed_batch import NOTICE, RECORD, Frame, RoutedBatch, pack, unpack
 from tests.events import envelope, principal, resource
 
 P = 3
@@ -186,3 +186,17 @@ def test_moves_and_deletes_leave_a_worker_holding_exactly_its_lanes_resources(se
             else:
                 truth[doc["resource"]["id"]] = doc["resource"]["entity"]
     assert stored == {rid: e for rid, e in truth.items() if plan_partition(e, P) in held}
+
+
+def test_a_span_routed_again_is_not_history_twice():
+    # A gained lane holds a move notice and a later upsert, then the same span again from a restarted
+    # router: applied again, the notice would remove what the upsert stored.
+    merge = LaneMerge(P, {0: 10}, held=[])
+    merge.gain(1)
+    notice = Frame(NOTICE, 3, None, None, b"mover")
+    merge.add("entity-changes", 1, 0, RoutedBatch(0, 0, 4, (notice,)))
+    merge.add("entity-changes", 1, 1, RoutedBatch(0, 4, 6, (_rec(5),)))
+    merge.add("entity-changes", 1, 2, RoutedBatch(0, 3, 6, (notice, _rec(5))))
+    merge.add("entity-changes", 1, 3, RoutedBatch(0, 6, 10, ()))
+    out = merge.release()
+    assert [(m.offset, m.notice) for m in out.history] == [(3, True), (5, False)]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import asyncio
 import uuid
 
@@ -13,6 +15,7 @@ from aiokafka.errors import OffsetOutOfRangeError
 from agents.stream.event_apply import EventApplier
 from agents.cli.loader import publish, read_scenario
 from agents.plans.plan_writer import PlanWriter
+from agents.stream.batch_fetcher import BatchFetcher
 from agents.stream.replica import Replica
 from schemas.freshness import decode_token
 from state.local_state import LocalState
@@ -51,61 +54,59 @@ class _Consumer:
         return out
 
 
-def _replica(batch_size: int, catch_up_batches: int = 4) -> Replica:
-    replica = Replica.__new__(Replica)  # only the batching is exercised: no store, no broker
-    replica.batch_size, replica.catch_up_size = batch_size, batch_size * catch_up_batches
-    replica.batch_window, replica._deferred, replica.top_up = 0.0, None, 0.005
-    return replica
+def _replica(batch_size: int, catch_up_batches: int = 4) -> SimpleNamespace:
+    # Only the batching is exercised: no store, no broker.
+    return SimpleNamespace(batches=BatchFetcher(batch_size, batch_size * catch_up_batches, 0.0, 0.005))
 
 
 async def test_an_up_to_date_replica_applies_what_one_fetch_brings():
-    batch = await _replica(10)._fetch(_Consumer({A: list(range(7))}))
+    batch = await _replica(10).batches.fetch(_Consumer({A: list(range(7))}))
     assert batch == {A: list(range(7))}
 
 
 async def test_a_replica_behind_takes_up_to_the_catch_up_size_in_partition_order():
     consumer = _Consumer({A: list(range(25)), B: list(range(30))})
-    batch = await _replica(10)._fetch(consumer)
+    batch = await _replica(10).batches.fetch(consumer)
     assert sum(len(v) for v in batch.values()) == 40
     assert batch[A] == list(range(25)) and batch[B] == list(range(15))
-    rest = await _replica(10)._fetch(consumer)
+    rest = await _replica(10).batches.fetch(consumer)
     assert rest == {B: list(range(15, 30))}  # nothing skipped, nothing repeated
 
 
 async def test_a_fetch_error_after_records_were_taken_is_raised_on_the_next_fetch():
     replica = _replica(10)
     consumer = _Consumer({A: list(range(40))}, error_after=1)
-    assert await replica._fetch(consumer) == {A: list(range(10))}  # applied first: they are consumed
+    assert await replica.batches.fetch(consumer) == {A: list(range(10))}  # applied first: they are consumed
     with pytest.raises(OffsetOutOfRangeError):
-        await replica._fetch(consumer)
+        await replica.batches.fetch(consumer)
 
 
 async def test_a_batch_handed_over_from_the_buffer_takes_what_the_fetch_in_flight_brings():
     # aiokafka fetched those while the last batch applied: the records sent since are a round trip away.
     consumer = _Consumer({A: [0, 1]}, in_flight={A: [2, 3], B: [0]})
-    assert await _replica(10)._fetch(consumer) == {A: [0, 1, 2, 3], B: [0]}
+    assert await _replica(10).batches.fetch(consumer) == {A: [0, 1, 2, 3], B: [0]}
 
 
 async def test_a_batch_the_replica_waited_for_is_applied_as_it_came():
     consumer = _Consumer({A: [0, 1]}, in_flight={A: [2]}, wait=0.02)
-    assert await _replica(10)._fetch(consumer) == {A: [0, 1]}
+    assert await _replica(10).batches.fetch(consumer) == {A: [0, 1]}
     assert consumer.calls == 1
 
 
 async def test_a_full_or_empty_batch_is_not_topped_up():
     full = _Consumer({A: list(range(10))}, in_flight={B: [0]})
     replica = _replica(10, catch_up_batches=1)
-    assert await replica._fetch(full) == {A: list(range(10))} and full.calls == 1
+    assert await replica.batches.fetch(full) == {A: list(range(10))} and full.calls == 1
     empty = _Consumer({}, in_flight={A: [0]})
-    assert await replica._fetch(empty) == {} and empty.calls == 1
+    assert await replica.batches.fetch(empty) == {} and empty.calls == 1
 
 
 async def test_an_error_while_topping_up_is_raised_after_the_records_taken_are_applied():
     replica = _replica(10)
     consumer = _Consumer({A: [0, 1, 2]}, error_after=1)
-    assert await replica._fetch(consumer) == {A: [0, 1, 2]}
+    assert await replica.batches.fetch(consumer) == {A: [0, 1, 2]}
     with pytest.raises(OffsetOutOfRangeError):
-        await replica._fetch(consumer)
+        await replica.batches.fetch(consumer)
 
 
 @pytest.mark.timeout(60)

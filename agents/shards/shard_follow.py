@@ -1,0 +1,85 @@
+"""Follow the group's assignment: read the wanted shards' lanes first, take their plans over once they caught up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable
+
+from agents.plans.ownership import Ownership
+from agents.shards.shard_restore import Shards
+from agents.stream.rebalances import Rebalances, woken
+from agents.stream.replica import Replica
+
+log = logging.getLogger(__name__)
+
+CATCHING_UP = 0.1  # seconds between looks while gained lanes are read from their start
+
+
+class ShardFollower:
+    """Moves a worker to each assignment Faust's rebalance signals carry, never to one a rebalance is changing.
+
+    Lanes lost are dropped and lanes gained read from their start at once; the plans follow
+    (`Ownership.follow`) only once every wanted lane has caught up, so a plan is never judged or
+    served from a partial shard. A step that fails (the broker unreachable, a reset input blocked,
+    DuckDB refusing a write) is retried after a backoff of 1 s doubling to 60 s.
+    """
+
+    def __init__(self, rebalances: Rebalances, replica: Replica, shards: Shards, ownership: Ownership,
+                 run: Callable[..., Awaitable[Any]], published: Callable[[], Awaitable[Any]],
+                 stall_seconds: float = 15.0) -> None:
+        self.rebalances = rebalances
+        self.replica = replica
+        self.shards = shards
+        self.ownership = ownership
+        self.run_writes = run
+        self.published = published  # publish what the take-over announced
+        self.stall_seconds = stall_seconds  # a lane read that cannot start within this gives up and is retried
+
+    def settled(self, assigned: frozenset[int]) -> bool:
+        """Whether plans and lanes are the assignment's."""
+        wanted = self.shards.wanted(assigned)
+        return (assigned == self.ownership.owned and wanted == self.replica.reading_lanes()
+                and wanted <= self.shards.state.held)
+
+    async def run(self) -> None:
+        """Follow until cancelled."""
+        await self.replica.ready.wait()  # judging a take-over needs offsets verified against this broker
+        signal, backoff, retry_in = self.rebalances.waker(), 1.0, None
+        while True:
+            await woken(signal, retry_in)
+            assigned = self.rebalances.assigned("source-changes")
+            if assigned is None or self.settled(frozenset(assigned)):
+                retry_in = None
+                continue
+            try:
+                if not await self.step(frozenset(assigned)):
+                    retry_in = CATCHING_UP
+                    continue
+            except Exception:  # noqa: BLE001 - what failed is rolled back (see `step`): try again
+                self.ownership.failures += 1
+                retry_in, backoff = backoff, min(2 * backoff, 60.0)
+                log.exception("following the assignment %s failed (%d so far); retrying in %.0f s",
+                              sorted(assigned), self.ownership.failures, retry_in,
+                              extra={"reason": "take_over_failed", "partitions": sorted(assigned)})
+                continue
+            retry_in, backoff = None, 1.0
+            await self.published()
+
+    async def step(self, assigned: frozenset[int]) -> bool:
+        """One move towards the assignment; whether the plans were taken over (False: lanes still catching up)."""
+        blocked = {"source-changes", "entity-changes", "shared-changes"} & set(self.replica.blocked)
+        if blocked:
+            raise RuntimeError(f"{', '.join(sorted(blocked))} was reset and is not applied until an operator "
+                               "rebases or replays: a shard cannot be restored from it")
+        wanted, reading = self.shards.wanted(assigned), self.replica.reading_lanes()
+        if reading - wanted:
+            await self.replica.lose_lanes(reading - wanted)
+            await self.run_writes(self.shards.lose, reading - wanted)
+        if wanted - reading:
+            # Nothing changes if the read cannot start (its first offsets unknown): the next try asks again.
+            await asyncio.wait_for(self.replica.gain_lanes(wanted - reading), self.stall_seconds)
+        if not wanted <= self.shards.state.held:
+            return False
+        await self.run_writes(self.ownership.follow, assigned)
+        return True
