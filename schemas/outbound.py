@@ -68,18 +68,19 @@ def too_large_letter(topic: str, key: bytes | None, value: bytes, limit: int, re
 
 
 def input_dead_letter(topic: str, partition: int, offset: int, error_class: str, message: str,
-                      original: bytes | None) -> bytes:
+                      original: bytes | None, size: int | None = None) -> bytes:
     """The dead letter of a rejected input event, with its original bytes up to a bound.
 
     The bound keeps an oversized event from becoming an oversized dead letter that the broker
     refuses in turn.
     """
     original = original or b""
+    size = len(original) if size is None else size  # `original` may be the beginning only (see RawMessage)
     return orjson.dumps({"schema_version": 1, "topic": topic, "partition": partition, "offset": offset,
                          "error_class": error_class, "message": message,
                          "original": base64.b64encode(original[:DEAD_LETTER_ORIGINAL_BYTES]).decode(),
-                         "original_size": len(original),
-                         "original_truncated": len(original) > DEAD_LETTER_ORIGINAL_BYTES})
+                         "original_size": size,
+                         "original_truncated": size > min(len(original), DEAD_LETTER_ORIGINAL_BYTES)})
 
 
 @dataclass(frozen=True)

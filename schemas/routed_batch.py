@@ -10,6 +10,7 @@ from schemas.errors import InvalidEvent
 VERSION = 1
 _HEAD = struct.Struct(">BIqq")  # version, source partition, from, to
 _FRAME = struct.Struct(">BqqiI")  # kind, offset, timestamp ms (-1: none), key length (-1: none), value length
+_SIZE = struct.Struct(">q")  # an OVERSIZED frame's value starts with the original value's size
 RECORD, NOTICE = 1, 2  # a source record as read; a move notice (its value is the resource id that moved)
 TOMBSTONE = 3  # a source record with no value
 OVERSIZED = 4  # a source record too large to route: its first KEPT_BYTES, to be dead-lettered `oversized`
@@ -110,5 +111,14 @@ def fitted(frame: Frame, max_bytes: int) -> Frame:
     """A frame that fits a routed batch alone: a record too large is cut to what its dead letter keeps."""
     if FRAME_OVERHEAD + _HEAD.size + len(frame.key or b"") + len(frame.value or b"") <= max_bytes:
         return frame
-    room = max(0, min(KEPT_BYTES, max_bytes - FRAME_OVERHEAD - _HEAD.size) // 2)
-    return Frame(OVERSIZED, frame.offset, frame.timestamp_ms, (frame.key or b"")[:room], (frame.value or b"")[:room])
+    room = max(0, min(KEPT_BYTES, max_bytes - FRAME_OVERHEAD - _HEAD.size - _SIZE.size) // 2)
+    value = frame.value or b""
+    return Frame(OVERSIZED, frame.offset, frame.timestamp_ms, (frame.key or b"")[:room],
+                 _SIZE.pack(len(value)) + value[:room])
+
+
+def cut_size(value: bytes) -> tuple[int | None, bytes]:
+    """An OVERSIZED frame's value: (the original value's size, its beginning); (None, value) if unreadable."""
+    if len(value) < _SIZE.size:
+        return None, value
+    return _SIZE.unpack_from(value)[0], value[_SIZE.size:]

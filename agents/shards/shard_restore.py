@@ -100,6 +100,8 @@ class Shards:
         if store.incarnation()[1] > 0:
             # As a fresh worker reading the lanes would: what a broker reset took with the old topics is gone.
             self.incomplete = self.incomplete | lanes
+            with store.transaction():
+                store.bump_many({"shard_restores_incomplete": 1})
             log.warning("restoring entity partitions %s: the input topics were reset and rebased, and the old "
                         "lanes' records are gone; resources changed only there are missing from this shard until "
                         "their sources publish them again (a CDC re-snapshot)", sorted(lanes),
@@ -145,7 +147,7 @@ class Shards:
             entry = self._restoring.get(m.lane)  # type: ignore[arg-type]
             if entry is not None:
                 entry[1] += 1
-            if m.oversized:
+            if m.original_size is not None:
                 continue
             if m.notice:
                 event = moved_away(m, applier.now)

@@ -166,9 +166,9 @@ class EventApplier:
                 counts["redelivered_skipped"] += 1
                 continue
             applied.setdefault(m.topic, {})[m.partition] = offsets[(m.topic, m.partition)] = m.offset + 1
-            if not (m.notice or m.oversized):  # a notice or a cut record is not the record at its offset
+            if not m.notice and m.original_size is None:  # a notice or a cut record is not the record there
                 marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
-            if m.oversized:
+            if m.original_size is not None:
                 self._dead_letter(m, "oversized", "the event is larger than the largest record this service can "
                                   "route between its workers (FRESHPLAN_MAX_RECORD_BYTES); split it or raise both "
                                   "limits", counts)
@@ -385,7 +385,8 @@ class EventApplier:
                 counts["dead_letters_left_to_owner"] += 1
                 return
             standby = False
-        record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value)
+        record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value,
+                                   m.original_size)
         self.state.outbox.add_many([(self.plans.topic_of("dead-letters"), letter_key(m.key), record)],
                                    [(m.topic, m.partition, m.offset)], standby=standby)
         self.held_on_standby = self.held_on_standby or standby

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from agents.stream.raw_message import RawMessage
-from schemas.routed_batch import NOTICE, OVERSIZED, TOMBSTONE, Frame, RoutedBatch
+from schemas.routed_batch import NOTICE, OVERSIZED, TOMBSTONE, Frame, RoutedBatch, cut_size
 
 SOURCE = "source-changes"
 _ORDER = {1: 0, TOMBSTONE: 0, OVERSIZED: 0, NOTICE: 1}  # at one offset the record goes before notices of lanes it left
@@ -151,5 +151,8 @@ class LaneMerge:
 
 def _message(p: int, f: Frame, lane: _Lane) -> RawMessage:
     entity_lane = lane.partition if lane.topic == "entity-changes" else None
-    return RawMessage(SOURCE, p, f.offset, f.key, f.value, None if f.timestamp_ms is None else f.timestamp_ms / 1000,
-                      lane=entity_lane, notice=f.kind == NOTICE, oversized=f.kind == OVERSIZED)
+    value, size = f.value, None
+    if f.kind == OVERSIZED:
+        size, value = cut_size(f.value or b"")
+    return RawMessage(SOURCE, p, f.offset, f.key, value, None if f.timestamp_ms is None else f.timestamp_ms / 1000,
+                      lane=entity_lane, notice=f.kind == NOTICE, original_size=size)

@@ -25,5 +25,5 @@ class RawMessage:
     """For a `source-changes` record read from a routed lane: the entity lane (None: the shared lane)."""
     notice: bool = False
     """A move notice: the resource whose id is `value` left `lane` (see `agents.stream.router`)."""
-    oversized: bool = False
-    """A record too large to route: `value` holds its beginning only, and it is dead-lettered `oversized`."""
+    original_size: int | None = None
+    """For a record too large to route: its value's size (`value` holds its beginning only; dead-lettered)."""

@@ -130,7 +130,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     route = SourceRouter(Router(settings.partitions,
                                 lambda m: decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
                                                  max_bytes=settings.max_event_bytes, cdc=cdc),
-                                max_bytes=settings.max_record_bytes - 4096),
+                                # a Kafka record's own overhead (no key, no headers) stays well under 512 bytes
+                                max_bytes=max(1024, settings.max_record_bytes - 512)),
                          lambda topic, partition, value: app.producer.send(settings.topic(topic), None, value,
                                                                            partition=partition, timestamp=None,
                                                                            headers=None))
