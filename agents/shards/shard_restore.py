@@ -6,7 +6,8 @@ import logging
 import time
 from typing import Collection
 
-from agents.stream.event_apply import EventApplier, by_position, moved_away
+from agents.stream.event_apply import EventApplier
+from agents.stream.lane_events import by_position, event_ids, moved_away
 from agents.stream.raw_message import RawMessage
 from schemas.codec import decode
 from schemas.errors import InvalidEvent, SkippedEvent
@@ -173,8 +174,10 @@ class Shards:
             results = apply_resources(store, [c for _, c, _ in changes], {}, mine, left, self.state.lane_of)
             keyed = by_position(((m.topic, m.partition, m.offset), keys)
                                 for (m, _, _), keys in zip(changes, results, strict=True) if isinstance(keys, list))
-            applier.state.key_changes.record(keyed, {(m.topic, m.partition, m.offset): event_id
-                                                     for m, _, event_id in changes})
+            ids = event_ids(((m.topic, m.partition, m.offset), event_id)
+                            for (m, _, event_id), keys in zip(changes, results, strict=True)
+                            if isinstance(keys, list) and keys)
+            applier.state.key_changes.record(keyed, ids)
         for q in {m.lane for m, _, _ in changes}:
             if q in self._restoring:
                 self._restoring[q][2] += sum(1 for (m, _, _) in changes if m.lane == q and

@@ -12,6 +12,7 @@ from compiler import dependency_keys as dk
 from compiler.trust import unsourced
 from agents.plans.plan_writer import PlanWriter, Touched, wall_now
 from agents.stream.clock_ticks import play_tick
+from agents.stream.lane_events import by_position, event_ids, moved_away
 from agents.stream.raw_message import RawMessage
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
@@ -26,7 +27,6 @@ from streams.incarnation import record_mark
 
 log = logging.getLogger(__name__)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def warn_unsourced(bundle: PolicyBundle) -> None:
@@ -54,26 +54,6 @@ def _entity_of(event: InputEvent) -> str | None:
     if isinstance(payload, SourceChange) and payload.kind == "resource" and payload.record is not None:
         return payload.record.entity  # type: ignore[union-attr]
     return None
-
-
-def moved_away(m: RawMessage, now: datetime | None) -> InputEvent | None:
-    """A move notice as the delete it amounts to in the lane it names (applied only if the resource is there)."""
-    try:
-        rid = (m.value or b"").decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    if not rid:
-        return None
-    return InputEvent(f"moved:{rid}", now or _EPOCH, m.topic, SourceChange("resource", "delete", rid, None))
-
-
-def by_position(pairs) -> dict[tuple[str, int, int], list[str]]:
-    """Changed keys by input position, those of one position together."""
-    out: dict[tuple[str, int, int], list[str]] = {}
-    for position, keys in pairs:
-        if keys:
-            out.setdefault(position, []).extend(keys)
-    return out
 
 
 class EventApplier:
@@ -215,7 +195,8 @@ class EventApplier:
         # A record and a move notice can share an offset (a lane merge): their keys are recorded together.
         self.state.key_changes.record(by_position(((c["topic"], c["partition"], c["offset"]), keys)
                                                    for keys, _, c in keyed),
-                                      {(c["topic"], c["partition"], c["offset"]): c["event_id"] for _, _, c in keyed})
+                                      event_ids(((c["topic"], c["partition"], c["offset"]), c["event_id"])
+                                                for _, _, c in keyed))
         touched = self._affected(keyed)
         if self.early is not None:
             self._honour_early(messages, touched)
