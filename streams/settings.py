@@ -96,11 +96,10 @@ class Settings:
     upserts; docs/operate.md, "Retention")."""
     standby_replicas: int = 0
     """Warm copies of other workers' entity partitions each worker keeps (0 to partitions - 1): a partition it
-    then gains needs no restore from `source-changes`, at the cost of holding and applying the copies."""
+    then gains needs no restore from its lane, at the cost of holding and applying the copies."""
     restore_stall_seconds: float = 15.0
-    """Seconds a shard's restore read of `source-changes` may go without progress before it gives up (at least 1):
-    the take-over then rolls back and is retried after its backoff. The restore holds the writer, so a broker
-    fault holds every other shard's events up to this long per attempt."""
+    """Seconds a gained shard's lane read may take to start (its first offsets asked of the broker) before it gives
+    up (at least 1): nothing moves, and it is retried after its backoff."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
     check_head_cache: bool = False

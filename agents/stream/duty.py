@@ -1,4 +1,4 @@
-"""Input duty without Faust deliveries: take a partition on at the group's offset, commit what was published."""
+"""Input duty: take a partition on at the group's offset, commit the group's offset to what was published."""
 
 from __future__ import annotations
 
@@ -51,10 +51,11 @@ class TakenOn(dict[Key, int]):
 class Duty:
     """The input partitions the consumer group gave this worker, served from the replica's batches.
 
-    Faust's consumer keeps the group membership (and so the assignment) but is kept from
-    fetching the input partitions: the replica already reads them all, and delivering them through
-    Faust's streams as well took about an eighth of a worker's CPU (some 25 us per event on the
-    bench). A partition is taken on at the group's committed offset (what was published before
+    Faust's consumer keeps the group membership (and so the assignment) and delivers
+    `source-changes` to the router; it is kept from fetching the other inputs, which the replica
+    reads whole (delivering them through Faust's streams as well took about an eighth of a worker's
+    CPU, some 25 us per event on the bench). Faust never commits: this does, `source-changes`
+    included, so the group's offset never passes what the lanes brought back here and was published. A partition is taken on at the group's committed offset (what was published before
     it, by whoever owned it, is left alone; everything this replica applied from there on is
     promoted), and the group's offset is then committed here to what the broker acknowledged,
     never further.

@@ -2,8 +2,8 @@
 
 The broker advertises the relay's address, so every client of a worker goes through it. While
 `cut` names a topic, a connection that asks that topic's earliest offsets (ListOffsets with
-timestamp -2, which only a read from the topic's start sends: `streams.partitions.read_until`
-and a fresh replica) is dropped before the broker sees the request, as a flaky path to the
+timestamp -2, which only a read from the topic's start sends: a gained lane's first read and a
+fresh replica) is dropped before the broker sees the request, as a flaky path to the
 broker drops it; every other request passes, so the rest of the worker keeps its broker.
 With `slow_produce`, every Produce request waits that long before it goes on: a slow path for
 publishing only, so records stay in a worker's outbox that long while its reads keep pace.
