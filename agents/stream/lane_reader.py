@@ -49,6 +49,7 @@ class LaneReader:
         self.gained: set[int] = set()
         self.errors = 0  # lane records that were not routed batches (a poisoned internal topic), skipped
         self.caught_up = asyncio.Condition()  # notified when gained lanes joined the merge
+        self._released: dict[tuple[str, int], int] = {}  # `source-changes` positions handed to the writer
 
     def start(self, applied: dict[str, dict[int, int]], lanes: dict[str, dict[int, int]]) -> None:
         """Merge from what the file applied (after any rebase), the shared lanes and the entity lanes held each
@@ -104,6 +105,12 @@ class LaneReader:
         if self.merge is None or not (lanes or gained):
             return Fetched(direct, gained=gained)
         return Fetched(direct, self.merge.release(), gained)
+
+    def advanced(self, batch: Fetched) -> bool:
+        """Whether a fetch moved a `source-changes` position (a freshness token may wait for it), and remember it."""
+        moved = {k: v for k, v in batch.positions.items() if k[0] == "source-changes" and v > self._released.get(k, 0)}
+        self._released.update(moved)
+        return bool(moved)
 
     async def applied(self, batch: Fetched) -> None:
         """After the writer applied a batch: wake whoever waits for lanes to catch up."""

@@ -289,8 +289,9 @@ class Replica:
                     self._read_to[tp] = records[-1].offset + 1
             fetched = self.lanes.fetched(batch, logical)
             messages = fetched.messages
-            if not messages and not fetched.history and not fetched.positions and not fetched.gained:
-                continue
+            if not (messages or fetched.history or fetched.caught_up or fetched.gained
+                    or self.lanes.advanced(fetched)):
+                continue  # lane records that released nothing: their positions go with the next batch
             if self.early is not None:
                 try:
                     self.early.announce(messages)
