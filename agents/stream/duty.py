@@ -55,8 +55,8 @@ class Duty:
     `source-changes` to the router; it is kept from fetching the other inputs, which the replica
     reads whole (delivering them through Faust's streams as well took about an eighth of a worker's
     CPU, some 25 us per event on the bench). Faust never commits: this does, `source-changes`
-    included, so the group's offset never passes what the lanes brought back here and was published. A partition is taken on at the group's committed offset (what was published before
-    it, by whoever owned it, is left alone; everything this replica applied from there on is
+    included, so the group's offset never passes what the lanes brought back here and was published.
+    A partition is taken on at the group's committed offset (what was published before it, by whoever owned it, is left alone; everything this replica applied from there on is
     promoted), and the group's offset is then committed here to what the broker acknowledged,
     never further.
     """
