@@ -51,21 +51,19 @@ class TakenOn(dict[Key, int]):
 class Duty:
     """The input partitions the consumer group gave this worker, served from the replica's batches.
 
-    Faust's consumer keeps the group membership (and so the assignment) and delivers
-    `source-changes` to the router; it is kept from fetching the other inputs, which the replica
-    reads whole (delivering them through Faust's streams as well took about an eighth of a worker's
-    CPU, some 25 us per event on the bench). Faust never commits: this does, `source-changes`
-    included, so the group's offset never passes what the lanes brought back here and was published.
-    A partition is taken on at the group's committed offset (what was published before it, by whoever owned it, is left alone; everything this replica applied from there on is
-    promoted), and the group's offset is then committed here to what the broker acknowledged,
-    never further.
+    Faust's consumer keeps the group membership (and so the assignment) but is kept from
+    fetching the input partitions: the router reads the duty's `source-changes` and the replica
+    the rest (delivered through Faust's streams, the router's records doubled a worker's CPU).
+    A partition is taken on at the group's committed offset (what was published before it, by
+    whoever owned it, is left alone; everything this replica applied from there on is promoted),
+    and the group's offset is then committed here to what the broker acknowledged, never further:
+    for `source-changes`, never past what the lanes brought back here.
     """
 
     def __init__(self, state: LocalState, app, run: Callable[..., Awaitable[Any]], topics: dict[str, str],
                  offsets: GroupOffsets, kick: Callable[[], None],
                  verified: Callable[[], bool] = lambda: True,
-                 assignment: Callable[[], set[Key] | None] | None = None, floors: TakenOn | None = None,
-                 delivered: frozenset[str] = frozenset()) -> None:
+                 assignment: Callable[[], set[Key] | None] | None = None, floors: TakenOn | None = None) -> None:
         self.state = state  # the read-write state: touched only through `run`
         self.app = app
         self.run_writes = run
@@ -79,8 +77,6 @@ class Duty:
         # The group's assignment of the inputs: the last rebalance signal's (`Rebalances.keys`) in a worker.
         self.assignment = assignment or self._consumer_assignment
         self.floors = TakenOn() if floors is None else floors  # shared with the publisher, which reads it
-        # Inputs Faust delivers to an agent (the router's `source-changes`): never paused, committed here all the same.
-        self.unpaused = frozenset(topics[t] for t in delivered)
         self.committed: dict[Key, int] = {}  # what this worker committed since taking each on
         self.delivered = 0  # input events Faust delivered anyway (fetched before a pause took effect)
 
@@ -112,7 +108,7 @@ class Duty:
         """Keep Faust's consumer from fetching the input partitions (it resumes them after every rebalance)."""
         try:
             consumer = self.app.consumer
-            tps = [tp for tp in consumer.assignment() if tp.topic in self.logical and tp.topic not in self.unpaused]
+            tps = [tp for tp in consumer.assignment() if tp.topic in self.logical]
         except Exception:  # noqa: BLE001 - not started yet: the next call pauses them
             return
         if tps:

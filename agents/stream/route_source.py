@@ -1,10 +1,12 @@
-"""The Faust agent that routes `source-changes` to the lanes: over the partitions the group assigns this worker."""
+"""The router: read the duty's `source-changes` partitions, send each span to the lanes of the shards applying it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from typing import Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.stream.raw_message import RawMessage
 from agents.stream.router import Router
@@ -17,12 +19,11 @@ Send = Callable[[str, int, bytes], Awaitable[asyncio.Future]]
 
 
 class SourceRouter:
-    """Routes each batch Faust delivers, one span per source partition, and waits for every lane's acknowledgement.
+    """Routes each batch read, one span per source partition, and waits for every lane's acknowledgement.
 
-    Faust never commits `source-changes` (its topic is cloned without acks): the duty commits it
-    up to what this worker applied from the lanes, which only ever hold acknowledged batches. So
-    a router killed between sends resumes, here or at its successor, at the group's offset, and
-    the lanes' readers drop what comes twice.
+    The duty commits `source-changes` only up to what this worker applied from the lanes, which
+    only ever hold acknowledged batches. So a router killed between sends resumes, here or at its
+    successor, at the group's offset, and the lanes' readers drop what comes twice.
     """
 
     def __init__(self, router: Router, send: Send) -> None:
@@ -49,13 +50,50 @@ class SourceRouter:
             await asyncio.gather(*pending)
 
 
-def register_router(app, topic, source: SourceRouter, batch_size: int, batch_window: float) -> None:
-    """The agent on `source-changes` (a clone without acks): Faust assigns it the worker's duty partitions."""
+class RouterReader:
+    """Reads the duty's `source-changes` partitions with a consumer of its own, each from the group's offset
+    it was taken on at (`Duty`'s floors), and routes what it reads.
 
-    async def route_source_changes(stream) -> None:
-        async for events in stream.take_events(batch_size, within=batch_window):
-            messages = [RawMessage("source-changes", e.message.partition, e.message.offset, e.message.key,
-                                   e.message.value, e.message.timestamp or None) for e in events]
-            await source.route(messages)
+    Not a Faust agent: delivered through Faust's stream the routed records doubled a worker's CPU
+    (20,000 events: 4.0 CPU s against 1.9 without routing; with this consumer 2.6 against 2.5).
+    """
 
-    app.agent(topic, name="freshplan.agents.route_source_changes")(route_source_changes)
+    def __init__(self, source: SourceRouter, bootstrap_servers: str, topic: str, floors: Callable[[], dict[int, int]],
+                 batch_size: int = 500, batch_window: float = 0.05, kafka: dict | None = None) -> None:
+        self.source = source
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic  # broker-side `source-changes`
+        self.floors = floors  # partition -> the group's offset it was taken on at (this worker's duty)
+        self.batch_size = batch_size
+        self.batch_window = batch_window
+        self.kafka = kafka or {}
+
+    async def run(self) -> None:
+        """Route until cancelled."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", fetch_max_wait_ms=int(self.batch_window * 1000),
+                                    **self.kafka)
+        await consumer.start()
+        reading: dict[int, int] = {}
+        try:
+            while True:
+                floors = self.floors()
+                if floors != reading:
+                    # A partition taken on (again) starts at its floor: what was routed past it may not have come back.
+                    tps = [TopicPartition(self.topic, p) for p in sorted(floors)]
+                    consumer.assign(tps)
+                    for tp in tps:
+                        consumer.seek(tp, floors[tp.partition])
+                    reading = dict(floors)
+                if not reading:
+                    await asyncio.sleep(self.batch_window)
+                    continue
+                batch = await consumer.getmany(timeout_ms=int(self.batch_window * 1000),
+                                               max_records=self.batch_size * 4)
+                messages = [RawMessage("source-changes", tp.partition, m.offset, m.key, m.value,
+                                       m.timestamp / 1000 if m.timestamp else None)
+                            for tp, records in batch.items() for m in records]
+                if messages:
+                    await self.source.route(messages)
+        finally:
+            await consumer.stop()

@@ -28,7 +28,7 @@ from agents.plans.ownership import Ownership
 from agents.stream.plan_feed import PlanFeed
 from agents.stream.publisher import Publisher
 from agents.stream.replica import Replica
-from agents.stream.route_source import SourceRouter, register_router
+from agents.stream.route_source import RouterReader, SourceRouter
 from agents.stream.router import Router
 from agents.ops.retention import BATCH, RetentionTimer
 from agents.web.routes import register_routes
@@ -47,7 +47,6 @@ from state.shard_state import ShardState
 from state.retention import RetentionPolicy, Topics as RetentionTopics
 from streams.admin import GroupOffsets
 from streams.app import create_app
-from streams.fetch_wait import set_fetch_wait
 from streams.settings import INPUT_TOPICS, Settings
 from streams.topics import declare_topics
 
@@ -61,8 +60,6 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     access = access or Access.closed()
     kafka = settings.kafka.client_kwargs()
     gate = Gate(settings, access.callers, access.jwt, api_routes(settings))
-    # The router's deliveries come through Faust's group consumer: its fetches must not wait 1.5 s on the broker.
-    set_fetch_wait(max(1, int(settings.batch_window * 1000)))
     app = create_app(settings, bootstrap_servers, [gate.middleware])
     topics = declare_topics(app, settings)
     outbound = OutboundLimit(settings.max_record_bytes, settings.topic("dead-letters"),
@@ -126,7 +123,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     group_offsets = GroupOffsets(bootstrap_servers, settings.app_id, kafka)
     duty = Duty(state, app, writer.run, inputs, group_offsets, kick=publisher.kick,
                 verified=lambda: replica.ready.is_set() and not replica.blocked, assignment=rebalances.keys,
-                floors=taken_on, delivered=frozenset({"source-changes"}))
+                floors=taken_on)
     route = SourceRouter(Router(settings.partitions,
                                 lambda m: decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
                                                  max_bytes=settings.max_event_bytes, cdc=cdc),
@@ -139,9 +136,14 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores, router=route)
 
     for name in INPUT_TOPICS:
-        if name != "source-changes":
-            _register_input_agent(worker, name)
-    register_router(app, topics["source-changes"].clone(acks=False), route, settings.batch_size, settings.batch_window)
+        _register_input_agent(worker, name)  # paused: they subscribe the group (the duty); the readers read
+    router = RouterReader(route, bootstrap_servers, settings.topic("source-changes"),
+                          lambda: taken_on.by_topic().get("source-changes", {}), settings.batch_size,
+                          settings.batch_window, kafka)
+
+    @app.task
+    async def route_source_changes() -> None:
+        await router.run()
     register_duty(app, duty, chores, rebalances.waker())
 
     @app.task

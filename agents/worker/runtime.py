@@ -151,7 +151,7 @@ class Worker:
             # Who holds every entity partition, as the group's assignment says (`freshplan status` lists it).
             shard["owners"] = {str(p): self.owner_url(p) for p in range(self.settings.partitions)}
         return {"shard": shard, "duty": self.duty(), "duty_committed": self.input_duty.committed_by_topic(),
-                "inputs_from_faust": self.input_duty.delivered + (self.router.routed if self.router else 0),
+                "inputs_from_faust": self.input_duty.delivered,
                 "routing": self.routing(),
                 "owned_partitions": None if owned is None else sorted(owned),
                 "ownership_failures": self.ownership.failures,
