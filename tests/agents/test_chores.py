@@ -100,7 +100,7 @@ async def test_a_cancelled_job_is_not_a_failure():
 # guard's thread, ownership (its own backoff and counter), the idle checkpoint (postpones itself),
 # the metrics port and the shutdown hook.
 OWN_POLICY = {"apply_replica", "adopt_plans", "watch_revocations", "follow_ownership", "checkpoint_when_idle",
-              "close_on_stop", "metrics_port", "follower.run"}
+              "close_on_stop", "metrics_port", "follower.run", "route_source_changes"}
 
 
 def test_every_timer_and_task_a_worker_registers_goes_through_the_policy():
