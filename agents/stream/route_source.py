@@ -31,6 +31,7 @@ class SourceRouter:
         self.send = send
         self.routed = 0  # source records routed (for /healthz)
         self.batches = 0  # routed batches sent
+        self.failures = 0  # times routing started again after an error
 
     async def route(self, messages: list[RawMessage]) -> None:
         """Route one delivery: every lane gets its batch of each source partition it holds records of."""
@@ -69,7 +70,18 @@ class RouterReader:
         self.kafka = kafka or {}
 
     async def run(self) -> None:
-        """Route until cancelled."""
+        """Route until cancelled; a failure (the broker away, a send refused) is logged and routing starts again
+        from the floors, after a second: what was routed twice is dropped by the lanes' readers."""
+        while True:
+            try:
+                await self._route()
+            except Exception:  # noqa: BLE001 - the router must outlive a broker fault; it never skips a record
+                self.source.failures += 1
+                log.exception("routing source-changes failed (%d so far); starting again from the group's offsets",
+                              self.source.failures, extra={"reason": "routing_failed"})
+                await asyncio.sleep(1.0)
+
+    async def _route(self) -> None:
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
                                     auto_offset_reset="earliest", fetch_max_wait_ms=int(self.batch_window * 1000),
                                     **self.kafka)

@@ -172,7 +172,7 @@ class Worker:
         if self.router is None:
             return None
         catching = self.ownership.shards.state.catching
-        return {"routed": self.router.routed, "batches_sent": self.router.batches,
+        return {"routed": self.router.routed, "batches_sent": self.router.batches, "failures": self.router.failures,
                 "lanes": sorted(self.replica.reading_lanes() - catching), "catching_up": sorted(catching),
                 "lane_records_skipped": self.replica.lanes.errors}
 
