@@ -13,7 +13,8 @@ from agents.stream.replica import Replica
 
 log = logging.getLogger(__name__)
 
-CATCHING_UP = 0.1  # seconds between looks while gained lanes are read from their start
+# Gained lanes wake the follower as they catch up; this only bounds the wait should a wake-up go astray.
+CATCHING_UP = 1.0
 
 
 class ShardFollower:
@@ -46,6 +47,7 @@ class ShardFollower:
         """Follow until cancelled."""
         await self.replica.ready.wait()  # judging a take-over needs offsets verified against this broker
         signal, backoff, retry_in = self.rebalances.waker(), 1.0, None
+        self.replica.lanes.wakers.append(signal)  # a gained lane caught up: its plans can follow
         while True:
             await woken(signal, retry_in)
             assigned = self.rebalances.assigned("source-changes")

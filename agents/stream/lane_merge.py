@@ -29,12 +29,14 @@ class _Lane:
     """Carrier offset -> frames of that batch not released yet."""
     next_carrier: int = 0
     """One past the last carrier record read."""
+    fed: set[int] = field(default_factory=set)
+    """Carrier offsets past `next_carrier` merged as this worker's router sent them: skipped when read."""
     history_to: dict[int, int] = field(default_factory=dict)
     """Source partition -> one past the last history frame handed out: a span routed again is not history twice."""
 
     def resume_at(self) -> int:
         """Where a restarted reader must read this lane from: its oldest batch with frames not released."""
-        return min(self.open, default=self.next_carrier)
+        return min((*self.open, self.next_carrier))  # a batch fed ahead of the reader leaves none between unread
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,26 @@ class LaneMerge:
         if lane is None or carrier < lane.next_carrier:
             return
         lane.next_carrier = carrier + 1
+        if lane.fed:
+            if carrier in lane.fed:  # merged when it was sent
+                lane.fed.discard(carrier)
+                return
+            lane.fed = {c for c in lane.fed if c > carrier}
+        self._merge(lane, carrier, batch)
+
+    def feed(self, topic: str, partition: int, carrier: int, batch: RoutedBatch) -> bool:
+        """A batch this worker's router sent, acknowledged at `carrier`, merged before the lane's reader meets it
+        (saving the hop back); whether it was. Only where the lane holds everything of its source partition
+        below the batch already: the reader brings the rest, and this batch with it."""
+        lane = self.lanes.get((topic, partition))
+        if (lane is None or batch.partition not in lane.joined or carrier < lane.next_carrier
+                or carrier in lane.fed or lane.marks.get(batch.partition, 0) < batch.start):
+            return False
+        lane.fed.add(carrier)
+        self._merge(lane, carrier, batch)
+        return True
+
+    def _merge(self, lane: _Lane, carrier: int, batch: RoutedBatch) -> None:
         if batch.frames:
             lane.open[carrier] = len(batch.frames)
             queue = lane.pending.setdefault(batch.partition, deque())

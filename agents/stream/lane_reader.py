@@ -9,7 +9,7 @@ from typing import Callable
 from agents.stream.lane_merge import LaneMerge, Released
 from agents.stream.raw_message import RawMessage
 from schemas.errors import InvalidEvent
-from schemas.routed_batch import unpack
+from schemas.routed_batch import RoutedBatch, unpack
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,8 @@ class LaneReader:
         self.merge: LaneMerge | None = None
         self.gained: set[int] = set()
         self.errors = 0  # lane records that were not routed batches (a poisoned internal topic), skipped
-        self.caught_up = asyncio.Condition()  # notified when gained lanes joined the merge
+        self.fed = 0  # routed batches merged as this worker's router sent them (not read back first)
+        self.wakers: list[asyncio.Event] = []  # set when gained lanes joined the merge (a follower waits on one)
         self._released: dict[tuple[str, int], int] = {}  # `source-changes` positions handed to the writer
 
     def start(self, applied: dict[str, dict[int, int]], lanes: dict[str, dict[int, int]]) -> None:
@@ -106,14 +107,26 @@ class LaneReader:
             return Fetched(direct, gained=gained)
         return Fetched(direct, self.merge.release(), gained)
 
+    def sent(self, batches: list[tuple[str, int, int, RoutedBatch]]) -> Fetched | None:
+        """Routed batches this worker's router just had acknowledged, as (lane topic, partition, offset, batch):
+        what merging them releases now; None when the merge took none (it reads them back later instead)."""
+        if self.merge is None:
+            return None
+        taken = sum(self.merge.feed(*b) for b in batches)
+        if not taken:
+            return None
+        self.fed += taken
+        gained, self.gained = frozenset(self.gained), set()
+        return Fetched([], self.merge.release(), gained)
+
     def advanced(self, batch: Fetched) -> bool:
         """Whether a fetch moved a `source-changes` position (a freshness token may wait for it), and remember it."""
         moved = {k: v for k, v in batch.positions.items() if k[0] == "source-changes" and v > self._released.get(k, 0)}
         self._released.update(moved)
         return bool(moved)
 
-    async def applied(self, batch: Fetched) -> None:
+    def applied(self, batch: Fetched) -> None:
         """After the writer applied a batch: wake whoever waits for lanes to catch up."""
         if batch.caught_up:
-            async with self.caught_up:
-                self.caught_up.notify_all()
+            for event in self.wakers:
+                event.set()

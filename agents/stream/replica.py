@@ -88,6 +88,8 @@ class Replica:
         self.lanes = LaneReader(partitions, held_lanes)
         self.lanes_applied = lanes_applied
         self._assigning = asyncio.Lock()
+        self._fetched: asyncio.Queue | None = None  # merge steps waiting for the writer, while running
+        self._queueing = asyncio.Lock()  # taken from a merge step until it is queued
         self._read_to: dict[TopicPartition, int] = {}  # next offset to read per assigned partition (None: its start)
 
     def behind(self) -> bool:
@@ -240,6 +242,7 @@ class Replica:
             # Fetching goes on while the writer applies: what a batch announces early must not wait
             # for the batch before it (the writer takes everything fetched meanwhile as one batch).
             fetched: asyncio.Queue[Fetched] = asyncio.Queue(maxsize=QUEUED_BATCHES)
+            self._fetched = fetched
             fetching = asyncio.ensure_future(self._fetch_loop(consumer, fetched, logical))
             try:
                 while True:
@@ -258,11 +261,12 @@ class Replica:
                         self._observe(messages, started, time.perf_counter() - begun)
                     async with self._progress:
                         self._progress.notify_all()
-                    await self.lanes.applied(batch)
+                    self.lanes.applied(batch)
                     if self.after_apply:
                         # A writer job fewer per batch when nothing waits on standby to be promoted.
                         await self.after_apply(messages, held=self.applier.held_on_standby)
             finally:
+                self._fetched = None
                 fetching.cancel()
                 await asyncio.gather(fetching, return_exceptions=True)
         finally:
@@ -287,20 +291,34 @@ class Replica:
             for tp, records in batch.items():
                 if records:
                     self._read_to[tp] = records[-1].offset + 1
-            fetched = self.lanes.fetched(batch, logical)
-            messages = fetched.messages
-            if not (messages or fetched.history or fetched.caught_up or fetched.gained
-                    or self.lanes.advanced(fetched)):
-                continue  # lane records that released nothing: their positions go with the next batch
-            if self.early is not None:
-                try:
-                    self.early.announce(messages)
-                except Exception:  # noqa: BLE001 - the writer announces the same plans: only later
-                    if not self._early_failed:
-                        log.exception("announcing a fetched batch early failed; the writer announces it (logged once)")
-                    self._early_failed = True
-            self._unapplied.append(asyncio.get_running_loop().time())
-            await queue.put(fetched)
+            async with self._queueing:
+                await self._queue(queue, self.lanes.fetched(batch, logical))
+
+    async def sent(self, batches: list) -> None:
+        """Merge routed batches this worker's router just had acknowledged without reading them back (the lane
+        hop saved); left to the lanes' reader while it is queueing a batch (the writer is behind anyway)."""
+        queue = self._fetched
+        if queue is None or not self.routed or self._queueing.locked():
+            return
+        async with self._queueing:  # a merge step and its place in the queue go together: source order holds
+            fetched = self.lanes.sent(batches)
+            if fetched is not None:
+                await self._queue(queue, fetched)
+
+    async def _queue(self, queue: asyncio.Queue, fetched: Fetched) -> None:
+        """Announce what a merge step makes stale at once, and queue it for the writer."""
+        if not (fetched.messages or fetched.history or fetched.caught_up or fetched.gained
+                or self.lanes.advanced(fetched)):
+            return  # lane records that released nothing: their positions go with the next batch
+        if self.early is not None:
+            try:
+                self.early.announce(fetched.messages)
+            except Exception:  # noqa: BLE001 - the writer announces the same plans: only later
+                if not self._early_failed:
+                    log.exception("announcing a fetched batch early failed; the writer announces it (logged once)")
+                self._early_failed = True
+        self._unapplied.append(asyncio.get_running_loop().time())
+        await queue.put(fetched)
 
     async def _next(self, fetched: asyncio.Queue, fetching: asyncio.Future) -> tuple[Fetched, int]:
         """The next batch to apply: everything fetched meanwhile, up to the catch-up size, and how many fetched

@@ -10,12 +10,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.stream.raw_message import RawMessage
 from agents.stream.router import Router
-from schemas.routed_batch import pack, split
+from schemas.routed_batch import RoutedBatch, pack, split
 
 log = logging.getLogger(__name__)
 
 Send = Callable[[str, int, bytes], Awaitable[asyncio.Future]]
 """(logical topic, partition, value) -> a future acknowledged by the broker (the producer's `send`)."""
+Sent = Callable[[list[tuple[str, int, int, RoutedBatch]]], Awaitable[None]]
+"""Hands this worker's replica the batches just acknowledged, as (lane topic, partition, offset, batch)."""
 
 
 class SourceRouter:
@@ -26,9 +28,10 @@ class SourceRouter:
     successor, at the group's offset, and the lanes' readers drop what comes twice.
     """
 
-    def __init__(self, router: Router, send: Send) -> None:
+    def __init__(self, router: Router, send: Send, sent: Sent | None = None) -> None:
         self.router = router
         self.send = send
+        self.sent = sent  # the worker's own lanes merge what it routed without reading it back
         self.routed = 0  # source records routed (for /healthz)
         self.batches = 0  # routed batches sent
         self.failures = 0  # times routing started again after an error
@@ -38,17 +41,21 @@ class SourceRouter:
         spans: dict[int, list[RawMessage]] = {}
         for m in messages:
             spans.setdefault(m.partition, []).append(m)
-        pending = []
+        pending, parts = [], []
         for partition, records in spans.items():
             records.sort(key=lambda m: m.offset)
             batches = self.router.route(partition, records, records[0].offset, records[-1].offset + 1)
             for lane, batch in batches.items():
                 for part in split(batch, self.router.max_bytes):
                     pending.append(await self.send(lane.topic, lane.partition, pack(part)))
+                    parts.append((lane, part))
             self.routed += len(records)
             self.batches += len(batches)
         if pending:
-            await asyncio.gather(*pending)
+            acked = await asyncio.gather(*pending)
+            if self.sent is not None:
+                await self.sent([(lane.topic, lane.partition, meta.offset, part)
+                                 for (lane, part), meta in zip(parts, acked, strict=True)])
 
 
 class RouterReader:

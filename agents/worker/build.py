@@ -131,7 +131,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                                 max_bytes=max(1024, settings.max_record_bytes - 512)),
                          lambda topic, partition, value: app.producer.send(settings.topic(topic), None, value,
                                                                            partition=partition, timestamp=None,
-                                                                           headers=None))
+                                                                           headers=None),
+                         replica.sent)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores, router=route)
 

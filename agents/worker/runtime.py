@@ -174,7 +174,7 @@ class Worker:
         catching = self.ownership.shards.state.catching
         return {"routed": self.router.routed, "batches_sent": self.router.batches, "failures": self.router.failures,
                 "lanes": sorted(self.replica.reading_lanes() - catching), "catching_up": sorted(catching),
-                "lane_records_skipped": self.replica.lanes.errors}
+                "lane_records_skipped": self.replica.lanes.errors, "batches_merged_as_sent": self.replica.lanes.fed}
 
     def _forget_acknowledged(self) -> None:
         """Delete the rows of records the broker acknowledged: a clean stop sends nothing twice after its restart."""

@@ -122,3 +122,17 @@ async def test_a_standby_copy_makes_a_gained_partition_ready_without_restoring(b
             assert (await first.select(BOREAL_REQUEST, token))["admitted"]
         finally:
             peer.stop()
+
+
+async def test_a_worker_merges_what_its_router_sent_without_reading_it_back_and_applies_it_once(worker):
+    token = await worker.load("atlas.jsonl")
+    await worker.select(ATLAS_REQUEST, token)
+    edits = [resource(f"fed-{i}", entity=e) for i in range(10) for e in (ATLAS, BOREAL)]
+    token = freshest(token, await worker.publish_events(*edits))
+    await worker.select(ATLAS_REQUEST, token)
+    health = await worker.get("/healthz")
+    routing, counters = health["routing"], health["counters"]
+    assert routing["batches_merged_as_sent"] > 0 and routing["failures"] == 0, routing
+    # Every routed record applied once: the copy read back from the lane later was skipped, not applied again.
+    assert counters["applied.source-changes"] == routing["routed"], counters
+    assert not counters.get("redelivered_skipped") and not counters.get("duplicate_events"), counters
