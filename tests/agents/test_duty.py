@@ -227,7 +227,7 @@ def _offsets(health: dict) -> dict[tuple[str, int], int]:
 async def test_the_group_offsets_follow_what_was_published_and_a_kill_9_loses_nothing(worker, tmp_path):
     """Faust delivers no input event (the router and the replica read them); what a killed worker left
     unpublished is published by the next owner."""
-    await worker.load("atlas.jsonl")
+    await worker.select(ATLAS_REQUEST, await worker.load("atlas.jsonl"))  # applied: the offsets below are whole
     applied = _offsets(await worker.get("/healthz"))
 
     async def committed(w, offsets):
