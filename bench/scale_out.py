@@ -161,6 +161,8 @@ async def throughput(workers: list[BenchWorker], changes: list[Record], pin: boo
         cpu = None if c0 is None or c1 is None else c1 - c0
         watched = None if w0 is None or _watched(h) is None else _watched(h) - w0
         per_worker.append({"compilations": delta["compilations"], "invalidations": delta["invalidations"],
+                           # Input events this worker applied: its shard's, and the replicated ones every worker does.
+                           "applied_events": sum(v for k, v in delta.items() if k.startswith("applied.")),
                            "unchanged_recompilations": delta["unchanged_recompilations"],
                            "cpu_seconds": None if cpu is None else round(cpu, 2),
                            "status_cpu_seconds": None if watched is None else round(watched, 3),

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from bench.quality.report import markdown as quality_markdown
-
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join("n/a" if v is None else str(v) for v in row) + " |" for row in rows]
-    return out + [""]
+from bench.scale_summary import scale_lines
+from bench.tables import _table, _yes
 
 
 def subscriber_lines(path: dict, plot: str | None = None) -> list[str]:
@@ -117,132 +113,6 @@ def longest_stage_within(floor: dict | None, p99_ms: float) -> dict | None:
     return max(within, key=lambda s: s["stage_ms"], default=None)
 
 
-def scale_lines(scale: dict | None) -> list[str]:
-    """1, 2 and 4 workers on the same workload: events/s, CPU and state per worker, kill -9, a shard's restore."""
-    if not scale:
-        return []
-    work = scale["workload"]
-    counts = ", ".join(scale["runs"])
-    lines = [f"## {counts} workers (same workload, one run)", "",
-             f"Each cluster had topics of its own ({work['partitions']} partitions) and got the same records in the "
-             f"same order: {work['catalog_events']:,} catalog events ({work['bulk_resources']:,} of them resources "
-             f"of entities no plan is about, so that state has something to split), {work['plans']} plans selected "
-             f"on every worker, then {work['events']:,} change events published while the inputs were paused and "
-             "timed from the resume until every worker had applied them and published what they caused. CPU s: "
-             "each worker process's user and system time over that interval (from /proc, its /healthz polls "
-             "included). State: the DuckDB file after a clean stop (checkpointed, no log). "
-             + scale["pinning"], ""]
-    rows = []
-    for n, run in scale["runs"].items():
-        fig = scale["scaling"][n]
-        workers = run["per_worker"]
-        rows.append([run["workers"], _yes(run["pinned"]), run["seconds"], run["events_per_second"],
-                     f"{fig['events_per_second_vs_1']}x", " / ".join(str(p["compilations"]) for p in workers),
-                     _each(p.get("cpu_seconds") for p in workers), _each(fig["cpu_seconds_vs_1"], "x"),
-                     _each(_mb(p.get("state_bytes")) for p in workers), _each(fig["state_bytes_vs_1"], "x"),
-                     "-" if run["workers"] == 1 else _each([fig["state_bound_vs_1"]], "x")])
-    lines += _table(["workers", "pinned", "seconds", "events/s", "vs 1", "recompilations per worker",
-                     "CPU s per worker", "CPU vs 1", "state MB per worker", "state vs 1", "state bound vs 1"], rows)
-    unwatched = [(run["workers"], [p.get("cpu_seconds_unwatched") for p in run["per_worker"]],
-                  scale["scaling"][n].get("cpu_unwatched_vs_1") or []) for n, run in scale["runs"].items()]
-    if all(None not in cpu and None not in vs for _, cpu, vs in unwatched):
-        lines += ["The bench polls every worker's /healthz while it waits (each read costs the worker a few to tens "
-                  "of ms of CPU); less those reads, as timed on each worker's status thread, the CPU s per worker "
-                  "were " + "; ".join(f"{n} worker(s): {_each(cpu)} ({_each(vs, 'x')} of one worker's)"
-                                      for n, cpu, vs in unwatched) + ".", ""]
-    replicated = scale.get("replicated") or {}
-    one_bytes = scale["runs"]["1"]["per_worker"][0].get("state_bytes")
-    if replicated.get("bytes") and one_bytes:
-        lines += [f"Replicated part: {_mb(replicated['bytes'])} MB ({replicated['bytes'] / one_bytes:.0%} of one "
-                  f"worker's {_mb(one_bytes)} MB), measured as the {replicated['how']}. Issue 28's bound for each "
-                  "worker of N is that part plus 1/N of the rest of one worker's file.", ""]
-    lines += shard_lines(scale)
-    r = scale.get("ratios") or {}
-    if r.get("total_compilations_2_vs_1") is not None:
-        ceiling = (f" The busier of 2 workers used {r['cpu_busiest_2_vs_1']:.0%} of the single worker's CPU: on "
-                   f"cores of their own 2 workers could reach at most {r['events_per_second_2_vs_1_ceiling']}x."
-                   if r.get("cpu_busiest_2_vs_1") is not None else "")
-        lines += [f"2 vs 1: events/s {r['events_per_second_2_vs_1']}x, total recompilations "
-                  f"{r['total_compilations_2_vs_1']}x, busiest worker {r['busiest_worker_share_of_1']} of the single "
-                  "worker's recompilations (the workers' `compilations` counter during the run)." + ceiling, ""]
-    t = scale.get("takeover")
-    if t:
-        lines += [f"Kill -9: the 2-worker cluster was restarted on its files, edits that change all {t['plans']} "
-                  "plans were published and one worker was killed with SIGKILL at once (group session timeout "
-                  f"{t.get('session_timeout', 10):g} s: the group cannot notice sooner). The survivor held every "
-                  f"partition after {t['owned_all_seconds']} s and every affected plan had been announced on "
-                  f"`plan-invalidations` after {t['announced_all_seconds']} s; {t['lost']} plans were never announced "
-                  f"within {t['timeout_seconds']:g} s (lost).", ""]
-        lines += kill_phase_lines(t, "no standby copies (the embedded default)")
-    standby = scale.get("takeover_standby")
-    if standby:
-        lines += [f"The same kill -9 on a second 2-worker cluster with `FRESHPLAN_STANDBY_REPLICAS=1` (each keeps a "
-                  f"warm copy of the other's partitions): every affected plan announced after "
-                  f"{standby['announced_all_seconds']} s, {standby['lost']} lost.", ""]
-        lines += kill_phase_lines(standby, "standby copies")
-    lines += restore_lines(scale.get("restore"))
-    return lines
-
-
-def kill_phase_lines(take: dict, label: str) -> list[str]:
-    """Where a kill -9's seconds went: the group's new assignment, the survivor's restore, its take-over."""
-    if "assigned_seconds" not in take:
-        return []  # an older run: no phases recorded
-    restore = take.get("restore")
-    restored = (f"it restored partitions {restore['partitions']} ({restore['records_read']:,} records read, "
-                f"{restore['resources_restored']:,} resource changes applied) in {restore['seconds']} s"
-                if restore else "it restored nothing (it held the partitions already)")
-    return [f"Phases, {label}: the group's new assignment reached the survivor after {take['assigned_seconds']} s "
-            f"(session timeout, a heartbeat, then the rebalance); {restored}; it held every partition after "
-            f"{take['owned_all_seconds']} s.", ""]
-
-
-def shard_lines(scale: dict) -> list[str]:
-    """What each worker's `shard` held after the change stream, or that this build reports none."""
-    if not scale.get("sharded"):
-        return ["This build reports no `shard` in /healthz: every worker applies and keeps every resource (the "
-                "catalog is replicated; only plans are split by partition), so CPU and state per worker cannot "
-                "fall with more workers yet.", ""]
-    rows = []
-    for run in scale["runs"].values():
-        for i, p in enumerate(run["per_worker"]):
-            shard = p.get("shard") or {}
-            rows.append([run["workers"], i, _held(shard.get("partitions")), shard.get("resources"),
-                         shard.get("entities"), shard.get("plans")])
-    return ["What each worker's shard held after the change stream (`shard` in /healthz):", ""] + _table(
-        ["workers", "worker", "partitions", "resources", "entities", "plans"], rows)
-
-
-def restore_lines(restore: dict | None) -> list[str]:
-    """A fresh worker's restore of its shard, or why this build cannot show one."""
-    if not restore:
-        return []
-    if not restore.get("measured"):
-        return [f"Restore of a {restore['resources']:,}-resource shard: {restore['reason']}.", ""]
-    joiner = restore.get("joiner") or {}
-    after = restore["restored_after_assigned_seconds"]
-    done = (f"its shard ({joiner.get('resources')} resources, partitions {_held(joiner.get('partitions'))}) was "
-            f"restored after {restore['restored_seconds']} s from its start ({after} s after /healthz first named "
-            f"its partitions, {restore['assigned_seconds']} s in)"
-            if restore["restored_seconds"] is not None else
-            f"its shard was still restoring after {restore['timeout_seconds']:g} s")
-    return [f"Restore: one worker held {restore['published_records']:,} entities and resources, spread so that any "
-            f"half of the partitions holds {restore['resources']:,} resources; a fresh worker with empty state "
-            f"joined the group and {done}.", ""]
-
-
-def _held(partitions: dict | None) -> str:
-    return ", ".join(f"{topic} {parts}" for topic, parts in (partitions or {}).items()) or "none"
-
-
-def _each(values, suffix: str = "") -> str:
-    return " / ".join("n/a" if v is None else f"{v}{suffix}" for v in values)
-
-
-def _mb(n: int | None) -> float | None:
-    return None if n is None else round(n / 2**20, 1)
-
-
 def takeover_lines(take: dict | None) -> list[str]:
     """A worker gaining partitions takes their parked plans over (in process, no broker)."""
     if not take:
@@ -288,10 +158,6 @@ def event_id_lines(ids: dict | None) -> list[str]:
             f"batch of {ids['claim_batch']} new ids: {ids['claim_ms_without_older']} ms with the other "
             f"{ids['older_ids']:,} ids in the same table, {ids['claim_ms_with_older']} ms with them in an older "
             f"generation ({ids['claim_ratio_with_vs_without']}x).", ""]
-
-
-def _yes(flag) -> str:
-    return "n/a" if flag is None else ("yes" if flag else "no")
 
 
 def markdown(result: dict, images: list[str]) -> str:

@@ -150,7 +150,7 @@ def test_merging_own_batches_as_sent_applies_what_reading_them_back_would(seed):
         mine = [o for (q, o) in records if q == p]
         assert mine == sorted(mine)
         required, deletes = [], []
-        for o, (key, value) in enumerate(source[p]):
+        for o, (_, value) in enumerate(source[p]):
             doc = orjson.loads(value)
             if doc["op"] == "delete":
                 deletes.append(o)

@@ -124,3 +124,14 @@ def test_each_stream_is_shown_beside_the_same_rate_relay_with_the_p99_ratio():
     assert "one of 40 plans (round robin)" in text and "beside the relay: `2026-12-05-latency.png`" in text
     bare = "\n".join(subscriber_lines({"latency_by_rate": {"100": _stream(30.0)}}))
     assert "spread" not in bare and "latency.png" not in bare
+
+
+def test_the_events_each_worker_applied_bound_what_adding_workers_can_give():
+    scale = _scale()
+    scale["runs"]["1"]["per_worker"][0]["applied_events"] = 20_000
+    for worker, applied in zip(scale["runs"]["2"]["per_worker"], (13_000, 12_000), strict=True):
+        worker["applied_events"] = applied
+    text = "\n".join(scale_lines(scale))
+    assert "one worker 20,000; 2 workers 13,000 / 12,000 (the busiest 0.65x one worker's" in text
+    assert "at least 0.65x its CPU" in text and "at most 1.54x its events/s" in text
+    assert "applied during the change stream" not in "\n".join(scale_lines(_scale()))  # not recorded: not said
