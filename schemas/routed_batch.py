@@ -17,6 +17,10 @@ OVERSIZED = 4  # a source record too large to route: its first KEPT_BYTES, to be
 KEPT_BYTES = 65_536  # what a dead letter keeps of an original anyway
 FRAME_OVERHEAD = 25  # bytes a frame adds to its key and value
 SHARED = -1  # the lane of what every worker applies (resources about no entity among it), as a lane number
+# A Kafka record header marking an entity lane's record as a *report* of the lane's owner: an empty batch of
+# [n, n) of a source partition, saying every refusal of this lane's records of that partition below n was
+# dead-lettered and acknowledged. A gained lane's history above its last report is dead-lettered again.
+REPORT_HEADER = "freshplan-lane-report"
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,10 @@ class Catalog:
         """Apply resource upserts and deletes in order in one write; keys per change (see `apply_resources`)."""
         return apply_resources(self.store, changes, self._source_rules(), mine, left, lane_of)
 
+    def source_rules(self) -> dict[str, set[str]]:
+        """Provenance group -> the evidence classes it may assert under the policy bundles applied."""
+        return self._source_rules()
+
     def _source_rules(self) -> dict[str, set[str]]:
         """Provenance group -> the evidence classes it may assert, read once per policy change."""
         def load() -> dict[str, set[str]]:

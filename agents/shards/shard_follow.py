@@ -74,6 +74,7 @@ class ShardFollower:
         if blocked:
             raise RuntimeError(f"{', '.join(sorted(blocked))} was reset and is not applied until an operator "
                                "rebases or replays: a shard cannot be restored from it")
+        self.shards.assigned = assigned
         wanted, reading = self.shards.wanted(assigned), self.replica.reading_lanes()
         if reading - wanted:
             await self.replica.lose_lanes(reading - wanted)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import Collection
 
-from agents.stream.event_apply import EventApplier
+from agents.stream.event_apply import OVERSIZED, EventApplier
 from agents.stream.lane_events import by_position, event_ids, moved_away
 from agents.stream.raw_message import RawMessage
 from schemas.codec import decode
@@ -36,6 +37,9 @@ class Shards:
         self.applier = applier
         self.last_restore: dict | None = None  # partitions, records read, rows restored, seconds: for /healthz
         self._restoring: dict[int, list] = {}  # lane -> [started, history records read, resource changes applied]
+        self.assigned: frozenset[int] = frozenset()
+        """The entity partitions the group last gave this worker: a lane among them is restored as its owner."""
+        self._refused: dict[int, list[tuple[RawMessage, str, str]]] = {}  # lane -> refusals in its history
 
     @property
     def standby(self) -> frozenset[int]:
@@ -109,6 +113,7 @@ class Shards:
                         extra={"partitions": sorted(lanes), "reason": "shard_incomplete"})
         for q in lanes:
             self._restoring[q] = [time.perf_counter(), 0, 0]
+            self._refused.pop(q, None)
         log.info("restoring entity partitions %s from their lanes", sorted(lanes),
                  extra={"partitions": sorted(lanes), "reason": "shard_restoring"})
 
@@ -126,13 +131,15 @@ class Shards:
         self.state.restoring = self.state.restoring - catching
         for q in catching:
             self._restoring.pop(q, None)
+            self._refused.pop(q, None)
 
     def restore(self, history: list[RawMessage]) -> int:
         """Apply lane history (records below what the worker applied) of the lanes catching up; rows changed.
 
         Offsets, the event-id ledger and plans are left alone (the take-over judges parked plans by
-        the key changes recorded here); what the history holds that is invalid was dead-lettered by
-        whoever held the lane then.
+        the key changes recorded here). A refusal was dead-lettered by whoever owned the lane then,
+        unless no report of that owner covers it (it may have died first): those of a lane gained as
+        its owner are kept, and dead-lettered once the lane caught up (`caught_up`), at least once.
         """
         catching = self.state.catching
         if not history or not catching:
@@ -144,11 +151,13 @@ class Shards:
 
         applier = self.applier
         changes: list[tuple[RawMessage, SourceChange, str]] = []
+        refused: list[tuple[RawMessage, str, str]] = []  # unreported refusals: dead-lettered here
         for m in history:
             entry = self._restoring.get(m.lane)  # type: ignore[arg-type]
             if entry is not None:
                 entry[1] += 1
             if m.original_size is not None:
+                refused.append((m, "oversized", OVERSIZED))
                 continue
             if m.notice:
                 event = moved_away(m, applier.now)
@@ -160,18 +169,29 @@ class Shards:
                 try:
                     event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
                                    max_bytes=applier.max_event_bytes, cdc=applier.cdc)
-                except (SkippedEvent, InvalidEvent):
+                except SkippedEvent:
+                    continue
+                except InvalidEvent as exc:
+                    refused.append((m, exc.error_class, exc.message))
                     continue
             if event is not None and isinstance(event.payload, SourceChange) and event.payload.kind == "resource":
                 changes.append((m, event.payload, event.event_id))
-        if not changes:
+        if not changes and not refused:
             return 0
         left = {j: SHARED if m.lane is None else m.lane for j, (m, _, _) in enumerate(changes) if m.notice}
         store = applier.state.store
         with store.transaction():
-            # No source rules: what its holder accepted then stays (policy changes never remove stored
-            # resources), and the compiler still refuses what today's bundle does not trust.
-            results = apply_resources(store, [c for _, c, _ in changes], {}, mine, left, self.state.lane_of)
+            # What its holder reported applying stays whatever today's source rules say (policy changes never
+            # remove stored resources; the compiler refuses what today's bundle does not trust); what no report
+            # covers is judged now, as its holder would have.
+            results = apply_resources(store, [c for _, c, _ in changes], applier.state.catalog.source_rules(), mine,
+                                      left, self.state.lane_of,
+                                      unjudged={j for j, (m, _, _) in enumerate(changes) if not m.unreported})
+            refused += [(m, r.error_class, r.message) for (m, _, _), r in zip(changes, results, strict=True)
+                        if isinstance(r, InvalidEvent)]
+            for m, error_class, message in refused:
+                if m.lane in self.assigned:  # a standby copy leaves its letters to the owner
+                    self._refused.setdefault(m.lane, []).append((m, error_class, message))  # type: ignore[arg-type]
             keyed = by_position(((m.topic, m.partition, m.offset), keys)
                                 for (m, _, _), keys in zip(changes, results, strict=True) if isinstance(keys, list))
             ids = event_ids(((m.topic, m.partition, m.offset), event_id)
@@ -184,15 +204,24 @@ class Shards:
                                              (m.topic, m.partition, m.offset) in keyed)
         return len(keyed)
 
-    def caught_up(self, lanes: frozenset[int]) -> None:
-        """Lanes that joined the merge in every source partition (on the writer): their shards are whole."""
+    def caught_up(self, lanes: frozenset[int], reported: dict[int, dict[int, int]] | None = None) -> None:
+        """Lanes that joined the merge in every source partition (on the writer): their shards are whole.
+
+        The refusals their history held are dead-lettered now, those no report read on the lane covers (the
+        lane's reports follow what they cover: only the whole lane says which were sent)."""
         lanes = lanes & self.state.catching
         if not lanes:
             return
         store = self.applier.state.store
+        counts: Counter[str] = Counter({"shards_restored": len(lanes)})
         with store.transaction():
             self.state.add(lanes)
-            store.bump_many({"shards_restored": len(lanes)})
+            for q in sorted(lanes):
+                marks = (reported or {}).get(q, {})
+                for m, error_class, message in self._refused.pop(q, []):
+                    if m.offset >= marks.get(m.partition, 0):
+                        self.applier.dead_letter_lane_record(m, error_class, message, counts)
+            store.bump_many(counts)
         self.state.catching = self.state.catching - lanes
         self.state.restoring = self.state.restoring - lanes
         self.state.moves += 1
@@ -211,4 +240,4 @@ class Shards:
                 self.gain(frozenset(batch.gained))
             self.restore(batch.history)
         else:
-            self.caught_up(frozenset(batch.caught_up))
+            self.caught_up(frozenset(batch.caught_up), batch.reported)

@@ -27,6 +27,9 @@ from streams.incarnation import record_mark
 
 log = logging.getLogger(__name__)
 
+OVERSIZED = ("the event is larger than the largest record this service can route between its workers "
+             "(FRESHPLAN_MAX_RECORD_BYTES); split it or raise both limits")
+
 
 
 def warn_unsourced(bundle: PolicyBundle) -> None:
@@ -149,9 +152,7 @@ class EventApplier:
             if not m.notice and m.original_size is None:  # a notice or a cut record is not the record there
                 marks[(m.topic, m.partition)] = (m.offset, m)  # the mark is computed once, for the last record
             if m.original_size is not None:
-                self._dead_letter(m, "oversized", "the event is larger than the largest record this service can "
-                                  "route between its workers (FRESHPLAN_MAX_RECORD_BYTES); split it or raise both "
-                                  "limits", counts)
+                self._dead_letter(m, "oversized", OVERSIZED, counts)
                 continue
             if m.notice:
                 notice = moved_away(m, self.now)
@@ -349,6 +350,11 @@ class EventApplier:
                 touched[plan_key] = (order, dep_key, cause)
         return {k: (dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
 
+    def dead_letter_lane_record(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
+        """Dead-letter a refused record of an entity lane this worker is gaining as its owner (history its old
+        owner never reported), outright and inside the caller's transaction: the lane is not held yet."""
+        self._letter(m, error_class, message, counts, standby=False)
+
     def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str],
                      about: str | None = None) -> None:
         """Queue a dead letter: on standby for the duty owner of its input partition when every worker judges
@@ -366,6 +372,9 @@ class EventApplier:
                 counts["dead_letters_left_to_owner"] += 1
                 return
             standby = False
+        self._letter(m, error_class, message, counts, standby)
+
+    def _letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str], standby: bool) -> None:
         record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value,
                                    m.original_size)
         self.state.outbox.add_many([(self.plans.topic_of("dead-letters"), letter_key(m.key), record)],

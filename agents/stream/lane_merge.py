@@ -31,6 +31,8 @@ class _Lane:
     """One past the last carrier record read."""
     fed: set[int] = field(default_factory=set)
     """Carrier offsets past `next_carrier` merged as this worker's router sent them: skipped when read."""
+    reported: dict[int, int] = field(default_factory=dict)
+    """Source partition -> how far an owner of this lane reported its refusals dead-lettered (see REPORT_HEADER)."""
     history_to: dict[int, int] = field(default_factory=dict)
     """Source partition -> one past the last history frame handed out: a span routed again is not history twice."""
 
@@ -51,6 +53,8 @@ class Released:
     """(topic, partition) -> next offset: `source-changes` partitions released, and where each lane resumes."""
     caught_up: frozenset[int]
     """Entity lanes that joined every source partition in this step: their shards are whole."""
+    reported: dict[int, dict[int, int]] = field(default_factory=dict)
+    """For each caught-up lane: source partition -> how far its owners reported their refusals dead-lettered."""
 
 
 class LaneMerge:
@@ -103,6 +107,12 @@ class LaneMerge:
             lane.fed = {c for c in lane.fed if c > carrier}
         self._merge(lane, carrier, batch)
 
+    def report(self, topic: str, partition: int, source_partition: int, upto: int) -> None:
+        """A report read on a lane: its owner dead-lettered its refusals of `source_partition` below `upto`."""
+        lane = self.lanes.get((topic, partition))
+        if lane is not None:
+            lane.reported[source_partition] = max(lane.reported.get(source_partition, 0), upto)
+
     def feed(self, topic: str, partition: int, carrier: int, batch: RoutedBatch) -> bool:
         """A batch this worker's router sent, acknowledged at `carrier`, merged before the lane's reader meets it
         (saving the hop back); whether it was. Only where the lane holds everything of its source partition
@@ -150,13 +160,15 @@ class LaneMerge:
                     # Read in carrier order, a span a new router sent again comes after later records: only the
                     # first routing of an offset is history (a repeated move notice would undo a later upsert).
                     if f.offset >= lane.history_to.get(p, 0):
-                        history.append(_message(p, f, lane))
+                        history.append(_message(p, f, lane, unreported=f.offset >= lane.reported.get(p, 0)))
                         lane.history_to[p] = f.offset + 1
                 if lane.marks.get(p, 0) >= self.released[p]:
                     lane.joined.add(p)
         positions = {(SOURCE, p): n for p, n in self.released.items()}
         positions.update({key: lane.resume_at() for key, lane in self.lanes.items()})
-        return Released(messages, history, positions, before - self.restoring())
+        caught_up = before - self.restoring()
+        return Released(messages, history, positions, caught_up,
+                        {q: dict(self.lanes[("entity-changes", q)].reported) for q in caught_up})
 
     def _take(self, lane: _Lane, p: int, below: int) -> list[Frame]:
         """Pop a lane's frames of source partition `p` below an offset; close the batches they emptied."""
@@ -171,10 +183,10 @@ class LaneMerge:
         return taken
 
 
-def _message(p: int, f: Frame, lane: _Lane) -> RawMessage:
+def _message(p: int, f: Frame, lane: _Lane, unreported: bool = False) -> RawMessage:
     entity_lane = lane.partition if lane.topic == "entity-changes" else None
     value, size = f.value, None
     if f.kind == OVERSIZED:
         size, value = cut_size(f.value or b"")
     return RawMessage(SOURCE, p, f.offset, f.key, value, None if f.timestamp_ms is None else f.timestamp_ms / 1000,
-                      lane=entity_lane, notice=f.kind == NOTICE, original_size=size)
+                      lane=entity_lane, notice=f.kind == NOTICE, original_size=size, unreported=unreported)

@@ -9,7 +9,7 @@ from typing import Callable
 from agents.stream.lane_merge import LaneMerge, Released
 from agents.stream.raw_message import RawMessage
 from schemas.errors import InvalidEvent
-from schemas.routed_batch import RoutedBatch, unpack
+from schemas.routed_batch import REPORT_HEADER, RoutedBatch, unpack
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ LANES = ("shared-changes", "entity-changes")  # routed `source-changes` (see `ag
 class Fetched:
     """What one fetch hands the writer: records to apply, a gained lane's history, and the positions they reach."""
 
-    __slots__ = ("messages", "history", "positions", "caught_up", "gained")
+    __slots__ = ("messages", "history", "positions", "caught_up", "reported", "gained")
 
     def __init__(self, messages: list[RawMessage], released: Released | None = None,
                  gained: frozenset[int] = frozenset()) -> None:
@@ -27,6 +27,7 @@ class Fetched:
         self.history = released.history if released else []
         self.positions = released.positions if released else {}
         self.caught_up = released.caught_up if released else frozenset()
+        self.reported = released.reported if released else {}  # per caught-up lane (see `Released.reported`)
         self.gained = gained  # entity lanes read from their start since the last fetch: cleaned first
 
     def join(self, later: "Fetched") -> "Fetched":
@@ -35,6 +36,7 @@ class Fetched:
         self.history = self.history + later.history
         self.positions = {**self.positions, **later.positions}
         self.caught_up = self.caught_up | later.caught_up
+        self.reported = {**self.reported, **later.reported}
         self.gained = self.gained | later.gained
         return self
 
@@ -99,6 +101,8 @@ class LaneReader:
                                   extra={"reason": "lane_record_invalid", "topic": name, "partition": tp.partition})
                         continue
                     self.merge.add(name, tp.partition, m.offset, routed)
+                    if m.headers and any(k == REPORT_HEADER for k, _ in m.headers):
+                        self.merge.report(name, tp.partition, routed.partition, routed.end)
                 continue
             direct.extend(RawMessage(name, tp.partition, m.offset, m.key, m.value,
                                      m.timestamp / 1000 if m.timestamp else None) for m in records)

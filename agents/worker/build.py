@@ -32,6 +32,7 @@ from agents.stream.route_source import RouterReader, SourceRouter
 from agents.stream.router import Router
 from agents.ops.retention import BATCH, RetentionTimer
 from agents.web.routes import register_routes
+from agents.shards.lane_reports import REPORT_EVERY, LaneReports
 from agents.shards.shard_follow import ShardFollower
 from agents.shards.shard_restore import Shards
 from agents.stream.writer import Writer
@@ -133,8 +134,13 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                                                                            partition=partition, timestamp=None,
                                                                            headers=None),
                          replica.sent)
+    reports = LaneReports(shard_state, state, writer.run_later,
+                          lambda lane, value, headers: app.producer.send(settings.topic("entity-changes"), None, value,
+                                                                         partition=lane, timestamp=None,
+                                                                         headers=headers))
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
-                    replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores, router=route)
+                    replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores, router=route,
+                    lane_reports=reports)
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)  # paused: they subscribe the group (the duty); the readers read
@@ -243,6 +249,13 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             return
         if asyncio.get_running_loop().time() - replica.applied_at >= IDLE_SECONDS:
             checkpointing[:] = [asyncio.ensure_future(_checkpoint(writer, state))]
+
+    @app.timer(interval=REPORT_EVERY)
+    @chores.timer("report_lanes")
+    async def report_lanes() -> None:
+        # A worker gaining one of these lanes dead-letters again the refusals no report covers.
+        if replica.ready.is_set() and not replica.blocked:
+            await reports.report()
 
     @app.timer(interval=1.0)
     @chores.timer("flush_outbox")

@@ -12,6 +12,7 @@ from agents.ops.chores import Chores
 from agents.ops.collector import Collector
 from agents.ops.loop_probe import LoopProbe
 from agents.plans.ownership import Ownership
+from agents.shards.lane_reports import LaneReports
 from agents.stream.duty import Duty
 from agents.stream.event_apply import EventApplier
 from agents.stream.lag import LagWatcher
@@ -65,6 +66,8 @@ class Worker:
     """Runs the timers and background loops: a failing one is logged, counted and retried, never fatal."""
     router: SourceRouter | None = None
     """Routes the duty's `source-changes` partitions to the lanes (see `agents.stream.route_source`)."""
+    lane_reports: LaneReports | None = None
+    """Reports how far the owned lanes' refusals were dead-lettered (see `agents.shards.lane_reports`)."""
     status: Status = field(init=False)
     """Answers /healthz and /metrics, reading the file on a thread of its own (never on the loop)."""
     select_reads: SelectReads = field(init=False)
@@ -174,7 +177,8 @@ class Worker:
         catching = self.ownership.shards.state.catching
         return {"routed": self.router.routed, "batches_sent": self.router.batches, "failures": self.router.failures,
                 "lanes": sorted(self.replica.reading_lanes() - catching), "catching_up": sorted(catching),
-                "lane_records_skipped": self.replica.lanes.errors, "batches_merged_as_sent": self.replica.lanes.fed}
+                "lane_records_skipped": self.replica.lanes.errors, "batches_merged_as_sent": self.replica.lanes.fed,
+                "lane_reports": self.lane_reports.figures() if self.lane_reports is not None else None}
 
     def _forget_acknowledged(self) -> None:
         """Delete the rows of records the broker acknowledged: a clean stop sends nothing twice after its restart."""

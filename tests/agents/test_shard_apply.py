@@ -24,7 +24,7 @@ def raw(topic: str, event: dict) -> RawMessage:
     return RawMessage(topic, 0, next(_offsets), b"k", orjson.dumps(event))
 
 
-def restore(y: EventApplier, messages: list[RawMessage], entity: str) -> int:
+def restore(y: EventApplier, messages: list[RawMessage], entity: str, reported: int = 0, late: bool = False) -> int:
     """Restore `entity`'s shard at `y` from lane history: the source records routed to its lane, as a router would."""
     from agents.shards.shard_restore import Shards
     from agents.stream.lane_merge import LaneMerge
@@ -38,6 +38,8 @@ def restore(y: EventApplier, messages: list[RawMessage], entity: str) -> int:
     source = [m for m in messages if m.topic == "source-changes"]
     merge = LaneMerge(2, {0: max(m.offset for m in source) + 1})
     merge.gain(lane)
+    if not late:  # the old owner's report, read before its history: refusals below it were dead-lettered
+        merge.report("entity-changes", lane, 0, reported)
     router = Router(2, lambda m: decode(m.topic, m.key, m.value))
     for carrier, m in enumerate(sorted(source, key=lambda m: m.offset)):
         batch = router.route(0, [m], m.offset, m.offset + 1)[Lane("entity-changes", lane)]
@@ -46,7 +48,11 @@ def restore(y: EventApplier, messages: list[RawMessage], entity: str) -> int:
     history = merge.release().history
     shard = ShardState(y.state.store, 2)
     shard.catching = frozenset({lane})
-    return Shards(shard, y).restore(history)
+    shards = Shards(shard, y)
+    shards.assigned = frozenset({lane})  # gained as its owner
+    restored = shards.restore(history)
+    shards.caught_up(frozenset({lane}), {lane: {0: reported}})
+    return restored
 
 
 def only(entity: str):
@@ -104,8 +110,9 @@ def test_a_refused_move_between_shards_is_dead_lettered_once(make):
 
 
 def test_a_restored_shard_keeps_what_its_old_owner_accepted_under_the_policy_of_the_time(make):
-    """The restore judges history with today's source rules: a resource accepted when it was applied
-    (and kept by its old owner, as policy changes never remove stored resources) is refused on restore."""
+    """A resource accepted when it was applied (and kept by its old owner, as policy changes never remove
+    stored resources) is kept by the restore, though today's source rules refuse it: its owner reported it.
+    Without that report the restore judges it as of today (see the tests below)."""
     alone = make("alone", lambda e: True)
     y = make("y", only(B))  # holds B; gains A later
     history = scenario() + [raw(*resource("waiver-W9", entity=A))]
@@ -115,21 +122,28 @@ def test_a_restored_shard_keeps_what_its_old_owner_accepted_under_the_policy_of_
         w.apply(history)
         w.apply([tightened])
     assert stored(alone, "waiver-W9") == (1, A)  # one worker keeps it
-    restore(y, history, A)
+    restore(y, history, A, reported=history[-1].offset + 1)
     assert stored(y, "waiver-W9") == (1, A), "the restored shard lost a resource its old owner held"
 
 
-@pytest.mark.xfail(strict=True, reason="routing (issue 28): a lane's history is restored without dead letters, so a "
-                   "refusal the lane's old owner never applied (killed -9 first) is dead-lettered by nobody")
 def test_a_refused_resource_applied_while_its_shard_was_between_owners_is_dead_lettered(make):
-    """The restore dead-letters nothing ("whoever owned the shard then" did), but it covers offsets up to
-    this file's, which the old owner may never have applied (it was killed -9): such a refusal is
-    dead-lettered by nobody."""
+    """The restore covers offsets up to this file's, which the lane's old owner may never have applied (it was
+    killed -9): a refusal no report of that owner covers is dead-lettered by the restore."""
     y = make("y", only(B))
     y.apply(scenario(), standby=True)
     bad = raw(*refused("waiver-bad", entity=A))  # routed to A's lane: never read here until y gains A
     restore(y, scenario() + [bad], A)
-    assert letters(y), "a refused resource change of the gained shard was never dead-lettered"
+    assert [offset for offset, _ in letters(y, standby=False)] == [bad.offset], \
+        "a refused resource change of the gained shard was never dead-lettered"
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["report read first", "report read after the refusal"])
+def test_a_refusal_its_old_owner_reported_is_not_dead_lettered_again(make, late):
+    y = make("y", only(B))
+    y.apply(scenario(), standby=True)
+    bad = raw(*refused("waiver-bad", entity=A))
+    restore(y, scenario() + [bad], A, reported=bad.offset + 1, late=late)
+    assert letters(y) == []
 
 
 def test_a_shard_gained_after_a_rebase_gets_the_resources_read_again_from_the_new_topic(make):
