@@ -127,6 +127,7 @@ def http_page() -> str:
 
 
 def topics_page() -> str:
+    from schemas.routed_batch import REPORT_HEADER
     from streams.settings import COMPACTED_TOPICS, INPUT_TOPICS, INTERNAL_TOPICS
 
     out = ["# Topics", "", NOTICE.format(source="`schemas/json/`"), "",
@@ -156,7 +157,11 @@ def topics_page() -> str:
             "(1 byte), source partition (4), first and one-past-last source offset (8 + 8), then one frame per",
             "record: kind (1: record, 2: move notice, 3: tombstone, 4: cut for size), source offset (8),",
             "timestamp ms (8, -1: none), key length (4, -1: none), value length (4), key, value; big-endian.",
-            "A record that is not a routed batch is skipped and logged `lane_record_invalid`.", ""]
+            "A record that is not a routed batch is skipped and logged `lane_record_invalid`.", "",
+            "An entity lane also holds its owner's *reports*: an empty batch of `[n, n)` of a source partition,",
+            f"with the header `{REPORT_HEADER}`, appended about once a second while nothing waits in the",
+            "owner's outbox. It says that every refusal of the lane's records of that partition below `n` was",
+            "dead-lettered and acknowledged. To any reader it is only a mark.", ""]
     return "\n".join(out)
 
 
