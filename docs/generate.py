@@ -159,9 +159,9 @@ def topics_page() -> str:
             "timestamp ms (8, -1: none), key length (4, -1: none), value length (4), key, value; big-endian.",
             "A record that is not a routed batch is skipped and logged `lane_record_invalid`.", "",
             "An entity lane also holds its owner's *reports*: an empty batch of `[n, n)` of a source partition,",
-            f"with the header `{REPORT_HEADER}`, appended about once a second while nothing waits in the",
-            "owner's outbox. It says that every refusal of the lane's records of that partition below `n` was",
-            "dead-lettered and acknowledged. To any reader it is only a mark.", ""]
+            f"with the header `{REPORT_HEADER}`, appended about once a second. It says that every refusal of",
+            "the lane's records of that partition below `n` was dead-lettered and acknowledged (`n` stops at",
+            "the owner's oldest letter still due). To any reader it is only a mark.", ""]
     return "\n".join(out)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Collection, Sequence
+from typing import Callable, Sequence
 
 import orjson
 import pyarrow as pa
@@ -64,11 +64,9 @@ def resource_row(row: tuple) -> Resource:
 
 def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[str, set[str]],
                     mine: Mine = everything, left: dict[int, int] | None = None,
-                    lane_of: Callable[[str | None], int] | None = None, unjudged: Collection[int] = (),
+                    lane_of: Callable[[str | None], int] | None = None,
                     ) -> list[list[str] | InvalidEvent | OtherShard | None]:
     """Apply resource upserts and deletes in order with one read and one write; keys per change.
-
-    The changes at `unjudged` are not judged by the source rules (what their holder accepted then).
 
     `left` names the changes that are move notices (a delete that holds only while the row,
     as this batch has it so far, is about an entity of the lane it names: `lane_of` its entity).
@@ -103,7 +101,7 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
             out.append(None)  # the resource is not in the lane it left (any more): nothing to remove
             continue
         new_entity = change.record.entity if change.record is not None else None  # type: ignore[union-attr]
-        if at not in unjudged and refused(change.record, change.unavailable, rules):  # type: ignore[arg-type]
+        if refused(change.record, change.unavailable, rules):  # type: ignore[arg-type]
             # The record alone decides, so any worker that reads it judges it alike (who reports it is the
             # applier's choice: the entity's owner, or the duty owner of its input partition).
             out.append(_refusal())
@@ -138,7 +136,7 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
                 out.append(unavailable_value(change, "resource"))
                 continue
             new = replace(new, **{f: getattr(base, f) for f, _ in change.unavailable})
-        allowed = rules.get(new.provenance_group or "") if at not in unjudged else None
+        allowed = rules.get(new.provenance_group or "")
         if allowed is not None and new.evidence_class not in allowed:
             # Refused where it was going to: the new entity's holder reports it (once), the old row stays.
             out.append(_refusal())

@@ -243,6 +243,14 @@ class Outbox:
         unacked, params = self.unacked()
         return self.db.execute(f"SELECT count(*) FROM outbox WHERE NOT standby{unacked}", params).fetchone()[0]
 
+    def oldest_due(self, topic: str, source: str) -> dict[int, int]:
+        """Per partition of the input topic `source`, the offset whose record caused the oldest row due for
+        `topic` (a dead letter not acknowledged yet, for instance)."""
+        unacked, params = self.unacked()
+        return dict(self.db.execute(
+            f"SELECT src_partition, min(src_offset) FROM outbox WHERE NOT standby AND topic = ? AND src_topic = ?"
+            f"{unacked} GROUP BY src_partition", [topic, source, *params]).fetchall())
+
     def any_due(self) -> bool:
         """Whether any record is due for publication (cheaper than `size` for a loop that polls while it is)."""
         unacked, params = self.unacked()

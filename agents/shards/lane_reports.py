@@ -12,7 +12,7 @@ from state.shard_state import ShardState
 
 log = logging.getLogger(__name__)
 
-REPORT_EVERY = 1.0  # seconds between reports: a successor may dead-letter this much of a dead owner's work again
+REPORT_EVERY = 1.0  # seconds between reports: a successor may dead-letter about this much of a dead owner's again
 
 SendReport = Callable[[int, bytes, list[tuple[str, bytes]]], Awaitable[asyncio.Future]]
 """(entity lane, value, headers) -> a future acknowledged by the broker."""
@@ -20,7 +20,7 @@ SendReport = Callable[[int, bytes, list[tuple[str, bytes]]], Awaitable[asyncio.F
 
 class LaneReports:
     """Appends a report to each entity lane this worker owns: per source partition, the offset below which it
-    applied the lane and had every dead letter that caused acknowledged.
+    applied the lane and had every dead letter that caused acknowledged (up to its oldest letter still due).
 
     The owner of a lane alone dead-letters its refusals. A worker that gains the lane restores
     its history, and dead-letters the refusals no report covers (`Shards.restore`): the old
@@ -30,22 +30,20 @@ class LaneReports:
     """
 
     def __init__(self, shards: ShardState, state: LocalState, run: Callable[..., Awaitable[Any]],
-                 send: SendReport) -> None:
+                 send: SendReport, letters_topic: str) -> None:
         self.shards = shards
         self.state = state
+        self.letters_topic = letters_topic  # broker-side `dead-letters`
         self.run_writes = run  # reads on the writer, between batches: positions and outbox agree
         self.send = send
         self.sent: dict[tuple[int, int], int] = {}  # (entity lane, source partition) -> last offset reported
         self.reports = 0  # reports acknowledged (for /healthz)
 
     async def report(self) -> int:
-        """Report what moved since the last report on every owned lane, once nothing waits in the outbox; how
-        many reports were sent."""
-        positions, due = await self.run_writes(self._look)
-        owned = {q for q in self.shards.held if self.shards.owns_lane(q)}
+        """Report what moved since the last report on every owned lane, each source partition up to its oldest
+        dead letter not acknowledged yet; how many reports were sent."""
+        positions, owned = await self.run_writes(self._look)
         self.sent = {k: v for k, v in self.sent.items() if k[0] in owned}  # a lane gained again starts over
-        if due:
-            return 0  # a dead letter not acknowledged yet: the positions do not hold for it
         pending = []
         for q in sorted(owned):
             for p, upto in sorted(positions.items()):
@@ -65,6 +63,10 @@ class LaneReports:
             reported.setdefault(str(q), {})[str(p)] = upto
         return {"sent": self.reports, "reported": reported}
 
-    def _look(self) -> tuple[dict[int, int], bool]:
-        """Applied `source-changes` positions, and whether any record still waits to be published."""
-        return dict(self.state.store.next_offsets().get("source-changes", {})), self.state.outbox.any_due()
+    def _look(self) -> tuple[dict[int, int], frozenset[int]]:
+        """Per source partition, how far every refusal applied was dead-lettered and acknowledged; and the lanes
+        owned (read together on the writer: a lane caught up since has letters still due)."""
+        applied = self.state.store.next_offsets().get("source-changes", {})
+        due = self.state.outbox.oldest_due(self.letters_topic, "source-changes")
+        owned = frozenset(q for q in self.shards.held if self.shards.owns_lane(q))
+        return {p: min(n, due.get(p, n)) for p, n in applied.items()}, owned

@@ -16,6 +16,7 @@ from schemas.records import SourceChange
 from schemas.routed_batch import SHARED
 from schemas.shard_peek import peek
 from state.catalog_resources import apply_resources, drop_resources, held_entities
+from state.catalog_resources import refused as refused_by_source
 from state.shard_state import ShardState
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ class Shards:
 
         applier = self.applier
         changes: list[tuple[RawMessage, SourceChange, str]] = []
-        refused: list[tuple[RawMessage, str, str]] = []  # unreported refusals: dead-lettered here
+        refused: list[tuple[RawMessage, str, str]] = []  # dead-lettered once the lane caught up, if unreported
         for m in history:
             entry = self._restoring.get(m.lane)  # type: ignore[arg-type]
             if entry is not None:
@@ -181,14 +182,16 @@ class Shards:
         left = {j: SHARED if m.lane is None else m.lane for j, (m, _, _) in enumerate(changes) if m.notice}
         store = applier.state.store
         with store.transaction():
-            # What its holder reported applying stays whatever today's source rules say (policy changes never
-            # remove stored resources; the compiler refuses what today's bundle does not trust); what no report
-            # covers is judged now, as its holder would have.
-            results = apply_resources(store, [c for _, c, _ in changes], applier.state.catalog.source_rules(), mine,
-                                      left, self.state.lane_of,
-                                      unjudged={j for j, (m, _, _) in enumerate(changes) if not m.unreported})
+            # No source rules: what its holder accepted then stays (policy changes never remove stored
+            # resources), and the compiler still refuses what today's bundle does not trust. Which records no
+            # report covers (their holder may never have judged them) is known only once the lane caught up:
+            # today's rules name their refusals for the dead letters, and only those.
+            results = apply_resources(store, [c for _, c, _ in changes], {}, mine, left, self.state.lane_of)
+            rules = applier.state.catalog.source_rules()
             refused += [(m, r.error_class, r.message) for (m, _, _), r in zip(changes, results, strict=True)
                         if isinstance(r, InvalidEvent)]
+            refused += [(m, *_source_refusal()) for m, change, _ in changes
+                        if refused_by_source(change.record, change.unavailable, rules)]
             for m, error_class, message in refused:
                 if m.lane in self.assigned:  # a standby copy leaves its letters to the owner
                     self._refused.setdefault(m.lane, []).append((m, error_class, message))  # type: ignore[arg-type]
@@ -241,3 +244,9 @@ class Shards:
             self.restore(batch.history)
         else:
             self.caught_up(frozenset(batch.caught_up), batch.reported)
+
+
+def _source_refusal() -> tuple[str, str]:
+    """The dead letter of a history record today's source rules refuse (its holder may never have judged it)."""
+    return ("class_not_allowed_for_source", "the resource's provenance_group may not assert its evidence_class "
+            "(see the policy bundle's sources): no plan admits it")

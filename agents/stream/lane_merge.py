@@ -160,7 +160,7 @@ class LaneMerge:
                     # Read in carrier order, a span a new router sent again comes after later records: only the
                     # first routing of an offset is history (a repeated move notice would undo a later upsert).
                     if f.offset >= lane.history_to.get(p, 0):
-                        history.append(_message(p, f, lane, unreported=f.offset >= lane.reported.get(p, 0)))
+                        history.append(_message(p, f, lane))
                         lane.history_to[p] = f.offset + 1
                 if lane.marks.get(p, 0) >= self.released[p]:
                     lane.joined.add(p)
@@ -183,10 +183,10 @@ class LaneMerge:
         return taken
 
 
-def _message(p: int, f: Frame, lane: _Lane, unreported: bool = False) -> RawMessage:
+def _message(p: int, f: Frame, lane: _Lane) -> RawMessage:
     entity_lane = lane.partition if lane.topic == "entity-changes" else None
     value, size = f.value, None
     if f.kind == OVERSIZED:
         size, value = cut_size(f.value or b"")
     return RawMessage(SOURCE, p, f.offset, f.key, value, None if f.timestamp_ms is None else f.timestamp_ms / 1000,
-                      lane=entity_lane, notice=f.kind == NOTICE, original_size=size, unreported=unreported)
+                      lane=entity_lane, notice=f.kind == NOTICE, original_size=size)

@@ -51,6 +51,8 @@ class LaneReader:
         self.gained: set[int] = set()
         self.errors = 0  # lane records that were not routed batches (a poisoned internal topic), skipped
         self.fed = 0  # routed batches merged as this worker's router sent them (not read back first)
+        self.epoch = 0  # counts gains: a fetch names the epoch it was read in
+        self._gained_at: dict[int, int] = {}  # entity lane -> the epoch it was last gained in
         self.wakers: list[asyncio.Event] = []  # set when gained lanes joined the merge (a follower waits on one)
         self._released: dict[tuple[str, int], int] = {}  # `source-changes` positions handed to the writer
 
@@ -71,8 +73,10 @@ class LaneReader:
         """Read these entity lanes from their start."""
         if self.merge is None:
             raise RuntimeError("the replica is not reading yet")
+        self.epoch += 1
         for q in lanes:
             self.merge.gain(q)
+            self._gained_at[q] = self.epoch
         self.gained.update(lanes)
 
     def lose(self, lanes: frozenset[int]) -> None:
@@ -83,12 +87,17 @@ class LaneReader:
             self.merge.lose(q)
         self.gained.difference_update(lanes)
 
-    def fetched(self, batch: dict, logical: dict[str, str]) -> Fetched:
-        """A fetch's records: the direct ones as read, the lanes' through the merge (what it can release now)."""
+    def fetched(self, batch: dict, logical: dict[str, str], epoch: int | None = None) -> Fetched:
+        """A fetch's records: the direct ones as read, the lanes' through the merge (what it can release now).
+
+        Records of a lane gained again after the fetch's `epoch` belong to the read before: dropped."""
         direct: list[RawMessage] = []
         lanes = False
         for tp, records in batch.items():
             name = logical[tp.topic]
+            if (epoch is not None and name == "entity-changes"
+                    and self._gained_at.get(tp.partition, 0) > epoch):
+                continue
             if self.merge is not None and name in LANES:
                 lanes = True
                 for m in records:

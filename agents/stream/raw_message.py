@@ -27,6 +27,3 @@ class RawMessage:
     """A move notice: the resource whose id is `value` left `lane` (see `agents.stream.router`)."""
     original_size: int | None = None
     """For a record too large to route: its value's size (`value` holds its beginning only; dead-lettered)."""
-    unreported: bool = False
-    """A gained lane's history record no report of the lane's owner covers: its refusal may never have been
-    dead-lettered (the owner died first), so the restore dead-letters it (at least once)."""

@@ -291,15 +291,16 @@ class Replica:
             for tp, records in batch.items():
                 if records:
                     self._read_to[tp] = records[-1].offset + 1
+            read_at = self.lanes.epoch  # a lane gained while this batch waits must not get the old read's records
             async with self._queueing:
-                await self._queue(queue, self.lanes.fetched(batch, logical))
+                await self._queue(queue, self.lanes.fetched(batch, logical, read_at))
 
     async def sent(self, batches: list) -> None:
         """Merge routed batches this worker's router just had acknowledged without reading them back (the lane
         hop saved); left to the lanes' reader while it is queueing a batch (the writer is behind anyway)."""
         queue = self._fetched
-        if queue is None or not self.routed or self._queueing.locked():
-            return
+        if queue is None or not self.routed or self._queueing.locked() or queue.full():
+            return  # never hold the router up: what it sent comes back through the lanes anyway
         async with self._queueing:  # a merge step and its place in the queue go together: source order holds
             fetched = self.lanes.sent(batches)
             if fetched is not None:

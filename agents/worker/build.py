@@ -137,7 +137,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     reports = LaneReports(shard_state, state, writer.run_later,
                           lambda lane, value, headers: app.producer.send(settings.topic("entity-changes"), None, value,
                                                                          partition=lane, timestamp=None,
-                                                                         headers=headers))
+                                                                         headers=headers),
+                          settings.topic("dead-letters"))
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores, router=route,
                     lane_reports=reports)
