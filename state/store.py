@@ -233,16 +233,12 @@ class Store:
 
         A mark (see `streams.incarnation.record_mark`) identifies the record at one offset, so a later start can
         tell whether the broker still holds the topic these offsets belong to; a mark never gives way to one of
-        an earlier record. Known rows are updated in place: an upsert costs about twice an update in DuckDB.
+        an earlier record. Known rows are updated in place (an upsert costs about twice an update in DuckDB),
+        and only where they move: rewriting a dozen unchanged rows was a tenth of a small batch.
         """
-        if not offsets:
-            return
-        marks = marks or {}
-        known = self._offsets() if self._memo is not None else {}
-        # A position the file already has, with no record's mark, changes nothing: a lane merge hands every
-        # partition's position with each batch, and updating a dozen unchanged rows was a tenth of a small batch.
+        marks, known = marks or {}, self._offsets() if self._memo is not None else {}
         rows = [(t, p, nxt, *marks.get((t, p), (None, None))) for (t, p), nxt in offsets.items()
-                if (t, p) in marks or known.get((t, p), -1) < nxt]
+                if (t, p) in marks or known.get((t, p), -1) < nxt]  # a lane merge hands every position each batch
         old = [r for r in rows if (r[0], r[1]) in known]
         if old and len(old) <= UPDATE_ROWS:
             self.update_rows("offsets", ("topic", "partition"), ("next_offset", "record_offset", "mark"), old,
@@ -263,7 +259,8 @@ class Store:
         if self._memo is not None:
             for pos, nxt in offsets.items():
                 known[pos] = max(known.get(pos, nxt), nxt)
-        self._position_moved()
+        if offsets:
+            self._position_moved()
 
     def forget_offsets(self, topic: str, partitions: list[int]) -> None:
         """Forget where this file read some partitions of a topic (it reads them from their start again)."""
