@@ -257,7 +257,7 @@ class Replica:
                         self._unapplied.popleft()
                     if self.early is not None:
                         self.early.forget_applied()
-                    if self.on_batch is not None:
+                    if self.on_batch is not None and messages:  # not a batch of lane positions only
                         self._observe(messages, started, time.perf_counter() - begun)
                     async with self._progress:
                         self._progress.notify_all()
