@@ -13,7 +13,7 @@ from agents.stream.router import Lane, Router
 from schemas.codec import decode
 from schemas.plan_partition import plan_partition
 from schemas.routed_batch import RECORD, Frame, RoutedBatch, pack, unpack
-from tests.agents.test_lane_merge import _source
+from tests.agents.test_lane_merge import _source, apply_released
 
 P = 3
 
@@ -66,22 +66,6 @@ def _own_ids(p: int, records: list[tuple[bytes, bytes]]) -> list[tuple[bytes, by
     return out
 
 
-def _apply(stored: dict, messages: list[RawMessage], held: set[int]) -> None:
-    for m in messages:
-        if m.notice:
-            rid = m.value.decode()
-            if rid in stored and plan_partition(stored[rid], P) == m.lane:
-                del stored[rid]
-            continue
-        doc = orjson.loads(m.value)
-        if doc["kind"] != "resource":
-            continue
-        if doc["op"] == "delete":
-            stored.pop(doc["resource"]["id"], None)
-        elif plan_partition(doc["resource"]["entity"], P) in held:
-            stored[doc["resource"]["id"]] = doc["resource"]["entity"]
-
-
 @pytest.mark.parametrize("seed", range(16))
 def test_merging_own_batches_as_sent_applies_what_reading_them_back_would(seed):
     # Routers of every source partition write the lanes interleaved; this worker routes some partitions and
@@ -110,7 +94,7 @@ def test_merging_own_batches_as_sent_applies_what_reading_them_back_would(seed):
     def release() -> None:
         out = merge.release().messages
         applied.extend(out)
-        _apply(stored, out, held)
+        apply_released(stored, out, held)
 
     while any(at[p] < len(source[p]) for p in range(P)):
         p = rng.choice([p for p in range(P) if at[p] < len(source[p])])

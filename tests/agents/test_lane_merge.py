@@ -142,6 +142,24 @@ def test_whatever_the_delivery_order_a_worker_applies_exactly_its_lanes_records_
         assert set(required) <= set(mine) <= set(required) | set(deletes)
 
 
+def apply_released(stored: dict[str, str], messages: list[RawMessage], held: set[int]) -> None:
+    """What a worker holding `held` keeps of released records: an upsert stores, a delete removes, a notice
+    removes the resource if it is held in the lane it names."""
+    for m in messages:
+        if m.notice:
+            rid = m.value.decode()
+            if rid in stored and plan_partition(stored[rid], P) == m.lane:
+                del stored[rid]
+            continue
+        doc = orjson.loads(m.value)
+        if doc["kind"] != "resource":
+            continue
+        if doc["op"] == "delete":
+            stored.pop(doc["resource"]["id"], None)
+        elif plan_partition(doc["resource"]["entity"], P) in held:
+            stored[doc["resource"]["id"]] = doc["resource"]["entity"]
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_moves_and_deletes_leave_a_worker_holding_exactly_its_lanes_resources(seed):
     # Resources move between entities, are deleted, and come back; routers restart and forget what
@@ -164,19 +182,7 @@ def test_moves_and_deletes_leave_a_worker_holding_exactly_its_lanes_resources(se
                 merge.add(lane.topic, lane.partition, carriers.setdefault(lane, 0), unpack(pack(batch)))
                 carriers[lane] += 1
         at += len(span)
-        for m in merge.release().messages:
-            if m.notice:
-                rid = m.value.decode()
-                if rid in stored and plan_partition(stored[rid], P) == m.lane:
-                    del stored[rid]
-                continue
-            doc = orjson.loads(m.value)
-            if doc["kind"] != "resource":
-                continue
-            if doc["op"] == "delete":
-                stored.pop(doc["resource"]["id"], None)
-            elif plan_partition(doc["resource"]["entity"], P) in held:
-                stored[doc["resource"]["id"]] = doc["resource"]["entity"]
+        apply_released(stored, merge.release().messages, held)
     truth = {}
     for _, value in records:
         doc = orjson.loads(value)
