@@ -142,6 +142,19 @@ def test_whatever_the_delivery_order_a_worker_applies_exactly_its_lanes_records_
         assert set(required) <= set(mine) <= set(required) | set(deletes)
 
 
+def held_truth(records: list[tuple[bytes, bytes]], held: set[int]) -> dict[str, str]:
+    """Resource id -> entity the source leaves, for the resources about entities of the `held` partitions."""
+    truth: dict[str, str] = {}
+    for _, value in records:
+        doc = orjson.loads(value)
+        if doc["kind"] == "resource":
+            if doc["op"] == "delete":
+                truth.pop(doc["resource"]["id"], None)
+            else:
+                truth[doc["resource"]["id"]] = doc["resource"]["entity"]
+    return {rid: e for rid, e in truth.items() if plan_partition(e, P) in held}
+
+
 def apply_released(stored: dict[str, str], messages: list[RawMessage], held: set[int]) -> None:
     """What a worker holding `held` keeps of released records: an upsert stores, a delete removes, a notice
     removes the resource if it is held in the lane it names."""
@@ -183,15 +196,7 @@ def test_moves_and_deletes_leave_a_worker_holding_exactly_its_lanes_resources(se
                 carriers[lane] += 1
         at += len(span)
         apply_released(stored, merge.release().messages, held)
-    truth = {}
-    for _, value in records:
-        doc = orjson.loads(value)
-        if doc["kind"] == "resource":
-            if doc["op"] == "delete":
-                truth.pop(doc["resource"]["id"], None)
-            else:
-                truth[doc["resource"]["id"]] = doc["resource"]["entity"]
-    assert stored == {rid: e for rid, e in truth.items() if plan_partition(e, P) in held}
+    assert stored == held_truth(records, held)
 
 
 def test_a_span_routed_again_is_not_history_twice():
