@@ -17,7 +17,7 @@ from state.drained import DrainedConnection
 from state.event_generations import LEGACY_MEMO, OLDER_MEMO, has_legacy, older_tables
 from state.event_ids import claim_any, claim_scoped
 from state.head_cache import HeadCache
-from state.row_writes import UPDATE_ROWS, insert_rows, update_rows
+from state.row_writes import insert_rows, update_rows
 from state.store_migrations import migrate
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ class Store:
         rows = [(t, p, nxt, *marks.get((t, p), (None, None))) for (t, p), nxt in offsets.items()
                 if (t, p) in marks or known.get((t, p), -1) < nxt]  # a lane merge hands every position each batch
         old = [r for r in rows if (r[0], r[1]) in known]
-        if old and len(old) <= UPDATE_ROWS:
+        if old:
             self.update_rows("offsets", ("topic", "partition"), ("next_offset", "record_offset", "mark"), old,
                               "next_offset = greatest(next_offset, {next_offset}), "
                               f"record_offset = CASE WHEN {_LATER} THEN {{record_offset}} ELSE record_offset END, "
@@ -381,8 +381,6 @@ class Store:
         names = self.cached("counter_names", lambda: {r[0] for r in self.db.execute(
             "SELECT name FROM counters").fetchall()}) if self._memo is not None else set()
         new = {k: v for k, v in counts.items() if k not in names}
-        if len(counts) - len(new) > UPDATE_ROWS:
-            new = counts
         if len(new) < len(counts):
             # The usual batch bumps counters that exist: an update costs half an upsert.
             self.update_rows("counters", ("name",), ("value",),

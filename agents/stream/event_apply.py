@@ -108,9 +108,7 @@ class EventApplier:
         self.applied_in = threading.current_thread().name
         try:
             with self.state.store.transaction():
-                self._apply_all(messages)
-                if positions:
-                    self.state.store.save_offsets(positions)
+                self._apply_all(messages, positions or {})
                 # The publisher's acknowledged rows go in this commit, not one of their own.
                 forgotten = self.state.outbox.forget_acked()
             self.state.outbox.acked.deleted(forgotten)
@@ -135,7 +133,7 @@ class EventApplier:
                 with self.state.store.transaction():
                     self.state.store.save_offsets(positions)
 
-    def _apply_all(self, messages: Sequence[RawMessage]) -> None:
+    def _apply_all(self, messages: Sequence[RawMessage], positions: dict[tuple[str, int], int] | None = None) -> None:
         store = self.state.store
         applied = store.next_offsets()
         # Judged against what was applied before the batch: a lane merge gives a record and move notices one offset.
@@ -166,6 +164,8 @@ class EventApplier:
                 counts[f"cdc_skipped.{exc.kind}"] += 1
             except InvalidEvent as exc:
                 self._dead_letter(m, exc.error_class, exc.message, counts)
+        for pos, nxt in (positions or {}).items():  # saved with the records' offsets: one statement, not two
+            offsets[pos] = max(offsets.get(pos, nxt), nxt)
         store.save_offsets(offsets, {pos: (o, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))
                                      for pos, (o, m) in marks.items()})
         # The clock is idempotent by monotonicity; its ticks need no event-id ledger. Nor are the ids of
