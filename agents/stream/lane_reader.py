@@ -40,6 +40,34 @@ class Fetched:
         self.gained = self.gained | later.gained
         return self
 
+    def __len__(self) -> int:
+        return len(self.messages) + len(self.history)
+
+
+class FetchQueue(asyncio.Queue):
+    """Fetched batches waiting for the writer, bounded in batches of up to `most` records each.
+
+    A batch that fits in the last one waiting joins it (the writer would join them anyway): a
+    run of small batches (a router's sends, merged as they are acknowledged) never fills the
+    queue and never holds up the early announcements made as a batch is queued.
+    """
+
+    def __init__(self, maxsize: int, most: int) -> None:
+        super().__init__(maxsize)
+        self.most = most
+
+    def waits(self, records: int) -> bool:
+        """Whether queueing a batch of this many records would wait for the writer."""
+        return self.full() and len(self._queue[-1]) + records > self.most
+
+    async def put_joined(self, batch: Fetched) -> bool:
+        """Queue a batch, joined to the last one waiting where it fits; whether it went in as a batch of its own."""
+        if self._queue and len(self._queue[-1]) + len(batch) <= self.most:
+            self._queue[-1].join(batch)
+            return False
+        await self.put(batch)
+        return True
+
 
 class LaneReader:
     """The merge of the lanes read, the lanes gained since the last fetch, and who waits for a lane to catch up."""

@@ -13,7 +13,7 @@ from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from agents.stream.batch_fetcher import TOP_UP, BatchFetcher
 from agents.stream.fast_path import FastPath
-from agents.stream.lane_reader import LANES, Fetched, LaneReader
+from agents.stream.lane_reader import LANES, Fetched, FetchQueue, LaneReader
 from agents.stream.incarnation import verify
 from agents.stream.writer import inline
 from agents.stream.event_apply import EventApplier
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # touched by several events of one batch is recompiled once, and a batch's fixed statements are
 # shared by more events (events/s per CPU second 2x at 4x, measured on the bench workload).
 CATCH_UP_BATCHES = 4
-QUEUED_BATCHES = 8  # fetched batches waiting for the writer before fetching pauses (at most 4,000 records)
+QUEUED_BATCHES = 8  # fetched batches waiting for the writer before fetching pauses (of up to the batch size each)
 # Fetched input older than this not applied yet: the writer is behind, and early announcements stop (a plan
 # announced early stays unanswerable until its event is applied: under a backlog that is the backlog's age).
 BEHIND_SECONDS = 0.5
@@ -88,7 +88,7 @@ class Replica:
         self.lanes = LaneReader(partitions, held_lanes)
         self.lanes_applied = lanes_applied
         self._assigning = asyncio.Lock()
-        self._fetched: asyncio.Queue | None = None  # merge steps waiting for the writer, while running
+        self._fetched: FetchQueue | None = None  # merge steps waiting for the writer, while running
         self._queueing = asyncio.Lock()  # taken from a merge step until it is queued
         self._read_to: dict[TopicPartition, int] = {}  # next offset to read per assigned partition (None: its start)
 
@@ -241,7 +241,7 @@ class Replica:
             log.info("replica applying %d input partitions", len(tps))
             # Fetching goes on while the writer applies: what a batch announces early must not wait
             # for the batch before it (the writer takes everything fetched meanwhile as one batch).
-            fetched: asyncio.Queue[Fetched] = asyncio.Queue(maxsize=QUEUED_BATCHES)
+            fetched = FetchQueue(QUEUED_BATCHES, self.batch_size)
             self._fetched = fetched
             fetching = asyncio.ensure_future(self._fetch_loop(consumer, fetched, logical))
             try:
@@ -273,7 +273,7 @@ class Replica:
             self._consumer = None
             await stop_within(consumer)
 
-    async def _fetch_loop(self, consumer: AIOKafkaConsumer, queue: asyncio.Queue,
+    async def _fetch_loop(self, consumer: AIOKafkaConsumer, queue: FetchQueue,
                           logical: dict[str, str]) -> None:
         """Fetch batches, announce what each makes stale at once, and queue them for the writer."""
         while True:
@@ -299,14 +299,15 @@ class Replica:
         """Merge routed batches this worker's router just had acknowledged without reading them back (the lane
         hop saved); left to the lanes' reader while it is queueing a batch (the writer is behind anyway)."""
         queue = self._fetched
-        if queue is None or not self.routed or self._queueing.locked() or queue.full():
+        if (queue is None or not self.routed or self._queueing.locked()
+                or queue.waits(sum(len(b[3].frames) for b in batches))):
             return  # never hold the router up: what it sent comes back through the lanes anyway
         async with self._queueing:  # a merge step and its place in the queue go together: source order holds
             fetched = self.lanes.sent(batches)
             if fetched is not None:
                 await self._queue(queue, fetched)
 
-    async def _queue(self, queue: asyncio.Queue, fetched: Fetched) -> None:
+    async def _queue(self, queue: FetchQueue, fetched: Fetched) -> None:
         """Announce what a merge step makes stale at once, and queue it for the writer."""
         if not (fetched.messages or fetched.history or fetched.caught_up or fetched.gained
                 or self.lanes.advanced(fetched)):
@@ -318,10 +319,10 @@ class Replica:
                 if not self._early_failed:
                     log.exception("announcing a fetched batch early failed; the writer announces it (logged once)")
                 self._early_failed = True
-        self._unapplied.append(asyncio.get_running_loop().time())
-        await queue.put(fetched)
+        if await queue.put_joined(fetched):
+            self._unapplied.append(asyncio.get_running_loop().time())  # a joined batch is as old as the one it joined
 
-    async def _next(self, fetched: asyncio.Queue, fetching: asyncio.Future) -> tuple[Fetched, int]:
+    async def _next(self, fetched: FetchQueue, fetching: asyncio.Future) -> tuple[Fetched, int]:
         """The next batch to apply: everything fetched meanwhile, up to the catch-up size, and how many fetched
         batches it holds; a fetch error is raised."""
         if fetched.empty():
