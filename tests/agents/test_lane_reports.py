@@ -12,7 +12,7 @@ from aiokafka import TopicPartition
 from agents.shards.lane_reports import LaneReports
 from agents.shards.shard_restore import Shards
 from agents.stream.lane_merge import LaneMerge
-from agents.stream.lane_reader import Fetched, LaneReader
+from agents.stream.lane_reader import Fetched, FetchQueue, LaneReader
 from agents.stream.raw_message import RawMessage
 from agents.stream.replica import Replica
 from agents.stream.router import Lane, Router
@@ -123,11 +123,16 @@ def test_the_router_is_never_held_by_this_workers_writer():
         replica._queueing = asyncio.Lock()
         replica.lanes = LaneReader(1, frozenset)
         replica.lanes.start({}, {})
-        replica._fetched = asyncio.Queue(maxsize=1)
-        replica._fetched.put_nowait(Fetched([]))  # the writer is behind
+        replica._fetched = FetchQueue(1, 1)
+        replica._fetched.put_nowait(Fetched([raw(*refused("w", entity=A))]))  # the writer is behind, its batch full
         batch = RoutedBatch(0, 0, 1, (Frame(RECORD, 0, None, b"k", b"v"),))
         await asyncio.wait_for(replica.sent([("shared-changes", 0, 0, batch)]), 1.0)
         assert replica.lanes.fed == 0  # left to the lane's reader
+        replica._fetched = FetchQueue(1, 2)  # room in the batch waiting: joined to it, not waiting either
+        replica._fetched.put_nowait(Fetched([raw(*refused("w", entity=A))]))
+        await asyncio.wait_for(replica.sent([("shared-changes", 0, 0, batch)]), 1.0)
+        assert replica.lanes.fed == 1 and replica._fetched.qsize() == 1
+        assert [m.offset for m in replica._fetched.get_nowait().messages][-1:] == [0]
     asyncio.run(main())
 
 
