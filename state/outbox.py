@@ -63,6 +63,9 @@ class Acknowledged:
         return len(self._seqs)
 
 
+LANE_LETTERS = "outbox.lane_letters"  # whether letters are kept for lanes' owners (`Store.cached`)
+
+
 class Outbox:
     """A durable queue of (topic, key, value); rows go only after the broker acknowledged them.
 
@@ -141,8 +144,12 @@ class Outbox:
         return self.limit.dead_letters, letter_key_, letter
 
     def add_many(self, rows: list[tuple[str, bytes | None, bytes]], sources: Sequence[Source | None] | None = None,
-                 standby: bool = False) -> None:
-        """Queue records for publication, in order, in one statement (each within the outbound limit)."""
+                 standby: bool = False, lane: int | None = None) -> None:
+        """Queue records for publication, in order, in one statement (each within the outbound limit).
+
+        `lane`: dead letters of an entity lane's records that its owner sends and reports, kept on standby
+        by a worker holding a copy of the lane until a report covers them (`reported`) or the copy is
+        promoted to owner (`promote_lanes`): the owner may die before it sends them."""
         if not rows:
             return
         rows, sources = self._fit(rows, list(sources) if sources is not None else [None] * len(rows))
@@ -155,6 +162,9 @@ class Outbox:
             "src_partition": pa.array([s and s[1] for s in sources], pa.int32()),
             "src_offset": pa.array([s and s[2] for s in sources], pa.int64()),
             "standby": pa.array([standby and s is not None for s in sources], pa.bool_())})
+        if lane is not None:
+            table = table.append_column("lane", pa.array([lane] * len(rows), pa.int32()))
+            self.store.forget(LANE_LETTERS)
         # Row order (VALUES or the Arrow scan's rowids) is the list order, so seq keeps publication order.
         self.store.insert_rows("outbox", table, verb="INSERT INTO", columns=True)
 
@@ -179,9 +189,9 @@ class Outbox:
         so everything before it was published by the previous owner.
         """
         if drop_earlier:
-            self.db.execute("DELETE FROM outbox WHERE standby AND src_topic = ? AND src_partition = ? "
+            self.db.execute("DELETE FROM outbox WHERE standby AND lane IS NULL AND src_topic = ? AND src_partition = ? "
                             "AND src_offset < ?", [topic, partition, first])
-        return self.db.execute("UPDATE outbox SET standby = false WHERE standby AND src_topic = ? "
+        return self.db.execute("UPDATE outbox SET standby = false WHERE standby AND lane IS NULL AND src_topic = ? "
                                "AND src_partition = ? AND src_offset BETWEEN ? AND ?",
                                [topic, partition, first, last]).fetchone()[0]
 
@@ -193,10 +203,38 @@ class Outbox:
                          "o": pa.array(list(committed.values()), pa.int64())})
         self.db.register("_committed", rows)
         try:
-            self.db.execute("DELETE FROM outbox USING _committed c WHERE outbox.standby AND outbox.src_topic = c.t "
+            self.db.execute("DELETE FROM outbox USING _committed c WHERE outbox.standby AND outbox.lane IS NULL "
+                            "AND outbox.src_topic = c.t "
                             "AND outbox.src_partition = c.p AND outbox.src_offset < c.o")
         finally:
             self.db.unregister("_committed")
+
+    def reported(self, reports: dict[tuple[int, int], int]) -> None:
+        """Drop the letters kept for lanes' owners that reports read on the lanes cover: (lane, source partition)
+        -> the source offset the owner dead-lettered its refusals below (see `add_many`)."""
+        if not reports or not self.store.cached(LANE_LETTERS, lambda: self.db.execute(
+                "SELECT count(*) FROM outbox WHERE lane IS NOT NULL").fetchone()[0] > 0):
+            return
+        keys = list(reports)
+        self.db.execute("DELETE FROM outbox USING (SELECT unnest(?) AS q, unnest(?) AS p, unnest(?) AS upto) r "
+                        "WHERE outbox.standby AND outbox.lane = r.q AND outbox.src_partition = r.p "
+                        "AND outbox.src_offset < r.upto",
+                        [[k[0] for k in keys], [k[1] for k in keys], list(reports.values())])
+        self.store.forget(LANE_LETTERS)
+
+    def promote_lanes(self, lanes: frozenset[int]) -> int:
+        """This worker owns these lanes now: send the letters it kept for their previous owner (`add_many`)."""
+        if not lanes:
+            return 0
+        self.store.forget(LANE_LETTERS)
+        return self.db.execute("UPDATE outbox SET standby = false, lane = NULL WHERE standby AND lane IN "
+                               "(SELECT unnest(?))", [sorted(lanes)]).fetchone()[0]
+
+    def drop_lanes(self, lanes: frozenset[int]) -> None:
+        """These lanes are no longer held here: the letters kept for their owner are its alone."""
+        if lanes:
+            self.db.execute("DELETE FROM outbox WHERE standby AND lane IN (SELECT unnest(?))", [sorted(lanes)])
+            self.store.forget(LANE_LETTERS)
 
     def pending(self, limit: int = 5000, after: int | None = None) -> list[tuple[int, str, bytes | None, bytes]]:
         """The oldest records due for publication, in order (past sequence number `after`, if given)."""

@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS receipts (receipt_id VARCHAR PRIMARY KEY, plan_id VAR
 CREATE SEQUENCE IF NOT EXISTS outbox_seq;
 CREATE TABLE IF NOT EXISTS outbox (seq BIGINT DEFAULT nextval('outbox_seq'), topic VARCHAR,
   key BLOB, value BLOB, src_topic VARCHAR, src_partition INTEGER, src_offset BIGINT,
-  standby BOOLEAN NOT NULL DEFAULT false);
+  standby BOOLEAN NOT NULL DEFAULT false, lane INTEGER);
 CREATE TABLE IF NOT EXISTS plan_feed (partition INTEGER PRIMARY KEY, next_offset BIGINT);
 CREATE SEQUENCE IF NOT EXISTS recompile_queue_seq;
 CREATE TABLE IF NOT EXISTS recompile_queue (plan_key VARCHAR PRIMARY KEY, src_topic VARCHAR, src_partition INTEGER,
@@ -316,8 +316,8 @@ class Store:
             self.db.execute("DELETE FROM plan_feed")
         # What old events caused but no owner published yet goes out now: a repeat is harmless,
         # a loss is not, and the old positions can never be promoted by new events.
-        self.db.execute("UPDATE outbox SET standby = false WHERE standby AND src_topic IN (SELECT unnest(?))",
-                        [topics])
+        self.db.execute("UPDATE outbox SET standby = false, lane = NULL WHERE standby "
+                        "AND src_topic IN (SELECT unnest(?))", [topics])
         self._position_moved()
         return epoch
 

@@ -27,7 +27,10 @@ def _migrate(db: duckdb.DuckDBPyConnection) -> None:
         db.execute("ALTER TABLE outbox ADD COLUMN src_topic VARCHAR; "
                    "ALTER TABLE outbox ADD COLUMN src_partition INTEGER; "
                    "ALTER TABLE outbox ADD COLUMN src_offset BIGINT; "
-                   "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; UPDATE outbox SET standby = false")
+                   "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; ALTER TABLE outbox ADD COLUMN lane INTEGER; "
+                   "UPDATE outbox SET standby = false")
+    elif "lane" not in columns:
+        db.execute("ALTER TABLE outbox ADD COLUMN lane INTEGER")  # letters kept for an entity lane's owner
     _event_ids(db)
     _queue_order(db)
     event_generations.ensure(db)

@@ -87,6 +87,13 @@ class Shards:
         if gained:
             raise RuntimeError(f"entity partitions {sorted(gained)} are not restored yet: their lanes are still "
                                "being read")
+        outbox = self.applier.state.outbox
+        # A copy promoted to owner sends what it kept for the lane's owner and no report of it covered.
+        promoted = outbox.promote_lanes(self.standby & owned)
+        if promoted:
+            log.info("sent %d dead letters of entity partitions %s that their previous owner left unreported",
+                     promoted, sorted(self.standby & owned), extra={"reason": "lane_letters_promoted"})
+        outbox.drop_lanes(lost)
         self.standby = standby
         if lost:
             dropped = self.state.drop(lost)

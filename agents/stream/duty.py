@@ -190,7 +190,8 @@ def _targets(state: LocalState, floors: dict[Key, int]) -> dict[Key, int]:
     unacked, unacked_params = state.outbox.unacked()
     rows = state.store.db.execute(
         f"SELECT o.src_topic, o.src_partition, min(o.src_offset) FROM outbox o JOIN (VALUES {values}) "
-        f"f(t, p, lo) ON o.src_topic = f.t AND o.src_partition = f.p AND o.src_offset >= f.lo{unacked} GROUP BY ALL",
+        f"f(t, p, lo) ON o.src_topic = f.t AND o.src_partition = f.p AND o.src_offset >= f.lo AND o.lane IS NULL"
+        f"{unacked} GROUP BY ALL",
         params + unacked_params).fetchall()
     return commit_targets(floors, applied, {(topic, partition): first for topic, partition, first in rows})
 

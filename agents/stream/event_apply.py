@@ -362,9 +362,11 @@ class EventApplier:
         stored row decides, or only they claim its event id), and by no other worker."""
         standby = self._standby
         if m.lane is not None:
-            # Read from an entity lane: only the lane's holders judged it, and its owner reports it.
+            # Read from an entity lane: only the lane's holders judged it, and its owner reports it. A copy
+            # keeps it for the owner, which may die before sending it (see `Outbox.add_many`).
             if not self.owns_lane(m.lane):
                 counts["dead_letters_left_to_owner"] += 1
+                self._letter(m, error_class, message, counts, standby=True, lane=m.lane)
                 return
             standby = False
         elif about is not None:
@@ -374,11 +376,14 @@ class EventApplier:
             standby = False
         self._letter(m, error_class, message, counts, standby)
 
-    def _letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str], standby: bool) -> None:
+    def _letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str], standby: bool,
+                lane: int | None = None) -> None:
         record = input_dead_letter(self.plans.topic_of(m.topic), m.partition, m.offset, error_class, message, m.value,
                                    m.original_size)
         self.state.outbox.add_many([(self.plans.topic_of("dead-letters"), letter_key(m.key), record)],
-                                   [(m.topic, m.partition, m.offset)], standby=standby)
+                                   [(m.topic, m.partition, m.offset)], standby=standby, lane=lane)
+        if lane is not None:
+            return  # the lane owner's letter, kept in case it dies: counted as left to it
         self.held_on_standby = self.held_on_standby or standby
         counts[f"dead_letters.{error_class}"] += 1
         log.warning("dead-lettered %s/%d/%d: %s", m.topic, m.partition, m.offset, error_class,

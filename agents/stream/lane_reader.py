@@ -19,7 +19,7 @@ LANES = ("shared-changes", "entity-changes")  # routed `source-changes` (see `ag
 class Fetched:
     """What one fetch hands the writer: records to apply, a gained lane's history, and the positions they reach."""
 
-    __slots__ = ("messages", "history", "positions", "caught_up", "reported", "gained")
+    __slots__ = ("messages", "history", "positions", "caught_up", "reported", "gained", "reports")
 
     def __init__(self, messages: list[RawMessage], released: Released | None = None,
                  gained: frozenset[int] = frozenset()) -> None:
@@ -29,6 +29,7 @@ class Fetched:
         self.caught_up = released.caught_up if released else frozenset()
         self.reported = released.reported if released else {}  # per caught-up lane (see `Released.reported`)
         self.gained = gained  # entity lanes read from their start since the last fetch: cleaned first
+        self.reports: dict[tuple[int, int], int] = {}  # (entity lane, source partition) -> reported below, as read
 
     def join(self, later: "Fetched") -> "Fetched":
         """This fetch followed by a later one, as one batch."""
@@ -38,6 +39,8 @@ class Fetched:
         self.caught_up = self.caught_up | later.caught_up
         self.reported = {**self.reported, **later.reported}
         self.gained = self.gained | later.gained
+        self.reports = {k: max(v, self.reports.get(k, 0)) for k, v in later.reports.items()} | {
+            k: v for k, v in self.reports.items() if k not in later.reports}
         return self
 
     def __len__(self) -> int:
@@ -120,6 +123,7 @@ class LaneReader:
 
         Records of a lane gained again after the fetch's `epoch` belong to the read before: dropped."""
         direct: list[RawMessage] = []
+        reports: dict[tuple[int, int], int] = {}
         lanes = False
         for tp, records in batch.items():
             name = logical[tp.topic]
@@ -140,13 +144,18 @@ class LaneReader:
                     self.merge.add(name, tp.partition, m.offset, routed)
                     if m.headers and any(k == REPORT_HEADER for k, _ in m.headers):
                         self.merge.report(name, tp.partition, routed.partition, routed.end)
+                        if name == "entity-changes":
+                            key = (tp.partition, routed.partition)
+                            reports[key] = max(reports.get(key, 0), routed.end)
                 continue
             direct.extend(RawMessage(name, tp.partition, m.offset, m.key, m.value,
                                      m.timestamp / 1000 if m.timestamp else None) for m in records)
         gained, self.gained = frozenset(self.gained), set()
         if self.merge is None or not (lanes or gained):
             return Fetched(direct, gained=gained)
-        return Fetched(direct, self.merge.release(), gained)
+        out = Fetched(direct, self.merge.release(), gained)
+        out.reports = reports
+        return out
 
     def sent(self, batches: list[tuple[str, int, int, RoutedBatch]]) -> Fetched | None:
         """Routed batches this worker's router just had acknowledged, as (lane topic, partition, offset, batch):

@@ -66,10 +66,10 @@ def test_within_one_batch_a_notice_is_judged_after_the_changes_before_it(applier
     assert stored(applier, "r1") is None and stored(applier, "r2") == (A,)
 
 
-def test_a_lane_records_letter_is_sent_by_the_lanes_owner_and_left_by_a_standby_copy(applier):
+def test_a_lane_records_letter_is_sent_by_the_lanes_owner_and_kept_for_it_by_a_standby_copy(applier):
     bad = RawMessage("source-changes", 0, next(_offsets), b"k", b"{not json", lane=0)
     copy = RawMessage("source-changes", 0, next(_offsets), b"k", b"{not json", lane=1)
     applier.apply([bad, copy], standby=True)
     rows = applier.state.store.db.execute(
-        "SELECT src_offset, standby FROM outbox WHERE topic = 'x-dead-letters'").fetchall()
-    assert rows == [(bad.offset, False)]
+        "SELECT src_offset, standby, lane FROM outbox WHERE topic = 'x-dead-letters' ORDER BY src_offset").fetchall()
+    assert rows == [(bad.offset, False, None), (copy.offset, True, 1)]  # kept until a report covers it

@@ -97,8 +97,6 @@ def test_a_report_stops_at_the_oldest_dead_letter_not_acknowledged_and_no_other_
     assert reports.figures()["reported"] == {"0": {"0": applied}, "1": {"0": applied}}
 
 
-@pytest.mark.xfail(strict=True, reason="a standby copy promoted to owner restores no history: a refusal it left to "
-                   "the dead owner is never dead-lettered, and its reports then cover it (see docs/scaling.md)")
 def test_a_standby_copy_promoted_to_owner_dead_letters_what_it_left_to_the_dead_owner(make):  # noqa: F811 (the fixture)
     y = make("y", only(B))
     shard = ShardState(y.state.store, 2)
@@ -113,6 +111,46 @@ def test_a_standby_copy_promoted_to_owner_dead_letters_what_it_left_to_the_dead_
     with y.state.store.transaction():
         shards.move(shards.assigned)
     assert letters(y, standby=False), "the refusal the dead owner never sent was dead-lettered by nobody"
+
+
+def _copy_holder(make):  # noqa: F811 (the fixture)
+    """A worker holding lane A's copy (B owned) that judged one of lane A's records refused."""
+    y = make("y", only(B))
+    shard = ShardState(y.state.store, 2)
+    lane_a, lane_b = plan_partition(A, 2), plan_partition(B, 2)
+    shard.copies = frozenset({lane_a})
+    y.owns_lane, y.mine = shard.owns_lane, shard.mine
+    y.apply(scenario(), standby=True)
+    bad = raw(*refused("waiver-bad", entity=A))
+    y.apply([RawMessage(bad.topic, bad.partition, bad.offset, bad.key, bad.value, lane=lane_a)], standby=True)
+    return y, Shards(shard, y), lane_a, lane_b, bad
+
+
+def test_a_letter_kept_for_a_lanes_owner_goes_once_its_report_covers_it(make):  # noqa: F811 (the fixture)
+    y, shards, lane_a, lane_b, bad = _copy_holder(make)
+    assert letters(y) == [(bad.offset, True)] and letters(y, standby=False) == []
+    with y.state.store.transaction():
+        y.state.outbox.reported({(lane_a, bad.partition): bad.offset})  # reported below it: still kept
+        y.state.outbox.promote(bad.topic, bad.partition, 0, bad.offset + 1)  # the duty's promotion is not for it
+    assert letters(y) == [(bad.offset, True)]
+    with y.state.store.transaction():
+        y.state.outbox.reported({(lane_a, bad.partition): bad.offset + 1})
+    assert letters(y) == []
+    shards.assigned = frozenset({lane_a, lane_b})
+    with y.state.store.transaction():
+        shards.move(shards.assigned)
+    assert letters(y) == []  # its owner sent it: the promoted copy does not again
+
+
+def test_a_lost_copy_forgets_the_letters_it_kept_and_they_never_hold_the_group_commit(make):  # noqa: F811
+    from agents.stream.duty import _targets
+    y, shards, lane_a, lane_b, bad = _copy_holder(make)
+    floors = {(bad.topic, bad.partition): 0}
+    assert _targets(y.state, floors) == {(bad.topic, bad.partition): bad.offset + 1}
+    shards.standby_replicas = 0
+    with y.state.store.transaction():
+        shards.move(frozenset({lane_b}))  # the copy of lane A is let go
+    assert letters(y) == []
 
 
 def test_the_router_is_never_held_by_this_workers_writer():

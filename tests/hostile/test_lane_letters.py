@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from schemas.plan_partition import plan_partition
-from tests.agents.test_shards import ATLAS, _split
-from tests.conftest import ATLAS_REQUEST, eventually, start_peer
+from tests.agents.test_shards import ATLAS, _shard, _split
+from tests.conftest import ATLAS_REQUEST, eventually, launch, start_peer
 from tests.events import resource
 
 pytestmark = pytest.mark.timeout(150)
@@ -92,3 +92,36 @@ async def test_a_refusal_its_owner_reported_is_not_dead_lettered_again_by_the_wo
         assert [r["offset"] for r in records if r["_key"] == key].count(offset) == 1, "dead-lettered again"
     finally:
         peer.stop()
+
+
+async def test_a_refusal_its_lane_owner_died_before_sending_is_dead_lettered_by_the_copy_promoted(broker, tmp_path):
+    """FRESHPLAN_STANDBY_REPLICAS=1: the survivor holds a warm copy of the dead owner's lane, so it restores
+    nothing; the letter it kept for the owner goes out once the copy is promoted."""
+    async with launch(broker, tmp_path / "a", FRESHPLAN_STANDBY_REPLICAS="1") as first:
+        await first.select(ATLAS_REQUEST, await first.load("atlas.jsonl"))
+        peer = await start_peer(first, tmp_path / "b")
+        try:
+            atlas_owner, other = await _split(first, peer)
+
+            async def warm():
+                return all([(await _shard(w))["standby"]["partitions"] for w in (first, peer)])
+            await eventually(warm, what="each worker holding a copy of the other's partition")
+            atlas_owner.proc.send_signal(signal.SIGSTOP)  # applies nothing more: never sends the letter
+            before = (await other.get("/healthz"))["counters"]
+            key = _keyed_to(1 - plan_partition(ATLAS, 2), "kept")  # routed by the survivor into the owner's lane
+            await other.publish([_refused("kept-refusal", ATLAS, key)])
+
+            async def kept():
+                counters = (await other.get("/healthz"))["counters"]
+                return counters.get("dead_letters_left_to_owner", 0) > before.get("dead_letters_left_to_owner", 0)
+            await eventually(kept, what="the copy judging the refusal and keeping its letter for the owner")
+            atlas_owner.kill()
+            letters = await other.records("dead-letters", lambda rs: any(r["_key"] == key for r in rs), timeout=90)
+            assert [r["error_class"] for r in letters if r["_key"] == key] == ["class_not_allowed_for_source"]
+            after = (await other.get("/healthz"))["counters"]
+            assert after.get("shards_restored", 0) == before.get("shards_restored", 0), "restored, not promoted"
+        finally:
+            for w in (first, peer):
+                if w.proc.poll() is None:
+                    w.proc.send_signal(signal.SIGCONT)
+            peer.stop()
