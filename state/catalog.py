@@ -148,7 +148,6 @@ class Catalog:
                          orjson.dumps(types).decode()])
         keep_version(self.db, bundle, types)
         self.store.forget(*POLICY_MEMO)
-        self.store.heads.policies_changed()
         names = sorted(set(before) | set(types))
         return [dk.policy(bundle.bundle_id)] + [dk.contract(n) for n in names] + trust_keys
 

@@ -102,9 +102,6 @@ def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[da
         store.insert_rows("revocation_horizons", pa.table({
             "principal": sorted(changed_h), "effective_at": pa.array([horizons[p] for p in sorted(changed_h)],
                                                                      _WHEN)}), columns=True)
-    if changed_p:
-        # What the fast path judges a fetched principal change by (`principal_change_matters`).
-        store.heads.principals_stored({pid: tuple(principals[pid]) for pid in changed_p}, policy_texts())
     if changed_p or changed_r:
         store.forget(*PRINCIPAL_MEMO)
     if changed_e:
@@ -242,16 +239,6 @@ def _warn_unknown_time(pid: str) -> None:
         log.warning("a principal record of unknown event time cannot undo a revocation of it (fail closed); "
                     "configure the producer or connector to send the record's commit time (counter "
                     "principal_time_unknown)")
-
-
-def principal_change_matters(stored: tuple, new: Principal, made_at: datetime | None, texts: Sequence[str]) -> bool:
-    """Whether applying an upsert of a whole record over this stored one (see `HeadCache.principal`) touches its
-    principal's plans because it changes what they read, judged without the file. False leaves the judgment to
-    the writer: an older record, one over a deletion, and a new time that only crosses a revocation."""
-    old = list(stored)
-    if old[3] or _rank(new.delegation_version, made_at) < _rank(old[2], old[4]):
-        return False
-    return _matters(old, new, lambda: list(texts))
 
 
 def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -> bool:

@@ -70,9 +70,6 @@ class Admitting:
     """The principal the plan was compiled for."""
 
 
-_UNCHANGED = object()  # no policy texts staged in the open transaction
-
-
 class HeadCache:
     """What the DuckDB file says a cached select finds, without reading it.
 
@@ -115,13 +112,6 @@ class HeadCache:
         self._admits: dict[str, tuple[str, ...]] = {}  # plan key -> resource ids it is indexed under
         self._asked: dict[str, dict[str, Admitting]] = {}  # principal -> plan key -> its head (version 0)
         self._principal_of: dict[str, str] = {}  # plan key -> the principal it is indexed under
-        # principal -> its stored record (roles, attributes as JSON, delegation version, deleted, made at), as of
-        # the commits that wrote it, and the stored policy texts (None: unknown): the fast path judges a principal
-        # change by them (see `principal`)
-        self._principals: dict[str, tuple] = {}
-        self._principals_pending: dict[str, tuple] = {}
-        self._texts: tuple[str, ...] | None = None
-        self._texts_pending: object = _UNCHANGED
         self._watchers: list[Callable[[list[str]], object]] = []  # told of the keys each commit or fill put
         self._put_keys: list[str] = []  # keys put under the lock, told to the watchers after it
 
@@ -153,11 +143,6 @@ class HeadCache:
         with self._lock:
             return [(rid, self._admitted[rid][plan_key]) for rid in self._admits.get(plan_key, ())
                     if plan_key in self._admitted.get(rid, {})]
-
-    def principal(self, principal: str) -> tuple[tuple | None, tuple[str, ...] | None]:
-        """A principal's stored record and the stored policy texts, as of the last commits that wrote them (None:
-        not known here; only principals written since the start are)."""
-        return self._principals.get(principal), self._texts
 
     def watch(self, callback: Callable[[list[str]], object]) -> None:
         """Call `callback` with the plan keys each commit or fill made held (on the thread that made them)."""
@@ -195,15 +180,6 @@ class HeadCache:
         commits."""
         self._pending[plan_key] = head_of(plan_id, plan, doc)
 
-    def principals_stored(self, records: dict[str, tuple], texts: list[str] | None) -> None:
-        """The writer wrote these principal records, judged by these policy texts: known once it commits."""
-        self._principals_pending.update(records)
-        self._texts_pending = None if texts is None else tuple(texts)
-
-    def policies_changed(self) -> None:
-        """The writer stored a policy version: the texts are unknown here until a principal write names them."""
-        self._texts_pending = None
-
     def remove_keys(self, plan_keys: Iterable[str]) -> None:
         """These keys' heads changed or went stale."""
         keys = set(plan_keys)
@@ -228,7 +204,6 @@ class HeadCache:
             self._clear_heads()
             self._pending.clear()
             self._all_removed = True
-            self._texts_pending = None
 
     def remove_names(self) -> None:
         """An entity or alias changed: every name may resolve otherwise now."""
@@ -257,13 +232,6 @@ class HeadCache:
             if self._names_removed:
                 self._names.clear()
                 self.generation += 1
-            if self._all_removed:
-                self._principals.clear()
-            if len(self._principals) + len(self._principals_pending) > self.max_heads:
-                self._principals.clear()
-            self._principals.update(self._principals_pending)
-            if self._texts_pending is not _UNCHANGED:
-                self._texts = self._texts_pending  # type: ignore[assignment]
             for key, head in self._pending.items():
                 self._put(key, head)
             if self._pending:  # a fill read before this commit may hold a document it replaced (same plan id)
@@ -286,8 +254,6 @@ class HeadCache:
 
     def _reset(self) -> None:
         self._pending.clear()
-        self._principals_pending.clear()
-        self._texts_pending = _UNCHANGED
         self._removed.clear()
         self._removed_ids.clear()
         self._names_removed = self._all_removed = self._committing = False

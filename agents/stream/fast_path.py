@@ -18,9 +18,8 @@ from agents.stream.raw_message import RawMessage
 from compiler import dependency_keys as dk
 from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.records import InputEvent, Revocation, SourceChange
-from schemas.shard_peek import Peek, peek
+from schemas.shard_peek import peek
 from schemas.timefmt import format_instant
-from state.catalog_identities import known_time, principal_change_matters
 from state.head_cache import Admitting, HeadCache
 from state.invalidations import Invalidation, reason_for
 
@@ -57,9 +56,7 @@ class FastPath:
     The head cache indexes each held head under the resources it admitted and the principal it
     was compiled for. A fetched edit of such a resource, newer than the version the head
     admitted, always changes the plan (a plan id digests the versions it admitted); a fetched
-    withdrawal from its principal is announced by the writer whatever it changes; so is a fetched
-    change of its principal's record that the writer would judge to matter (the record and the
-    policy texts it last stored are in the head cache: only principals written since the start). Either way
+    withdrawal from its principal is announced by the writer whatever it changes. Either way
     the head is stale before anything is written: it leaves the cache, its key is `waiting` until the
     writer has applied the event (a select of it waits for that, then reads what the writer left), and
     its `plan-invalidations` record is sent at once. The writer still applies the event as before and
@@ -69,7 +66,7 @@ class FastPath:
 
     A head committed while such an event waits for the writer (a successor compiled before it)
     is announced as soon as it is held. Only plans this worker owns (`owns`) and events that
-    validate are announced here; everything else (new resources, deletes, other principal records,
+    validate are announced here; everything else (new resources, deletes, principal records,
     policies, the clock) takes the writer's path.
     """
 
@@ -98,8 +95,7 @@ class FastPath:
         self._inflight: set[asyncio.Future] = set()
         # resource id -> its fetched upserts not yet applied, in fetch order
         self._edits: dict[str, list[tuple[int, int, RawMessage]]] = {}  # (fetch order, version, record)
-        # principal -> withdrawals, and changes of its record that matter to its plans, not yet applied
-        self._withdrawn: dict[str, list[tuple[int, RawMessage]]] = {}
+        self._revoked: dict[str, list[tuple[int, RawMessage]]] = {}  # principal -> withdrawals not yet applied
         self._seq = 0  # fetch order of the events remembered above
         self._decodes_left = MOST_DECODES_PER_BATCH  # of the fetched batch being announced
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -115,16 +111,15 @@ class FastPath:
         sent = 0
         for m in messages:
             if m.topic == "source-changes":
-                glance = peek(m.value)
-                sent += self._principal_change(m) if glance is not None and glance.kind == "principal" \
-                    else self._resource_edit(m, glance)
+                sent += self._resource_edit(m)
             elif m.topic == "revocations":
                 sent += self._revocation(m)
         self.counts["early_announcements"] += sent
         return sent
 
-    def _resource_edit(self, m: RawMessage, glance: Peek | None) -> int:
+    def _resource_edit(self, m: RawMessage) -> int:
         """An upsert of a resource: the held heads that admitted an older version of it are stale."""
+        glance = peek(m.value)
         if glance is None or glance.resource_id is None:
             return 0
         self._seq += 1
@@ -142,27 +137,6 @@ class FastPath:
         return self._announce(m, dk.resource(glance.resource_id), event.event_id,
                               [h for h in holders if version > h.version])
 
-    def _principal_change(self, m: RawMessage) -> int:
-        """A principal's whole record changing what its held heads read (judged by the record and policy texts the
-        writer last stored, see `principal_change_matters`): they are stale. Anything else is the writer's."""
-        principal = _record_id(m.value, "principal")
-        held = self.heads.asked_by(principal) if principal is not None else []
-        stored, texts = self.heads.principal(principal) if held else (None, None)
-        if stored is None or texts is None or self._skipped_behind(len(held)):
-            return 0
-        event = self._valid(m)
-        change = event.payload if event is not None else None
-        if (not isinstance(change, SourceChange) or change.kind != "principal" or change.record is None
-                or change.unavailable or change.record_id != principal):
-            return 0
-        if not principal_change_matters(stored, change.record, known_time(event.occurred_at), texts):  # type: ignore
-            return 0
-        self._seq += 1
-        self._withdrawn.setdefault(principal, []).append((self._seq, m))  # type: ignore[arg-type]
-        sent = self._announce(m, dk.principal(principal), event.event_id, held)  # type: ignore[arg-type, union-attr]
-        self.counts["early_announcements_of_principal_changes"] += sent
-        return sent
-
     def _revocation(self, m: RawMessage) -> int:
         """A withdrawal: every held head compiled for its principal is stale (the writer announces those too).
 
@@ -172,7 +146,7 @@ class FastPath:
         if principal is None:
             return 0
         self._seq += 1
-        self._withdrawn.setdefault(principal, []).append((self._seq, m))
+        self._revoked.setdefault(principal, []).append((self._seq, m))
         held = self.heads.asked_by(principal)
         if not held or self._skipped_behind(len(held)):
             return 0
@@ -205,8 +179,8 @@ class FastPath:
                 if edit is not None and (first is None or edit[0] < first[0]):
                     first = (*edit, dk.resource(rid), admitting)
             principal = self.heads.principal_of(plan_key)
-            held = self.heads.asked_by(principal) if principal is not None and principal in self._withdrawn else []
-            withdrawal = next(((seq, m) for seq, m in self._withdrawn.get(principal or "", ())
+            held = self.heads.asked_by(principal) if principal is not None and principal in self._revoked else []
+            withdrawal = next(((seq, m) for seq, m in self._revoked.get(principal or "", ())
                                if not self.applied(*_position(m))), None)
             mine = [h for h in held if h.plan_key == plan_key]
             if withdrawal is not None and mine and (first is None or withdrawal[0] < first[0]):
@@ -220,7 +194,7 @@ class FastPath:
 
     def _heads_put(self, plan_keys: list[str]) -> None:
         """Told by the head cache on whichever thread put them; the check runs on the loop."""
-        if self._loop is not None and (self._edits or self._withdrawn):
+        if self._loop is not None and (self._edits or self._revoked):
             self._loop.call_soon_threadsafe(self._recheck, plan_keys)
 
     def _announce(self, m: RawMessage, dep_key: str, event_id: str, candidates: list[Admitting]) -> int:
@@ -309,7 +283,7 @@ class FastPath:
                     self._acked.discard((entry.plan_id, position))
             for key in [k for k, p in self._waiting.items() if self.applied(*p)]:
                 del self._waiting[key]
-        for pending in (self._edits, self._withdrawn):
+        for pending in (self._edits, self._revoked):
             for name, events in list(pending.items()):
                 left = [e for e in events if not self.applied(*_position(e[-1]))]
                 if left:
@@ -344,17 +318,6 @@ def _principal_of(value: bytes | None) -> str | None:
         return None
     principal = doc.get("principal") if isinstance(doc, dict) else None
     return principal if isinstance(principal, str) else None
-
-
-def _record_id(value: bytes | None, kind: str) -> str | None:
-    """The id of the record a native source change of this kind carries, read without validating it."""
-    try:
-        doc = orjson.loads(value) if value else None
-    except orjson.JSONDecodeError:
-        return None
-    body = doc.get(kind) if isinstance(doc, dict) and doc.get("kind") == kind else None
-    record_id = body.get("id") if isinstance(body, dict) else None
-    return record_id if isinstance(record_id, str) else None
 
 
 def _position(m: RawMessage) -> Position:

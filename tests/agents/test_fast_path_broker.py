@@ -184,28 +184,3 @@ def read_scenario_items(directory, items: list[tuple[str, dict]]):
     path = directory / f"events-{uuid.uuid4().hex[:6]}.jsonl"
     path.write_text("\n".join(orjson.dumps({"topic": t, "event": e}).decode() for t, e in items))
     return read_scenario(path)
-
-
-@pytest.mark.timeout(120)
-async def test_a_principal_change_that_matters_is_announced_from_memory(worker):
-    """A worker that wrote the principal's record judges a later change of it as it would applying it."""
-    from tests.events import principal
-    who = ATLAS_REQUEST["principal"]
-    fresh = await worker.load("atlas.jsonl")
-    plan = await worker.select(ATLAS_REQUEST, fresh)
-    async with Subscriber(worker.bootstrap, worker.settings.topic("plan-invalidations"),
-                          worker.settings.partitions) as subscriber:
-        unread = await worker.publish_events(principal(who, phone="555-0100"))  # no policy reads it
-        assert (await worker.select(ATLAS_REQUEST, unread))["plan_id"] == plan["plan_id"]
-        token = await worker.publish_events(principal(who, roles=("auditor",)))  # loses what the plan used
-        answer = await worker.select(ATLAS_REQUEST, token)
-        deadline = time.time() + 20
-        while not any(r["plan_id"] == plan["plan_id"] for _, r in subscriber.seen) and time.time() < deadline:
-            await asyncio.sleep(0.05)
-    health = await worker.get("/healthz")
-    assert health["early_announcements"].get("early_announcements_of_principal_changes") == 1, \
-        health["early_announcements"]
-    causes = {r["cause"]["dependency_key"] for _, r in subscriber.seen if r["plan_id"] == plan["plan_id"]}
-    assert causes == {f"principal:{who}"}
-    assert answer["plan_id"] != plan["plan_id"]
-    assert (await worker.get(f"/v1/plans/{plan['plan_id']}"))["status"] == "invalidated"

@@ -219,23 +219,3 @@ def test_the_oldest_heads_go_past_the_byte_bound_and_a_larger_one_is_never_held(
     cache.remove_keys(["k1"])
     cache.remove_all()
     assert cache.sizes()["bytes"] == 0
-
-
-def test_principal_records_and_policy_texts_show_as_their_transactions_commit():
-    cache = HeadCache()
-    record = (["analyst"], '{"unit": "a"}', 3, False, None)
-    cache.principals_stored({"maya": record}, ["permit(principal, action, resource);"])
-    assert cache.principal("maya") == (None, None)
-    cache.rolled_back()
-    cache.committed()
-    assert cache.principal("maya") == (None, None)  # the rolled-back write never happened
-    cache.principals_stored({"maya": record}, ["permit(principal, action, resource);"])
-    cache.committed()
-    assert cache.principal("maya") == (record, ("permit(principal, action, resource);",))
-    cache.principals_stored({"omar": record}, ["v1"])
-    cache.policies_changed()  # stored after the principal write: the texts it named are out of date
-    cache.committed()
-    assert cache.principal("omar") == (record, None)
-    cache.remove_all()
-    cache.committed()
-    assert cache.principal("maya") == (None, None)
