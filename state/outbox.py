@@ -212,8 +212,7 @@ class Outbox:
     def reported(self, reports: dict[tuple[int, int], int]) -> None:
         """Drop the letters kept for lanes' owners that reports read on the lanes cover: (lane, source partition)
         -> the source offset the owner dead-lettered its refusals below (see `add_many`)."""
-        if not reports or not self.store.cached(LANE_LETTERS, lambda: self.db.execute(
-                "SELECT count(*) FROM outbox WHERE lane IS NOT NULL").fetchone()[0] > 0):
+        if not reports or not self.store.cached(LANE_LETTERS, self._any_kept):
             return
         keys = list(reports)
         self.db.execute("DELETE FROM outbox USING (SELECT unnest(?) AS q, unnest(?) AS p, unnest(?) AS upto) r "
@@ -222,18 +221,32 @@ class Outbox:
                         [[k[0] for k in keys], [k[1] for k in keys], list(reports.values())])
         self.store.forget(LANE_LETTERS)
 
+    def oldest_kept(self) -> dict[tuple[int, int], int]:
+        """(lane, source partition) -> the oldest source offset of a letter kept for the lane's owner (`add_many`):
+        a report of this worker's, as the lane's owner, never covers it before it is sent."""
+        if not self.store.cached(LANE_LETTERS, self._any_kept):
+            return {}
+        return {(q, p): o for q, p, o in self.db.execute(
+            "SELECT lane, src_partition, min(src_offset) FROM outbox WHERE standby AND lane IS NOT NULL "
+            "GROUP BY ALL").fetchall()}
+
+    def _any_kept(self) -> bool:
+        return self.db.execute("SELECT count(*) FROM outbox WHERE lane IS NOT NULL").fetchone()[0] > 0
+
     def promote_lanes(self, lanes: frozenset[int]) -> int:
-        """This worker owns these lanes now: send the letters it kept for their previous owner (`add_many`)."""
-        if not lanes:
+        """This worker owns these lanes now: send the letters kept for their previous owner (`add_many`), whenever
+        they were kept (as a copy, or live while the lane was restored; before a restart too)."""
+        if not lanes or not self.store.cached(LANE_LETTERS, self._any_kept):
             return 0
         self.store.forget(LANE_LETTERS)
         return self.db.execute("UPDATE outbox SET standby = false, lane = NULL WHERE standby AND lane IN "
                                "(SELECT unnest(?))", [sorted(lanes)]).fetchone()[0]
 
-    def drop_lanes(self, lanes: frozenset[int]) -> None:
-        """These lanes are no longer held here: the letters kept for their owner are its alone."""
-        if lanes:
-            self.db.execute("DELETE FROM outbox WHERE standby AND lane IN (SELECT unnest(?))", [sorted(lanes)])
+    def drop_lanes(self, held: frozenset[int]) -> None:
+        """Lanes not among these are no longer held here: the letters kept for their owners are theirs alone."""
+        if self.store.cached(LANE_LETTERS, self._any_kept):
+            self.db.execute("DELETE FROM outbox WHERE standby AND lane IS NOT NULL AND lane NOT IN "
+                            "(SELECT unnest(?::INTEGER[]))", [sorted(held)])
             self.store.forget(LANE_LETTERS)
 
     def pending(self, limit: int = 5000, after: int | None = None) -> list[tuple[int, str, bytes | None, bytes]]:

@@ -42,11 +42,12 @@ class LaneReports:
     async def report(self) -> int:
         """Report what moved since the last report on every owned lane, each source partition up to its oldest
         dead letter not acknowledged yet; how many reports were sent."""
-        positions, owned = await self.run_writes(self._look)
+        positions, owned, kept = await self.run_writes(self._look)
         self.sent = {k: v for k, v in self.sent.items() if k[0] in owned}  # a lane gained again starts over
         pending = []
         for q in sorted(owned):
             for p, upto in sorted(positions.items()):
+                upto = min(upto, kept.get((q, p), upto))
                 if upto > self.sent.get((q, p), 0):
                     value = pack(RoutedBatch(p, upto, upto, ()))
                     pending.append(((q, p), upto, await self.send(q, value, [(REPORT_HEADER, b"1")])))
@@ -63,10 +64,12 @@ class LaneReports:
             reported.setdefault(str(q), {})[str(p)] = upto
         return {"sent": self.reports, "reported": reported}
 
-    def _look(self) -> tuple[dict[int, int], frozenset[int]]:
-        """Per source partition, how far every refusal applied was dead-lettered and acknowledged; and the lanes
-        owned (read together on the writer: a lane caught up since has letters still due)."""
+    def _look(self) -> tuple[dict[int, int], frozenset[int], dict[tuple[int, int], int]]:
+        """Per source partition, how far every refusal applied was dead-lettered and acknowledged; the lanes
+        owned (read together on the writer: a lane caught up since has letters still due); and per lane and
+        source partition the oldest letter kept for a lane's owner, not sent (a restarted worker takes its
+        copies for owned until its first move)."""
         applied = self.state.store.next_offsets().get("source-changes", {})
         due = self.state.outbox.oldest_due(self.letters_topic, "source-changes")
         owned = frozenset(q for q in self.shards.held if self.shards.owns_lane(q))
-        return {p: min(n, due.get(p, n)) for p, n in applied.items()}, owned
+        return {p: min(n, due.get(p, n)) for p, n in applied.items()}, owned, self.state.outbox.oldest_kept()

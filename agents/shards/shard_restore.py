@@ -88,12 +88,13 @@ class Shards:
             raise RuntimeError(f"entity partitions {sorted(gained)} are not restored yet: their lanes are still "
                                "being read")
         outbox = self.applier.state.outbox
-        # A copy promoted to owner sends what it kept for the lane's owner and no report of it covered.
-        promoted = outbox.promote_lanes(self.standby & owned)
+        # Judged by the rows, not by what was a copy before (not in the file): what was kept for a lane's owner
+        # and no report of it covered goes out where the lane is owned now, and is forgotten where it is not held.
+        promoted = outbox.promote_lanes(owned)
         if promoted:
             log.info("sent %d dead letters of entity partitions %s that their previous owner left unreported",
-                     promoted, sorted(self.standby & owned), extra={"reason": "lane_letters_promoted"})
-        outbox.drop_lanes(lost)
+                     promoted, sorted(owned), extra={"reason": "lane_letters_promoted"})
+        outbox.drop_lanes(after)
         self.standby = standby
         if lost:
             dropped = self.state.drop(lost)
@@ -135,6 +136,7 @@ class Shards:
         partition_of = self.state.partition_of
         with store.transaction():
             drop_resources(store, [e for e in held_entities(store) if partition_of(e) in catching])
+            self.applier.state.outbox.drop_lanes(self.state.held | (self.state.catching - catching))
         self.state.catching = self.state.catching - catching
         self.state.restoring = self.state.restoring - catching
         for q in catching:

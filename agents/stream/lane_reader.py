@@ -63,9 +63,10 @@ class FetchQueue(asyncio.Queue):
         """Whether queueing a batch of this many records would wait for the writer."""
         return self.full() and len(self._queue[-1]) + records > self.most
 
-    async def put_joined(self, batch: Fetched) -> bool:
-        """Queue a batch, joined to the last one waiting where it fits; whether it went in as a batch of its own."""
-        if self._queue and len(self._queue[-1]) + len(batch) <= self.most:
+    async def put_joined(self, batch: Fetched, wait: bool = True) -> bool:
+        """Queue a batch, joined to the last one waiting where it fits (without `wait`, whatever its size when the
+        queue is full); whether it went in as a batch of its own."""
+        if self._queue and (len(self._queue[-1]) + len(batch) <= self.most or (not wait and self.full())):
             self._queue[-1].join(batch)
             return False
         await self.put(batch)
@@ -86,6 +87,7 @@ class LaneReader:
         self._gained_at: dict[int, int] = {}  # entity lane -> the epoch it was last gained in
         self.wakers: list[asyncio.Event] = []  # set when gained lanes joined the merge (a follower waits on one)
         self._released: dict[tuple[str, int], int] = {}  # `source-changes` positions handed to the writer
+        self._reports: dict[tuple[int, int], int] = {}  # (entity lane, source partition) -> reported, handed on
 
     def start(self, applied: dict[str, dict[int, int]], lanes: dict[str, dict[int, int]]) -> None:
         """Merge from what the file applied (after any rebase), the shared lanes and the entity lanes held each
@@ -123,7 +125,6 @@ class LaneReader:
 
         Records of a lane gained again after the fetch's `epoch` belong to the read before: dropped."""
         direct: list[RawMessage] = []
-        reports: dict[tuple[int, int], int] = {}
         lanes = False
         for tp, records in batch.items():
             name = logical[tp.topic]
@@ -144,18 +145,13 @@ class LaneReader:
                     self.merge.add(name, tp.partition, m.offset, routed)
                     if m.headers and any(k == REPORT_HEADER for k, _ in m.headers):
                         self.merge.report(name, tp.partition, routed.partition, routed.end)
-                        if name == "entity-changes":
-                            key = (tp.partition, routed.partition)
-                            reports[key] = max(reports.get(key, 0), routed.end)
                 continue
             direct.extend(RawMessage(name, tp.partition, m.offset, m.key, m.value,
                                      m.timestamp / 1000 if m.timestamp else None) for m in records)
         gained, self.gained = frozenset(self.gained), set()
         if self.merge is None or not (lanes or gained):
             return Fetched(direct, gained=gained)
-        out = Fetched(direct, self.merge.release(), gained)
-        out.reports = reports
-        return out
+        return self._reported(Fetched(direct, self.merge.release(), gained))
 
     def sent(self, batches: list[tuple[str, int, int, RoutedBatch]]) -> Fetched | None:
         """Routed batches this worker's router just had acknowledged, as (lane topic, partition, offset, batch):
@@ -167,7 +163,20 @@ class LaneReader:
             return None
         self.fed += taken
         gained, self.gained = frozenset(self.gained), set()
-        return Fetched([], self.merge.release(), gained)
+        return self._reported(Fetched([], self.merge.release(), gained))
+
+    def _reported(self, batch: Fetched) -> Fetched:
+        """Hand the writer how far each entity lane's owner reported, as far as the records are released: a report
+        read before the records it covers (another lane lagging) covers them once they are."""
+        released = self.merge.released if self.merge is not None else {}
+        for (topic, q), lane in (self.merge.lanes.items() if self.merge is not None else ()):
+            if topic != "entity-changes":
+                continue
+            for p, upto in lane.reported.items():
+                upto = min(upto, released.get(p, 0))
+                if upto > self._reports.get((q, p), 0):
+                    batch.reports[(q, p)] = self._reports[(q, p)] = upto
+        return batch
 
     def advanced(self, batch: Fetched) -> bool:
         """Whether a fetch moved a `source-changes` position (a freshness token may wait for it), and remember it."""

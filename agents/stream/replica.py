@@ -305,11 +305,11 @@ class Replica:
         async with self._queueing:  # a merge step and its place in the queue go together: source order holds
             fetched = self.lanes.sent(batches)
             if fetched is not None:
-                await self._queue(queue, fetched)
+                await self._queue(queue, fetched, wait=False)
 
-    async def _queue(self, queue: FetchQueue, fetched: Fetched) -> None:
-        """Announce what a merge step makes stale at once, and queue it for the writer."""
-        if not (fetched.messages or fetched.history or fetched.caught_up or fetched.gained
+    async def _queue(self, queue: FetchQueue, fetched: Fetched, wait: bool = True) -> None:
+        """Announce what a merge step makes stale at once, and queue it for the writer (see `FetchQueue`)."""
+        if not (fetched.messages or fetched.history or fetched.caught_up or fetched.gained or fetched.reports
                 or self.lanes.advanced(fetched)):
             return  # lane records that released nothing: their positions go with the next batch
         if self.early is not None:
@@ -319,7 +319,7 @@ class Replica:
                 if not self._early_failed:
                     log.exception("announcing a fetched batch early failed; the writer announces it (logged once)")
                 self._early_failed = True
-        if await queue.put_joined(fetched):
+        if await queue.put_joined(fetched, wait):
             self._unapplied.append(asyncio.get_running_loop().time())  # a joined batch is as old as the one it joined
 
     async def _next(self, fetched: FetchQueue, fetching: asyncio.Future) -> tuple[Fetched, int]:
