@@ -39,7 +39,7 @@ ADMITTED_ENTRIES = 20_000
 
 
 def announce_first(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],
-                   standby: bool) -> Touched:
+                   standby: bool, announced: frozenset[str] = frozenset()) -> Touched:
     """Announce touched plans not announced yet, mark them invalidated and queue their successors.
 
     Returns the touched plans the caller must recompile at once instead (nothing written for them):
@@ -47,15 +47,16 @@ def announce_first(writer: PlanWriter, touched: Touched, now: datetime | None, c
     through a resource they did not admit, when few (`COMPILE_FIRST`). A new version of a resource
     a plan admitted always changes the plan (its id digests admitted versions), so announcing it
     before compiling costs no precision; any other change is announced first only when compiling
-    first would hold the batch too long, or when it is not a resource's.
+    first would hold the batch too long, or when it is not a resource's. Plans in `announced` (told
+    stale early) are always announced here: compiled again they could come out identical and be adopted.
     """
     if not touched:
         return {}
     if len(touched) <= READ_FIRST:
         heads = writer.state.plans.heads_stamped(list(touched), parse=False)
         if sum(head.status != "invalidated" for head in heads.values()) <= FEW:
-            return _row_by_row(writer, touched, now, counts, standby, heads)
-    return _column_wise(writer, touched, now, counts, standby)
+            return _row_by_row(writer, touched, now, counts, standby, heads, announced)
+    return _column_wise(writer, touched, now, counts, standby, announced)
 
 
 def _left_out(state: LocalState, touched: Touched, heads: dict) -> set[str]:
@@ -74,13 +75,14 @@ def _left_out(state: LocalState, touched: Touched, heads: dict) -> set[str]:
 
 
 def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],
-                standby: bool, heads: dict) -> Touched:
+                standby: bool, heads: dict, told: frozenset[str]) -> Touched:
     """A few plans to announce: one `Invalidation` each, as the eager path builds them, in one write per table."""
     state = writer.state
     if len(heads) <= writer.eager_limit:
-        return touched
-    left_out = _left_out(state, touched, heads)
-    compile_now = {k: touched[k] for k in left_out} if len(left_out) <= COMPILE_FIRST else {}
+        compile_now = {k: v for k, v in touched.items() if k not in told}
+    else:
+        left_out = _left_out(state, touched, heads) - told
+        compile_now = {k: touched[k] for k in left_out} if len(left_out) <= COMPILE_FIRST else {}
     touched = {k: v for k, v in touched.items() if k not in compile_now}
     visible = writer.discoverable(touched, heads)
     view = None
@@ -108,7 +110,7 @@ def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, coun
 
 
 def _column_wise(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],
-                 standby: bool) -> Touched:
+                 standby: bool, told: frozenset[str]) -> Touched:
     """Many plans: built column-wise (`state.fan_out`), one announcement per group of plans sharing event,
     key and stamps, its plan ids and keys filled in by SQL; an index lookup and a record per plan."""
     state = writer.state
@@ -123,7 +125,7 @@ def _column_wise(writer: PlanWriter, touched: Touched, now: datetime | None, cou
     fan = FanOut(state.store, state.outbox)
     try:
         heads, groups = fan.stage(list(touched), dep_keys, cause_of)
-        if heads <= writer.eager_limit:
+        if heads <= writer.eager_limit and not told & touched.keys():
             return touched
         announced, memo, events = [], {}, Counter()
         view = CatalogSnapshot(state.catalog)

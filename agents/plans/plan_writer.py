@@ -224,13 +224,16 @@ class PlanWriter:
 
     # -- the apply path: what one batch of input events touched ------------------------
 
-    def recompile(self, touched: Touched, counts: Counter[str], standby: bool = False) -> None:
+    def recompile(self, touched: Touched, counts: Counter[str], standby: bool = False,
+                  announced: frozenset[str] = frozenset()) -> None:
         """Announce the touched plans and queue their successors (`announce_first`); those it leaves (all, with an
-        `eager_limit` above their number) are recompiled here: unchanged outcomes adopted, changed ones announced."""
+        `eager_limit` above their number) are recompiled here: unchanged outcomes adopted, changed ones announced.
+
+        `announced`: keys of plans subscribers were told are stale already (`FastPath`): announced, never adopted."""
         state = self.state
         now = state.store.now()
-        if len(touched) > self.eager_limit:
-            touched = announce_first(self, touched, now, counts, standby)
+        if len(touched) > self.eager_limit or announced:
+            touched = announce_first(self, touched, now, counts, standby, announced)
             if not touched:
                 return
         heads = {k: head._replace(request=orjson.loads(head.request))

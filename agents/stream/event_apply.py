@@ -199,30 +199,27 @@ class EventApplier:
                                       event_ids(((c["topic"], c["partition"], c["offset"]), c["event_id"])
                                                 for _, _, c in keyed))
         touched = self._affected(keyed)
-        if self.early is not None:
-            self._honour_early(messages, touched)
+        early = self._honour_early(messages, touched) if self.early is not None else frozenset()
         # Only plans of owned partitions are indexed here, so what they cause is this worker's to publish.
-        self.plans.recompile(touched, counts)
+        self.plans.recompile(touched, counts, announced=early)
         store.bump_many(counts)
 
-    def _honour_early(self, messages: Sequence[RawMessage], touched: Touched) -> None:
-        """Add the plans announced early by these events that applying them did not touch (an edit refused, or
-        older under log order): what subscribers were told must hold in the file too."""
+    def _honour_early(self, messages: Sequence[RawMessage], touched: Touched) -> frozenset[str]:
+        """Touch the plans announced early by these events under the cause they were announced with, whatever
+        applying touched (nothing, for an edit refused or older under log order; another event first): what
+        subscribers were told must hold in the file too. Their keys, which must be announced, not recompiled."""
         early = self.early(messages) if self.early is not None else {}
-        if not early:
-            return
         stamps = {(m.topic, m.partition, m.offset): m.timestamp for m in messages}
+        keys: set[str] = set()
         for position, entries in early.items():
             topic, partition, offset = position
             for entry in entries:
-                found = touched.get(entry.plan_key)
-                if found is None:
+                if entry.plan_key not in keys:  # the first event that announced it
+                    keys.add(entry.plan_key)
                     touched[entry.plan_key] = (entry.dependency_key, {
                         "topic": topic, "partition": partition, "offset": offset, "event_id": entry.event_id,
                         "_timestamp": stamps.get(position)})
-                elif (found[1]["topic"], found[1]["partition"], found[1]["offset"]) == position:
-                    # The same event: name the key the early record named, so the cause is the same one.
-                    touched[entry.plan_key] = (entry.dependency_key, found[1])
+        return frozenset(keys)
 
     def _elsewhere(self, event: InputEvent) -> bool:
         """Whether an event is an upsert of a resource about another shard's entity (a move away is applied
