@@ -175,13 +175,13 @@ class FastPath:
             first: tuple[int, RawMessage, str, Admitting] | None = None
             for rid, admitting in self.heads.admitted_by(plan_key):
                 edit = next(((seq, m) for seq, version, m in self._edits.get(rid, ())
-                             if version > admitting.version and not self.applied(*_position(m))), None)
+                             if version > admitting.version and not self._committed(m)), None)
                 if edit is not None and (first is None or edit[0] < first[0]):
                     first = (*edit, dk.resource(rid), admitting)
             principal = self.heads.principal_of(plan_key)
             held = self.heads.asked_by(principal) if principal is not None and principal in self._revoked else []
             withdrawal = next(((seq, m) for seq, m in self._revoked.get(principal or "", ())
-                               if not self.applied(*_position(m))), None)
+                               if not self._committed(m)), None)
             mine = [h for h in held if h.plan_key == plan_key]
             if withdrawal is not None and mine and (first is None or withdrawal[0] < first[0]):
                 first = (*withdrawal, dk.principal(principal), mine[0])  # type: ignore[arg-type]
@@ -191,6 +191,14 @@ class FastPath:
                     sent += self._announce(first[1], first[2], event.event_id, [first[3]])
         self.counts["early_announcements"] += sent
         self.counts["early_announcements_of_new_heads"] += sent
+
+    def _committed(self, m: RawMessage) -> bool:
+        """Whether the event is applied: as the replica knows, or as the commit the head cache published says (it
+        tells `_recheck` of that commit's heads before the replica hears its batch committed)."""
+        if self.applied(*_position(m)):
+            return True
+        position = self.heads.position
+        return position is not None and position[0].get(m.topic, {}).get(m.partition, 0) > m.offset
 
     def _heads_put(self, plan_keys: list[str]) -> None:
         """Told by the head cache on whichever thread put them; the check runs on the loop."""

@@ -40,3 +40,21 @@ async def test_an_early_announcement_wins_over_an_edit_that_touched_the_plan_fir
     assert query.plan_status(plan["plan_id"])["status"] == "invalidated"
     queued = [(r["plan_id"], r["cause"]["offset"]) for r in invalidations(state)]
     assert queued == [(plan["plan_id"], withdrawal.offset)]
+
+
+async def test_a_head_compiled_after_a_withdrawal_was_applied_is_not_announced_stale_by_it(world):  # noqa: F811
+    """The head cache tells the fast path of a head at its commit, on the writer, before the replica hears that the
+    batch holding the withdrawal committed: judged by the replica alone, that fresh head looked stale."""
+    import asyncio
+    state, fast, sent, query = world["state"], world["fast"], world["sent"], world["query"]
+    plan = query.select(ATLAS_REQUEST)
+    withdrawal = raw(*revoke_role(WHO, "credit_analyst"))  # the role the plan used: its successor differs
+    assert fast.announce([withdrawal]) == 1
+    await fast.settle()
+    fast.applied = lambda topic, partition, offset: False  # the replica has not resumed yet
+    world["applier"].apply([withdrawal])
+    again = query.select(ATLAS_REQUEST)  # compiled after the withdrawal was applied: fresh
+    await asyncio.sleep(0)
+    await fast.settle()
+    assert again["plan_id"] != plan["plan_id"]
+    assert [r["plan_id"] for r in sent.records] == [plan["plan_id"]]  # not the fresh successor
