@@ -32,12 +32,16 @@ class Fetched:
         self.reports: dict[tuple[int, int], int] = {}  # (entity lane, source partition) -> reported below, as read
 
     def join(self, later: "Fetched") -> "Fetched":
-        """This fetch followed by a later one, as one batch."""
+        """This fetch followed by a later one, as one batch.
+
+        A lane the later one gained again (lost in between) starts over: this one's history and catch-up of it
+        belonged to the read before, and would mark the new read caught up before its history was read."""
+        again = later.gained
         self.messages = self.messages + later.messages
-        self.history = self.history + later.history
+        self.history = [m for m in self.history if m.lane not in again] + later.history
         self.positions = {**self.positions, **later.positions}
-        self.caught_up = self.caught_up | later.caught_up
-        self.reported = {**self.reported, **later.reported}
+        self.caught_up = (self.caught_up - again) | later.caught_up
+        self.reported = {**{q: r for q, r in self.reported.items() if q not in again}, **later.reported}
         self.gained = self.gained | later.gained
         self.reports = {k: max(v, self.reports.get(k, 0)) for k, v in later.reports.items()} | {
             k: v for k, v in self.reports.items() if k not in later.reports}

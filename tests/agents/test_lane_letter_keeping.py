@@ -155,3 +155,17 @@ def test_a_lane_gained_as_owner_sends_the_letters_of_records_applied_live_before
     with y.state.store.transaction():
         shards.move(shards.assigned)
     assert letters(y, standby=False), f"the refusal's letter is neither sent nor promoted: {letters(y)}"
+
+
+def test_a_lane_gained_again_while_batches_wait_is_not_caught_up_by_the_read_before():
+    """Two fetches joined for the writer: the first caught the lane up, then it was lost and gained again."""
+    old = Fetched([])
+    old.caught_up, old.reported = frozenset({0, 1}), {0: {0: 5}, 1: {0: 7}}
+    old.history = [RawMessage("source-changes", 0, 3, b"k", b"v", lane=0),
+                   RawMessage("source-changes", 0, 4, b"k", b"v", lane=1)]
+    new = Fetched([], gained=frozenset({0}))
+    new.history = [RawMessage("source-changes", 0, 0, b"k", b"v", lane=0)]
+    joined = old.join(new)
+    assert joined.caught_up == frozenset({1}) and joined.reported == {1: {0: 7}}
+    assert [(m.lane, m.offset) for m in joined.history] == [(1, 4), (0, 0)]
+    assert joined.gained == frozenset({0})
