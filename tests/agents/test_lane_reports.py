@@ -97,22 +97,6 @@ def test_a_report_stops_at_the_oldest_dead_letter_not_acknowledged_and_no_other_
     assert reports.figures()["reported"] == {"0": {"0": applied}, "1": {"0": applied}}
 
 
-def test_a_standby_copy_promoted_to_owner_dead_letters_what_it_left_to_the_dead_owner(make):  # noqa: F811 (the fixture)
-    y = make("y", only(B))
-    shard = ShardState(y.state.store, 2)
-    lane_a, lane_b = plan_partition(A, 2), plan_partition(B, 2)
-    shard.copies = frozenset({lane_a})
-    y.owns_lane, y.mine = shard.owns_lane, shard.mine
-    y.apply(scenario(), standby=True)
-    bad = raw(*refused("waiver-bad", entity=A))
-    y.apply([RawMessage(bad.topic, bad.partition, bad.offset, bad.key, bad.value, lane=lane_a)], standby=True)
-    shards = Shards(shard, y)
-    shards.assigned = frozenset({lane_a, lane_b})
-    with y.state.store.transaction():
-        shards.move(shards.assigned)
-    assert letters(y, standby=False), "the refusal the dead owner never sent was dead-lettered by nobody"
-
-
 def _copy_holder(make):  # noqa: F811 (the fixture)
     """A worker holding lane A's copy (B owned) that judged one of lane A's records refused."""
     y = make("y", only(B))
@@ -124,6 +108,14 @@ def _copy_holder(make):  # noqa: F811 (the fixture)
     bad = raw(*refused("waiver-bad", entity=A))
     y.apply([RawMessage(bad.topic, bad.partition, bad.offset, bad.key, bad.value, lane=lane_a)], standby=True)
     return y, Shards(shard, y), lane_a, lane_b, bad
+
+
+def test_a_standby_copy_promoted_to_owner_dead_letters_what_it_left_to_the_dead_owner(make):  # noqa: F811 (the fixture)
+    y, shards, lane_a, lane_b, bad = _copy_holder(make)
+    shards.assigned = frozenset({lane_a, lane_b})
+    with y.state.store.transaction():
+        shards.move(shards.assigned)
+    assert letters(y, standby=False) == [(bad.offset, False)], "the refusal the dead owner never sent went nowhere"
 
 
 def test_a_letter_kept_for_a_lanes_owner_goes_once_its_report_covers_it(make):  # noqa: F811 (the fixture)
