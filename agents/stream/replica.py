@@ -363,9 +363,12 @@ class Replica:
         if self.lanes_applied is not None and (batch.gained or batch.history):
             self.lanes_applied(batch, before=True)
         self.applier.apply(batch.messages, standby=True, positions=batch.positions)
-        if batch.reports:  # after the records: a report covers what was applied below it
-            with self.applier.state.store.transaction():
-                self.applier.state.outbox.reported(batch.reports)
+        try:  # after the records: a report covers what was applied below it
+            if batch.reports:
+                with self.applier.state.store.transaction():
+                    self.applier.state.outbox.reported(batch.reports)
+        except Exception:  # noqa: BLE001 - the batch is committed; an unpruned kept letter is only sent twice
+            log.exception("dropping lane letters covered by reports failed; a later report drops them")
         if self.lanes_applied is not None and batch.caught_up:
             self.lanes_applied(batch, before=False)
         return self.applier.state.store.next_offsets()

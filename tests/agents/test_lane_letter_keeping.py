@@ -169,3 +169,19 @@ def test_a_lane_gained_again_while_batches_wait_is_not_caught_up_by_the_read_bef
     assert joined.caught_up == frozenset({1}) and joined.reported == {1: {0: 7}}
     assert [(m.lane, m.offset) for m in joined.history] == [(1, 4), (0, 0)]
     assert joined.gained == frozenset({0})
+
+
+def test_a_failing_prune_by_reports_never_stops_applying(make, monkeypatch):  # noqa: F811
+    """A DuckDB error while dropping covered letters leaves the batch applied and the letter kept (sent twice at
+    worst), and the replica goes on."""
+    y, _, lane_a, _, bad = _copy_holder(make)
+    replica = Replica.__new__(Replica)
+    replica.applier, replica.lanes_applied = y, None
+
+    def broken(reports):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(y.state.outbox, "reported", broken)
+    batch = Fetched([])
+    batch.reports = {(lane_a, bad.partition): bad.offset + 1}
+    replica._apply(batch)
+    assert letters(y) == [(bad.offset, True)]
