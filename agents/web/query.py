@@ -275,11 +275,11 @@ class QueryService:
             if partition is not None:  # the partition moved while this select waited for the writer
                 out[i] = NotOwner(found.entity_id, partition)
                 continue
-            plan = state.plans.fresh_plan(found.key)  # another select may have compiled it meanwhile
+            plan = state.plans.fresh_plan(found.key)  # compiled while this select waited for the writer
             if plan is None:
                 due.append(i)
-            else:
-                out[i] = replace(found, plan=plan, served_from="cache")
+            else:  # not "cache": the plan was missing when asked, and the answer waited for a compile
+                out[i] = replace(found, plan=plan, served_from="recompiled")
         counts: Counter[str] = Counter()
         if due:
             compiled = self.writer.compile_selects([founds[i].request for i in due], counts, self.on_compile)
@@ -377,7 +377,7 @@ class Found:
     token: str | None
     """Freshness token of the state the plan was read or compiled from."""
     served_from: str
-    """cache or compiled."""
+    """cache (fresh when asked), compiled (for this select) or recompiled (compiled while it waited, elsewhere)."""
     degraded: list[str]
     """Paused inputs that can make the answer less current."""
     counts: Counter = field(default_factory=Counter)

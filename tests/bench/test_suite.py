@@ -47,7 +47,7 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert all(s["lost"] == 0 and s["events"] == 200 for s in relay["stages"])
     selects = path["selects_under_stream"]
     assert set(selects) == {"0", "200"} and "stream" not in selects["0"]
-    assert all(s["failures"] == 0 and s["count"] + s["compiled"] == 20 for s in selects.values())
+    assert all(s["failures"] == 0 and s["count"] + s["compiled"] + s["recompiled"] == 20 for s in selects.values())
     assert selects["200"]["stream"]["events"] == 200
     scale = path["scale_out"]
     check_scale_run(scale, out.stderr, tmp_path / "scale")
