@@ -19,6 +19,7 @@ from bench.profile import profile_apply
 from bench.report import SCALE_EVENTS_2_VS_1, hot_plan_bound_ms, targets, write_json
 from bench.summary import longest_stage_within, markdown
 from bench.workload import generate
+from streams.settings import EMBEDDED_SESSION_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ class BenchOptions:
     """Cached selects issued per second during each of those streams."""
     takeover_timeout: float = 120.0
     """How long the survivor of a kill -9 gets before unannounced plans count as lost."""
-    session_timeout: float = 6.0
-    """Workers' FRESHPLAN_SESSION_TIMEOUT (the service's default): how soon the group notices a killed worker."""
+    session_timeout: float = EMBEDDED_SESSION_TIMEOUT
+    """Workers' FRESHPLAN_SESSION_TIMEOUT (the service's default on the embedded broker, which the bench runs on):
+    how soon the group notices a killed worker."""
     scale_workers: tuple[int, ...] = (1, 2, 4)
     """Cluster sizes run on the same workload (1 must be among them: the figures are ratios to it)."""
     scale_resources: int = 20_000

@@ -62,3 +62,11 @@ def test_a_restore_read_gives_up_after_at_least_a_second_without_progress():
     assert Settings.from_env({}).restore_stall_seconds == 15.0
     assert Settings.from_env({"FRESHPLAN_RESTORE_STALL_SECONDS": "3"}).restore_stall_seconds == 3.0
     assert Settings.from_env({"FRESHPLAN_RESTORE_STALL_SECONDS": "0"}).restore_stall_seconds == 1.0  # never at once
+
+
+def test_the_session_timeout_is_shorter_on_the_embedded_broker_and_kafka_s_floor_elsewhere():
+    # The embedded broker holds each JoinGroup for half the session timeout: a kill -9's take-over costs ~1.5x it.
+    assert Settings.from_env({}).session_timeout == 4.0
+    assert Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092"}).session_timeout == 6.0  # Kafka refuses less
+    assert Settings.from_env({"FRESHPLAN_SESSION_TIMEOUT": "8"}).session_timeout == 8.0
+    assert Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "FRESHPLAN_SESSION_TIMEOUT": "10"}).session_timeout == 10
