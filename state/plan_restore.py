@@ -33,7 +33,7 @@ class RestoreResult:
     known_invalidated: list[str] = field(default_factory=list)
     """Plan ids this file already holds as invalidated (unless compiled again since): heads, still invalidated."""
     displaced: list[tuple[str, str]] = field(default_factory=list)
-    """(plan key, plan id) of fresh heads a preferred record replaced: the caller announces them."""
+    """(plan key, plan id) of fresh heads their key's parked record replaced: the caller announces them."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ class ParkedRestore:
 
 
 def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions: Collection[int], *,
-            partitions: int, compiled_at: datetime | None, keep_fresh_heads: bool = False,
-            prefer: Collection[str] = (), topic_of: Callable[[str], str] = str) -> RestoreResult:
+            partitions: int, compiled_at: datetime | None, parked: Collection[str] = (),
+            topic_of: Callable[[str], str] = str) -> RestoreResult:
     """Make these `plans` records the current plans of their keys, in a constant number of statements.
 
     Only records of entities owned here (by `plan_partition`) count. Of several records of one
@@ -87,13 +87,13 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
     it decides nothing. The caller holds the transaction. A record's receipt (on `plan-dependencies`,
     not on `plans`) is stored with it, so the new owner can show what it serves.
 
-    A record whose plan id is in `prefer` (its key's parked record, see `parked_plans.succession`)
+    A record whose plan id is in `parked` (its key's parked record, see `parked_plans.succession`)
     wins over the others of its key whatever their offsets.
 
-    With `keep_fresh_heads`, a record of a key that has a fresh plan here is not made current (unless
-    preferred: see `RestoreResult.displaced`): an
-    owner keeps its own heads current (its index sees every change), and an older record read
-    late (a restart re-reading the feed) would replace a newer plan only to be found stale.
+    A record of a key that has a fresh plan here is not made current, unless it is the key's parked
+    one (see `RestoreResult.displaced`): an owner keeps its own heads current (its index sees every
+    change), and an older record read late (a restart re-reading the feed) would replace a newer
+    plan only to be found stale.
     """
     owned = set(owned_partitions)
     chosen: dict[str, PreparedPlan] = {}
@@ -113,18 +113,18 @@ def restore(store: Store, records: Iterable[Mapping[str, Any]], owned_partitions
             unrestorable.append((plan_id if isinstance(plan_id, str) else None, str(exc) or type(exc).__name__))
             continue
         held = chosen.get(row.plan_key)
-        if held is None or (row.plan_id in prefer) > (held.plan_id in prefer) or (
-                (row.plan_id in prefer) == (held.plan_id in prefer) and row.rank >= held.rank):
+        if held is None or (row.plan_id in parked) > (held.plan_id in parked) or (
+                (row.plan_id in parked) == (held.plan_id in parked) and row.rank >= held.rank):
             chosen[row.plan_key] = row
     displaced: list[tuple[str, str]] = []
-    if keep_fresh_heads and chosen:
-        # A fresh head stays, unless a preferred record (its key's parked one) is another plan: that
+    if chosen:
+        # A fresh head stays, unless its key's parked record is another plan: that
         # replaces it, and the caller announces the head, as nobody is known to have announced it.
         heads = dict(store.db.execute(
             "SELECT h.plan_key, h.plan_id FROM plan_heads h JOIN plans p USING (plan_id) WHERE p.status = 'fresh' "
             "AND h.plan_key IN (SELECT unnest(?::VARCHAR[]))", [list(chosen)]).fetchall())
         for key in [k for k in chosen if k in heads]:
-            if chosen[key].plan_id != heads[key] and chosen[key].plan_id in prefer:
+            if chosen[key].plan_id != heads[key] and chosen[key].plan_id in parked:
                 displaced.append((key, heads[key]))
             else:
                 del chosen[key]

@@ -87,6 +87,11 @@ class Ownership:
         # What this file indexed when the worker stopped: a restart hands back what it no longer owns.
         self._held = frozenset(r[0] for r in db.execute("SELECT partition FROM owned_partitions").fetchall())
 
+    @property
+    def assigned(self) -> bool:
+        """Whether the group has assigned this worker its partitions since it started (until then it owns none)."""
+        return self.owned is not None
+
     def partition_of(self, entity_id: str) -> int:
         """The partition that owns an entity's plans."""
         return plan_partition(entity_id, self.partitions)
@@ -126,7 +131,7 @@ class Ownership:
 
     def change(self, assigned: Collection[int]) -> tuple[TakeOver, int]:
         """Move to a new assignment: hand back lost partitions, take over gained ones."""
-        first = self.owned is None
+        first = not self.assigned
         before = self._held if first else self.owned
         after = frozenset(assigned)
         lost, gained = before - after, after - before
@@ -213,12 +218,13 @@ class Ownership:
         return replace(taken, phases={k: round(v, 3) for k, v in phases.items()})
 
     def adopt(self, records: Sequence[dict[str, Any]], partitions: Collection[int] | None = None,
-              prefer: Collection[str] = (), keep_fresh_heads: bool = True) -> TakeOver:
+              parked: Collection[str] = ()) -> TakeOver:
         """Judge records of owned plans without compiling: adopt the fresh, announce and requeue the stale.
 
         Staleness is decided from each dependency key's last change offset against the plan's
         `compiled_as_of` (`KeyChanges.stale_plans`), so no invalidation is lost whoever was the
-        owner when the event was applied, and no plan is recompiled unless it changed.
+        owner when the event was applied, and no plan is recompiled unless it changed. Of a key's
+        records, the one whose plan id is in `parked` (the key's parked record) is made current.
         """
         started = time.perf_counter()
         owned = set(self.owned or ()) if partitions is None else set(partitions)
@@ -232,8 +238,7 @@ class Ownership:
         stale = self.key_changes.stale_plans([PlanPosition.of(r) for r in mine], now, store.incarnation()[0])
         # A stale record is announced and requeued by `_settle`: it never pushes a fresh head out.
         result = restore(store, mine, owned, partitions=self.partitions, compiled_at=now,
-                         keep_fresh_heads=keep_fresh_heads, prefer=set(prefer) - set(stale),
-                         topic_of=self.plans.topic_of)
+                         parked=set(parked) - set(stale), topic_of=self.plans.topic_of)
         taken = self._settle(mine, stale, set(result.restored), result.known_invalidated, len(mine),
                              len(result.restored), started, now)
         # Every plan of an owned key ends up current here or announced: a displaced head, and a fresh record

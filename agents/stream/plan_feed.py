@@ -146,7 +146,7 @@ class PlanFeed:
             known = self.state.plans.known([r["plan_id"] for r in valid])
             # Every record is judged (a stale one is announced); of a key's records, the one parked is made current.
             taken = self.ownership.adopt([r for r in valid if r["plan_id"] not in known],
-                                         prefer={r["plan_id"] for r in current.values()})
+                                         parked={r["plan_id"] for r in current.values()})
             self._save_positions(ends)
         if crossed:
             log.info("%d plan-dependencies records did not descend from the plan parked for their key (the topic "

@@ -182,7 +182,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # Checked on the writer, where `owned` changes. Before the first assignment the queue read from
         # the file may name plans a peer owns now (its successors would fork the owner's lineage); the
         # first `follow` hands those back, queue entries included, so from then on it holds owned plans only.
-        if ownership.owned is None:
+        if not ownership.assigned:
             return 0
         return recompile_queued(plan_writer, 16, lambda topic, partition: True, after_outbox=True)
 
@@ -193,7 +193,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         if not plan_writer.queue_pending:  # set by every path that queues plans: no writer job, no read
             return 0.1
         waits_for = plan_writer.backlog_waits_for  # no writer job while those records are still due
-        if ownership.owned is None or (waits_for is not None and reader.outbox.last_due(waits_for) is not None):
+        if not ownership.assigned or (waits_for is not None and reader.outbox.last_due(waits_for) is not None):
             return 0.05
         done = await writer.run_later(recompile_owned)  # a select's compile or an apply batch goes first
         if done:

@@ -128,7 +128,7 @@ class Worker:
                    resume=self.replica.resume, check_ready=self.guard.check, render_metrics=self.status.metrics_text,
                    health=self.status.health, owner_url=self.owner_url, forward=self._forward,
                    plan_status=lambda plan_id, may: self.query.plan_status_async(plan_id, self.status.read, may),
-                   owners_known=lambda: self.ownership.owned is not None,
+                   owners_known=lambda: self.ownership.assigned,
                    restoring=lambda: self.ownership.shards.state.restoring)
 
     def owner_url(self, partition: int) -> str | None:

@@ -58,7 +58,7 @@ class Node:
             current = self.parked.park(records)
             known = self.state.plans.known([r["plan_id"] for r in records])
             self.ownership.adopt([r for r in records if r["plan_id"] not in known],
-                                 prefer={r["plan_id"] for r in current.values()})
+                                 parked={r["plan_id"] for r in current.values()})
 
     def own(self, *partitions: int) -> None:
         with self.state.store.transaction():
