@@ -158,7 +158,7 @@ def document(topic: str, key: bytes | None, value: bytes | None, *, position: st
                            f"{exc.colno})") from None
     if topic != "source-changes":
         return doc
-    if isinstance(doc, dict) and "event_id" in doc and doc.get("op") not in debezium_shapes.ROW_OPS:
+    if isinstance(doc, dict) and "event_id" in doc and not debezium_shapes.row_op(doc.get("op")):
         # freshplan's own shape, the usual case: no Debezium message has a top-level event_id (that field makes
         # every shape check below pass it through), and an envelope's op is one of Debezium's letters.
         return doc

@@ -22,6 +22,11 @@ def unwrap(doc: Any) -> tuple[Any, dict | None]:
     return doc, None
 
 
+def row_op(op: Any) -> bool:
+    """Whether a value is one of Debezium's row-change ops (any JSON value: a list or object is none)."""
+    return isinstance(op, str) and op in ROW_OPS
+
+
 def control_kind(doc: Any) -> str | None:
     """`heartbeat` or `transaction` for Debezium's own messages (no row change), else None."""
     body, schema = unwrap(doc)
@@ -39,7 +44,7 @@ def is_envelope(doc: Any) -> bool:
     """True when the document is a Debezium row-change envelope (optionally wrapped in payload)."""
     doc, _ = unwrap(doc)
     op = doc.get("op") if isinstance(doc, dict) else None
-    return isinstance(op, str) and op in ROW_OPS and ("after" in doc or "before" in doc)
+    return row_op(op) and ("after" in doc or "before" in doc)
 
 
 def is_unwrapped(doc: Any) -> bool:

@@ -99,3 +99,41 @@ def test_a_decimal_beyond_64_bits_is_refused_by_the_published_schema():
     row = orjson.dumps({"op": "c", "after": {"document_id": "d1", "customer_id": "E1", "token_count": wide,
                                              "doc_class": "c"}, "source": ROW_SOURCE})
     assert _refused("source-changes", None, row, MAPPING).error_class == "schema_violation"
+
+
+@pytest.mark.parametrize("op", [["c"], {"c": 1}, 5, None, True, "upsert"])
+def test_a_native_event_s_op_of_any_json_type_is_judged_by_the_schema_not_a_crash(op):
+    # A top-level event_id marks freshplan's own shape and skips the Debezium shape checks: an op that is a list
+    # or an object must not be hashed into them (TypeError) nor change the error class the schema gives.
+    from tests.events import resource
+
+    _, event = resource("r-op")
+    if op == "upsert":
+        assert decode("source-changes", b"r-op", orjson.dumps(event)).payload.op == "upsert"
+        return
+    assert _refused("source-changes", b"r-op", orjson.dumps(dict(event, op=op))).error_class == "schema_violation"
+
+
+@pytest.mark.parametrize("shape", [
+    {"op": "c", "after": {"id": "r1"}, "source": ROW_SOURCE},  # an envelope carrying an event_id is still one
+    {"__op": "c", "id": "r1"},  # an unwrapped row carrying an event_id is freshplan's shape: the schema judges it
+    {"status": "BEGIN", "id": "t1"},  # a transaction boundary with an event_id is no boundary
+])
+def test_a_document_with_an_event_id_is_judged_as_before_the_shape_checks_were_skipped(shape):
+    from schemas import codec
+
+    value = orjson.dumps(dict(shape, event_id="e1"))
+    try:
+        now = decode("source-changes", b"r1", value, cdc=MAPPING)
+    except InvalidEvent as exc:
+        now = exc.error_class
+    real = codec.debezium_shapes.row_op
+    try:  # the old path: every shape check run
+        codec.debezium_shapes.row_op = lambda op: True
+        try:
+            before = decode("source-changes", b"r1", value, cdc=MAPPING)
+        except InvalidEvent as exc:
+            before = exc.error_class
+    finally:
+        codec.debezium_shapes.row_op = real
+    assert now == before
