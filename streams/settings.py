@@ -80,8 +80,8 @@ class Settings:
     unknown time (it cannot undo a revocation; counted as `principal_time_ahead`)."""
     session_timeout: float = 6.0
     """Seconds without heartbeats before the group drops a worker: a killed worker's plans move after this plus
-    the rebalance. Default 6 (Apache Kafka refuses less by default), 4 when the embedded broker is started: it
-    holds every JoinGroup for half of this, so each rebalance there takes at least that long."""
+    the rebalance. Default 6 (Apache Kafka refuses less by default), 4 without KAFKA_BOOTSTRAP_SERVERS (`run`
+    starts the embedded broker, which holds every JoinGroup for half of this: a rebalance takes that long)."""
     rebalance_timeout: float = 3.0
     """Seconds the broker waits for members to rejoin; also bounds a cold start's first join."""
     log_level: str = "info"
