@@ -89,7 +89,8 @@ def settings_page() -> str:
 After this page you can configure a worker: every environment variable it reads, its default
 and what it does. Empty counts as unset. Flags of `freshplan run` (`--port`, `--state-dir`,
 `--partitions`, `--no-wall-clock`, `--rebase`, ...) override the variables; `freshplan run --help`
-lists them.
+lists them. A value the service cannot use (`FRESHPLAN_BATCH_SIZE=abc`, a session timeout under
+1 s) stops the command with one line naming the variable, and exit status 2.
 
 | variable | default | meaning |
 |---|---|---|

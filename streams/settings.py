@@ -19,6 +19,10 @@ KEPT_TOPICS = ("entity-changes", "shared-changes")
 """The routed lanes: each shard's history (a gained shard is restored from it), kept whatever the broker's default."""
 
 
+class SettingsError(ValueError):
+    """A FRESHPLAN_* variable holds a value the service cannot use; the message names it and says what fits."""
+
+
 EMBEDDED_SESSION_TIMEOUT = 4.0
 """The session timeout when `run` starts the embedded broker: Tansu holds each JoinGroup for half the session
 timeout (in 1 s steps), so a take-over after kill -9 costs about 1.5x it; Apache Kafka's floor of 6 s is not
@@ -194,7 +198,13 @@ class Settings:
                 return default
             if cast is bool:
                 return raw.strip().lower() in {"1", "true", "yes", "on"}
-            return cast(raw)
+            try:
+                return cast(raw)
+            except (ValueError, TypeError, OverflowError):
+                what = {int: "a whole number", float: "a number",
+                        parse_duration: "an ISO 8601 duration such as PT5M"}.get(cast, "usable (see docs/settings.md)")
+                raise SettingsError(f"FRESHPLAN_{name}={raw!r} is not {what}") from None
+
 
         return cls(
             bootstrap_servers=env.get("KAFKA_BOOTSTRAP_SERVERS") or None,
@@ -220,8 +230,8 @@ class Settings:
             max_budget_calls=get("MAX_BUDGET_CALLS", base.max_budget_calls, int),
             max_clock_jump=get("MAX_CLOCK_JUMP", base.max_clock_jump, parse_duration),
             max_event_skew=get("MAX_EVENT_SKEW", base.max_event_skew, parse_duration),
-            session_timeout=get("SESSION_TIMEOUT", base.session_timeout if env.get("KAFKA_BOOTSTRAP_SERVERS")
-                                else EMBEDDED_SESSION_TIMEOUT, float),
+            session_timeout=_session_timeout(get("SESSION_TIMEOUT", base.session_timeout if env.get(
+                "KAFKA_BOOTSTRAP_SERVERS") else EMBEDDED_SESSION_TIMEOUT, float)),
             rebalance_timeout=get("REBALANCE_TIMEOUT", base.rebalance_timeout, float),
             log_level=get("LOG_LEVEL", base.log_level),
             log_format=get("LOG_FORMAT", base.log_format),
@@ -251,3 +261,11 @@ class Settings:
 def _words(raw: str) -> tuple[str, ...]:
     """A comma- or space-separated list."""
     return tuple(w for w in raw.replace(",", " ").split() if w)
+
+
+def _session_timeout(seconds: float) -> float:
+    """A usable session timeout, or SettingsError: heartbeats come an eighth of it apart."""
+    if not seconds >= 1.0:  # NaN too
+        raise SettingsError(f"FRESHPLAN_SESSION_TIMEOUT={seconds:g} is under 1 second: a worker would be dropped "
+                            "from its group between heartbeats; use 4 to 10 (Apache Kafka needs 6 or more)")
+    return seconds

@@ -16,7 +16,7 @@ from agents.cli.cdc import add_parser as add_cdc_parser
 from agents.cli.client import cmd_plan, cmd_select, cmd_status
 from agents.cli.settings import _cdc_mapping, _run_info, _settings
 from agents.cli.tokens import add_tokens_parser
-from streams.settings import Settings
+from streams.settings import Settings, SettingsError
 
 log = logging.getLogger("freshplan")
 
@@ -363,7 +363,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `freshplan` console script."""
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except SettingsError as exc:  # a FRESHPLAN_* value it cannot use: the message names it, no traceback
+        print(f"freshplan: {exc}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -78,3 +78,22 @@ def test_heartbeats_come_an_eighth_of_the_session_apart_so_a_dead_member_is_noti
     assert heartbeat_interval(4.0) == 0.5 and heartbeat_interval(6.0) == 0.75 and heartbeat_interval(45.0) == 1.0
     app = create_app(Settings.from_env({}), "127.0.0.1:9")
     assert app.conf.broker_session_timeout == 4.0 and app.conf.broker_heartbeat_interval == 0.5
+
+
+@pytest.mark.parametrize("name, raw, says", [
+    ("BATCH_SIZE", "abc", "is not a whole number"),
+    ("SESSION_TIMEOUT", "six", "is not a number"),
+    ("MAX_CLOCK_JUMP", "5m", "is not an ISO 8601 duration"),
+    ("SESSION_TIMEOUT", "0.001", "is under 1 second"),
+    ("SESSION_TIMEOUT", "nan", "is under 1 second"),
+])
+def test_a_setting_it_cannot_use_is_named_in_one_line_and_the_command_exits_2(name, raw, says, capsys, monkeypatch):
+    from agents.cli.main import main
+    from streams.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=f"FRESHPLAN_{name}=.*{says}"):
+        Settings.from_env({f"FRESHPLAN_{name}": raw})
+    monkeypatch.setenv(f"FRESHPLAN_{name}", raw)
+    assert main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"freshplan: FRESHPLAN_{name}=") and says in err and "Traceback" not in err
