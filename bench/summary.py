@@ -19,6 +19,9 @@ def subscriber_lines(path: dict, plot: str | None = None) -> list[str]:
     hot = path.get("hot_plan")
     bare = next((s for s in (path.get("relay_floor") or {}).get("stages", []) if s["stage_ms"] == 0), None)
     streams = [(f"hot Atlas plan, {hot['rate']:,.0f}/s", hot, bare)] if hot else []
+    long_running = path.get("hot_plan_long_running")
+    if long_running:
+        streams.append(("same, on the long-running worker", long_running, bare))
     spread = path.get("spread")
     if spread:
         streams.append((f"{spread['plans']}-plan spread, {spread['rate']:,.0f}/s", spread, spread.get("relay")))
@@ -29,7 +32,13 @@ def subscriber_lines(path: dict, plot: str | None = None) -> list[str]:
     lines += _table(["stream", "achieved/s", "measured events", "p50 ms", "p95 ms", "p99 ms", "max ms",
                      "relay p50 ms", "relay p99 ms", "p99 vs relay", "unapplied at end", "backlog",
                      "loop stalls > 20 ms"], rows)
-    lines += ["Relay columns: a bare relay (`bench/relay.py`: a consumer of its own inbound topic producing one "
+    lines += ["Each stream ran on a worker of its own, on fresh topics as its relay's are: the embedded broker keeps "
+              "topics in memory and each fetch costs it more the more records the partition holds (see "
+              "`_own_worker` in `bench/invalidation_path.py`)."
+              + (f" The long-running worker's row is the same hot plan on the worker of the throughput run and the "
+                 f"selects, whose topics held {_records(long_running)}; informational, no target." if long_running
+                 else ""), "",
+              "Relay columns: a bare relay (`bench/relay.py`: a consumer of its own inbound topic producing one "
               "record per event, no stage, read back by the same kind of consumer) at the stream's rate, run right "
               "after it in the same run; the hot plan's is the unstaged run below."
               + (f" Spread: each event edits the one resource of one of {spread['plans']} plans (round robin), "
@@ -59,6 +68,12 @@ def subscriber_lines(path: dict, plot: str | None = None) -> list[str]:
                   "The worker's loop probe wakes every 10 ms; a sample late by more than 20 ms is a stall of the "
                   "HTTP loop (issue 13: applying and compiling must never hold it longer).", ""]
     return lines
+
+
+def _records(stream: dict) -> str:
+    """The records a long-running worker's topics held, as a phrase."""
+    held = stream.get("topic_records") or {}
+    return ", ".join(f"{n:,} on `{name}`" for name, n in held.items()) or "an unknown number of records"
 
 
 def _all_selects(row: dict) -> str:
