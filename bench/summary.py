@@ -14,8 +14,8 @@ def subscriber_lines(path: dict, plot: str | None = None) -> list[str]:
              "having read the announcement. Bench workload: events named as an announcement's cause. Hot plan: "
              "every event changes the one Atlas plan, and an event counts as seen once every version of the plan "
              "published before it reflected it has been announced (the plan's first version included); one sent "
-             "while its plan was announced and its successor not yet compiled has nothing left to hear. A backlog built when more than 100 ms of input was "
-             "unapplied as the last event was acknowledged.", ""]
+             "while its plan was announced and its successor not yet compiled has nothing left to hear. A backlog "
+             "built when more than 100 ms of input was unapplied as the last event was acknowledged.", ""]
     hot = path.get("hot_plan")
     bare = next((s for s in (path.get("relay_floor") or {}).get("stages", []) if s["stage_ms"] == 0), None)
     streams = [(f"hot Atlas plan, {hot['rate']:,.0f}/s", hot, bare)] if hot else []
