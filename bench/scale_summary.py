@@ -103,8 +103,8 @@ def kill_phase_lines(take: dict, label: str) -> list[str]:
                 f"{restore['resources_restored']:,} resource changes applied) in {restore['seconds']} s"
                 if restore else "it restored nothing (it held the partitions already)")
     return [f"Phases, {label}: the group's new assignment reached the survivor after {take['assigned_seconds']} s "
-            f"(session timeout, a heartbeat, then the rebalance, whose JoinGroup the embedded broker holds for half the "
-            f"session timeout); {restored}; it held every partition after "
+            "(session timeout, a heartbeat, then the rebalance, whose JoinGroup the embedded broker holds for half "
+            f"the session timeout); {restored}; it held every partition after "
             f"{take['owned_all_seconds']} s.", ""]
 
 

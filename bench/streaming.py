@@ -191,7 +191,8 @@ async def hot_plan(worker: BenchWorker, rate: float, seconds: float) -> dict:
     successors = percentiles(successor_latencies(sends, published, plan["plan_key"]))
     named = {a.event_id for a in listener.seen if a.plan_key == plan["plan_key"]}
     return dict(percentiles(waits), **stream_summary(stream, rate), rate=rate, uncovered=uncovered,
-                successor={k: successors[k] for k in ("count", "p50_ms", "p99_ms")}, announcements=len(named & {s.event_id for s in stream.sent}), worker_stages=stages,
+                successor={k: successors[k] for k in ("count", "p50_ms", "p99_ms")},
+                announcements=len(named & {s.event_id for s in stream.sent}), worker_stages=stages,
                 write_ahead_log=log_during(log_before, log_after), loop_stalls=stalls_during(before, after))
 
 
