@@ -79,3 +79,25 @@ def test_a_cdc_move_with_unchanged_toasted_columns_is_refused_by_its_new_holder(
     assert isinstance(results["x"], list) and stored(x, "r1") == (2, B, True)  # its old entity's plans change
     assert isinstance(results["y"], InvalidEvent) and results["y"].error_class == "unavailable_value", results["y"]
     assert stored(y, "r1") is None
+
+
+@pytest.mark.parametrize("edited", [3, 40])
+def test_edits_of_stored_resources_leave_the_rows_a_fresh_insert_would(open_state, edited):
+    """A few stored resources are updated in place, many deleted and inserted again (`UPDATE_RESOURCES`):
+    either way each row holds every column of its new version, its entity is indexed, and no row is lost
+    or doubled; a file that only ever inserted holds the same rows."""
+    from state import catalog_resources
+
+    assert (edited > catalog_resources.UPDATE_RESOURCES) == (edited == 40)
+    x, fresh = open_state("x"), open_state("fresh")
+    first = [change(resource(f"r{i}", entity=A if i % 2 else B, version=1)) for i in range(edited + 2)]
+    apply(x, first, lambda e: True)
+    again = [change(resource(f"r{i}", entity=B if i % 2 else A, version=2, content=f"edit {i}", tokens=7 + i,
+                             supports=("limit_ok",))) for i in range(edited)]
+    assert all(keys for keys in apply(x, again, lambda e: True))
+    apply(fresh, first[edited:] + again, lambda e: True)
+    rows = "SELECT " + catalog_resources.RESOURCE_COLS + ", deleted, log_tick, log_snapshot FROM resources ORDER BY id"
+    assert x.store.db.execute(rows).fetchall() == fresh.store.db.execute(rows).fetchall()
+    assert x.store.db.execute("SELECT count(*), count(DISTINCT id) FROM resources").fetchone() == (edited + 2,) * 2
+    by_entity = "SELECT id FROM resources WHERE entity = ? ORDER BY id"
+    assert x.store.db.execute(by_entity, [A]).fetchall() == fresh.store.db.execute(by_entity, [A]).fetchall()
