@@ -16,8 +16,8 @@ from schemas.codec import contract_from
 from schemas.errors import InvalidEvent
 from schemas.records import Contract, PolicyBundle, Principal, Resource, Revocation, SourceChange
 from state.catalog_identities import IDENTITY_MEMO, Identity, apply_identities, revocation_applies
-from state.catalog_resources import (RESOURCE_COLS, Mine, OtherShard, apply_resources, everything, remember,
-                                     resource_row)
+from state.catalog_resources import RESOURCE_COLS, Mine, OtherShard, apply_resources, everything, resource_row
+from state.lookups import remember
 from state.policy_history import governing, keep_version, versions_of
 from state.store import Store
 

@@ -13,10 +13,10 @@ from schemas.errors import InvalidEvent
 from schemas.records import LOG_TICK_BITS, Resource, SourceChange
 from state.catalog_identities import unavailable_value
 from state.log_order import newer
+from state.lookups import remember
 from state.row_writes import SMALL_INSERT_ROWS, insert_values
 from state.store import Store
 
-MEMO_ENTRIES = 20_000  # entries of one remembered lookup before it starts over
 Mine = Callable[[str | None], bool]
 """Whether a resource about this entity (None: about none) belongs to this worker's shards."""
 
@@ -274,10 +274,3 @@ def resource_table(resources: Sequence[Resource], order: dict[str, tuple] | None
         "log_tick": pa.array([t for t, _ in ticks], pa.int64()),
         "log_snapshot": pa.array([p for _, p in ticks], pa.string()),
     })
-
-
-def remember(memo: dict, found: dict) -> None:
-    """Add lookups to a remembered map, starting it over past MEMO_ENTRIES (a miss only costs a read)."""
-    if len(memo) + len(found) > MEMO_ENTRIES:
-        memo.clear()
-    memo.update(found)

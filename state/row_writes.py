@@ -66,6 +66,7 @@ def update_rows(db: duckdb.DuckDBPyConnection, table: str, keys: tuple[str, ...]
     columns = list(zip(*first.values(), strict=True))
     column = {name: f"_v.v{i}" for i, name in enumerate(values)}
     text = parts[0] + "".join(column[name] + tail for name, tail in zip(parts[1::2], parts[2::2], strict=True))
-    listed = ", ".join([f"unnest(?) AS k{i}" for i in range(width)] + [f"unnest(?) AS v{i}" for i in range(len(values))])
+    listed = ", ".join([f"unnest(?) AS k{i}" for i in range(width)]
+                       + [f"unnest(?) AS v{i}" for i in range(len(values))])
     match = " AND ".join(f"{table}.{k} = _v.k{i}" for i, k in enumerate(keys))
     db.execute(f"UPDATE {table} SET {text} FROM (SELECT {listed}) AS _v WHERE {match}", [list(c) for c in columns])

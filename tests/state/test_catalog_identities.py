@@ -123,3 +123,30 @@ def test_an_attribute_nested_deeper_than_cedar_parses_matters_though_no_policy_r
     old = [["analyst"], orjson.dumps({"phone": "1"}).decode(), 3, False]
     new = Principal("p", roles=("analyst",), attributes={"phone": deep}, delegation_version=3)
     assert _matters(old, new, lambda: [_READS.format('principal.unit == "x"')]) is True
+
+
+def test_rows_remembered_between_batches_answer_as_the_file_does_even_after_a_rollback(two):
+    """The writer remembers the principal, revocation and horizon rows it read or wrote (no read for a principal
+    met before): batch after batch it must decide exactly as a writer that reads the file every time."""
+    remembering, reading = two
+    outcomes = {id(remembering): [], id(reading): []}
+    for payload, at in zip(_payloads(), _times(), strict=True):
+        for state in (remembering, reading):
+            if state is reading:
+                state.store.forget()
+            with state.store.transaction():
+                outcomes[id(state)].append(state.catalog.apply_identities([payload], [at])[0])
+    assert outcomes[id(remembering)] == outcomes[id(reading)]
+    assert _tables(remembering) == _tables(reading)
+
+    raised = decode(*principal("p", delegation_version=9, sessions=["s1"])[:1], None,
+                    orjson.dumps(principal("p", delegation_version=9, sessions=["s1"])[1]))
+    with pytest.raises(RuntimeError), remembering.store.transaction():
+        remembering.catalog.apply_identities([raised.payload], [raised.occurred_at])
+        raise RuntimeError("the batch fails after its identities were applied: everything rolls back")
+    lower = decode("source-changes", None, orjson.dumps(regrant("p", 5, sessions=["s2"])[1]))
+    for state in (remembering, reading):
+        with state.store.transaction():
+            outcomes[id(state)] = state.catalog.apply_identities([lower.payload], [lower.occurred_at])
+    assert outcomes[id(remembering)] == outcomes[id(reading)] != [None], "version 9 was never stored"
+    assert _tables(remembering) == _tables(reading)
