@@ -33,9 +33,9 @@ Identity = SourceChange | Revocation  # a principal or entity change, or a revoc
 # What the writer's store remembers of these tables for the catalog (`Store.cached`); a write here drops it.
 PRINCIPAL_MEMO = ("catalog.principals",)
 ENTITY_MEMO = ("catalog.entity_matches", "catalog.entities_named")
-# The rows `apply_identities` read or wrote, by principal: a batch reads only principals it has not met (at 1,000
-# events/s a batch held some 13 principal records and read the three tables each time, 2.3 ms of about 45). Only it
-# writes these tables; a rollback drops what the store remembers.
+# The rows `apply_identities` read or wrote, by key: a batch reads only principals and revocations it has not met
+# (at 1,000 events/s a batch held some 13 principal records and read the three tables each time, 2.3 ms of about
+# 45). Only it writes these tables; a rollback drops what the store remembers.
 PRINCIPAL_ROWS, REVOKED_ROWS, HORIZON_ROWS = "identities.principals", "identities.revoked", "identities.horizons"
 IDENTITY_MEMO = PRINCIPAL_MEMO + ENTITY_MEMO + (PRINCIPAL_ROWS, REVOKED_ROWS, HORIZON_ROWS)
 
@@ -63,10 +63,10 @@ def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[da
         r[0]: list(r[1:]) for r in db.execute("SELECT id, roles, attributes, delegation_version, deleted, made_at "
                                               "FROM principals WHERE id IN (SELECT unnest(?))", [ids]).fetchall()}
     ).items() if row is not None}
-    # (principal, kind, value) -> [effective_at, issued_by, event_id, delegation_version]: every row of the batch's
-    # principals is read (through the index on principal: a key of the three columns would scan every row)
-    held = _known(store, REVOKED_ROWS, sorted({k[0] for k in rkeys}), lambda ids: _revoked_rows(db, ids))
-    revoked = {k: list(held[k[0]][k[1:]]) for k in rkeys if k[1:] in held[k[0]]}
+    # (principal, kind, value) -> [effective_at, issued_by, event_id, delegation_version]; only the batch's keys
+    # are remembered (a principal may hold many rows)
+    revoked = {k: list(row) for k, row in _known(store, REVOKED_ROWS, rkeys, lambda keys: _revoked_rows(db, keys)
+                                                 ).items() if row is not None}
     # principal -> the latest effective_at of its revocations: an upsert reads this one value, never the list
     horizons = {p: at for p, at in _known(store, HORIZON_ROWS, pids, lambda ids: dict(db.execute(
         "SELECT principal, effective_at FROM revocation_horizons WHERE principal IN (SELECT unnest(?))",
@@ -122,7 +122,7 @@ def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[da
     return out
 
 
-def _known(store: Store, key: str, ids: Sequence[str], load: Callable[[list[str]], dict]) -> dict:
+def _known(store: Store, key: str, ids: Sequence, load: Callable[[list], dict]) -> dict:
     """Each id's remembered row (None: none stored), reading those not remembered with `load(missing)`."""
     memo = store.cached(key, dict)
     rows = {i: memo[i] for i in ids if i in memo}
@@ -134,24 +134,20 @@ def _known(store: Store, key: str, ids: Sequence[str], load: Callable[[list[str]
     return rows
 
 
-def _revoked_rows(db, principals: list[str]) -> dict[str, dict[tuple[str, str], list]]:
-    """Every revocation of these principals: principal -> (kind, value) -> its row after the key."""
-    out: dict[str, dict[tuple[str, str], list]] = {p: {} for p in principals}
-    for r in db.execute("SELECT principal, kind, value, effective_at, issued_by, event_id, delegation_version "
-                        "FROM revoked WHERE principal IN (SELECT unnest(?))", [principals]).fetchall():
-        out[r[0]][(r[1], r[2])] = list(r[3:])
-    return out
+def _revoked_rows(db, keys: list[tuple[str, str, str]]) -> dict[tuple, list]:
+    """The stored rows of these revocation keys, found through the index on principal (a key built of the three
+    columns would scan every row)."""
+    wanted = set(keys)
+    return {tuple(r[:3]): list(r[3:]) for r in db.execute(
+        "SELECT principal, kind, value, effective_at, issued_by, event_id, delegation_version FROM revoked "
+        "WHERE principal IN (SELECT unnest(?))", [sorted({k[0] for k in keys})]).fetchall() if tuple(r[:3]) in wanted}
 
 
 def _remember_written(store: Store, principals: dict, changed_p: set, revoked: dict, changed_r: set,
                       horizons: dict, changed_h: set) -> None:
-    """Remember the rows just written as the file now holds them (a principal's revocations only when all are)."""
-    memo = store.cached(PRINCIPAL_ROWS, dict)
-    remember(memo, {p: list(principals[p]) for p in changed_p})
-    held = store.cached(REVOKED_ROWS, dict)
-    for key in changed_r:
-        if key[0] in held:
-            held[key[0]][key[1:]] = list(revoked[key])
+    """Remember the rows just written as the file now holds them."""
+    remember(store.cached(PRINCIPAL_ROWS, dict), {p: list(principals[p]) for p in changed_p})
+    remember(store.cached(REVOKED_ROWS, dict), {key: list(revoked[key]) for key in changed_r})
     remember(store.cached(HORIZON_ROWS, dict), {p: horizons[p] for p in changed_h})
 
 

@@ -226,8 +226,9 @@ def _write(store: Store, new: list[Resource], stored: list[Resource], order: dic
     # Columns by name: files migrated from different versions hold them in different orders. Every column is
     # written, so a row deleted and inserted again is the row an update would leave.
     if len(stored) > UPDATE_RESOURCES:
+        rows = resource_table(new + stored, order)  # built first: nothing is deleted for a row that cannot be
         store.db.execute("DELETE FROM resources WHERE id IN (SELECT unnest(?))", [[r.id for r in stored]])
-        store.insert_rows("resources", resource_table(new + stored, order), verb="INSERT INTO", columns=True)
+        store.insert_rows("resources", rows, verb="INSERT INTO", columns=True)
         return
     if len(new) > SMALL_INSERT_ROWS:
         store.insert_rows("resources", resource_table(new, order), verb="INSERT INTO", columns=True)

@@ -150,3 +150,26 @@ def test_rows_remembered_between_batches_answer_as_the_file_does_even_after_a_ro
             outcomes[id(state)] = state.catalog.apply_identities([lower.payload], [lower.occurred_at])
     assert outcomes[id(remembering)] == outcomes[id(reading)] != [None], "version 9 was never stored"
     assert _tables(remembering) == _tables(reading)
+
+
+def test_the_writer_remembers_the_revocations_a_batch_named_not_every_row_of_their_principals(tmp_path):
+    """A principal may hold thousands of revocations: remembering all of them for each principal met would hold
+    most of the table in memory (the review: 1.6 GB at the bound of 20,000 principals of 200 rows each)."""
+    from datetime import datetime, timezone
+
+    from schemas.records import Revocation
+    from state.catalog_identities import REVOKED_ROWS
+
+    state = LocalState.open(tmp_path / "s.duckdb")
+    try:
+        state.store.db.execute("INSERT INTO revoked SELECT 'u' || (i // 100), 'session', 's' || i, "
+                               "TIMESTAMPTZ '2026-01-01', 'iam', NULL, NULL FROM range(5000) t(i)")
+        at = datetime(2026, 2, 1, tzinfo=timezone.utc)
+        again = [Revocation(f"u{i}", "session", f"s{i * 100}", at, "iam") for i in range(50)]  # stored already
+        with state.store.transaction():
+            state.catalog.apply_identities(again + [Revocation("u0", "session", "new", at, "iam")], [at] * 51)
+        assert len(state.store.cached(REVOKED_ROWS, dict)) == 51
+        assert state.store.db.execute("SELECT count(*) FROM revoked").fetchone() == (5001,)
+        assert state.store.db.execute("SELECT effective_at FROM revoked WHERE value = 's100'").fetchone() == (at,)
+    finally:
+        state.close()
