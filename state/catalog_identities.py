@@ -107,7 +107,10 @@ def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[da
             "principal": sorted(changed_h), "effective_at": pa.array([horizons[p] for p in sorted(changed_h)],
                                                                      _WHEN)}), columns=True)
     if changed_p or changed_r:
-        store.forget(*PRINCIPAL_MEMO)
+        # A principal as the compiler sees it is its row less its revocations: only the changed ones are stale.
+        compiled = store.cached(PRINCIPAL_MEMO[0], dict)
+        for pid in changed_p | {key[0] for key in changed_r}:
+            compiled.pop(pid, None)
     _remember_written(store, principals, changed_p, revoked, changed_r, horizons, changed_h)
     if changed_e:
         rows = [(eid, *entities[eid]) for eid in sorted(changed_e)]

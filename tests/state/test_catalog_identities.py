@@ -173,3 +173,23 @@ def test_the_writer_remembers_the_revocations_a_batch_named_not_every_row_of_the
         assert state.store.db.execute("SELECT effective_at FROM revoked WHERE value = 's100'").fetchone() == (at,)
     finally:
         state.close()
+
+
+def test_a_change_of_one_principal_drops_only_that_principal_from_what_the_compiler_remembers(tmp_path):
+    """The compiler's remembered principals (roles less revocations) are dropped one by one as they change: a
+    stream of principal records would otherwise send every compile back to the file for every principal."""
+    state = LocalState.open(tmp_path / "s.duckdb")
+    try:
+        events = [decode(t, None, orjson.dumps(e)) for t, e in (principal("a", roles=("credit_analyst", "auditor")),
+                                                                 principal("b"))]
+        with state.store.transaction():
+            state.catalog.apply_identities([e.payload for e in events], [e.occurred_at for e in events])
+        assert set(state.catalog.principals_many(["a", "b"])) == {"a", "b"}
+        withdrawal = decode(*revoke_role("a", "auditor")[:1], None, orjson.dumps(revoke_role("a", "auditor")[1]))
+        with state.store.transaction():
+            state.catalog.apply_identities([withdrawal.payload], [withdrawal.occurred_at])
+        remembered = state.store.cached("catalog.principals", dict)
+        assert "a" not in remembered and "b" in remembered
+        assert state.catalog.principal("a").roles == ("credit_analyst",)
+    finally:
+        state.close()
