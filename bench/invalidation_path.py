@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -62,19 +63,12 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
                 return await relay.relay(bootstrap, kafka, worker.settings.partitions, rate,
                                          max(1, int(rate * rate_seconds)), 0.0, fetch_wait, keys=keys)
 
-            latency = {}
             # Each latency stream runs on a worker of its own, on fresh topics as its relay's are: the embedded
             # broker's fetch costs grow with the records a partition holds (see `_own_worker`), so a stream on
             # topics the earlier runs filled paid a broker cost its relay did not.
-            own = await _own_worker(bootstrap, directory / "rates", http, session_timeout, workload, warm=True)
-            try:
-                for k, rate in enumerate(rates):
-                    say(f"subscriber-visible latency at {rate} events/s for {rate_seconds:g}s (a worker of its "
-                        "own), then the bare relay")
-                    latency[str(rate)] = await _latency(own, rate, rate_seconds, version_base=1_000_000 * (k + 1))
-                    latency[str(rate)]["relay"] = await bare_relay(rate, RELAY_KEYS)
-            finally:
-                own.stop()
+            own = functools.partial(_on_own_worker, bootstrap, http, session_timeout)
+            latency = await own(directory / "rates", workload,
+                                lambda w: _at_rates(w, rates, rate_seconds, bare_relay, say), warm=True)
             selects = {}
             for k, rate in enumerate(select_rates):
                 say(f"cached selects at {select_rate:g}/s while {rate} events/s apply, for {rate_seconds:g}s")
@@ -84,18 +78,11 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
                                                                 rate_seconds, select_rate)
             say(f"{spread_plans}-plan spread at {spread_rate:g} events/s for {rate_seconds:g}s (a worker of its "
                 "own), then the bare relay")
-            own = await _own_worker(bootstrap, directory / "spread", http, session_timeout, workload, warm=False)
-            try:
-                spreading = await spread.spread(own, spread_plans, spread_rate, rate_seconds)
-            finally:
-                own.stop()
+            spreading = await own(directory / "spread", workload,
+                                  lambda w: spread.spread(w, spread_plans, spread_rate, rate_seconds))
             spreading["relay"] = await bare_relay(spread_rate, spread_plans)
             say(f"hot plan on the Atlas scenario at {hot_rate:g} events/s for {rate_seconds:g}s (a worker of its own)")
-            own = await _own_worker(bootstrap, directory / "hot", http, session_timeout, None)
-            try:
-                hot = await hot_plan(own, hot_rate, rate_seconds)
-            finally:
-                own.stop()
+            hot = await own(directory / "hot", None, lambda w: hot_plan(w, hot_rate, rate_seconds))
             say("the same hot plan on the long-running worker (its topics hold every record it applied)")
             hot_long = await hot_plan(worker, hot_rate, rate_seconds)
             hot_long["topic_records"] = await _topic_records(worker)
@@ -146,6 +133,29 @@ async def _throughput(worker: BenchWorker, workload: Workload) -> dict:
             "identical_recompilations": counts["unchanged_recompilations"] + counts.get("announced_unchanged", 0),
             "compilations": counts["compilations"], "pinned": run["pinned"], "cpu_seconds": counts["cpu_seconds"],
             "recompilations_per_second": round(recompiles / run["seconds"], 1)}
+
+
+async def _at_rates(worker: BenchWorker, rates: tuple[int, ...], seconds: float,
+                    bare_relay: Callable[[float, int], Awaitable[dict]], say: Progress) -> dict:
+    """The bench workload at each fixed rate, each followed by the bare relay at that rate."""
+    latency = {}
+    for k, rate in enumerate(rates):
+        say(f"subscriber-visible latency at {rate} events/s for {seconds:g}s (a worker of its own), then the bare "
+            "relay")
+        latency[str(rate)] = await _latency(worker, rate, seconds, version_base=1_000_000 * (k + 1))
+        latency[str(rate)]["relay"] = await bare_relay(rate, RELAY_KEYS)
+    return latency
+
+
+async def _on_own_worker(bootstrap: str, http: aiohttp.ClientSession, session_timeout: float, directory: Path,
+                         workload: Workload | None, run: Callable[[BenchWorker], Awaitable[dict]],
+                         warm: bool = False) -> dict:
+    """`run` on a worker of its own (`_own_worker`), stopped afterwards."""
+    worker = await _own_worker(bootstrap, directory, http, session_timeout, workload, warm)
+    try:
+        return await run(worker)
+    finally:
+        worker.stop()
 
 
 async def _own_worker(bootstrap: str, directory: Path, http: aiohttp.ClientSession, session_timeout: float,
