@@ -19,11 +19,73 @@ from state.store import Store
 LOOKUP_CHUNK = 32
 SCAN_FROM = 500
 LIST_INSERT = 5_000  # edges written from list parameters; more through an Arrow scan
-# Dependency keys the writer looked up and found no edge for (a resource no plan reads, edited
-# again): a batch of them needs no lookup. Only the writer adds edges, and each of its writes
-# that does drops the keys it adds (or the whole set); a rollback drops it (`Store.forget`).
-EDGELESS_MEMO = "index.edgeless"
-EDGELESS_ENTRIES = 20_000  # keys remembered before the set starts over (a miss only costs a lookup)
+# Dependency keys the writer looked up, each with the plan keys depending on it (none: a resource no
+# plan reads, edited again): a batch of them needs no lookup. Only the writer writes edges, and each
+# of its writes keeps the memo exact (the plan keys whose edges it replaces or drops are taken out of
+# every remembered key and put back under the keys they now have) or drops it (edges written by SQL,
+# retention's deletes); a rollback drops it (`Store.forget`).
+EDGES_MEMO = "index.edges"
+EDGE_ENTRIES = 50_000  # keys plus edges remembered before the memo starts over (a miss only costs a lookup)
+MOST_REMEMBERED = 1_000  # a key more plans depend on (a policy bundle's) is looked up each time
+
+
+class EdgeMemo:
+    """The writer's remembered edges of some dependency keys: all of each key's edges, or none of the key."""
+
+    def __init__(self) -> None:
+        self.plans: dict[str, set[str]] = {}  # dependency key -> every plan key depending on it
+        self.keys: dict[str, set[str]] = {}  # plan key -> the remembered dependency keys it depends on
+        self.size = 0  # keys plus edges held
+
+    def found(self, keys: list[str], pairs: list[tuple[str, str]]) -> None:
+        """Remember what a lookup of `keys` found: `pairs` holds every edge of each of them."""
+        plans: dict[str, set[str]] = {k: set() for k in keys}
+        for plan_key, dep_key in pairs:
+            plans[dep_key].add(plan_key)
+        plans = {k: v for k, v in plans.items() if len(v) <= MOST_REMEMBERED}
+        held = sum(len(v) + 1 for v in plans.values())
+        if held > EDGE_ENTRIES:  # a lookup this wide (a catch-up batch) is not worth the memory
+            return
+        if self.size + held > EDGE_ENTRIES:
+            self.__init__()
+        for dep_key, plan_keys in plans.items():
+            self.plans[dep_key] = plan_keys
+            for plan_key in plan_keys:
+                self.keys.setdefault(plan_key, set()).add(dep_key)
+        self.size += held
+
+    def dropped(self, plan_keys: Iterable[str]) -> None:
+        """These plan keys lost every edge."""
+        for plan_key in plan_keys:
+            for dep_key in self.keys.pop(plan_key, ()):
+                self.plans[dep_key].discard(plan_key)
+                self.size -= 1
+
+    def added(self, plan_key: str, dep_keys: Iterable[str]) -> None:
+        """A plan key gained edges to these keys (after `dropped`, they are its only ones)."""
+        for dep_key in dep_keys:
+            plans = self.plans.get(dep_key)
+            if plans is None:
+                continue
+            if len(plans) >= MOST_REMEMBERED:
+                self._drop_key(dep_key)
+                continue
+            plans.add(plan_key)
+            self.keys.setdefault(plan_key, set()).add(dep_key)
+            self.size += 1
+
+    def _drop_key(self, dep_key: str) -> None:
+        for plan_key in self.plans.pop(dep_key):
+            self.keys[plan_key].discard(dep_key)
+            self.size -= 1
+        self.size -= 1
+
+
+# The earliest horizon of any live head as of the writer's last `due` read (None: no live head has one): a tick
+# before it finds no plan due without reading. A head the writer stores lowers it (`lower_horizon`); heads written
+# by SQL (restores) drop it, as a rollback does. A head removed or no longer live can only make the earliest
+# horizon later, so the remembered one stays a bound.
+HORIZON_MEMO = "index.earliest_horizon"
 
 _DIFF = "_edge_diff"  # the edges to delete (by rowid) and to insert, for one statement each
 
@@ -37,7 +99,7 @@ def replace_edges(store: Store, plan_keys: str, edges: str, params: list | None 
     Both queries are SQL over the caller's relations (registered tables or subqueries on `params`).
     """
     db = store.db
-    store.forget(EDGELESS_MEMO)  # the edges written are known only to SQL here
+    store.forget(EDGES_MEMO)  # the edges written are known only to SQL here
     # Both sides of the difference from one full join: an anti join each way read and hashed the
     # 800,000 edges of a 20,000-plan restart twice (0.8 s against 0.5 s, single-threaded).
     db.execute(f"CREATE OR REPLACE TEMP TABLE {_DIFF} AS SELECT h.rid, e.dep_key, e.plan_key "
@@ -67,12 +129,13 @@ class DependencyIndex:
         if not edges:
             return
         self.drop_many(list(edges))
+        memo = self.store.cached(EDGES_MEMO, EdgeMemo)
         dep_keys, plan_keys = [], []
         for plan_key, keys in edges.items():
-            for key in sorted(set(keys)):
-                dep_keys.append(key)
-                plan_keys.append(plan_key)
-        self.store.cached(EDGELESS_MEMO, set).difference_update(dep_keys)
+            keys = sorted(set(keys))
+            memo.added(plan_key, keys)
+            dep_keys += keys
+            plan_keys += [plan_key] * len(keys)
         if len(dep_keys) <= LIST_INSERT:
             # Two list parameters unnested side by side: a third of registering an Arrow scan at 40 edges.
             if dep_keys:
@@ -84,25 +147,32 @@ class DependencyIndex:
 
     def drop_many(self, plan_keys: list[str]) -> None:
         """Forget plan keys (their plans can no longer be compiled)."""
+        if not plan_keys:
+            return
+        self.store.cached(EDGES_MEMO, EdgeMemo).dropped(plan_keys)
         if len(plan_keys) == 1:  # an equality costs half of `IN (SELECT unnest(?))`
             self.db.execute("DELETE FROM dependency_index WHERE plan_key = ?", plan_keys)
-        elif plan_keys:
+        else:
             self.db.execute("DELETE FROM dependency_index WHERE plan_key IN (SELECT unnest(?))", [plan_keys])
 
     def affected_pairs(self, keys: list[str]) -> list[tuple[str, str]]:
         """Every (plan key, dependency key) edge whose key is in `keys`."""
-        edgeless = self.store.cached(EDGELESS_MEMO, set)  # a view's is new each time: it always reads
-        keys = [k for k in dict.fromkeys(keys) if k not in edgeless]
-        if not keys:
-            return []
-        if len(keys) <= LOOKUP_CHUNK or len(keys) > SCAN_FROM:
-            pairs = self._pairs([keys])
+        memo = self.store.cached(EDGES_MEMO, EdgeMemo)  # a view's is new each time: it always reads
+        pairs, unknown = [], []
+        for key in dict.fromkeys(keys):
+            plans = memo.plans.get(key)
+            if plans is None:
+                unknown.append(key)
+            else:
+                pairs += [(plan_key, key) for plan_key in plans]
+        if not unknown:
+            return pairs
+        if len(unknown) <= LOOKUP_CHUNK or len(unknown) > SCAN_FROM:
+            found = self._pairs([unknown])
         else:
-            pairs = self._pairs([keys[start:start + LOOKUP_CHUNK] for start in range(0, len(keys), LOOKUP_CHUNK)])
-        if len(edgeless) + len(keys) > EDGELESS_ENTRIES:
-            edgeless.clear()
-        edgeless.update(set(keys).difference(d for _, d in pairs))
-        return pairs
+            found = self._pairs([unknown[start:start + LOOKUP_CHUNK] for start in range(0, len(unknown), LOOKUP_CHUNK)])
+        memo.found(unknown, found)
+        return pairs + found
 
     def _pairs(self, chunks: list[list[str]]) -> list[tuple[str, str]]:
         # Chunks in one statement, one branch each: every branch still finds its keys through the
@@ -113,11 +183,28 @@ class DependencyIndex:
 
     def due(self, now: datetime) -> dict[str, str]:
         """Live plan keys whose validity horizon `now` has reached, with their time key."""
-        rows = self.db.execute(
-            "SELECT plan_key, strftime(valid_until AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%SZ') "
-            "FROM plan_heads WHERE live AND valid_until IS NOT NULL AND valid_until <= ?", [now]).fetchall()
-        return {plan_key: dk.time(instant) for plan_key, instant in rows}
+        memo = self.store.cached(HORIZON_MEMO, dict)  # a view's is new each time: it always reads
+        if "earliest" in memo and (memo["earliest"] is None or now < memo["earliest"]):
+            return {}
+        # The due heads and the earliest horizon of all, in one scan of the heads.
+        due, memo["earliest"] = self.db.execute(
+            "SELECT list({'k': plan_key, 't': strftime(valid_until AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%SZ')}) "
+            "FILTER (WHERE valid_until <= $1), min(valid_until) FROM plan_heads "
+            "WHERE live AND valid_until IS NOT NULL", [now]).fetchone()
+        return {row["k"]: dk.time(row["t"]) for row in due or ()}
 
     def size(self) -> int:
         """Number of edges."""
         return self.db.execute("SELECT count(*) FROM dependency_index").fetchone()[0]
+
+
+def lower_horizon(store: Store, horizons: Iterable[datetime | None]) -> None:
+    """The writer stored live heads with these horizons: the earliest it remembers is no later than theirs."""
+    memo = store.cached(HORIZON_MEMO, dict)
+    if "earliest" not in memo:
+        return
+    known = [h for h in horizons if h is not None]
+    if any(h.tzinfo is None for h in known):  # not comparable with the file's: read it next time
+        store.forget(HORIZON_MEMO)
+    elif known:
+        memo["earliest"] = min(known) if memo["earliest"] is None else min(memo["earliest"], *known)

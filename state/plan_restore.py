@@ -13,7 +13,7 @@ import pyarrow as pa
 from compiler.request import parse_request, plan_key
 from schemas.plan_partition import plan_partition
 from schemas.timefmt import parse_instant
-from state.dependency_index import replace_edges
+from state.dependency_index import HORIZON_MEMO, replace_edges
 from state.store import Store
 
 WIRE_ONLY = ("compiled_as_of", "compiled_in", "dependencies", "receipt", "replaces")
@@ -224,6 +224,7 @@ def _write(store: Store, rows: list[PreparedPlan], compiled_at: datetime | None,
     }
     db = store.db
     store.heads.remove_all()  # restored heads replace held ones
+    store.forget(HORIZON_MEMO)  # and may hold an earlier horizon than the writer remembers
     for name, table in tables.items():
         db.register(name, table)
     try:
@@ -292,6 +293,7 @@ def _restore_parked(store: Store, owned: list[int], compiled_at: datetime | None
     # Invalidated ones too are their keys' heads, indexed: the caller announces them again and queues their keys,
     # so no parked plan of an owned key is left neither current nor announced (a peer may serve it again).
     store.heads.remove_all()  # restored heads replace held ones
+    store.forget(HORIZON_MEMO)  # and may hold an earlier horizon than the writer remembers
     db.execute(f"INSERT OR REPLACE INTO plan_heads SELECT plan_key, plan_id, live, valid_until FROM {mine}", [owned])
     replace_edges(store, f"SELECT plan_key FROM {mine}",
                   f"SELECT unnest(from_json(deps, '[\"VARCHAR\"]')) AS dep_key, plan_key FROM {mine}", [owned])

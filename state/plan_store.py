@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from compiler.pipeline import CompiledPlan
 from schemas.timefmt import format_instant
+from state.dependency_index import lower_horizon
 from state.row_writes import SMALL_INSERT_ROWS, insert_values
 from state.store import Store
 
@@ -92,6 +93,7 @@ class PlanStore:
                 # retention counts a receipt's age from stored_at
                 "receipts": [(p.receipt_id, p.plan_id, orjson.dumps(p.receipt).decode(), compiled_at) for p in plans]}
         self._write(rows)
+        lower_horizon(self.store, [p.valid_until for p in plans if p.request.live])
         self.store.heads_changed()
 
     def _write(self, rows: dict[str, list[tuple]]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -342,21 +342,6 @@ class Store:
         """The service's event-time now: the latest tick applied on any clock partition."""
         return max(self._clocks().values(), default=None)
 
-    def advance_clock(self, instant: datetime, partition: int = 0) -> bool | None:
-        """Record a tick of one clock partition.
-
-        True when it moves that partition forward, False for a repeat of its last tick, None
-        when it would move the partition backwards (ticks on different partitions may
-        interleave in any order, so only a partition's own history can call a tick stale).
-        """
-        last = self._clocks().get(partition)
-        if last is not None and instant <= last:
-            return False if instant == last else None
-        self.db.execute("INSERT INTO clock VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET now = excluded.now",
-                        [partition, instant])
-        self.forget("clocks")  # read back as DuckDB returns it (in UTC), not as the tick spelled it
-        return True
-
     def clocks(self) -> dict[int, datetime]:
         """Each clock partition's last tick (a batch of ticks plays over these, then `set_clocks`)."""
         return dict(self._clocks())
@@ -369,7 +354,8 @@ class Store:
         if ticks:
             self.insert_rows("clock", pa.table({"id": pa.array(list(ticks), pa.int32()),
                                                 "now": pa.array(list(ticks.values()), pa.timestamp("us", tz="UTC"))}))
-            self.forget("clocks")
+            if self._memo is not None and "clocks" in self._memo:  # as DuckDB reads them back: in UTC, to the us
+                self._memo["clocks"].update({p: _in_utc(t) for p, t in ticks.items()})
 
     # -- counters ----------------------------------------------------------------------
 
@@ -395,3 +381,8 @@ class Store:
     def counters(self) -> dict[str, int]:
         """Every counter with its value."""
         return dict(self.db.execute("SELECT name, value FROM counters ORDER BY name").fetchall())
+
+
+def _in_utc(instant: datetime) -> datetime:
+    """A tick as the clock table gives it back (a naive one is read in the session's UTC)."""
+    return instant.replace(tzinfo=timezone.utc) if instant.tzinfo is None else instant.astimezone(timezone.utc)

@@ -334,13 +334,15 @@ class EventApplier:
 
     def _affected(self, keyed: list[tuple[list[str], dict[str, str], dict]]) -> Touched:
         """Plan keys touched by the batch, each with the first dependency key and event that touched it."""
-        first: dict[str, tuple[int, dict]] = {}
-        touched: dict[str, tuple[int, str, dict]] = {}
+        first: dict[str, tuple[tuple[int, int], dict]] = {}  # key -> (event order, key's place in it), event
+        touched: dict[str, tuple[tuple[int, int], str, dict]] = {}
         for order, (keys, due, cause) in enumerate(keyed):
-            for key in keys:
-                first.setdefault(key, (order, cause))
+            for place, key in enumerate(keys):
+                first.setdefault(key, ((order, place), cause))
             for plan_key, time_key in due.items():
-                touched.setdefault(plan_key, (order, time_key, cause))
+                touched.setdefault(plan_key, ((order, -1), time_key, cause))
+        # The earliest event wins, and within it its first key: the same cause whatever order the edges come in
+        # (a batch applied again after a crash names the cause it named before).
         for plan_key, dep_key in self.state.index.affected_pairs(list(first)):
             order, cause = first[dep_key]
             if plan_key not in touched or order < touched[plan_key][0]:

@@ -14,6 +14,7 @@ from agents.stream.event_apply import EventApplier, RawMessage
 from agents.plans.plan_writer import PlanWriter
 from agents.web.query import QueryService
 from compiler.errors import RequestError
+from state.dependency_index import HORIZON_MEMO
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
@@ -267,6 +268,25 @@ def test_a_tick_at_exactly_valid_from_invalidates_a_live_plan(setup):
     after = query.select(LIVE_REQUEST)
     assert after["plan_id"] == status["successor_plan_id"]
     assert "approved-waiver-W3" in {a["resource_id"] for a in after["admitted"]}
+
+
+def test_a_plan_stored_after_the_writer_read_the_horizons_is_still_due_at_its_own(setup):
+    state, inv, query = setup
+    inv.apply([raw(*tick("2026-08-31T00:00:00Z"))])  # the writer reads the live heads' earliest horizon: none
+    assert state.store.cached(HORIZON_MEMO, dict) == {"earliest": None}
+    inv.apply([raw(*resource("approved-waiver-W3", valid_from="2026-09-01T00:00:00Z", valid_to=None))])
+    plan = query.select(LIVE_REQUEST)
+    assert state.store.cached(HORIZON_MEMO, dict)["earliest"] == datetime(2026, 9, 1, tzinfo=timezone.utc)
+    inv.apply([raw(*tick("2026-08-31T12:00:00Z"))])  # before it: no read
+    assert query.plan_status(plan["plan_id"])["status"] == "fresh"
+    inv.apply([raw(*tick("2026-09-01T00:00:01Z"))])
+    settle(inv)
+    status = query.plan_status(plan["plan_id"])
+    assert status["status"] == "invalidated" and status["reason"] == "time_passed"
+    inv.apply([raw(*tick("2026-09-01T00:00:02Z"))])  # read again: the successor's horizon is the earliest now
+    successor = query.plan_status(status["successor_plan_id"])
+    assert format_instant(state.store.cached(HORIZON_MEMO, dict)["earliest"]) == query.select(LIVE_REQUEST)[
+        "valid_until"] and successor["status"] == "fresh"
 
 
 def _maya_roles(event_id: str, roles: list[str]) -> tuple[str, dict]:

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from schemas.codec import decode
+from agents.stream.clock_ticks import play_tick
 from schemas.errors import InvalidEvent
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
@@ -34,7 +35,10 @@ def apply(st: LocalState, topic: str, event: dict):
             return st.catalog.apply_policy(payload)
         if topic == "revocations":
             return st.catalog.apply_revocation(payload)
-        return st.store.advance_clock(payload.now)
+        ticked: dict = {}
+        result = play_tick(payload, 0, payload.now, st.store.clocks(), ticked, None)
+        st.store.set_clocks(ticked)
+        return result
 
 
 def test_versions_only_move_forward(state):
@@ -84,11 +88,20 @@ def test_invalid_cedar_bundle_is_rejected_whole(state):
 
 
 def test_clock_never_moves_backwards(state):
-    assert apply(state, "clock", {"event_id": "c", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z",
-                                  "now": "2026-01-01T00:00:00Z"}) is None
+    regression = apply(state, "clock", {"event_id": "c", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z",
+                                        "now": "2026-01-01T00:00:00Z"})
+    assert isinstance(regression, InvalidEvent) and regression.error_class == "clock_regression"
     assert apply(state, "clock", {"event_id": "c2", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z",
-                                  "now": "2026-08-30T09:00:00Z"}) is False
+                                  "now": "2026-08-30T09:00:00Z"}) is None  # a repeat of the last tick
     assert state.store.now().isoformat() == "2026-08-30T09:00:00+00:00"
+    ahead = {"event_id": "c3", "schema_version": 1, "occurred_at": "2026-08-30T00:00:00Z",
+             "now": "2026-08-30T11:30:00.123456+02:00"}
+    assert apply(state, "clock", ahead) == []
+    # The writer remembers the tick as the file gives it back: in UTC.
+    assert state.store.clocks() == {0: datetime(2026, 8, 30, 9, 30, 0, 123456, tzinfo=timezone.utc)}
+    assert state.store.now().isoformat() == "2026-08-30T09:30:00.123456+00:00"
+    with state.store.transaction():
+        assert state.store.db.execute("SELECT now FROM clock WHERE id = 0").fetchone()[0] == state.store.now()
 
 
 def _bundle(**changes) -> dict:

@@ -70,7 +70,7 @@ def test_replacing_edges_from_sql_writes_only_what_differs(index):
 def test_a_key_found_without_edges_is_found_again_once_a_plan_depends_on_it(index):
     assert set(index.affected_pairs(["resource:later", "resource:r3"])) == {("pk-2", "resource:r3"),
                                                                             ("pk-3", "resource:r3")}
-    assert index.affected_pairs(["resource:later"]) == []  # remembered as edge-less: no lookup
+    assert index.affected_pairs(["resource:later"]) == []  # remembered without edges: no lookup
     with index.store.transaction():
         index.replace_many({"pk-new": ["resource:later"]})
     assert index.affected_pairs(["resource:later"]) == [("pk-new", "resource:later")]
@@ -84,3 +84,47 @@ def test_a_key_found_without_edges_is_found_again_once_a_plan_depends_on_it(inde
         index.replace_many({"pk-gone": ["resource:rolled-back"]})
         raise RuntimeError
     assert index.affected_pairs(["resource:rolled-back"]) == []
+
+
+def _edges_in_file(index, keys):
+    return set(index.store.db.execute("SELECT plan_key, dep_key FROM dependency_index WHERE dep_key IN "
+                                      "(SELECT unnest(?))", [keys]).fetchall())
+
+
+def test_remembered_edges_follow_every_write_of_the_writer(index, monkeypatch):
+    """Batch after batch of lookups, replaced and dropped plan keys and a rolled-back batch, a lookup finds
+    what the file holds; most lookups after the first are answered without reading it."""
+    import random
+
+    monkeypatch.setattr(dependency_index, "MOST_REMEMBERED", 40)  # keys past it are read every time
+    rng = random.Random(7)
+    keys = [f"resource:r{i}" for i in range(60)] + [f"principal:u{i}" for i in range(5)] + ["policy:p"]
+    reads = []
+    real = index._pairs
+    monkeypatch.setattr(index, "_pairs", lambda chunks: reads.extend(k for c in chunks for k in c) or real(chunks))
+    for step in range(300):
+        asked = rng.sample(keys, 6)
+        assert set(index.affected_pairs(asked)) == _edges_in_file(index, asked), step
+        plan_keys = [f"pk-{rng.randrange(80)}" for _ in range(3)]
+        if step % 50 == 3:
+            with pytest.raises(RuntimeError), index.store.transaction():
+                index.replace_many({k: rng.sample(keys, 3) for k in plan_keys})
+                assert set(index.affected_pairs(asked)) == _edges_in_file(index, asked), step
+                raise RuntimeError
+        elif step % 5 == 0:
+            index.drop_many(plan_keys)
+        else:
+            index.replace_many({k: rng.sample(keys, rng.randrange(4)) for k in plan_keys})
+    assert set(index.affected_pairs(keys)) == _edges_in_file(index, keys)
+    # Each key is read once after each of the 6 rollbacks at most, and the one past the bound each time it is asked.
+    assert len(reads) <= 7 * len(keys) + reads.count("policy:p") and reads.count("policy:p") > 10
+
+
+def test_a_key_many_plans_depend_on_is_read_each_time(index, monkeypatch):
+    monkeypatch.setattr(dependency_index, "MOST_REMEMBERED", 100)
+    index.affected_pairs(["policy:p", "resource:r5"])
+    memo = index.store.cached(dependency_index.EDGES_MEMO, dependency_index.EdgeMemo)
+    assert "policy:p" not in memo.plans and memo.plans["resource:r5"] == {"pk-4", "pk-5"}
+    index.replace_many({f"pk-x{i}": ["resource:r5"] for i in range(100)})  # past the bound: the key is dropped
+    assert "resource:r5" not in memo.plans and memo.size == sum(len(v) + 1 for v in memo.plans.values())
+    assert len(index.affected_pairs(["resource:r5"])) == 102

@@ -66,6 +66,9 @@ def test_a_plan_not_selected_for_the_span_is_evicted_announced_and_compiled_agai
     state.outbox.remove([seq for seq, *_ in state.outbox.pending()])
     assert state.retention.last_selected(key) == START
     assert rows(state, "dependency_index", key) > 0
+    deps = [d for (d,) in state.store.db.execute("SELECT dep_key FROM dependency_index WHERE plan_key = ?",
+                                                 [key]).fetchall()]
+    assert {k for k, _ in state.index.affected_pairs(deps)} == {key}  # the writer now remembers these edges
 
     advance(state, inv, 29)
     assert run_pass(state, query).evicted == []          # not yet idle for the span
@@ -75,6 +78,7 @@ def test_a_plan_not_selected_for_the_span_is_evicted_announced_and_compiled_agai
 
     for table in ("plan_heads", "dependency_index", "recompile_queue", "plan_selected"):
         assert rows(state, table, key) == 0, table
+    assert state.index.affected_pairs(deps) == []  # nor does the writer remember them
     assert rows(state, "plans", plan["plan_id"]) == 0
     assert rows(state, "receipts", plan["plan_id"]) == 1   # receipts follow their own span
     [(_, k1, v1), (topic2, k2, v2)] = announced(state)
