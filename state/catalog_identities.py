@@ -73,6 +73,7 @@ def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[da
         [ids]).fetchall())).items() if at is not None}
     entities = {r[0]: [r[1], r[2]] for r in db.execute(
         "SELECT id, aliases, deleted FROM entities WHERE id IN (SELECT unnest(?))", [eids]).fetchall()} if eids else {}
+    stored_p, stored_r = set(principals), set(revoked)  # rows the file holds: updated, not upserted
     changed_p: set[str] = set()
     changed_r: set[tuple] = set()
     changed_h: set[str] = set()
@@ -87,21 +88,18 @@ def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[da
         else:
             out.append(_entity(item, entities, changed_e))
     if changed_p:
-        rows = [(pid, *principals[pid]) for pid in sorted(changed_p)]
-        store.insert_rows("principals", pa.table({
-            "id": [r[0] for r in rows], "roles": pa.array([list(r[1] or ()) for r in rows], _STRINGS),
-            "attributes": pa.array([r[2] for r in rows], pa.string()),
-            "delegation_version": pa.array([r[3] for r in rows], pa.int64()),
-            "deleted": pa.array([bool(r[4]) for r in rows], pa.bool_()),
-            "made_at": pa.array([r[5] for r in rows], _WHEN)}), columns=True)
+        _write_principals(store, [(pid, *principals[pid]) for pid in sorted(changed_p)], stored_p)
     if changed_r:
-        rows = [(*key, *revoked[key]) for key in sorted(changed_r)]
-        store.insert_rows("revoked", pa.table({
-            "principal": [r[0] for r in rows], "kind": [r[1] for r in rows], "value": [r[2] for r in rows],
-            "effective_at": pa.array([r[3] for r in rows], _WHEN), "issued_by": pa.array([r[4] for r in rows],
-                                                                                          pa.string()),
-            "event_id": pa.array([r[5] for r in rows], pa.string()),
-            "delegation_version": pa.array([r[6] for r in rows], pa.int64())}), columns=True)
+        # A revocation is mostly of a key never revoked: a plain insert costs half an upsert (3 rows: 1.5 against
+        # 2.9 ms). Only this function writes the table, and a key it holds nothing for is still free.
+        for keys, verb in ((changed_r - stored_r, "INSERT INTO"), (changed_r & stored_r, "INSERT OR REPLACE INTO")):
+            rows = [(*key, *revoked[key]) for key in sorted(keys)]
+            store.insert_rows("revoked", pa.table({
+                "principal": [r[0] for r in rows], "kind": [r[1] for r in rows], "value": [r[2] for r in rows],
+                "effective_at": pa.array([r[3] for r in rows], _WHEN), "issued_by": pa.array([r[4] for r in rows],
+                                                                                              pa.string()),
+                "event_id": pa.array([r[5] for r in rows], pa.string()),
+                "delegation_version": pa.array([r[6] for r in rows], pa.int64())}), verb=verb, columns=True)
     if changed_h:
         store.insert_rows("revocation_horizons", pa.table({
             "principal": sorted(changed_h), "effective_at": pa.array([horizons[p] for p in sorted(changed_h)],
@@ -123,6 +121,29 @@ def apply_identities(store: Store, items: Sequence[Identity], times: Sequence[da
     if counts:
         store.bump_many(counts)
     return out
+
+
+def _write_principals(store: Store, rows: list[tuple], stored: set[str]) -> None:
+    """Write changed principal rows: those the file holds are updated in place (10 rows: 2.9 against 3.6 ms for an
+    upsert), the rest upserted; should fewer rows be updated than held, all of them are upserted."""
+    rows = [(pid, list(roles or ()), attributes, version, bool(deleted), made_at)
+            for pid, roles, attributes, version, deleted, made_at in rows]
+    held = [r for r in rows if r[0] in stored]
+    if held and store.update_rows("principals", ("id",), _PRINCIPAL_COLUMNS, held, _PRINCIPAL_SET) == len(held):
+        rows = [r for r in rows if r[0] not in stored]
+    if rows:
+        store.insert_rows("principals", pa.table({
+            "id": [r[0] for r in rows], "roles": pa.array([r[1] for r in rows], _STRINGS),
+            "attributes": pa.array([r[2] for r in rows], pa.string()),
+            "delegation_version": pa.array([r[3] for r in rows], pa.int64()),
+            "deleted": pa.array([r[4] for r in rows], pa.bool_()),
+            "made_at": pa.array([r[5] for r in rows], _WHEN)}), columns=True)
+
+
+_PRINCIPAL_COLUMNS = ("roles", "attributes", "delegation_version", "deleted", "made_at")
+_PRINCIPAL_SET = ("roles = CAST({roles} AS VARCHAR[]), attributes = CAST({attributes} AS VARCHAR), "
+                  "delegation_version = CAST({delegation_version} AS BIGINT), deleted = CAST({deleted} AS BOOLEAN), "
+                  "made_at = CAST({made_at} AS TIMESTAMPTZ)")
 
 
 def _known(store: Store, key: str, ids: Sequence, load: Callable[[list], dict]) -> dict:

@@ -73,6 +73,8 @@ class EdgeMemo:
             plans.add(plan_key)
             self.keys.setdefault(plan_key, set()).add(dep_key)
             self.size += 1
+        if self.size > EDGE_ENTRIES:  # plans compiled against remembered keys grew it: start over
+            self.__init__()
 
     def _drop_key(self, dep_key: str) -> None:
         for plan_key in self.plans.pop(dep_key):
@@ -129,31 +131,30 @@ class DependencyIndex:
         if not edges:
             return
         self.drop_many(list(edges))
-        memo = self.store.cached(EDGES_MEMO, EdgeMemo)
-        dep_keys, plan_keys = [], []
-        for plan_key, keys in edges.items():
-            keys = sorted(set(keys))
-            memo.added(plan_key, keys)
-            dep_keys += keys
-            plan_keys += [plan_key] * len(keys)
+        sets = {plan_key: sorted(set(keys)) for plan_key, keys in edges.items()}
+        dep_keys = [key for keys in sets.values() for key in keys]
+        plan_keys = [plan_key for plan_key, keys in sets.items() for _ in keys]
         if len(dep_keys) <= LIST_INSERT:
             # Two list parameters unnested side by side: a third of registering an Arrow scan at 40 edges.
             if dep_keys:
                 self.db.execute("INSERT INTO dependency_index SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
                                 [dep_keys, plan_keys])
-            return
-        self.store.insert_rows("dependency_index", pa.table({"dep_key": dep_keys, "plan_key": plan_keys}),
-                               verb="INSERT INTO")
+        else:
+            self.store.insert_rows("dependency_index", pa.table({"dep_key": dep_keys, "plan_key": plan_keys}),
+                                   verb="INSERT INTO")
+        memo = self.store.cached(EDGES_MEMO, EdgeMemo)  # once written: a failed write leaves it as the file is
+        for plan_key, keys in sets.items():
+            memo.added(plan_key, keys)
 
     def drop_many(self, plan_keys: list[str]) -> None:
         """Forget plan keys (their plans can no longer be compiled)."""
         if not plan_keys:
             return
-        self.store.cached(EDGES_MEMO, EdgeMemo).dropped(plan_keys)
         if len(plan_keys) == 1:  # an equality costs half of `IN (SELECT unnest(?))`
             self.db.execute("DELETE FROM dependency_index WHERE plan_key = ?", plan_keys)
         else:
             self.db.execute("DELETE FROM dependency_index WHERE plan_key IN (SELECT unnest(?))", [plan_keys])
+        self.store.cached(EDGES_MEMO, EdgeMemo).dropped(plan_keys)
 
     def affected_pairs(self, keys: list[str]) -> list[tuple[str, str]]:
         """Every (plan key, dependency key) edge whose key is in `keys`."""

@@ -209,9 +209,9 @@ class Store:
         insert_rows(self.db, table, rows, verb=verb, on_conflict=on_conflict, columns=columns)
 
     def update_rows(self, table: str, keys: tuple[str, ...], values: tuple[str, ...], rows: list[tuple],
-                    assign: str) -> None:
-        """Update rows matched on `keys` in one statement (see `row_writes.update_rows`)."""
-        update_rows(self.db, table, keys, values, rows, assign)
+                    assign: str) -> int:
+        """Update rows matched on `keys` in one statement (see `row_writes.update_rows`); the rows updated."""
+        return update_rows(self.db, table, keys, values, rows, assign)
 
     # -- offsets and idempotence -------------------------------------------------------
     def next_offsets(self, lanes: bool = False) -> dict[str, dict[int, int]]:

@@ -84,6 +84,30 @@ def test_a_batch_in_bulk_equals_the_same_changes_one_by_one(two):
     assert bulk.catalog.principal("p").attributes["sessions"] == []  # s1 revoked: made at or before its time
 
 
+@pytest.mark.parametrize("events", [
+    [principal("q", roles=("a", "b"), delegation_version=1),
+     ("source-changes", envelope(kind="principal", op="delete", principal={"id": "q"}))],   # held, then deleted
+    [principal("q", roles=("a",), delegation_version=1), principal("q", roles=(), delegation_version=2, desk="x"),
+     regrant("q", 3, desk="y")],                                                        # roles emptied, made_at set
+    [principal("q", delegation_version=1), principal("r", delegation_version=1),
+     principal("q", delegation_version=2, desk="z"), principal("s", delegation_version=1)],  # held and new in one batch
+])
+def test_rows_the_file_holds_are_updated_to_what_an_upsert_writes(two, events):
+    """Each event in a batch of its own (later ones update rows in place) against all in one batch (upserted)."""
+    by_one, together = two
+    decoded = [decode(topic, None, orjson.dumps(event)) for topic, event in events]
+    new = decode(principal("t")[0], None, orjson.dumps(principal("t")[1]))
+    for e in decoded:
+        with by_one.store.transaction():
+            by_one.catalog.apply_identities([e.payload], [e.occurred_at])
+    with by_one.store.transaction():  # a batch of held and new rows
+        by_one.catalog.apply_identities([decoded[-1].payload, new.payload], [decoded[-1].occurred_at, None])
+    with together.store.transaction():
+        together.catalog.apply_identities([e.payload for e in decoded] + [new.payload],
+                                          [e.occurred_at for e in decoded] + [None])
+    assert _tables(by_one) == _tables(together)
+
+
 def test_principals_in_bulk_equal_one_at_a_time(two):
     state, _ = two
     with state.store.transaction():
@@ -193,3 +217,18 @@ def test_a_change_of_one_principal_drops_only_that_principal_from_what_the_compi
         assert state.catalog.principal("a").roles == ("credit_analyst",)
     finally:
         state.close()
+
+
+def test_a_held_row_the_update_did_not_find_is_upserted(two, monkeypatch):
+    """Should the file not hold a row the writer thinks it does, the batch's rows are upserted, not lost."""
+    first, second = two
+    for state in two:
+        with state.store.transaction():
+            state.catalog.apply_identities([decode("source-changes", None, orjson.dumps(principal("q")[1])).payload],
+                                           [None])
+    monkeypatch.setattr(type(first.store), "update_rows", lambda *args, **kwargs: 0)  # finds nothing
+    change = decode("source-changes", None, orjson.dumps(principal("q", delegation_version=4, desk="d")[1]))
+    for state in two:
+        with state.store.transaction():
+            state.catalog.apply_identities([change.payload], [None])
+    assert _tables(first) == _tables(second) and first.catalog.principal("q").delegation_version == 4

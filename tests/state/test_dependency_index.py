@@ -128,3 +128,19 @@ def test_a_key_many_plans_depend_on_is_read_each_time(index, monkeypatch):
     index.replace_many({f"pk-x{i}": ["resource:r5"] for i in range(100)})  # past the bound: the key is dropped
     assert "resource:r5" not in memo.plans and memo.size == sum(len(v) + 1 for v in memo.plans.values())
     assert len(index.affected_pairs(["resource:r5"])) == 102
+
+
+def test_remembered_edges_stay_within_their_bound_as_plans_are_compiled(tmp_path, monkeypatch):
+    """Keys remembered without edges gain them as plans are compiled: past the bound the memo starts over."""
+    monkeypatch.setattr(dependency_index, "EDGE_ENTRIES", 2_000)
+    store = Store(tmp_path / "f.duckdb")
+    index = DependencyIndex(store)
+    keys = [f"resource:r{i}" for i in range(1_500)]
+    with store.transaction():
+        assert index.affected_pairs(keys) == []  # 1,500 keys remembered without edges
+    with store.transaction():
+        index.replace_many({f"pk-{p}": keys[p * 10:p * 10 + 50] for p in range(100)})  # 5,000 edges
+        memo = store.cached(dependency_index.EDGES_MEMO, dependency_index.EdgeMemo)
+        assert memo.size == sum(len(v) + 1 for v in memo.plans.values()) <= dependency_index.EDGE_ENTRIES
+        assert set(index.affected_pairs(keys[:60])) == _edges_in_file(index, keys[:60])
+    store.close()
