@@ -39,10 +39,11 @@ def everything(entity: str | None) -> bool:
 
 
 # How a batch writes the stored resources it edits, by their number. In DuckDB 1.5 over 22,000 rows, commit included:
-# up to UPDATE_RESOURCES an update in place is cheapest (20 rows: 4.4 ms, against 6.9 for `INSERT OR REPLACE`); up to
+# up to UPDATE_RESOURCES an update in place is cheapest (20 rows: 4.4 ms, against 6.9 for `INSERT OR REPLACE`; 40:
+# 6.5 against 9.0; 96: 11.7 against 14.0; at 170 the upsert wins, 10.0 against 14.1); up to
 # REPLACE_RESOURCES one upsert (170 rows: 10.0 ms, as a delete and an insert); beyond, a catch-up batch, a delete and
 # an insert (500 rows: 15 against 25 ms; 1,500: 27 against 50), one statement more than a smaller batch costs.
-UPDATE_RESOURCES = 32
+UPDATE_RESOURCES = 96
 REPLACE_RESOURCES = 256
 
 RESOURCE_COLS = ("id, version, entity, evidence_class, tokens, title, content, supports, contradicts, "

@@ -81,7 +81,7 @@ def test_a_cdc_move_with_unchanged_toasted_columns_is_refused_by_its_new_holder(
     assert stored(y, "r1") is None
 
 
-@pytest.mark.parametrize("edited", [3, 40, 300])
+@pytest.mark.parametrize("edited", [3, 120, 300])
 def test_edits_of_stored_resources_leave_the_rows_a_fresh_insert_would(open_state, edited):
     """A few stored resources are updated in place, more upserted, many deleted and inserted again (see
     `UPDATE_RESOURCES`): each way each row holds every column of its new version, its entity is indexed, and no
@@ -89,7 +89,7 @@ def test_edits_of_stored_resources_leave_the_rows_a_fresh_insert_would(open_stat
     from state import catalog_resources
 
     assert [edited > catalog_resources.UPDATE_RESOURCES, edited > catalog_resources.REPLACE_RESOURCES] == \
-        {3: [False, False], 40: [True, False], 300: [True, True]}[edited]
+        {3: [False, False], 120: [True, False], 300: [True, True]}[edited]
     x, fresh = open_state("x"), open_state("fresh")
     first = [change(resource(f"r{i}", entity=A if i % 2 else B, version=1)) for i in range(edited + 2)]
     apply(x, first, lambda e: True)
