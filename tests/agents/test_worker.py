@@ -117,6 +117,23 @@ async def test_clock_past_valid_to_invalidates_live_plans_only(worker):
     assert (await worker.select(ATLAS_REQUEST))["plan_id"] == past["plan_id"]
 
 
+async def test_a_restarted_worker_still_invalidates_a_live_plan_at_its_horizon(worker):
+    """The writer's remembered earliest horizon lives in memory only: after a restart on the same state the
+    first tick reads the heads again, and the horizon passed still invalidates the plan."""
+    loaded = await worker.load("atlas.jsonl")
+    fresh = freshest(loaded, await worker.publish_events(resource("approved-waiver-W2")))
+    live = await worker.select(LIVE_REQUEST, fresh)
+    assert live["valid_until"] == "2026-10-01T00:00:00Z"
+    await worker.publish_events(tick("2026-09-15T00:00:00Z"))  # before it: the writer remembers the horizon
+    worker.stop()
+    await worker.restart()
+    fresh = await worker.publish_events(tick("2026-10-02T00:00:00Z"))
+    after = await worker.select(LIVE_REQUEST, fresh)
+    assert after["plan_id"] != live["plan_id"]
+    status = await worker.get(f"/v1/plans/{live['plan_id']}")
+    assert status["status"] == "invalidated" and status["reason"] == "time_passed"
+
+
 async def test_another_entitys_change_does_not_invalidate_the_atlas_plan(worker):
     fresh = await worker.load("atlas.jsonl")
     plan = await worker.select(ATLAS_REQUEST, fresh)
