@@ -108,6 +108,10 @@ class Settings:
     standby_replicas: int = 0
     """Warm copies of other workers' entity partitions each worker keeps (0 to partitions - 1): a partition it
     then gains needs no restore from its lane, at the cost of holding and applying the copies."""
+    read_ahead: bool = True
+    """While the group rebalances, read the lanes of the partitions a standby copy would hold (the next one after each
+    owned partition) from their start: after a worker's death its partitions are often restored before the new
+    assignment arrives. Dropped at once if the assignment does not give them (a joining worker costs a little)."""
     restore_stall_seconds: float = 15.0
     """Seconds a gained shard's lane read may take to start (its first offsets asked of the broker) before it gives
     up (at least 1): nothing moves, and it is retried after its backoff."""
@@ -212,6 +216,7 @@ class Settings:
             topic_prefix=get("TOPIC_PREFIX", base.topic_prefix),
             partitions=get("PARTITIONS", base.partitions, int),
             standby_replicas=get("STANDBY_REPLICAS", base.standby_replicas, int),
+            read_ahead=get("READ_AHEAD", base.read_ahead, bool),
             restore_stall_seconds=max(1.0, get("RESTORE_STALL_SECONDS", base.restore_stall_seconds, float)),
             state_dir=Path(get("STATE_DIR", base.state_dir)),
             web_host=get("WEB_HOST", base.web_host),

@@ -28,7 +28,7 @@ class ShardFollower:
 
     def __init__(self, rebalances: Rebalances, replica: Replica, shards: Shards, ownership: Ownership,
                  run: Callable[..., Awaitable[Any]], published: Callable[[], Awaitable[Any]],
-                 stall_seconds: float = 15.0) -> None:
+                 stall_seconds: float = 15.0, read_ahead: bool = True) -> None:
         self.rebalances = rebalances
         self.replica = replica
         self.shards = shards
@@ -36,6 +36,7 @@ class ShardFollower:
         self.run_writes = run
         self.published = published  # publish what the take-over announced
         self.stall_seconds = stall_seconds  # a lane read that cannot start within this gives up and is retried
+        self.read_ahead = read_ahead  # read the likely gains' lanes while the group rebalances (`ahead`)
 
     def settled(self, assigned: frozenset[int]) -> bool:
         """Whether plans and lanes are the assignment's."""
@@ -51,6 +52,8 @@ class ShardFollower:
         while True:
             await woken(signal, retry_in)
             assigned = self.rebalances.assigned("source-changes")
+            if assigned is None:
+                await self.ahead()
             if assigned is None or self.settled(frozenset(assigned)):
                 retry_in = None
                 continue
@@ -67,6 +70,33 @@ class ShardFollower:
                 continue
             retry_in, backoff = None, 1.0
             await self.published()
+
+    async def ahead(self) -> None:
+        """While the group rebalances, start reading the lanes one standby copy would hold (`Shards.ahead`).
+
+        A kill -9 is noticed a session timeout late, and the broker may hold the rebalance a while
+        longer: a dead neighbour's shard is then restored before the assignment names it. The next
+        step drops what the assignment does not give; a read that cannot start is only logged.
+        """
+        owned = self.ownership.owned
+        if not self.read_ahead or not self.rebalances.revoking or not owned or not self.replica.routed:
+            return
+        if {"entity-changes", "shared-changes"} & set(self.replica.blocked):
+            return
+        lanes = self.shards.ahead(owned) - self.replica.reading_lanes() - self.shards.state.held
+        if not lanes:
+            return
+        try:
+            await asyncio.wait_for(self.replica.gain_lanes(lanes), self.stall_seconds)
+        except Exception:  # noqa: BLE001 - an optimisation: the assignment restores what it gives either way
+            self.shards.read_ahead["failures"] += 1
+            log.warning("reading entity partitions %s ahead of the rebalance failed; they are restored if the "
+                        "assignment gives them", sorted(lanes), exc_info=True,
+                        extra={"reason": "read_ahead_failed", "partitions": sorted(lanes)})
+            return
+        self.shards.read_ahead.update(times=self.shards.read_ahead["times"] + 1, partitions=sorted(lanes))
+        log.info("the group is rebalancing: reading entity partitions %s ahead, as a standby copy would hold them",
+                 sorted(lanes), extra={"reason": "read_ahead", "partitions": sorted(lanes)})
 
     async def step(self, assigned: frozenset[int]) -> bool:
         """One move towards the assignment; whether the plans were taken over (False: lanes still catching up)."""

@@ -37,6 +37,7 @@ class Shards:
         self.standby_replicas = standby_replicas  # warm copies: the next partitions after each owned one
         self.applier = applier
         self.last_restore: dict | None = None  # partitions, records read, rows restored, seconds: for /healthz
+        self.read_ahead = {"times": 0, "partitions": [], "failures": 0}  # rebalances' read-aheads, for /healthz
         self._restoring: dict[int, list] = {}  # lane -> [started, history records read, resource changes applied]
         self.assigned: frozenset[int] = frozenset()
         """The entity partitions the group last gave this worker: a lane among them is restored as its owner."""
@@ -71,6 +72,12 @@ class Shards:
         self.state.reload()
         self.standby = self.standby & self.state.held
 
+    def ahead(self, owned: frozenset[int]) -> frozenset[int]:
+        """The partitions to read ahead while the group rebalances: those one standby copy would hold (the next
+        after each owned partition), so that a dead neighbour's shard is restored before the assignment names it."""
+        total = self.state.partitions
+        return frozenset((p + 1) % total for p in owned) - owned if total > 1 else frozenset()
+
     def wanted(self, owned: frozenset[int]) -> frozenset[int]:
         """The partitions to hold for these owned ones: them and their standby copies."""
         return owned | self.standby_for(owned)
@@ -96,6 +103,7 @@ class Shards:
                      promoted, sorted(owned), extra={"reason": "lane_letters_promoted"})
         outbox.drop_lanes(after)
         self.standby = standby
+        self.incomplete = self.incomplete & after
         if lost:
             dropped = self.state.drop(lost)
             log.info("handed entity partitions %s to their new owner: %d resources removed", sorted(lost), dropped,
@@ -139,6 +147,7 @@ class Shards:
             self.applier.state.outbox.drop_lanes(self.state.held | (self.state.catching - catching))
         self.state.catching = self.state.catching - catching
         self.state.restoring = self.state.restoring - catching
+        self.incomplete = self.incomplete - catching
         for q in catching:
             self._restoring.pop(q, None)
             self._refused.pop(q, None)
@@ -202,8 +211,7 @@ class Shards:
             refused += [(m, *_source_refusal()) for m, change, _ in changes
                         if refused_by_source(change.record, change.unavailable, rules)]
             for m, error_class, message in refused:
-                if m.lane in self.assigned:  # a standby copy leaves its letters to the owner
-                    self._refused.setdefault(m.lane, []).append((m, error_class, message))  # type: ignore[arg-type]
+                self._refused.setdefault(m.lane, []).append((m, error_class, message))  # type: ignore[arg-type]
             keyed = by_position(((m.topic, m.partition, m.offset), keys)
                                 for (m, _, _), keys in zip(changes, results, strict=True) if isinstance(keys, list))
             ids = event_ids(((m.topic, m.partition, m.offset), event_id)
@@ -219,8 +227,10 @@ class Shards:
     def caught_up(self, lanes: frozenset[int], reported: dict[int, dict[int, int]] | None = None) -> None:
         """Lanes that joined the merge in every source partition (on the writer): their shards are whole.
 
-        The refusals their history held are dead-lettered now, those no report read on the lane covers (the
-        lane's reports follow what they cover: only the whole lane says which were sent)."""
+        The refusals their history held that no report read on the lane covers (the lane's reports follow what
+        they cover: only the whole lane says which were sent) are dead-lettered now by the lane's owner; a copy
+        (standby, or read ahead in a rebalance) keeps them for the owner, and sends them if it becomes the owner
+        before a report covers them (`Outbox.promote_lanes`)."""
         lanes = lanes & self.state.catching
         if not lanes:
             return
@@ -228,22 +238,33 @@ class Shards:
         counts: Counter[str] = Counter({"shards_restored": len(lanes)})
         with store.transaction():
             self.state.add(lanes)
+            # A lane the group did not give is a copy until a move says otherwise: its owner reports it.
+            self.state.copies = self.state.copies | (lanes - self.assigned)
             for q in sorted(lanes):
                 marks = (reported or {}).get(q, {})
+                owner = q in self.assigned
                 for m, error_class, message in self._refused.pop(q, []):
-                    if m.offset >= marks.get(m.partition, 0):
+                    if m.offset < marks.get(m.partition, 0):
+                        continue
+                    if owner:
                         self.applier.dead_letter_lane_record(m, error_class, message, counts)
+                    else:
+                        self.applier.keep_lane_letter(m, error_class, message, counts)
             store.bump_many(counts)
         self.state.catching = self.state.catching - lanes
         self.state.restoring = self.state.restoring - lanes
         self.state.moves += 1
+        whole = {"partitions": sorted(lanes), "records_read": 0, "resources_restored": 0, "seconds": 0.0}
         for q in sorted(lanes):
             started, read, restored = self._restoring.pop(q, [time.perf_counter(), 0, 0])
             seconds = time.perf_counter() - started
-            self.last_restore = {"partitions": [q], "records_read": read, "resources_restored": restored,
-                                 "seconds": round(seconds, 3)}
+            # Lanes caught up together are one restore: their reads were interleaved.
+            whole["records_read"] += read
+            whole["resources_restored"] += restored
+            whole["seconds"] = max(whole["seconds"], round(seconds, 3))
             log.info("restored entity partition %d from its lane: %d records read, %d resource changes applied, "
                      "%.2fs", q, read, restored, seconds, extra={"partitions": [q], "reason": "shard_restored"})
+        self.last_restore = whole
 
     def lanes_applied(self, batch, before: bool) -> None:
         """The replica's hook around a batch (on the writer): gained lanes and history first, caught-up lanes after."""

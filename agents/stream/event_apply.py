@@ -354,6 +354,11 @@ class EventApplier:
         owner never reported), outright and inside the caller's transaction: the lane is not held yet."""
         self._letter(m, error_class, message, counts, standby=False)
 
+    def keep_lane_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
+        """Keep a refused history record of an entity lane held as a copy, for its owner (see `Outbox.add_many`)."""
+        counts["dead_letters_left_to_owner"] += 1
+        self._letter(m, error_class, message, counts, standby=True, lane=m.lane)
+
     def _dead_letter(self, m: RawMessage, error_class: str, message: str, counts: Counter[str],
                      about: str | None = None) -> None:
         """Queue a dead letter: on standby for the duty owner of its input partition when every worker judges
@@ -364,9 +369,7 @@ class EventApplier:
             # Read from an entity lane: only the lane's holders judged it, and its owner reports it. A copy
             # keeps it for the owner, which may die before sending it (see `Outbox.add_many`).
             if not self.owns_lane(m.lane):
-                counts["dead_letters_left_to_owner"] += 1
-                self._letter(m, error_class, message, counts, standby=True, lane=m.lane)
-                return
+                return self.keep_lane_letter(m, error_class, message, counts)
             standby = False
         elif about is not None:
             if not self.owns(about):

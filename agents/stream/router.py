@@ -57,6 +57,8 @@ class Router:
         self.routed_to: dict[int, int] = {}  # source partition -> one past the last offset routed
         self.partition_of: Callable[[str], int] = _partitioner(partitions)
         self._known: dict[str, int] = {}
+        self.notices = 0  # move notices sent, one per lane a resource left (for /healthz)
+        self.unplaced = 0  # resources whose earlier lane was unknown here, so every other lane got a notice
 
     def destination(self, m: RawMessage) -> Destination:
         """Where one record of `source-changes` goes."""
@@ -111,9 +113,11 @@ class Router:
             if where.resource_id is not None and (where.notice_everywhere or where.notice_to is not None):
                 notice = Frame(NOTICE, m.offset, stamp, None, where.resource_id.encode())
                 left = [*range(self.partitions), SHARED] if where.notice_everywhere else [where.notice_to]
+                self.unplaced += where.notice_everywhere
                 for q in left:
                     if q != where.lane:
                         per_lane[q].append(notice)
+                        self.notices += 1
         return {Lane("shared-changes" if q == SHARED else "entity-changes", partition if q == SHARED else q):
                 RoutedBatch(partition, start, end, tuple(frames)) for q, frames in per_lane.items()}
 

@@ -175,7 +175,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         await plan_feed.run()
 
     follower = ShardFollower(rebalances, replica, shards, ownership, writer.run, publisher.publish,
-                             stall_seconds=settings.restore_stall_seconds)
+                             stall_seconds=settings.restore_stall_seconds, read_ahead=settings.read_ahead)
     app.task(follower.run)
 
     def recompile_owned() -> int:

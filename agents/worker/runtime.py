@@ -101,7 +101,7 @@ class Worker:
                             "entities": figures.entities(shards.standby),
                             "by_partition": {str(p): n for p, n in figures.by_partition.items()
                                              if p in shards.standby}},
-                "last_restore": shards.last_restore}
+                "last_restore": shards.last_restore, "read_ahead": dict(shards.read_ahead)}
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
@@ -176,6 +176,7 @@ class Worker:
             return None
         catching = self.ownership.shards.state.catching
         return {"routed": self.router.routed, "batches_sent": self.router.batches, "failures": self.router.failures,
+                "notices": self.router.router.notices, "unplaced": self.router.router.unplaced,
                 "lanes": sorted(self.replica.reading_lanes() - catching), "catching_up": sorted(catching),
                 "lane_records_skipped": self.replica.lanes.errors, "batches_merged_as_sent": self.replica.lanes.fed,
                 "lane_reports": self.lane_reports.figures() if self.lane_reports is not None else None}

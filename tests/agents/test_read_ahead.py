@@ -1,0 +1,122 @@
+"""A lane read ahead while the group rebalances is a copy: it keeps its history's refusals for the owner (no broker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.shards.shard_restore import Shards
+from agents.stream.lane_merge import LaneMerge
+from agents.stream.router import Lane, Router
+from schemas.codec import decode
+from schemas.plan_partition import plan_partition
+from schemas.routed_batch import RoutedBatch, pack, unpack
+from state.shard_state import ShardState
+from tests.agents.test_shard_apply import A, B, letters, make, only, raw, refused, scenario, stored  # noqa: F401
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _read_ahead(make):  # noqa: F811 (the fixture)
+    """A worker owning B's lane that restored A's lane from its history without the group giving it."""
+    y = make("y", only(B))
+    y.apply(scenario(), standby=True)
+    bad = raw(*refused("waiver-bad", entity=A))  # routed to A's lane: never read here before
+    lane_a, lane_b = plan_partition(A, 2), plan_partition(B, 2)
+    source = sorted((m for m in scenario() + [bad] if m.topic == "source-changes"), key=lambda m: m.offset)
+    merge = LaneMerge(2, {0: source[-1].offset + 1})
+    merge.gain(lane_a)
+    merge.report("entity-changes", lane_a, 0, 0)  # the owner reported nothing yet (it died first, say)
+    router = Router(2, lambda m: decode(m.topic, m.key, m.value))
+    for carrier, m in enumerate(source):
+        merge.add("entity-changes", lane_a, carrier, unpack(pack(router.route(0, [m], m.offset, m.offset + 1)[
+            Lane("entity-changes", lane_a)])))
+    merge.add("entity-changes", lane_a, len(source), RoutedBatch(1, 0, 0, ()))
+    shard = ShardState(y.state.store, 2)
+    with y.state.store.transaction():
+        shard.add([lane_b])
+    shard.catching = frozenset({lane_a})
+    y.owns_lane, y.mine = shard.owns_lane, shard.mine
+    shards = Shards(shard, y)
+    shards.assigned = frozenset({lane_b})  # the assignment before the rebalance: A's lane is not given (yet)
+    shards.restore(merge.release().history)
+    shards.caught_up(frozenset({lane_a}), {lane_a: {0: 0}})
+    return y, shards, lane_a, lane_b, bad
+
+
+def test_a_lane_read_ahead_is_held_as_a_copy_and_keeps_the_refusals_its_owner_never_reported(make):  # noqa: F811
+    y, shards, lane_a, lane_b, bad = _read_ahead(make)
+    assert lane_a in shards.state.held and lane_a in shards.standby, "a lane the group did not give is held as owned"
+    assert not shards.state.owns_lane(lane_a)
+    assert letters(y, standby=False) == [], "a copy sent a letter its lane's owner may still send"
+    assert letters(y) == [(bad.offset, True)], "the copy dropped the refusal its owner never reported"
+
+
+def test_the_assignment_that_gives_a_lane_read_ahead_sends_what_it_kept(make):  # noqa: F811
+    y, shards, lane_a, lane_b, bad = _read_ahead(make)
+    shards.assigned = frozenset({lane_a, lane_b})
+    with y.state.store.transaction():
+        shards.move(shards.assigned)
+    assert shards.state.owns_lane(lane_a) and shards.standby == frozenset()
+    assert letters(y) == [(bad.offset, False)], "the refusal the dead owner never sent went nowhere"
+
+
+def test_an_assignment_that_does_not_give_a_lane_read_ahead_drops_it_and_what_it_kept(make):  # noqa: F811
+    y, shards, lane_a, lane_b, bad = _read_ahead(make)
+    with y.state.store.transaction():
+        shards.move(frozenset({lane_b}))
+    assert shards.state.held == frozenset({lane_b}) and shards.standby == frozenset()
+    assert letters(y) == []
+    resources = y.state.store.db.execute("SELECT DISTINCT entity FROM resources WHERE NOT deleted").fetchall()
+    assert (A,) not in resources, resources
+
+
+@pytest.mark.parametrize(("partitions", "owned", "ahead"), [
+    (2, {0}, {1}), (2, {0, 1}, set()), (4, {1, 3}, {2, 0}), (4, {3}, {0}), (1, {0}, set()), (4, set(), set())])
+def test_the_lanes_read_ahead_are_those_one_standby_copy_would_hold(tmp_path, partitions, owned, ahead):
+    from state.local_state import LocalState
+    state = LocalState.open(tmp_path / "s.duckdb")
+    try:
+        assert Shards(ShardState(state.store, partitions), None).ahead(frozenset(owned)) == frozenset(ahead)
+    finally:
+        state.close()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("read_ahead", ["1", "0"], ids=["read ahead", "FRESHPLAN_READ_AHEAD=0"])
+async def test_the_survivor_of_a_kill_reads_the_dead_workers_partition_ahead_of_the_assignment(broker, tmp_path,
+                                                                                               read_ahead):
+    from tests.agents.test_shards import ATLAS, BOREAL, BOREAL_REQUEST, _shard, _split
+    from tests.conftest import ATLAS_REQUEST, eventually, freshest, launch, start_peer
+    from tests.events import resource
+
+    async with launch(broker, tmp_path / "a", FRESHPLAN_READ_AHEAD=read_ahead) as first:
+        token = freshest(await first.load("atlas.jsonl"),
+                         await first.publish_events(resource("boreal-waiver-B1", entity=BOREAL),
+                                                    *[resource(f"ahead-{e}-{i}", entity=e) for e in (ATLAS, BOREAL)
+                                                      for i in range(3)]))
+        await first.select(ATLAS_REQUEST, token)
+        total = (await _shard(first))["resources"]
+        peer = await start_peer(first, tmp_path / "b")
+        try:
+            survivor, victim = await _split(first, peer)  # the survivor owns Atlas's partition, the victim Boreal's
+            mark = survivor.log_path.stat().st_size
+            victim.kill()
+
+            async def whole():
+                s = await _shard(survivor)
+                return s if sorted(s["partitions"]["plans"]) == [0, 1] and not s["restoring"] else None
+            s = await eventually(whole, what="the survivor holding both partitions")
+            boreal = plan_partition(BOREAL, 2)
+            assert s["resources"] == total and s["standby"]["partitions"] == [], s
+            assert s["last_restore"]["partitions"] == [boreal], s
+            log = survivor.log_path.read_bytes()[mark:].decode()
+            ahead, assigned = log.find(f"reading entity partitions [{boreal}] ahead"), log.rfind("the group assigned")
+            if read_ahead == "1":
+                assert s["read_ahead"]["partitions"] == [boreal] and s["read_ahead"]["times"] >= 1, s
+                # Started on the revocation, before the group (held by the broker) named the new assignment.
+                assert -1 < ahead < assigned, log[-4000:]
+            else:
+                assert ahead == -1 and s["read_ahead"]["times"] == 0, s
+            assert (await survivor.select(BOREAL_REQUEST, token))["admitted"]
+        finally:
+            peer.stop()
