@@ -16,7 +16,8 @@ from schemas.codec import contract_from
 from schemas.errors import InvalidEvent
 from schemas.records import Contract, PolicyBundle, Principal, Resource, Revocation, SourceChange
 from state.catalog_identities import IDENTITY_MEMO, Identity, apply_identities, revocation_applies
-from state.catalog_resources import RESOURCE_COLS, Mine, OtherShard, apply_resources, everything, resource_row
+from state.catalog_resources import (RESOURCE_COLS, Mine, OtherShard, apply_resources, everything, live_resources,
+                                     resource_row)
 from state.lookups import remember
 from state.policy_history import governing, keep_version, versions_of
 from state.store import Store
@@ -71,6 +72,10 @@ class Catalog:
                         ) -> list[list[str] | InvalidEvent | OtherShard | None]:
         """Apply resource upserts and deletes in order in one write; keys per change (see `apply_resources`)."""
         return apply_resources(self.store, changes, self._source_rules(), mine, left, lane_of)
+
+    def live_resources(self, ids: Collection[str]) -> set[str]:
+        """Of these resource ids, those stored and not deleted (see `live_resources`)."""
+        return live_resources(self.store, ids)
 
     def source_rules(self) -> dict[str, set[str]]:
         """Provenance group -> the evidence classes it may assert under the policy bundles applied."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import orjson
 import pyarrow as pa
@@ -175,6 +175,17 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
 def held_entities(store: Store) -> list[str]:
     """Entities that stored resources are about (those about none are every worker's)."""
     return [r[0] for r in store.db.execute("SELECT DISTINCT entity FROM resources WHERE entity IS NOT NULL").fetchall()]
+
+
+def live_resources(store: Store, ids: Collection[str]) -> set[str]:
+    """Of these resource ids, those stored and not deleted: rows the writer remembers, and one read for the rest."""
+    known = store.cached("catalog.resources", dict)
+    live = {i for i in ids if i in known and not known[i][1]}
+    rest = sorted(i for i in ids if i not in known)
+    if rest:
+        live.update(r[0] for r in store.db.execute(
+            "SELECT id FROM resources WHERE id IN (SELECT unnest(?)) AND NOT deleted", [rest]).fetchall())
+    return live
 
 
 def drop_resources(store: Store, entities: Sequence[str]) -> int:

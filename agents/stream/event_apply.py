@@ -12,7 +12,7 @@ from compiler import dependency_keys as dk
 from compiler.trust import unsourced
 from agents.plans.plan_writer import PlanWriter, Touched, wall_now
 from agents.stream.clock_ticks import play_tick
-from agents.stream.lane_events import by_position, event_ids, moved_away
+from agents.stream.lane_events import by_position, event_ids, moves_to_apply
 from agents.stream.raw_message import RawMessage
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
@@ -153,9 +153,7 @@ class EventApplier:
                 self._dead_letter(m, "oversized", OVERSIZED, counts)
                 continue
             if m.notice:
-                notice = moved_away(m, self.now)
-                if notice is not None:
-                    decoded.append((m, notice))
+                decoded.append((m, None))  # type: ignore[arg-type] # see `moves_to_apply`
                 continue
             try:
                 decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
@@ -164,6 +162,7 @@ class EventApplier:
                 counts[f"cdc_skipped.{exc.kind}"] += 1
             except InvalidEvent as exc:
                 self._dead_letter(m, exc.error_class, exc.message, counts)
+        decoded = moves_to_apply(decoded, self.now, self.state.catalog.live_resources)
         for pos, nxt in (positions or {}).items():  # saved with the records' offsets: one statement, not two
             offsets[pos] = max(offsets.get(pos, nxt), nxt)
         store.save_offsets(offsets, {pos: (o, record_mark(m.key, m.value, m.timestamp and round(m.timestamp * 1e3)))

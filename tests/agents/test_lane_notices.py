@@ -73,3 +73,22 @@ def test_a_lane_records_letter_is_sent_by_the_lanes_owner_and_kept_for_it_by_a_s
     rows = applier.state.store.db.execute(
         "SELECT src_offset, standby, lane FROM outbox WHERE topic = 'x-dead-letters' ORDER BY src_offset").fetchall()
     assert rows == [(bad.offset, False, None), (copy.offset, True, 1)]  # kept until a report covers it
+
+
+def test_notices_of_resources_the_lane_never_held_are_skipped_without_an_event_each(applier, monkeypatch):
+    """A resource new to a router is named in every other lane: a catching-up worker reads mostly such notices."""
+    import agents.stream.lane_events as lane_events
+    made = []
+    real = lane_events.moved_away
+    monkeypatch.setattr(lane_events, "moved_away", lambda m, now: made.append(m.value) or real(m, now))
+    applier.apply([upsert("held", A, 1, 0), upsert("old", A, 1, 0)])
+    applier.apply([notice("old", 0)])
+    made.clear()
+    # Never stored, stored and live, upserted earlier in this batch, deleted before it (a tombstone).
+    applier.apply([*[notice(f"new-{i}", 0) for i in range(50)], upsert("fresh", A, 1, 0), notice("fresh", 0),
+                   notice("held", 0), notice("old", 0)])
+    assert sorted(made) == [b"fresh", b"held"], made
+    assert stored(applier, "held") is None and stored(applier, "fresh") is None
+    counts = dict(applier.state.store.db.execute("SELECT name, value FROM counters").fetchall())
+    assert counts.get("ignored_old_versions", 0) == 0, counts
+
