@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import orjson
 

@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 
 # Gained lanes wake the follower as they catch up; this only bounds the wait should a wake-up go astray.
 CATCHING_UP = 1.0
+READ_AHEAD_START = 2.0
+"""Seconds a read ahead may take to start (its first offsets asked of the broker) before it is given up."""
 
 
 class ShardFollower:
@@ -79,15 +81,20 @@ class ShardFollower:
         step drops what the assignment does not give; a read that cannot start is only logged.
         """
         owned = self.ownership.owned
-        if not self.read_ahead or not self.rebalances.revoking or not owned or not self.replica.routed:
+        if not self.rebalances.revoking or owned is None:
             return
-        if {"entity-changes", "shared-changes"} & set(self.replica.blocked):
+        # What the group gave last is being taken back: until the next assignment, only what this worker owns
+        # is its own (a step that failed may have named more), so what it reads meanwhile is a copy.
+        self.shards.assigned = owned
+        if not self.read_ahead or not owned or not self.replica.routed or self.blocked():
             return
         lanes = self.shards.ahead(owned) - self.replica.reading_lanes() - self.shards.state.held
         if not lanes:
             return
         try:
-            await asyncio.wait_for(self.replica.gain_lanes(lanes), self.stall_seconds)
+            # Briefly: the assignment may arrive meanwhile, and this loop follows it.
+            await asyncio.wait_for(self.replica.gain_lanes(lanes), min(self.stall_seconds, READ_AHEAD_START))
+            self.shards.starting = self.shards.starting | lanes
         except Exception:  # noqa: BLE001 - an optimisation: the assignment restores what it gives either way
             self.shards.read_ahead["failures"] += 1
             log.warning("reading entity partitions %s ahead of the rebalance failed; they are restored if the "
@@ -98,9 +105,13 @@ class ShardFollower:
         log.info("the group is rebalancing: reading entity partitions %s ahead, as a standby copy would hold them",
                  sorted(lanes), extra={"reason": "read_ahead", "partitions": sorted(lanes)})
 
+    def blocked(self) -> set[str]:
+        """The inputs a shard is restored from that a reset blocks."""
+        return {"source-changes", "entity-changes", "shared-changes"} & set(self.replica.blocked)
+
     async def step(self, assigned: frozenset[int]) -> bool:
         """One move towards the assignment; whether the plans were taken over (False: lanes still catching up)."""
-        blocked = {"source-changes", "entity-changes", "shared-changes"} & set(self.replica.blocked)
+        blocked = self.blocked()
         if blocked:
             raise RuntimeError(f"{', '.join(sorted(blocked))} was reset and is not applied until an operator "
                                "rebases or replays: a shard cannot be restored from it")
@@ -112,7 +123,10 @@ class ShardFollower:
         if wanted - reading:
             # Nothing changes if the read cannot start (its first offsets unknown): the next try asks again.
             await asyncio.wait_for(self.replica.gain_lanes(wanted - reading), self.stall_seconds)
-        if not wanted <= self.shards.state.held:
+            self.shards.starting = self.shards.starting | (wanted - reading)
+        # A lane still held in the file may be read again from its start (a copy let go and gained again):
+        # held is not whole until the writer saw it caught up.
+        if not wanted <= self.shards.state.held - self.shards.state.restoring - self.shards.starting:
             return False
         await self.run_writes(self.ownership.follow, assigned)
         return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Collection
+from typing import Callable, Collection
 
 from agents.stream.event_apply import OVERSIZED, EventApplier
 from agents.stream.lane_events import by_position, event_ids, moved_away
@@ -31,8 +31,10 @@ class Shards:
     source partition the shard is held (in the file) and its plans can be taken over.
     """
 
-    def __init__(self, state: ShardState, applier: EventApplier, standby_replicas: int = 0) -> None:
+    def __init__(self, state: ShardState, applier: EventApplier, standby_replicas: int = 0,
+                 reading: Callable[[], frozenset[int]] | None = None) -> None:
         self.state = state
+        self.reading = reading  # the lanes the replica reads now (`LaneReader.read_now`); None: every gained one
         self.incomplete: frozenset[int] = frozenset()  # restored partitions whose history the lanes no longer had
         self.standby_replicas = standby_replicas  # warm copies: the next partitions after each owned one
         self.applier = applier
@@ -41,6 +43,8 @@ class Shards:
         self._restoring: dict[int, list] = {}  # lane -> [started, history records read, resource changes applied]
         self.assigned: frozenset[int] = frozenset()
         """The entity partitions the group last gave this worker: a lane among them is restored as its owner."""
+        self.starting: frozenset[int] = frozenset()
+        """Lanes the follower started reading from their start that the writer has not seen caught up yet."""
         self._refused: dict[int, list[tuple[RawMessage, str, str]]] = {}  # lane -> refusals in its history
 
     @property
@@ -71,6 +75,10 @@ class Shards:
         """After a rolled-back move: the held partitions as the file has them."""
         self.state.reload()
         self.standby = self.standby & self.state.held
+
+    def refusing(self) -> frozenset[int]:
+        """Partitions given to this worker whose shard it is restoring: their selects are refused, not forwarded."""
+        return (self.state.restoring | self.starting) & self.assigned
 
     def ahead(self, owned: frozenset[int]) -> frozenset[int]:
         """The partitions to read ahead while the group rebalances: those one standby copy would hold (the next
@@ -137,6 +145,9 @@ class Shards:
     def lose(self, lanes: frozenset[int]) -> None:
         """Lanes no longer read (on the writer): a shard caught up is dropped by the next move; one still
         catching up is dropped here."""
+        self.starting = self.starting - lanes
+        for q in lanes - self.state.catching:
+            self._refused.pop(q, None)  # refusals of a read that ended before the writer saw it start
         catching = lanes & self.state.catching
         if not catching:
             return
@@ -253,6 +264,7 @@ class Shards:
             store.bump_many(counts)
         self.state.catching = self.state.catching - lanes
         self.state.restoring = self.state.restoring - lanes
+        self.starting = self.starting - lanes
         self.state.moves += 1
         whole = {"partitions": sorted(lanes), "records_read": 0, "resources_restored": 0, "seconds": 0.0}
         for q in sorted(lanes):
@@ -269,8 +281,10 @@ class Shards:
     def lanes_applied(self, batch, before: bool) -> None:
         """The replica's hook around a batch (on the writer): gained lanes and history first, caught-up lanes after."""
         if before:
-            if batch.gained:
-                self.gain(frozenset(batch.gained))
+            # A lane let go while the batch waited (its loss queued on the writer first) is not gained by it.
+            gained = frozenset(batch.gained) & (self.reading() if self.reading is not None else batch.gained)
+            if gained:
+                self.gain(gained)
             self.restore(batch.history)
         else:
             self.caught_up(frozenset(batch.caught_up), batch.reported)

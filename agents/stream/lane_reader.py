@@ -89,6 +89,7 @@ class LaneReader:
         self.fed = 0  # routed batches merged as this worker's router sent them (not read back first)
         self.epoch = 0  # counts gains: a fetch names the epoch it was read in
         self._gained_at: dict[int, int] = {}  # entity lane -> the epoch it was last gained in
+        self._read_now: frozenset[int] = frozenset()
         self.wakers: list[asyncio.Event] = []  # set when gained lanes joined the merge (a follower waits on one)
         self._released: dict[tuple[str, int], int] = {}  # `source-changes` positions handed to the writer
         self._reports: dict[tuple[int, int], int] = {}  # (entity lane, source partition) -> reported, handed on
@@ -99,12 +100,17 @@ class LaneReader:
         self.merge = LaneMerge(self.partitions, applied.get("source-changes", {}),
                                {(t, p): n for t in LANES for p, n in lanes.get(t, {}).items()}, held=self.held())
         self.gained = set()
+        self._read_now = self.reading()
 
     def reading(self) -> frozenset[int]:
         """The entity lanes read now (held, or catching up)."""
         if self.merge is None:
             return frozenset()
         return frozenset(p for t, p in self.merge.lanes if t == "entity-changes")
+
+    def read_now(self) -> frozenset[int]:
+        """`reading` as of the last gain or loss, safe to ask from the writer thread (a value, not a view)."""
+        return self._read_now
 
     def gain(self, lanes: frozenset[int]) -> None:
         """Read these entity lanes from their start."""
@@ -115,6 +121,7 @@ class LaneReader:
             self.merge.gain(q)
             self._gained_at[q] = self.epoch
         self.gained.update(lanes)
+        self._read_now = self.reading()
 
     def lose(self, lanes: frozenset[int]) -> None:
         """Stop reading these entity lanes."""
@@ -123,6 +130,7 @@ class LaneReader:
         for q in lanes:
             self.merge.lose(q)
         self.gained.difference_update(lanes)
+        self._read_now = self.reading()
 
     def fetched(self, batch: dict, logical: dict[str, str], epoch: int | None = None) -> Fetched:
         """A fetch's records: the direct ones as read, the lanes' through the merge (what it can release now).

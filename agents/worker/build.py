@@ -93,7 +93,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     rebalances = Rebalances(app, inputs)
     taken_on = TakenOn()  # the duty fills it, the publisher publishes from it
     publisher = Publisher(state, app, writer.run, taken_on.by_topic)
-    shards = Shards(shard_state, applier, standby_replicas=settings.standby_replicas)
+    shards = Shards(shard_state, applier, standby_replicas=settings.standby_replicas,
+                    reading=lambda: replica.lanes.read_now())
     # `source-changes` is read through its lanes (named here so that a reset of it is still detected).
     lanes = {name: settings.topic(name) for name in ("shared-changes", "entity-changes")}
     replica = Replica(applier, reader.store, bootstrap_servers, {**inputs, **lanes},

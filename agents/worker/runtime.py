@@ -129,7 +129,7 @@ class Worker:
                    health=self.status.health, owner_url=self.owner_url, forward=self._forward,
                    plan_status=lambda plan_id, may: self.query.plan_status_async(plan_id, self.status.read, may),
                    owners_known=lambda: self.ownership.assigned,
-                   restoring=lambda: self.ownership.shards.state.restoring)
+                   restoring=self.ownership.shards.refusing)
 
     def owner_url(self, partition: int) -> str | None:
         """URL of the worker the consumer group gave a plan partition (the same partition of the inputs)."""

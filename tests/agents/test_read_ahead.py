@@ -1,11 +1,16 @@
-"""A lane read ahead while the group rebalances is a copy: it keeps its history's refusals for the owner (no broker)."""
+"""A lane read ahead while the group rebalances is a copy until an assignment gives it (units; a kill -9 through the
+broker)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from agents.shards.shard_follow import ShardFollower
 from agents.shards.shard_restore import Shards
 from agents.stream.lane_merge import LaneMerge
+from agents.stream.lane_reader import LaneReader
 from agents.stream.router import Lane, Router
 from schemas.codec import decode
 from schemas.plan_partition import plan_partition
@@ -79,6 +84,136 @@ def test_the_lanes_read_ahead_are_those_one_standby_copy_would_hold(tmp_path, pa
         assert Shards(ShardState(state.store, partitions), None).ahead(frozenset(owned)) == frozenset(ahead)
     finally:
         state.close()
+
+
+# Found by the hostile review of the read-ahead (its three reproductions).
+def test_a_read_ahead_lane_let_go_before_the_writer_applied_its_gain_is_not_restored(make):  # noqa: F811
+    """ahead() gains lane A; the fetch loop hands the writer a Fetched(gained={A}) that waits in the FetchQueue
+    (the writer busy); the assignment (a worker joined) does not give A: step() loses it (event loop) and runs
+    Shards.lose on the writer, FIFO, *before* the queued batch; that batch's gain() then marks A catching."""
+    y = make("y", only(B))
+    y.apply(scenario(), standby=True)
+    lane_a, lane_b = plan_partition(A, 2), plan_partition(B, 2)
+    shard = ShardState(y.state.store, 2)
+    with y.state.store.transaction():
+        shard._set(frozenset({lane_b}))
+    y.owns_lane, y.mine = shard.owns_lane, shard.mine
+    reader = LaneReader(2, lambda: shard.held)
+    shards = Shards(shard, y, reading=reader.read_now)
+    shards.assigned = frozenset({lane_b})
+    reader.start(y.state.store.next_offsets(), {})
+    reader.gain(frozenset({lane_a}))                  # ShardFollower.ahead -> Replica.gain_lanes
+    queued = reader.fetched({}, {}, reader.epoch)     # _fetch_loop: queued for the writer
+    assert queued.gained == frozenset({lane_a})
+    reader.lose(frozenset({lane_a}))                  # step(): Replica.lose_lanes
+    shards.lose(frozenset({lane_a}))                  # step(): run_writes(shards.lose) - runs first (FIFO)
+    shards.lanes_applied(queued, before=True)         # the writer then applies the queued batch
+    shards.settled()                                  # Ownership.follow's finally
+    assert lane_a not in reader.reading()             # nothing will ever catch it up
+    assert shard.catching == frozenset() and shard.restoring == frozenset(), (
+        f"lane {lane_a} is no longer read but stays catching={sorted(shard.catching)} "
+        f"restoring={sorted(shard.restoring)}: selects for its partition get 503 shard_restoring "
+        "(routes._forwarded) instead of being forwarded, /healthz says restoring, until the next rebalance")
+
+
+class _Rebalances:
+    revoking = False
+
+
+class _Replica:
+    routed, blocked = True, {}
+
+    def __init__(self, shards: Shards, reading: set[int]) -> None:
+        self.shards, self.reading = shards, set(reading)
+
+    def reading_lanes(self):
+        return frozenset(self.reading)
+
+    async def lose_lanes(self, lanes):
+        self.reading -= lanes
+
+    async def gain_lanes(self, lanes):
+        self.reading |= lanes
+        self.shards.gain(frozenset(lanes))  # the writer's gain, as early as it can possibly run
+
+
+class _Ownership:
+    def __init__(self, shards: Shards, owned) -> None:
+        self.shards, self.owned, self.follows = shards, frozenset(owned), []
+
+    def follow(self, assigned):
+        self.follows.append((frozenset(assigned), self.shards.state.catching))
+        with self.shards.applier.state.store.transaction():
+            self.shards.move(assigned)
+        self.owned = frozenset(assigned)
+        self.shards.settled()
+
+
+async def _inline(fn, *args):
+    return fn(*args)
+
+
+async def _published():
+    return None
+
+
+async def test_a_held_copy_read_again_from_its_start_is_not_taken_over_before_it_caught_up(make):  # noqa: F811
+    """4 partitions, this worker owns 0 and read 1 ahead (caught up: a held copy). The assignment gives 0 and 2:
+    step() stops reading 1 (held until the move) and waits for 2. A second rebalance: ahead() skips 1 (held). It
+    gives 0 and 1: step() reads 1 from its start again, yet `wanted <= held` holds (1 is in the file) and the
+    plans of 1 are taken over while 1 is catching up: judged and served from a stale, then partial, shard."""
+    y = make("y", lambda e: True)
+    shard = ShardState(y.state.store, 4)
+    with y.state.store.transaction():
+        shard._set(frozenset({0, 1}))
+    shard.copies = frozenset({1})                    # Shards.caught_up of the read-ahead lane
+    y.owns_lane, y.mine = shard.owns_lane, shard.mine
+    shards = Shards(shard, y)
+    shards.assigned = frozenset({0})
+    rebalances, replica, ownership = _Rebalances(), _Replica(shards, {0, 1}), _Ownership(shards, {0})
+    follower = ShardFollower(rebalances, replica, shards, ownership, _inline, _published)
+    assert await follower.step(frozenset({0, 2})) is False   # 2 is catching up; 1 no longer read, still held
+    assert replica.reading == {0, 2} and 1 in shard.held
+    rebalances.revoking = True
+    await follower.ahead()
+    assert replica.reading == {0, 2}, "ahead() skips a held lane"
+    rebalances.revoking = False
+    took_over = await follower.step(frozenset({0, 1}))
+    assert 1 in shard.catching, "lane 1 is being read from its start again"
+    assert not took_over and ownership.follows == [], (
+        f"step() took over {ownership.follows} while lane 1 was catching up {sorted(shard.catching)}")
+
+
+async def test_a_lane_read_ahead_after_a_failed_step_is_a_copy_not_owned(make):  # noqa: F811
+    """step() sets Shards.assigned before gain_lanes, which can time out (restore_stall_seconds). A rebalance
+    then starts: ahead() reads that lane, and caught_up() takes it for owned (assigned still names it), though
+    the rebalance is under way and the next assignment may give it to someone else."""
+    y = make("y", lambda e: True)
+    shard = ShardState(y.state.store, 2)
+    with y.state.store.transaction():
+        shard._set(frozenset({1}))
+    y.owns_lane, y.mine = shard.owns_lane, shard.mine
+    shards = Shards(shard, y)
+    rebalances, ownership = _Rebalances(), _Ownership(shards, {1})
+
+    class Stalled(_Replica):
+        tries = 0
+
+        async def gain_lanes(self, lanes):
+            self.tries += 1
+            if self.tries == 1:
+                raise asyncio.TimeoutError
+            await super().gain_lanes(lanes)
+
+    replica = Stalled(shards, {1})
+    follower = ShardFollower(rebalances, replica, shards, ownership, _inline, _published)
+    with pytest.raises(asyncio.TimeoutError):
+        await follower.step(frozenset({0, 1}))
+    rebalances.revoking = True
+    await follower.ahead()
+    assert 0 in shard.catching and shards.read_ahead["times"] == 1
+    shards.caught_up(frozenset({0}), {0: {}})
+    assert not shard.owns_lane(0), "a lane read ahead during a rebalance is taken for owned (no copy)"
 
 
 @pytest.mark.timeout(180)
