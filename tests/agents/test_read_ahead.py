@@ -255,3 +255,41 @@ async def test_the_survivor_of_a_kill_reads_the_dead_workers_partition_ahead_of_
             assert (await survivor.select(BOREAL_REQUEST, token))["admitted"]
         finally:
             peer.stop()
+
+
+@pytest.mark.timeout(240)
+async def test_a_worker_joining_leaves_each_incumbent_its_own_shard_and_no_copy(broker, tmp_path):
+    """2 partitions, 2 workers, a third joins: each incumbent reads the other's lane ahead during the rebalance,
+    and the assignment, which moves nothing, drops it again; selects of the other partition are still forwarded."""
+    from tests.agents.test_shards import ATLAS, BOREAL, BOREAL_REQUEST, _shard, _split
+    from tests.conftest import ATLAS_REQUEST, eventually, freshest, launch, start_peer
+    from tests.events import resource
+
+    async with launch(broker, tmp_path / "a") as first:
+        token = freshest(await first.load("atlas.jsonl"),
+                         await first.publish_events(resource("boreal-waiver-B1", entity=BOREAL),
+                                                    *[resource(f"join-{e}-{i}", entity=e) for e in (ATLAS, BOREAL)
+                                                      for i in range(3)]))
+        await first.select(ATLAS_REQUEST, token)
+        peers = [await start_peer(first, tmp_path / "b")]
+        try:
+            atlas_owner, boreal_owner = await _split(first, peers[0])
+            before = [await _shard(w) for w in (atlas_owner, boreal_owner)]
+            peers.append(await start_peer(first, tmp_path / "c"))
+            joiner = peers[-1]
+
+            async def read_ahead_and_settled():
+                shards = [await _shard(w) for w in (atlas_owner, boreal_owner, joiner)]
+                done = all(s["read_ahead"]["times"] >= 1 for s in shards[:2]) and all(
+                    not s["restoring"] and s["standby"]["partitions"] == [] for s in shards)
+                return shards if done and shards[2]["owned_partitions"] == [] else None
+            a, b, c = await eventually(read_ahead_and_settled, what="the incumbents read ahead and let go again")
+            for s, was in zip((a, b), before, strict=True):
+                assert s["partitions"] == was["partitions"] and s["owned_partitions"] == was["owned_partitions"], s
+                assert s["resources"] == was["resources"], (s, was)  # the copy's rows went with it
+            for w in (atlas_owner, boreal_owner, joiner):  # the other's partition is forwarded, not refused
+                for request in (ATLAS_REQUEST, BOREAL_REQUEST):
+                    assert (await w.select(request, token))["admitted"]
+        finally:
+            for p in peers:
+                p.stop()
