@@ -109,9 +109,10 @@ class Settings:
     """Warm copies of other workers' entity partitions each worker keeps (0 to partitions - 1): a partition it
     then gains needs no restore from its lane, at the cost of holding and applying the copies."""
     read_ahead: bool = True
-    """While the group rebalances, read the lanes of the partitions a standby copy would hold (the next one after each
-    owned partition) from their start: after a worker's death its partitions are often restored before the new
-    assignment arrives. Dropped at once if the assignment does not give them (a joining worker costs a little)."""
+    """Restore likely gains before the group assigns them: the partitions of a peer whose web port refuses
+    connections (a kill -9, noticed within a second where the group waits out its session timeout), and, while the
+    group rebalances, those a standby copy would hold (the next one after each owned partition). They are copies
+    until an assignment gives them, and dropped if it does not (a joining worker costs each peer a lane read)."""
     restore_stall_seconds: float = 15.0
     """Seconds a gained shard's lane read may take to start (its first offsets asked of the broker) before it gives
     up (at least 1): nothing moves, and it is retried after its backoff."""

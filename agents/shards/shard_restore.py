@@ -43,6 +43,8 @@ class Shards:
         self._restoring: dict[int, list] = {}  # lane -> [started, history records read, resource changes applied]
         self.assigned: frozenset[int] = frozenset()
         """The entity partitions the group last gave this worker: a lane among them is restored as its owner."""
+        self.suspected: frozenset[int] = frozenset()
+        """Partitions of a peer that refuses connections (`PeerWatch`): kept as extra copies until it is settled."""
         self.starting: frozenset[int] = frozenset()
         """Lanes the follower started reading from their start that the writer has not seen caught up yet."""
         self._refused: dict[int, list[tuple[RawMessage, str, str]]] = {}  # lane -> refusals in its history
@@ -57,14 +59,15 @@ class Shards:
         self.state.copies = frozenset(partitions)
 
     def standby_for(self, owned: frozenset[int]) -> frozenset[int]:
-        """The partitions to keep warm copies of: the `standby_replicas` next ones after each owned partition.
+        """The partitions to keep warm copies of: the `standby_replicas` next ones after each owned partition, and
+        those of a peer that seems dead (`suspected`).
 
         With partitions spread evenly over the group, the next partitions are mostly another
         worker's: when that worker dies, its partitions are already here and need no restore.
         """
         total = self.state.partitions
         copies = range(1, min(self.standby_replicas, total - 1) + 1)
-        return frozenset((p + k) % total for p in owned for k in copies) - owned
+        return (frozenset((p + k) % total for p in owned for k in copies) | self.suspected) - owned
 
     def settled(self) -> None:
         """The move's transaction has ended: no partition is being restored any more."""

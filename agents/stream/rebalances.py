@@ -67,6 +67,10 @@ class Rebalances:
                  extra={"reason": "partitions_assigned"})
         self._wake()
 
+    def wake(self) -> None:
+        """Wake every follower though no signal came (what they want changed: a peer seems dead)."""
+        self._wake()
+
     def _wake(self) -> None:
         for event in self._wakers:
             event.set()

@@ -32,14 +32,16 @@ def owner_url(app: Any, topic: str, partition: int) -> str | None:
     partition rather than by a key. Before the first assignment, and for a topic the group
     does not consume, there is no owner: None.
     """
+    return owners(app, topic).get(partition)
+
+
+def owners(app: Any, topic: str) -> dict[int, str]:
+    """Every partition of `topic` the group's last assignment gave, with its member's web URL (see `owner_url`)."""
     try:
         hosts = app.assignor.external_topics_metadata()
-    except Exception:  # noqa: BLE001 - no consumer, no assignor yet: nobody is known to own it
-        return None
-    for url, topics in (hosts or {}).items():
-        if partition in (topics or {}).get(topic, ()):
-            return str(url)
-    return None
+    except Exception:  # noqa: BLE001 - no consumer, no assignor yet: nobody is known to own anything
+        return {}
+    return {p: str(url) for url, topics in (hosts or {}).items() for p in (topics or {}).get(topic, ())}
 
 
 def is_self(app: Any, url: str | None) -> bool:

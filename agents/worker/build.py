@@ -18,6 +18,7 @@ from agents.stream.event_apply import EventApplier
 from agents.stream.fast_path import FastPath
 from agents.plans.plan_writer import PlanWriter
 from agents.web.early_waits import EarlyWaits
+from agents.web.forward import is_self, owners
 from agents.web.peers import Peers
 from agents.web.query import QueryService
 from agents.stream.lag import LagWatcher
@@ -33,6 +34,7 @@ from agents.stream.router import Router
 from agents.ops.retention import BATCH, RetentionTimer
 from agents.web.routes import register_routes
 from agents.shards.lane_reports import REPORT_EVERY, LaneReports
+from agents.shards.peer_watch import PeerWatch
 from agents.shards.shard_follow import ShardFollower
 from agents.shards.shard_restore import Shards
 from agents.stream.writer import Writer
@@ -178,6 +180,10 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     follower = ShardFollower(rebalances, replica, shards, ownership, writer.run, publisher.publish,
                              stall_seconds=settings.restore_stall_seconds, read_ahead=settings.read_ahead)
     app.task(follower.run)
+    if settings.read_ahead and replica.routed:
+        watch = PeerWatch(shards, lambda: owners(app, settings.topic("source-changes")),
+                          lambda url: is_self(app, url), rebalances.wake)
+        app.task(chores.loop("peer_watch", watch.step))
 
     def recompile_owned() -> int:
         # Checked on the writer, where `owned` changes. Before the first assignment the queue read from

@@ -101,7 +101,8 @@ class Worker:
                             "entities": figures.entities(shards.standby),
                             "by_partition": {str(p): n for p, n in figures.by_partition.items()
                                              if p in shards.standby}},
-                "last_restore": shards.last_restore, "read_ahead": dict(shards.read_ahead)}
+                "last_restore": shards.last_restore, "read_ahead": dict(shards.read_ahead),
+                "suspected": sorted(shards.suspected)}
 
     def duty(self) -> dict[str, list[int]]:
         """Input partitions the consumer group gave this worker: it publishes what their events cause."""
