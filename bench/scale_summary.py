@@ -102,6 +102,9 @@ def kill_phase_lines(take: dict, label: str) -> list[str]:
     restored = (f"it restored partitions {restore['partitions']} ({restore['records_read']:,} records read, "
                 f"{restore['resources_restored']:,} resource changes applied) in {restore['seconds']} s"
                 if restore else "it restored nothing (it held the partitions already)")
+    if restore and take["owned_all_seconds"] - take["assigned_seconds"] < restore["seconds"]:
+        # Only a restore begun before the assignment ends within less of it than it took: the read-ahead.
+        restored += ", begun before the assignment arrived (its peer watch or the rebalance's read-ahead)"
     return [f"Phases, {label}: the group's new assignment reached the survivor after {take['assigned_seconds']} s "
             "(session timeout, a heartbeat, then the rebalance, whose JoinGroup the embedded broker holds for half "
             f"the session timeout); {restored}; it held every partition after "
