@@ -93,8 +93,7 @@ class ShardFollower:
             return
         try:
             # Briefly: the assignment may arrive meanwhile, and this loop follows it.
-            await asyncio.wait_for(self.replica.gain_lanes(lanes), min(self.stall_seconds, READ_AHEAD_START))
-            self.shards.starting = self.shards.starting | lanes
+            await self._gain(lanes, min(self.stall_seconds, READ_AHEAD_START))
         except Exception:  # noqa: BLE001 - an optimisation: the assignment restores what it gives either way
             self.shards.read_ahead["failures"] += 1
             log.warning("reading entity partitions %s ahead of the rebalance failed; they are restored if the "
@@ -104,6 +103,16 @@ class ShardFollower:
         self.shards.read_ahead.update(times=self.shards.read_ahead["times"] + 1, partitions=sorted(lanes))
         log.info("the group is rebalancing: reading entity partitions %s ahead, as a standby copy would hold them",
                  sorted(lanes), extra={"reason": "read_ahead", "partitions": sorted(lanes)})
+
+    async def _gain(self, lanes: frozenset[int], timeout: float) -> None:
+        """Read lanes from their start, marked `starting` first: the writer may see them caught up before this
+        returns; a read that cannot start changes nothing."""
+        self.shards.starting = self.shards.starting | lanes
+        try:
+            await asyncio.wait_for(self.replica.gain_lanes(lanes), timeout)
+        except BaseException:
+            self.shards.starting = self.shards.starting - lanes
+            raise
 
     def blocked(self) -> set[str]:
         """The inputs a shard is restored from that a reset blocks."""
@@ -122,8 +131,7 @@ class ShardFollower:
             await self.run_writes(self.shards.lose, reading - wanted)
         if wanted - reading:
             # Nothing changes if the read cannot start (its first offsets unknown): the next try asks again.
-            await asyncio.wait_for(self.replica.gain_lanes(wanted - reading), self.stall_seconds)
-            self.shards.starting = self.shards.starting | (wanted - reading)
+            await self._gain(wanted - reading, self.stall_seconds)
         # A lane still held in the file may be read again from its start (a copy let go and gained again):
         # held is not whole until the writer saw it caught up.
         if not wanted <= self.shards.state.held - self.shards.state.restoring - self.shards.starting:
