@@ -271,3 +271,24 @@ def test_a_migration_that_fails_half_way_leaves_the_file_as_it_was(tmp_path, mon
         assert store.claim_events([("revocations", "x", "a")]) == ["duplicate"]
     finally:
         store.close()
+
+
+def test_a_new_file_has_small_blocks_and_an_older_file_keeps_its_own(tmp_path):
+    fresh = Store(tmp_path / "new.duckdb")
+    with fresh.transaction():
+        fresh.save_offsets({("revocations", 0): 5})
+    assert fresh.db.execute("PRAGMA database_size").fetchone()[2] == 16 * 1024
+    fresh.close()
+    older = duckdb.connect(str(tmp_path / "old.duckdb"))  # what a worker before 16 KiB blocks created
+    older.execute("CREATE TABLE kept (a INTEGER)")
+    older.execute("INSERT INTO kept VALUES (42)")
+    older.close()
+    reopened = Store(tmp_path / "old.duckdb")
+    assert reopened.db.execute("PRAGMA database_size").fetchone()[2] == 256 * 1024
+    assert reopened.db.execute("SELECT a FROM kept").fetchall() == [(42,)]
+    with reopened.transaction():
+        reopened.save_offsets({("revocations", 0): 7})
+    reopened.close()
+    again = Store(tmp_path / "old.duckdb")
+    assert again.next_offsets()["revocations"] == {0: 7}
+    again.close()
