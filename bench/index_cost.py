@@ -11,7 +11,7 @@ from agents.plans.plan_writer import PlanWriter
 from agents.stream.event_apply import EventApplier
 from agents.web.query import QueryService
 from bench.workload import Workload, apply_catalog
-from state.dependency_index import EDGES_MEMO
+from state.dependency_index import EDGES_MEMO, WRITTEN_MEMO
 from state.local_state import LocalState
 
 # The dependency set of one bench plan (see bench/workload.py), with {i} the plan's number:
@@ -33,7 +33,7 @@ def _fill(state: LocalState, plans: int) -> None:
                f"FROM range({plans}) r(i)")
     db.execute("CREATE INDEX dependency_index_key ON dependency_index (dep_key)")
     db.execute("CHECKPOINT")
-    state.store.forget(EDGES_MEMO)  # edges written behind the index's back: its remembered edges are stale
+    state.store.forget(EDGES_MEMO, WRITTEN_MEMO)  # edges written behind the index's back: its remembered edges are stale
 
 
 def _index_bytes(db) -> int:

@@ -25,6 +25,12 @@ LIST_INSERT = 5_000  # edges written from list parameters; more through an Arrow
 # every remembered key and put back under the keys they now have) or drops it (edges written by SQL,
 # retention's deletes); a rollback drops it (`Store.forget`).
 EDGES_MEMO = "index.edges"
+# Each plan key's complete set of dependency keys as this writer last wrote it: a recompilation almost always depends
+# on the keys its predecessor did, and then no edge is written at all. Deleting and writing them again cost two
+# statements a batch, and the deleted rows stayed in the file (DuckDB compacts an indexed table of this size only up to
+# `store.VACUUM_KEYED_ROWS` rows). Dropped with `EDGES_MEMO` wherever that is (SQL writes, retention, rollbacks).
+WRITTEN_MEMO = "index.written"
+WRITTEN_EDGES = 200_000  # edges remembered before the memo starts over (a plan key it lacks is written whole)
 EDGE_ENTRIES = 50_000  # keys plus edges remembered before the memo starts over (a miss only costs a lookup)
 MOST_REMEMBERED = 1_000  # a key more plans depend on (a policy bundle's) is looked up each time
 
@@ -83,6 +89,31 @@ class EdgeMemo:
         self.size -= 1
 
 
+class WrittenEdges:
+    """The writer's record of the complete dependency set it last wrote for some plan keys."""
+
+    def __init__(self) -> None:
+        self.sets: dict[str, frozenset[str]] = {}
+        self.size = 0  # edges held
+
+    def get(self, plan_key: str) -> frozenset[str] | None:
+        """The keys last written for this plan key, if remembered (None: the file may hold any)."""
+        return self.sets.get(plan_key)
+
+    def put(self, plan_key: str, dep_keys: list[str]) -> None:
+        """These are now all of the plan key's edges in the file."""
+        self.size -= len(self.sets.pop(plan_key, ()))
+        if self.size + len(dep_keys) > WRITTEN_EDGES:
+            self.__init__()
+        self.sets[plan_key] = frozenset(dep_keys)
+        self.size += len(dep_keys)
+
+    def dropped(self, plan_keys: Iterable[str]) -> None:
+        """These plan keys have no edge left."""
+        for plan_key in plan_keys:
+            self.size -= len(self.sets.pop(plan_key, ()))
+
+
 # The earliest horizon of any live head as of the writer's last `due` read (None: no live head has one): a tick
 # before it finds no plan due without reading. A head the writer stores lowers it (`lower_horizon`); heads written
 # by SQL (restores) drop it, as a rollback does. A head removed or no longer live can only make the earliest
@@ -101,7 +132,7 @@ def replace_edges(store: Store, plan_keys: str, edges: str, params: list | None 
     Both queries are SQL over the caller's relations (registered tables or subqueries on `params`).
     """
     db = store.db
-    store.forget(EDGES_MEMO)  # the edges written are known only to SQL here
+    store.forget(EDGES_MEMO, WRITTEN_MEMO)  # the edges written are known only to SQL here
     # Both sides of the difference from one full join: an anti join each way read and hashed the
     # 800,000 edges of a 20,000-plan restart twice (0.8 s against 0.5 s, single-threaded).
     db.execute(f"CREATE OR REPLACE TEMP TABLE {_DIFF} AS SELECT h.rid, e.dep_key, e.plan_key "
@@ -127,13 +158,19 @@ class DependencyIndex:
         self.db = store.db
 
     def replace_many(self, edges: dict[str, Iterable[str]]) -> None:
-        """Make each plan key's given keys its complete dependency set, in two statements."""
+        """Make each plan key's given keys its complete dependency set: only what differs from the set this writer
+        last wrote for it, else every edge of the key (at most three statements, none when nothing differs)."""
         if not edges:
             return
-        self.drop_many(list(edges))
         sets = {plan_key: sorted(set(keys)) for plan_key, keys in edges.items()}
-        dep_keys = [key for keys in sets.values() for key in keys]
-        plan_keys = [plan_key for plan_key, keys in sets.items() for _ in keys]
+        written = self.store.cached(WRITTEN_MEMO, WrittenEdges)
+        before = {plan_key: written.get(plan_key) for plan_key in sets}
+        self._drop_edges([k for k, old in before.items() if old is None],
+                         [(k, d) for k, old in before.items() if old is not None for d in old.difference(sets[k])])
+        new = {k: [d for d in keys if d not in old] if (old := before[k]) is not None else keys
+               for k, keys in sets.items()}
+        dep_keys = [key for keys in new.values() for key in keys]
+        plan_keys = [plan_key for plan_key, keys in new.items() for _ in keys]
         if len(dep_keys) <= LIST_INSERT:
             # Two list parameters unnested side by side: a third of registering an Arrow scan at 40 edges.
             if dep_keys:
@@ -143,18 +180,29 @@ class DependencyIndex:
             self.store.insert_rows("dependency_index", pa.table({"dep_key": dep_keys, "plan_key": plan_keys}),
                                    verb="INSERT INTO")
         memo = self.store.cached(EDGES_MEMO, EdgeMemo)  # once written: a failed write leaves it as the file is
+        memo.dropped(sets)
         for plan_key, keys in sets.items():
             memo.added(plan_key, keys)
+            written.put(plan_key, keys)
 
     def drop_many(self, plan_keys: list[str]) -> None:
         """Forget plan keys (their plans can no longer be compiled)."""
         if not plan_keys:
             return
+        self._drop_edges(plan_keys, [])
+        self.store.cached(EDGES_MEMO, EdgeMemo).dropped(plan_keys)
+        self.store.cached(WRITTEN_MEMO, WrittenEdges).dropped(plan_keys)
+
+    def _drop_edges(self, plan_keys: list[str], pairs: list[tuple[str, str]]) -> None:
+        """Delete every edge of `plan_keys` and the (plan key, dependency key) edges `pairs`."""
         if len(plan_keys) == 1:  # an equality costs half of `IN (SELECT unnest(?))`
             self.db.execute("DELETE FROM dependency_index WHERE plan_key = ?", plan_keys)
-        else:
+        elif plan_keys:
             self.db.execute("DELETE FROM dependency_index WHERE plan_key IN (SELECT unnest(?))", [plan_keys])
-        self.store.cached(EDGES_MEMO, EdgeMemo).dropped(plan_keys)
+        if pairs:
+            self.db.execute("DELETE FROM dependency_index d USING (SELECT unnest(?::VARCHAR[]) AS plan_key, "
+                            "unnest(?::VARCHAR[]) AS dep_key) g WHERE d.plan_key = g.plan_key AND d.dep_key = g.dep_key",
+                            [[k for k, _ in pairs], [d for _, d in pairs]])
 
     def affected_pairs(self, keys: list[str]) -> list[tuple[str, str]]:
         """Every (plan key, dependency key) edge whose key is in `keys`."""

@@ -13,7 +13,7 @@ from compiler import dependency_keys as dk
 from schemas.outbound import Cause
 from schemas.timefmt import format_instant
 from state import event_generations
-from state.dependency_index import EDGES_MEMO
+from state.dependency_index import EDGES_MEMO, WRITTEN_MEMO
 from state.event_generations import Pruned
 from state.invalidations import Invalidation
 from state.outbox import Outbox
@@ -200,7 +200,7 @@ class Retention:
                                       ("dependency_index", "plan_key", keys), ("recompile_queue", "plan_key", keys),
                                       ("plan_selected", "plan_key", keys)):
             self.db.execute(f"DELETE FROM {table} WHERE {column} IN (SELECT unnest(?))", [values])
-        self.store.forget(EDGES_MEMO)  # the writer's remembered edges still name these plan keys
+        self.store.forget(EDGES_MEMO, WRITTEN_MEMO)  # the writer's remembered edges still name these plan keys
         self.store.heads_changed()
 
     def _expire_plan_rows(self, cutoff: datetime, limit: int) -> int:

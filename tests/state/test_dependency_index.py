@@ -144,3 +144,78 @@ def test_remembered_edges_stay_within_their_bound_as_plans_are_compiled(tmp_path
         assert memo.size == sum(len(v) + 1 for v in memo.plans.values()) <= dependency_index.EDGE_ENTRIES
         assert set(index.affected_pairs(keys[:60])) == _edges_in_file(index, keys[:60])
     store.close()
+
+
+def _file_edges(index) -> list[tuple[str, str]]:
+    return sorted(index.store.db.execute("SELECT plan_key, dep_key FROM dependency_index").fetchall())
+
+
+def test_a_recompilation_on_the_same_keys_writes_no_edge_and_a_changed_one_only_the_difference(index):
+    db = index.store.db
+    index.replace_many({"pk-5": ["policy:p", "resource:r5", "resource:r6", "principal:m"]})
+    rows = dict(((k, d), r) for r, d, k in db.execute("SELECT rowid, dep_key, plan_key FROM dependency_index "
+                                                      "WHERE plan_key = 'pk-5'").fetchall())
+    statements = []
+    real = index.db
+
+    class Counting:
+        def execute(self, *args, **kwargs):
+            statements.append(args[0])
+            return real.execute(*args, **kwargs)
+
+    index.db = Counting()
+    index.replace_many({"pk-5": ["principal:m", "resource:r6", "resource:r5", "policy:p"]})
+    assert statements == []  # the set this writer wrote last: nothing to write
+    index.replace_many({"pk-5": ["policy:p", "resource:r5", "resource:r7", "principal:m"]})
+    index.db = real
+    assert len(statements) == 2  # one edge deleted, one written
+    after = dict(((k, d), r) for r, d, k in db.execute("SELECT rowid, dep_key, plan_key FROM dependency_index "
+                                                       "WHERE plan_key = 'pk-5'").fetchall())
+    assert set(after) == {("pk-5", d) for d in ("policy:p", "resource:r5", "resource:r7", "principal:m")}
+    assert all(after[k] == rows[k] for k in after if k in rows)  # kept edges are the same rows
+    assert index.affected_pairs(["resource:r6"]) == [("pk-6", "resource:r6")]
+
+
+@pytest.mark.parametrize("bound", [30, 100_000])
+def test_the_file_holds_exactly_each_plan_keys_last_set_whatever_wrote_it(tmp_path, monkeypatch, bound):
+    """Replacements remembered or not (a small bound starts the memo over), drops, rolled-back batches, SQL
+    replacements and retention's deletes: after each, the file holds each plan key's last set once."""
+    import random
+
+    monkeypatch.setattr(dependency_index, "WRITTEN_EDGES", bound)
+    store = Store(tmp_path / "f.duckdb")
+    index = DependencyIndex(store)
+    rng = random.Random(11)
+    keys = [f"resource:r{i}" for i in range(12)] + ["policy:p", "principal:m"]
+    truth: dict[str, set[str]] = {}
+    for step in range(400):
+        plan_keys = [f"pk-{rng.randrange(15)}" for _ in range(rng.randrange(1, 4))]
+        sets = {k: rng.sample(keys, rng.randrange(5)) for k in plan_keys}
+        roll = rng.choices(range(6), weights=[0, 1, 3, 3, 2, 12])[0]
+        if roll == 1:
+            with pytest.raises(RuntimeError), store.transaction():
+                index.replace_many(sets)
+                raise RuntimeError
+        elif roll == 2:
+            index.drop_many(plan_keys)
+            for k in plan_keys:
+                truth.pop(k, None)
+        elif roll == 3:
+            key = plan_keys[0]
+            with store.transaction():
+                dependency_index.replace_edges(store, f"SELECT '{key}' AS plan_key",
+                                               "SELECT unnest(?::VARCHAR[]) AS dep_key, ? AS plan_key",
+                                               [sets[key], key])
+            truth[key] = set(sets[key])
+        elif roll == 4:  # retention's way: a plain delete, then the memos forgotten
+            with store.transaction():
+                store.db.execute("DELETE FROM dependency_index WHERE plan_key = ?", [plan_keys[0]])
+                store.forget(dependency_index.EDGES_MEMO, dependency_index.WRITTEN_MEMO)
+            truth.pop(plan_keys[0], None)
+        else:
+            with store.transaction():
+                index.replace_many(sets)
+            truth.update({k: set(v) for k, v in sets.items()})
+        expected = sorted((k, d) for k, ds in truth.items() for d in ds)
+        assert _file_edges(index) == expected, step
+    store.close()
