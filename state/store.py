@@ -79,16 +79,12 @@ CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 """
 
 
-# DuckDB's default 256 KiB block puts a floor under every table and index (an index of a few rows takes blocks of
-# its own) and under what a checkpoint leaves free, so a worker holding a quarter of the rows kept 0.85x of one
-# worker's file. 16 KiB blocks made the bench's files 2.2x smaller at the same apply cost (A/B of the writer's
-# batches and events/s). The size is fixed when a file is created: files made before keep theirs.
+# DuckDB's 256 KiB default block puts a floor under every table, index and what a checkpoint frees: 16 KiB made
+# the bench's files 2.2x smaller at the same apply cost. Fixed when a file is created (older files keep theirs).
 BLOCK_SIZE = 16 * 1024
-# DuckDB leaves the rows a DELETE removed from a table with an index (every primary key is one) in the file for good:
-# a parked plan replaced 80,000 times over 200 keys made a 500 MB file, and a worker replaces one per recompilation
-# (plans, receipts, dependency edges and the recompile queue churn the same way). This setting lets a checkpoint
-# compact such a table and rebuild its indexes, for tables of up to this many rows: rebuilding costs about 2.4 us a
-# row (0.5 s here) and the checkpoint holds the writer meanwhile; larger tables keep their deleted rows, as before.
+# Rows deleted from a table with an index (every primary key) stay in the file for good unless a checkpoint may
+# compact the table and rebuild its indexes (a parked plan replaced 80,000 times over 200 keys made 500 MB). Allowed
+# up to this many rows: a rebuild costs ~2.4 us a row, holding the writer; larger tables keep their deleted rows.
 VACUUM_KEYED_ROWS = 200_000
 _LATER = "CAST({record_offset} AS BIGINT) >= coalesce(record_offset, -1)"  # a mark of a later record (or the first)
 LANE_TOPICS = ("shared-changes", "entity-changes")  # this worker's read positions: in no token, no compiled_as_of
