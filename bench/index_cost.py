@@ -33,7 +33,7 @@ def _fill(state: LocalState, plans: int) -> None:
                f"FROM range({plans}) r(i)")
     db.execute("CREATE INDEX dependency_index_key ON dependency_index (dep_key)")
     db.execute("CHECKPOINT")
-    state.store.forget(EDGES_MEMO, WRITTEN_MEMO)  # edges written behind the index's back: its remembered edges are stale
+    state.store.forget(EDGES_MEMO, WRITTEN_MEMO)  # edges written behind the index's back: its memos are stale
 
 
 def _index_bytes(db) -> int:

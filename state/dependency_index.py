@@ -27,8 +27,8 @@ LIST_INSERT = 5_000  # edges written from list parameters; more through an Arrow
 EDGES_MEMO = "index.edges"
 # Each plan key's complete set of dependency keys as this writer last wrote it: a recompilation almost always depends
 # on the keys its predecessor did, and then no edge is written at all. Deleting and writing them again cost two
-# statements a batch, and the deleted rows stayed in the file (DuckDB compacts an indexed table of this size only up to
-# `store.VACUUM_KEYED_ROWS` rows). Dropped with `EDGES_MEMO` wherever that is (SQL writes, retention, rollbacks).
+# statements a batch, and left deleted rows that an index past `checkpoints.COMPACT_LIVE_ROWS` rows never sheds.
+# Dropped with `EDGES_MEMO` wherever that is (SQL writes, retention, rollbacks).
 WRITTEN_MEMO = "index.written"
 WRITTEN_EDGES = 200_000  # edges remembered before the memo starts over (a plan key it lacks is written whole)
 EDGE_ENTRIES = 50_000  # keys plus edges remembered before the memo starts over (a miss only costs a lookup)
@@ -200,8 +200,8 @@ class DependencyIndex:
         elif plan_keys:
             self.db.execute("DELETE FROM dependency_index WHERE plan_key IN (SELECT unnest(?))", [plan_keys])
         if pairs:
-            self.db.execute("DELETE FROM dependency_index d USING (SELECT unnest(?::VARCHAR[]) AS plan_key, "
-                            "unnest(?::VARCHAR[]) AS dep_key) g WHERE d.plan_key = g.plan_key AND d.dep_key = g.dep_key",
+            self.db.execute("DELETE FROM dependency_index d USING (SELECT unnest(?::VARCHAR[]) AS plan_key, unnest("
+                            "?::VARCHAR[]) AS dep_key) g WHERE d.plan_key = g.plan_key AND d.dep_key = g.dep_key",
                             [[k for k, _ in pairs], [d for _, d in pairs]])
 
     def affected_pairs(self, keys: list[str]) -> list[tuple[str, str]]:

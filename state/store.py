@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import duckdb
 import pyarrow as pa
 
-from state.checkpoints import DEFAULT_WAL_LIMIT, Checkpoints
+from state.checkpoints import COMPACT_LIVE_ROWS, DEFAULT_WAL_LIMIT, Checkpoints
 from state.drained import DrainedConnection
 from state.event_generations import LEGACY_MEMO, OLDER_MEMO, has_legacy, older_tables
 from state.event_ids import claim_any, claim_scoped
@@ -82,10 +82,8 @@ CREATE TABLE IF NOT EXISTS counters (name VARCHAR PRIMARY KEY, value BIGINT);
 # DuckDB's 256 KiB default block puts a floor under every table, index and what a checkpoint frees: 16 KiB made
 # the bench's files 2.2x smaller at the same apply cost. Fixed when a file is created (older files keep theirs).
 BLOCK_SIZE = 16 * 1024
-# Rows deleted from a table with an index (every primary key) stay in the file for good unless a checkpoint may
-# compact the table and rebuild its indexes (a parked plan replaced 80,000 times over 200 keys made 500 MB). Allowed
-# up to this many rows: a rebuild costs ~2.4 us a row, holding the writer; larger tables keep their deleted rows.
-VACUUM_KEYED_ROWS = 200_000
+# Rows deleted from a table with an index (every primary key) stay in the file unless a checkpoint may compact it
+# and rebuild its indexes (a parked plan replaced 80,000 times over 200 keys made 500 MB): see `checkpoints`.
 _LATER = "CAST({record_offset} AS BIGINT) >= coalesce(record_offset, -1)"  # a mark of a later record (or the first)
 LANE_TOPICS = ("shared-changes", "entity-changes")  # this worker's read positions: in no token, no compiled_as_of
 _LATER_ROW = "excluded.record_offset >= coalesce(offsets.record_offset, -1)"  # the same, in an upsert
@@ -98,7 +96,7 @@ class Store:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = duckdb.connect(str(self.path), config={"default_block_size": str(BLOCK_SIZE),
-                                                         "vacuum_rebuild_indexes": str(VACUUM_KEYED_ROWS)})
+                                                         "vacuum_rebuild_indexes": str(COMPACT_LIVE_ROWS)})
         self.db.execute("SET TimeZone = 'UTC'")
         # Statements here are small and many: a second DuckDB thread only adds hand-offs (about +10%
         # events per CPU second with one in the bench's A/B), and a worker pinned to one core has no second.
