@@ -328,13 +328,16 @@ async def test_the_log_stays_near_its_cap_while_health_checks_read_between_batch
     async with launch(broker, tmp_path / "w", FRESHPLAN_WAL_LIMIT_MB="1") as running:
         fresh = await running.load("atlas.jsonl")
         await running.select(ATLAS_REQUEST, fresh)
-        largest = 0
+        seen = []
         for round_ in range(12):
             fresh = await running.publish_events(
                 *[resource(f"approved-waiver-W{round_}-{i}", version=1) for i in range(150)])
             await running.select(ATLAS_REQUEST, fresh)
-            largest = max(largest, (await running.get("/healthz"))["checkpoints"]["wal_bytes"])
-        assert largest < 3 * 2**20, f"the log grew to {largest} bytes past a 1 MB cap: checkpoints were refused"
+            seen.append((await running.get("/healthz"))["checkpoints"]["wal_bytes"])
+    # Refused checkpoints leave the log growing round after round (some 4.5 MB here). How far past the cap it gets
+    # before a commit finds no read open depends on the load: alone 1.1-2.4 MB, 3.5 MB once under the full suite.
+    emptied = sum(later < earlier for earlier, later in zip(seen, seen[1:], strict=False))
+    assert emptied >= 2 and max(seen) < 8 * 2**20, f"the log past a 1 MB cap, round by round: {seen}"
 
 
 async def test_a_clean_restart_sends_no_acknowledged_record_again(worker):
