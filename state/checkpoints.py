@@ -22,7 +22,7 @@ RETRY_PAUSE = 0.005  # seconds between attempts (the writer holds no transaction
 # meanwhile, ~2.4-5 us a row) only if its stored rows, deleted ones included, are within this limit, fixed when the
 # file opens (`Store`): a table past it keeps its deleted rows, and one a burst took past it (a take-over re-parking
 # 100,000 plans twice) stays past it. `kept_rows` shows where a file stands.
-COMPACT_LIVE_ROWS = 200_000
+COMPACT_STORED_ROWS = 200_000
 _KEYED_TABLES = """
 SELECT DISTINCT table_name FROM duckdb_indexes() WHERE database_name = current_database()
 UNION SELECT DISTINCT table_name FROM duckdb_constraints()

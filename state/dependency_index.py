@@ -27,7 +27,7 @@ LIST_INSERT = 5_000  # edges written from list parameters; more through an Arrow
 EDGES_MEMO = "index.edges"
 # Each plan key's complete set of dependency keys as this writer last wrote it: a recompilation almost always depends
 # on the keys its predecessor did, and then no edge is written at all. Deleting and writing them again cost two
-# statements a batch, and left deleted rows that an index past `checkpoints.COMPACT_LIVE_ROWS` rows never sheds.
+# statements a batch, and left deleted rows that an index past `checkpoints.COMPACT_STORED_ROWS` rows never sheds.
 # Dropped with `EDGES_MEMO` wherever that is (SQL writes, retention, rollbacks).
 WRITTEN_MEMO = "index.written"
 WRITTEN_EDGES = 200_000  # edges remembered before the memo starts over (a plan key it lacks is written whole)

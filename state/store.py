@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import duckdb
 import pyarrow as pa
 
-from state.checkpoints import COMPACT_LIVE_ROWS, DEFAULT_WAL_LIMIT, Checkpoints
+from state.checkpoints import COMPACT_STORED_ROWS, DEFAULT_WAL_LIMIT, Checkpoints
 from state.drained import DrainedConnection
 from state.event_generations import LEGACY_MEMO, OLDER_MEMO, has_legacy, older_tables
 from state.event_ids import claim_any, claim_scoped
@@ -96,7 +96,7 @@ class Store:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = duckdb.connect(str(self.path), config={"default_block_size": str(BLOCK_SIZE),
-                                                         "vacuum_rebuild_indexes": str(COMPACT_LIVE_ROWS)})
+                                                         "vacuum_rebuild_indexes": str(COMPACT_STORED_ROWS)})
         self.db.execute("SET TimeZone = 'UTC'")
         # Statements here are small and many: a second DuckDB thread only adds hand-offs (about +10%
         # events per CPU second with one in the bench's A/B), and a worker pinned to one core has no second.

@@ -40,7 +40,7 @@ def test_a_small_keyed_table_is_compacted_again_after_a_burst_of_replacements(tm
 
 
 def test_a_table_past_the_limit_is_left_as_it_is(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_module, "COMPACT_LIVE_ROWS", 5_000)
+    monkeypatch.setattr(store_module, "COMPACT_STORED_ROWS", 5_000)
     store = Store(tmp_path / "f.duckdb")
     _replace_all(store, 8_000, 3)
     assert store.checkpoints.when_idle(at_least=0)
