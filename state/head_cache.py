@@ -113,6 +113,7 @@ class HeadCache:
         self._asked: dict[str, dict[str, Admitting]] = {}  # principal -> plan key -> its head (version 0)
         self._principal_of: dict[str, str] = {}  # plan key -> the principal it is indexed under
         self._watchers: list[Callable[[list[str]], object]] = []  # told of the keys each commit or fill put
+        self._stored_watchers: list[Callable[[str, Head], object]] = []  # told of each head stored, before its commit
         self._put_keys: list[str] = []  # keys put under the lock, told to the watchers after it
 
     # -- the event loop's side ---------------------------------------------------------------
@@ -148,6 +149,11 @@ class HeadCache:
         """Call `callback` with the plan keys each commit or fill made held (on the thread that made them)."""
         self._watchers.append(callback)
 
+    def watch_stored(self, callback: Callable[[str, Head], object]) -> None:
+        """Call `callback(plan key, head)` as the writer stores a head, before its transaction commits (on the
+        writer's thread): what makes it stale may be known before it is shown."""
+        self._stored_watchers.append(callback)
+
     def _tell(self, keys: list[str]) -> None:
         for callback in self._watchers if keys else ():
             callback(keys)
@@ -178,7 +184,9 @@ class HeadCache:
     def stored(self, plan_key: str, plan_id: str, plan: bytes, doc: dict | None = None) -> None:
         """The writer stored this plan (`doc` parsed, if at hand) as the key's head: shown once the transaction
         commits."""
-        self._pending[plan_key] = head_of(plan_id, plan, doc)
+        head = self._pending[plan_key] = head_of(plan_id, plan, doc)
+        for callback in self._stored_watchers:
+            callback(plan_key, head)
 
     def remove_keys(self, plan_keys: Iterable[str]) -> None:
         """These keys' heads changed or went stale."""

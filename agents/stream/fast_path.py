@@ -20,7 +20,7 @@ from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.records import InputEvent, Revocation, SourceChange
 from schemas.shard_peek import peek
 from schemas.timefmt import format_instant
-from state.head_cache import Admitting, HeadCache
+from state.head_cache import Admitting, Head, HeadCache, HeadFacts
 from state.invalidations import Invalidation, reason_for
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,7 @@ class FastPath:
         self._decodes_left = MOST_DECODES_PER_BATCH  # of the fetched batch being announced
         self._loop: asyncio.AbstractEventLoop | None = None
         heads.watch(self._heads_put)
+        heads.watch_stored(self._head_stored)
         self.counts: Counter[str] = Counter()
 
     # -- the loop's side ---------------------------------------------------------------------
@@ -169,28 +170,45 @@ class FastPath:
 
     def _recheck(self, plan_keys: list[str]) -> None:
         """Heads just made held: announce those that an edit or withdrawal fetched and not yet applied already
-        made stale, under the first such event (the cause the writer names when it applies it). On the loop."""
+        made stale (see `_stale_at_birth`). On the loop."""
         sent = 0
         for plan_key in plan_keys:
-            first: tuple[int, RawMessage, str, Admitting] | None = None
-            for rid, admitting in self.heads.admitted_by(plan_key):
-                edit = next(((seq, m) for seq, version, m in self._edits.get(rid, ())
-                             if version > admitting.version and not self._committed(m)), None)
-                if edit is not None and (first is None or edit[0] < first[0]):
-                    first = (*edit, dk.resource(rid), admitting)
-            principal = self.heads.principal_of(plan_key)
-            held = self.heads.asked_by(principal) if principal is not None and principal in self._revoked else []
-            withdrawal = next(((seq, m) for seq, m in self._revoked.get(principal or "", ())
-                               if not self._committed(m)), None)
-            mine = [h for h in held if h.plan_key == plan_key]
-            if withdrawal is not None and mine and (first is None or withdrawal[0] < first[0]):
-                first = (*withdrawal, dk.principal(principal), mine[0])  # type: ignore[arg-type]
-            if first is not None:
-                event = self._valid(first[1])
-                if event is not None:
-                    sent += self._announce(first[1], first[2], event.event_id, [first[3]])
+            head = self.heads.head(plan_key)
+            if head is not None:
+                sent += self._stale_at_birth(plan_key, head)
         self.counts["early_announcements"] += sent
         self.counts["early_announcements_of_new_heads"] += sent
+
+    def _recheck_stored(self, plan_key: str, head: Head) -> None:
+        """A head stored and not committed yet: announced as soon as its id is known, not once it commits. On the
+        loop; `_recheck` leaves it alone once held."""
+        sent = self._stale_at_birth(plan_key, head)
+        self.counts["early_announcements"] += sent
+        self.counts["early_announcements_before_commit"] += sent
+
+    def _stale_at_birth(self, plan_key: str, head: Head) -> int:
+        """Announce a new head that an edit or withdrawal fetched and not yet applied already makes stale, under
+        the first such event (the cause the writer names when it applies it); how many were sent (0 or 1).
+
+        A head that lacks an event already applied is left alone: it was the key's head when that event was
+        applied (the writer compiles and stores in one job), so the writer announced it under that event.
+        """
+        try:
+            facts = head.facts or HeadFacts.of(orjson.loads(head.plan))
+        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+            return 0
+        lacking = [(seq, m, dk.resource(rid), version) for rid, version in facts.admitted
+                   for seq, newer, m in self._edits.get(rid, ()) if newer > version]
+        if facts.principal is not None:
+            lacking += [(seq, m, dk.principal(facts.principal), 0) for seq, m in self._revoked.get(facts.principal, ())]
+        if not lacking or any(self._committed(m) for _, m, _, _ in lacking):
+            return 0
+        _, m, dep_key, version = min(lacking, key=lambda item: item[0])
+        event = self._valid(m)
+        if event is None:
+            return 0
+        return self._announce(m, dep_key, event.event_id,
+                              [Admitting(plan_key, head.plan_id, version, facts.entity_id, facts.principal)])
 
     def _committed(self, m: RawMessage) -> bool:
         """Whether the event is applied: as the replica knows, or as the commit the head cache published says (it
@@ -205,6 +223,11 @@ class FastPath:
         if self._loop is not None and (self._edits or self._revoked):
             self._loop.call_soon_threadsafe(self._recheck, plan_keys)
 
+    def _head_stored(self, plan_key: str, head: Head) -> None:
+        """Told by the head cache on the writer's thread as it stores a head; the check runs on the loop."""
+        if self._loop is not None and (self._edits or self._revoked):
+            self._loop.call_soon_threadsafe(self._recheck_stored, plan_key, head)
+
     def _announce(self, m: RawMessage, dep_key: str, event_id: str, candidates: list[Admitting]) -> int:
         """Announce the candidates this worker owns as made stale by the event `m`; how many."""
         position = _position(m)
@@ -214,7 +237,14 @@ class FastPath:
         if self.behind():
             self.counts["early_skipped_behind"] += len(stale)
             return 0
-        self.heads.remove_keys([h.plan_key for h in stale])  # before anything is sent: no hit after it
+        # Before anything is sent: no hit after it. Heads announced already go too: a select's read of the file
+        # may have held one again (its event is not applied yet), and the next edit would announce it again.
+        self.heads.remove_keys([h.plan_key for h in stale])
+        with self._lock:  # once per plan and event, whichever check finds it first
+            told = {e.plan_id for e in self._announced.get(position, ())}
+        stale = [h for h in stale if h.plan_id not in told]
+        if not stale:
+            return 0
         early = [EarlyAnnouncement(h.plan_key, h.plan_id, dep_key, event_id) for h in stale]
         with self._lock:
             for h in stale:

@@ -83,6 +83,7 @@ class Replica:
         self.early = early
         self._early_failed = False
         self._unapplied: deque[float] = deque()  # loop time each fetched batch not yet applied was fetched at
+        self._applying = 0  # of those, the batches in the apply job the writer runs or has just finished
         # Routed `source-changes` (when the topics hold the lanes), and what to do on the writer with a batch's
         # gained and caught-up lanes.
         self.lanes = LaneReader(partitions, held_lanes)
@@ -95,6 +96,10 @@ class Replica:
     def behind(self) -> bool:
         """Whether input fetched more than `BEHIND_SECONDS` ago is still waiting for the writer."""
         return bool(self._unapplied) and asyncio.get_running_loop().time() - self._unapplied[0] > BEHIND_SECONDS
+
+    def input_waiting(self) -> bool:
+        """Whether fetched input waits for the writer beyond the batch it applies (any thread may ask)."""
+        return len(self._unapplied) > self._applying
 
     def applied(self, topic: str, partition: int, offset: int) -> bool:
         """Whether the event at this position has been applied (or skipped) locally."""
@@ -251,7 +256,11 @@ class Replica:
                     if self.early is not None:
                         await self.early.settle()  # what the broker acknowledged is not queued again
                     started, begun = time.time(), time.perf_counter()
-                    self.positions = await self.run_writes(self._apply, batch)
+                    self._applying = taken
+                    try:
+                        self.positions = await self.run_writes(self._apply, batch)
+                    finally:
+                        self._applying = 0
                     self.applied_at = asyncio.get_running_loop().time()
                     for _ in range(taken):
                         self._unapplied.popleft()

@@ -10,6 +10,7 @@ import orjson
 
 from agents.web.access import Access
 from agents.plans.backlog import recompile_queued
+from agents.plans.successor_hold import SuccessorHold
 from agents.ops.chores import Chores
 from agents.web.gate import Gate, api_routes
 from agents.stream.duty import Duty, TakenOn, register_duty
@@ -142,9 +143,10 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                                                                          partition=lane, timestamp=None,
                                                                          headers=headers),
                           settings.topic("dead-letters"))
+    hold = SuccessorHold(replica.input_waiting)
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores, router=route,
-                    lane_reports=reports)
+                    lane_reports=reports, successor_hold=hold)
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)  # paused: they subscribe the group (the duty); the readers read
@@ -185,12 +187,14 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                           lambda url: is_self(app, url), rebalances.wake)
         app.task(chores.loop("peer_watch", watch.step))
 
-    def recompile_owned() -> int:
+    def recompile_owned() -> int | None:
         # Checked on the writer, where `owned` changes. Before the first assignment the queue read from
         # the file may name plans a peer owns now (its successors would fork the owner's lineage); the
         # first `follow` hands those back, queue entries included, so from then on it holds owned plans only.
         if not ownership.assigned:
             return 0
+        if hold.holding():  # None: held for the input batch about to be applied
+            return None
         return recompile_queued(plan_writer, 16, lambda topic, partition: True, after_outbox=True)
 
     async def recompile_backlog() -> float:
@@ -202,7 +206,11 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         waits_for = plan_writer.backlog_waits_for  # no writer job while those records are still due
         if not ownership.assigned or (waits_for is not None and reader.outbox.last_due(waits_for) is not None):
             return 0.05
+        if hold.holding():
+            return 0.002
         done = await writer.run_later(recompile_owned)  # a select's compile or an apply batch goes first
+        if done is None:
+            return 0.002
         if done:
             await publisher.publish()
         return 0 if done else 0.05

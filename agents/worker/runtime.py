@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import faust
 
+from agents.plans.successor_hold import SuccessorHold
 from agents.ops.chores import Chores
 from agents.ops.collector import Collector
 from agents.ops.loop_probe import LoopProbe
@@ -68,6 +69,8 @@ class Worker:
     """Routes the duty's `source-changes` partitions to the lanes (see `agents.stream.route_source`)."""
     lane_reports: LaneReports | None = None
     """Reports how far the owned lanes' refusals were dead-lettered (see `agents.shards.lane_reports`)."""
+    successor_hold: SuccessorHold | None = None
+    """Whether successors wait for fetched input first (see `agents.plans.successor_hold`)."""
     status: Status = field(init=False)
     """Answers /healthz and /metrics, reading the file on a thread of its own (never on the loop)."""
     select_reads: SelectReads = field(init=False)
@@ -162,6 +165,8 @@ class Worker:
                 "parked_plans": figures["parked_plans"], "standby_outbox": figures["standby_outbox"],
                 # announced plans whose successors the backlog has not compiled yet
                 "recompile_queue": figures["recompile_queue"],
+                # successors that waited for fetched input first (`agents.plans.successor_hold`)
+                "successor_holds": self.successor_hold.as_dict() if self.successor_hold else None,
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs},
                 "select_reads": self.select_reads.reads,
                 "select_compiles": {"jobs": self.query.compiles.jobs, "selects": self.query.compiles.items,

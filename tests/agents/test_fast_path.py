@@ -266,7 +266,7 @@ async def test_a_withdrawal_from_the_principal_is_announced_before_it_is_applied
 
 
 async def test_a_head_compiled_while_a_withdrawal_waits_is_announced_when_held(world):
-    state, fast, sent, query = world["state"], world["fast"], world["sent"], world["query"]
+    fast, sent, query = world["fast"], world["sent"], world["query"]
     message = raw(*revoke_role(ATLAS_REQUEST["principal"], "credit_analyst"))
     assert fast.announce([message]) == 0  # nothing held yet
     plan = query.select(ATLAS_REQUEST)  # compiled before the withdrawal is applied
@@ -324,3 +324,69 @@ def test_an_envelope_peeks_its_version():
     assert peek(orjson.dumps(event)).version == 7
     assert peek(orjson.dumps(dict(event, resource=dict(event["resource"], version="7")))).version is None
     assert peek(orjson.dumps(envelope(kind="principal", op="upsert", principal={"id": "p"}))).version is None
+
+
+async def test_a_successor_stale_when_stored_is_announced_before_its_commit_and_once(world):
+    state, fast, sent, query = world["state"], world["fast"], world["sent"], world["query"]
+    plan = query.select(ATLAS_REQUEST)
+    rid, version = admitted(plan)
+    first, second = raw(*edit_of(state, rid, version + 1)), raw(*edit_of(state, rid, version + 2))
+    fast.announce([first])
+    fast.announce([second])  # fetched while the writer has applied neither
+    await fast.settle()
+    world["applier"].apply([first])
+    seen_at_commit: list[list] = []
+    commit = state.store.heads.committed
+
+    loop = fast._loop = asyncio.get_running_loop()
+
+    def committed(*args, **kwargs):
+        # Give the loop its turn first, as a busy writer does: the check the store handed it runs before the commit.
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), loop).result()
+        seen_at_commit.append([r["plan_id"] for r in sent.records])
+        return commit(*args, **kwargs)
+
+    state.store.heads.committed = committed
+    task = asyncio.ensure_future(asyncio.to_thread(recompile_queued, world["applier"].plans, 16, lambda t, p: True))
+    await task  # the store hands the check to this loop; it runs as soon as the loop is free
+    state.store.heads.committed = commit
+    await asyncio.sleep(0)
+    await fast.settle()
+    successor = query.plan_status(plan["plan_id"])["successor_plan_id"]
+    assert seen_at_commit == [[plan["plan_id"], successor]]  # sent before the successor's transaction committed
+    assert [(r["plan_id"], r["cause"]["offset"]) for r in sent.records] == [
+        (plan["plan_id"], first.offset), (successor, second.offset)]  # once, though held again after the commit
+    figures = fast.figures()
+    assert figures["early_announcements_before_commit"] == 1 and "early_announcements_of_new_heads" not in figures
+    world["applier"].apply([second])
+    assert query.plan_status(successor)["status"] == "invalidated"
+    assert invalidations(state) == []  # the broker had both: the writer queued neither again
+
+
+async def test_a_head_announced_as_it_was_stored_and_then_rolled_back_leaves_nothing_wrong(world, monkeypatch):
+    state, fast, sent, query = world["state"], world["fast"], world["sent"], world["query"]
+    plan = query.select(ATLAS_REQUEST)
+    rid, version = admitted(plan)
+    first, second = raw(*edit_of(state, rid, version + 1)), raw(*edit_of(state, rid, version + 2))
+    fast.announce([first])
+    fast.announce([second])
+    world["applier"].apply([first])
+
+    def broken(*args, **kwargs):
+        raise OSError("disk gone while storing edges")
+
+    with monkeypatch.context() as m:
+        m.setattr(state.index, "replace_many", broken)
+        with pytest.raises(OSError):
+            recompile_queued(world["applier"].plans, 16, lambda t, p: True)
+    await asyncio.sleep(0)
+    await fast.settle()
+    [_, (never, cause)] = [(r["plan_id"], r["cause"]["offset"]) for r in sent.records]
+    assert cause == second.offset and query.plan_status(never) is None  # announced, never stored: nobody has it
+    assert state.store.heads.head(plan["plan_key"]) is None
+    world["applier"].apply([second])
+    while recompile_queued(world["applier"].plans, 16, lambda t, p: True):
+        pass
+    answer = query.select(ATLAS_REQUEST)
+    assert answer["served_from"] == "cache" and answer["plan_id"] not in {plan["plan_id"], never}
+    assert {i["resource_id"]: i["version"] for i in answer["admitted"]}[rid] == version + 2
