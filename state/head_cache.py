@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable
 
 import orjson
 
+Offsets = dict[str, dict[int, int]]  # input topic -> partition -> next offset not applied
 MAX_HEADS = 50_000  # past this, the oldest entries go: a miss only costs a DuckDB read
 MAX_HEAD_BYTES = 64 * 1024 * 1024  # and past this many bytes of plan documents (a plan carries what it admits)
 MAX_NAMES = 100_000
@@ -113,7 +114,8 @@ class HeadCache:
         self._asked: dict[str, dict[str, Admitting]] = {}  # principal -> plan key -> its head (version 0)
         self._principal_of: dict[str, str] = {}  # plan key -> the principal it is indexed under
         self._watchers: list[Callable[[list[str]], object]] = []  # told of the keys each commit or fill put
-        self._stored_watchers: list[Callable[[str, Head], object]] = []  # told of each head stored, before its commit
+        # told of each head stored, before its commit
+        self._stored_watchers: list[Callable[[str, Head, Offsets], object]] = []
         self._put_keys: list[str] = []  # keys put under the lock, told to the watchers after it
 
     # -- the event loop's side ---------------------------------------------------------------
@@ -149,9 +151,10 @@ class HeadCache:
         """Call `callback` with the plan keys each commit or fill made held (on the thread that made them)."""
         self._watchers.append(callback)
 
-    def watch_stored(self, callback: Callable[[str, Head], object]) -> None:
-        """Call `callback(plan key, head)` as the writer stores a head, before its transaction commits (on the
-        writer's thread): what makes it stale may be known before it is shown."""
+    def watch_stored(self, callback: Callable[[str, Head, Offsets], object]) -> None:
+        """Call `callback(plan key, head, applied)` as the writer stores a head, before its transaction commits (on
+        the writer's thread; `applied`: the next input offsets of that transaction, its own batch's included): what
+        makes the head stale may be known before it is shown."""
         self._stored_watchers.append(callback)
 
     def _tell(self, keys: list[str]) -> None:
@@ -181,12 +184,15 @@ class HeadCache:
 
     # -- the writer's side -------------------------------------------------------------------
 
-    def stored(self, plan_key: str, plan_id: str, plan: bytes, doc: dict | None = None) -> None:
+    def stored(self, plan_key: str, plan_id: str, plan: bytes, doc: dict | None = None,
+               applied: Callable[[], Offsets] = dict) -> None:
         """The writer stored this plan (`doc` parsed, if at hand) as the key's head: shown once the transaction
-        commits."""
+        commits. `applied` gives the transaction's next input offsets, for `watch_stored`."""
         head = self._pending[plan_key] = head_of(plan_id, plan, doc)
-        for callback in self._stored_watchers:
-            callback(plan_key, head)
+        if self._stored_watchers:
+            offsets = applied()
+            for callback in self._stored_watchers:
+                callback(plan_key, head, offsets)
 
     def remove_keys(self, plan_keys: Iterable[str]) -> None:
         """These keys' heads changed or went stale."""

@@ -85,7 +85,8 @@ class PlanStore:
             return
         texts = [orjson.dumps(p.plan) for p in plans]
         for p, text in zip(plans, texts, strict=True):
-            self.store.heads.stored(p.plan_key, p.plan_id, text, p.plan)  # shown to cached selects once this commits
+            # Shown to cached selects once this commits; the offsets say what this transaction applied so far.
+            self.store.heads.stored(p.plan_key, p.plan_id, text, p.plan, self.store.next_offsets)
         rows = {"plans": [(p.plan_id, p.plan_key, "fresh", p.request.live, p.valid_until,
                            orjson.dumps(p.request.as_dict()).decode(), text.decode(), p.receipt_id,
                            None, None, None, compiled_at, None) for p, text in zip(plans, texts, strict=True)],

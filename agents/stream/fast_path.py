@@ -20,7 +20,7 @@ from schemas.errors import InvalidEvent, SkippedEvent
 from schemas.records import InputEvent, Revocation, SourceChange
 from schemas.shard_peek import peek
 from schemas.timefmt import format_instant
-from state.head_cache import Admitting, Head, HeadCache, HeadFacts
+from state.head_cache import Admitting, Head, HeadCache, HeadFacts, Offsets
 from state.invalidations import Invalidation, reason_for
 
 log = logging.getLogger(__name__)
@@ -179,14 +179,15 @@ class FastPath:
         self.counts["early_announcements"] += sent
         self.counts["early_announcements_of_new_heads"] += sent
 
-    def _recheck_stored(self, plan_key: str, head: Head) -> None:
-        """A head stored and not committed yet: announced as soon as its id is known, not once it commits. On the
+    def _recheck_stored(self, plan_key: str, head: Head, applied: Offsets) -> None:
+        """A head stored and not committed yet: announced as soon as its id is known, not once it commits (events
+        below `applied` are in its transaction: it reflects them, or the writer announces it under them). On the
         loop; `_recheck` leaves it alone once held."""
-        sent = self._stale_at_birth(plan_key, head)
+        sent = self._stale_at_birth(plan_key, head, applied)
         self.counts["early_announcements"] += sent
         self.counts["early_announcements_before_commit"] += sent
 
-    def _stale_at_birth(self, plan_key: str, head: Head) -> int:
+    def _stale_at_birth(self, plan_key: str, head: Head, applied: Offsets | None = None) -> int:
         """Announce a new head that an edit or withdrawal fetched and not yet applied already makes stale, under
         the first such event (the cause the writer names when it applies it); how many were sent (0 or 1).
 
@@ -199,9 +200,12 @@ class FastPath:
             return 0
         lacking = [(seq, m, dk.resource(rid), version) for rid, version in facts.admitted
                    for seq, newer, m in self._edits.get(rid, ()) if newer > version]
-        if facts.principal is not None:
-            lacking += [(seq, m, dk.principal(facts.principal), 0) for seq, m in self._revoked.get(facts.principal, ())]
-        if not lacking or any(self._committed(m) for _, m, _, _ in lacking):
+        if any(self._committed(m, applied) for _, m, _, _ in lacking):
+            return 0
+        if facts.principal is not None:  # a withdrawal has no version: one applied may be reflected, and is passed
+            lacking += [(seq, m, dk.principal(facts.principal), 0) for seq, m in self._revoked.get(facts.principal, ())
+                        if not self._committed(m, applied)]
+        if not lacking:
             return 0
         _, m, dep_key, version = min(lacking, key=lambda item: item[0])
         event = self._valid(m)
@@ -210,10 +214,11 @@ class FastPath:
         return self._announce(m, dep_key, event.event_id,
                               [Admitting(plan_key, head.plan_id, version, facts.entity_id, facts.principal)])
 
-    def _committed(self, m: RawMessage) -> bool:
-        """Whether the event is applied: as the replica knows, or as the commit the head cache published says (it
-        tells `_recheck` of that commit's heads before the replica hears its batch committed)."""
-        if self.applied(*_position(m)):
+    def _committed(self, m: RawMessage, applied: Offsets | None = None) -> bool:
+        """Whether the event is applied: as the replica knows, as the commit the head cache published says (it
+        tells `_recheck` of that commit's heads before the replica hears its batch committed), or as `applied` (the
+        offsets of a transaction still open) says."""
+        if self.applied(*_position(m)) or (applied or {}).get(m.topic, {}).get(m.partition, 0) > m.offset:
             return True
         position = self.heads.position
         return position is not None and position[0].get(m.topic, {}).get(m.partition, 0) > m.offset
@@ -223,10 +228,10 @@ class FastPath:
         if self._loop is not None and (self._edits or self._revoked):
             self._loop.call_soon_threadsafe(self._recheck, plan_keys)
 
-    def _head_stored(self, plan_key: str, head: Head) -> None:
+    def _head_stored(self, plan_key: str, head: Head, applied: Offsets) -> None:
         """Told by the head cache on the writer's thread as it stores a head; the check runs on the loop."""
         if self._loop is not None and (self._edits or self._revoked):
-            self._loop.call_soon_threadsafe(self._recheck_stored, plan_key, head)
+            self._loop.call_soon_threadsafe(self._recheck_stored, plan_key, head, applied)
 
     def _announce(self, m: RawMessage, dep_key: str, event_id: str, candidates: list[Admitting]) -> int:
         """Announce the candidates this worker owns as made stale by the event `m`; how many."""

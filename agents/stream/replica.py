@@ -11,6 +11,7 @@ from typing import Any, Awaitable, Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
+from agents.stream.apply_progress import ApplyProgress
 from agents.stream.batch_fetcher import TOP_UP, BatchFetcher
 from agents.stream.fast_path import FastPath
 from agents.stream.lane_reader import LANES, Fetched, FetchQueue, LaneReader
@@ -30,12 +31,9 @@ log = logging.getLogger(__name__)
 # shared by more events (events/s per CPU second 2x at 4x, measured on the bench workload).
 CATCH_UP_BATCHES = 4
 QUEUED_BATCHES = 8  # fetched batches waiting for the writer before fetching pauses (of up to the batch size each)
-# Fetched input older than this not applied yet: the writer is behind, and early announcements stop (a plan
-# announced early stays unanswerable until its event is applied: under a backlog that is the backlog's age).
-BEHIND_SECONDS = 0.5
 
 
-class Replica:
+class Replica(ApplyProgress):
     """Reads the input partitions (no consumer group) and applies them on standby.
 
     `source-changes` is read through its lanes (`shared-changes`, and the `entity-changes` lanes
@@ -92,38 +90,6 @@ class Replica:
         self._fetched: FetchQueue | None = None  # merge steps waiting for the writer, while running
         self._queueing = asyncio.Lock()  # taken from a merge step until it is queued
         self._read_to: dict[TopicPartition, int] = {}  # next offset to read per assigned partition (None: its start)
-
-    def behind(self) -> bool:
-        """Whether input fetched more than `BEHIND_SECONDS` ago is still waiting for the writer."""
-        return bool(self._unapplied) and asyncio.get_running_loop().time() - self._unapplied[0] > BEHIND_SECONDS
-
-    def input_waiting(self) -> bool:
-        """Whether fetched input waits for the writer beyond the batch it applies (any thread may ask)."""
-        return len(self._unapplied) > self._applying
-
-    def applied(self, topic: str, partition: int, offset: int) -> bool:
-        """Whether the event at this position has been applied (or skipped) locally."""
-        return self.positions.get(topic, {}).get(partition, 0) > offset
-
-    async def wait_applied(self, topic: str, partition: int, offset: int) -> None:
-        """Return once the replica has applied the event at this position."""
-        waited = 0.0
-        async with self._progress:
-            while not self.applied(topic, partition, offset):
-                try:
-                    await asyncio.wait_for(self._progress.wait(), 1.0)
-                except asyncio.TimeoutError:
-                    waited += 1.0
-                    if waited % 10 == 0:
-                        log.warning("duty for %s/%d/%d is waiting for the replica (%.0fs)", topic, partition,
-                                    offset, waited)
-
-    async def wait_covers(self, offsets: dict[str, dict[str, int] | dict[int, int]]) -> None:
-        """Return once local state is at least as fresh as these next-offsets."""
-        for topic, parts in offsets.items():
-            for partition, nxt in parts.items():
-                if nxt > 0:
-                    await self.wait_applied(topic, int(partition), nxt - 1)
 
     def pause(self, topic: str) -> list[int]:
         """Stop applying one input topic (operators; the revocation guard keeps watching its end)."""

@@ -35,6 +35,16 @@ class EarlyWaits:
         except asyncio.TimeoutError:
             raise refusal() from None
 
+    async def settled(self, plan_key: str, plan_id: str) -> bool:
+        """Whether a plan just compiled stands: not announced stale as it was stored. If it was, wait for the event
+        that made it so (the caller then looks again, in state that has it)."""
+        position = self.waiting(plan_key)
+        if position is None and not self.announced(plan_id):
+            return True
+        if position is not None:
+            await self.wait(position)
+        return False
+
 
 def refusal() -> RequestError:
     """The answer to a select whose plan stays announced invalid while its cause is not applied."""

@@ -15,7 +15,7 @@ from compiler.request import Limits, parse_request, plan_key
 from compiler.resolve import resolve_entity
 from schemas.freshness import encode_token
 from agents.plans.plan_writer import PlanWriter
-from agents.web.early_waits import EarlyWaits
+from agents.web.early_waits import EarlyWaits, refusal
 from agents.web.peers import NotOwner, Peers
 from agents.web.plan_facts import plan_facts
 from agents.web.select_compiles import SelectCompiles
@@ -25,6 +25,7 @@ from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
 
+COMPILE_ROUNDS = 3  # compiles a select tries while each is announced stale as it is stored; then 503
 PUBLISH_WAIT_SECONDS = 2.0  # longest a select waits for its compiled plan's records to be acknowledged
 
 # Errors that say the file itself cannot be read: once seen, nothing read from it is trusted.
@@ -120,30 +121,39 @@ class QueryService:
         self._refuse_if_unreadable()
         try:
             request, degraded = self._admit(doc)
-            found = self._held(request, degraded)
-            if found is None:
-                found = (self._read(request, degraded) if read is None else
-                         await read(lambda state: self._read(request, degraded, state)))
-            # Looked at after the lookup: an announcement sent while a file read was under way counts too.
-            position = self.early.waiting(found.key)
-            announced = found.plan is not None and self.early.announced(str(found.plan.get("plan_id")))
-            if position is not None or announced:
-                # Announced invalid: answer once its cause is applied, from state that has it (a read that found
-                # it fresh although its cause is applied began before the announcement: read again).
-                self.selects["selects.waited_for_early_announcement" if position is not None
-                             else "selects.read_again_after_early_announcement"] += 1
-                if position is not None:
-                    await self.early.wait(position)
-                found = self._read(request, degraded) if read is None else \
-                    await read(lambda state: self._read(request, degraded, state))
-            self.selected.add(found.key)
-            if found.plan is None:
+            for _ in range(COMPILE_ROUNDS):
+                found = self._held(request, degraded)
+                if found is None:
+                    found = (self._read(request, degraded) if read is None else
+                             await read(lambda state: self._read(request, degraded, state)))
+                # Looked at after the lookup: an announcement sent while a file read was under way counts too.
+                position = self.early.waiting(found.key)
+                announced = found.plan is not None and self.early.announced(str(found.plan.get("plan_id")))
+                if position is not None or announced:
+                    # Announced invalid: answer once its cause is applied, from state that has it (a read that
+                    # found it fresh although its cause is applied began before the announcement: read again).
+                    self.selects["selects.waited_for_early_announcement" if position is not None
+                                 else "selects.read_again_after_early_announcement"] += 1
+                    if position is not None:
+                        await self.early.wait(position)
+                    found = self._read(request, degraded) if read is None else \
+                        await read(lambda state: self._read(request, degraded, state))
+                self.selected.add(found.key)
+                if found.plan is not None:
+                    break
                 found = self._merge(await self.compiles.compile(found, run))
-                if found.queued_through is not None and published is not None and \
-                        not await published(found.queued_through, PUBLISH_WAIT_SECONDS):
-                    # Bounded: with the broker gone the records stay queued for the flush timer, and the
-                    # caller still gets its answer within the request's deadline.
-                    log.warning("the compiled plan's records are still queued; the flush timer publishes them")
+                # Compiled while an edit of what it admitted was fetched: announced as it was stored, so it is
+                # no answer; the next round waits for that edit and looks again.
+                if await self.early.settled(found.key, str(found.plan.get("plan_id"))):
+                    break
+                self.selects["selects.compiled_again_after_early_announcement"] += 1
+            else:
+                raise refusal()
+            if found.queued_through is not None and published is not None and \
+                    not await published(found.queued_through, PUBLISH_WAIT_SECONDS):
+                # Bounded: with the broker gone the records stay queued for the flush timer, and the
+                # caller still gets its answer within the request's deadline.
+                log.warning("the compiled plan's records are still queued; the flush timer publishes them")
         except duckdb.Error as exc:
             raise self.state_failed(exc) from None
         return self._answer(found)

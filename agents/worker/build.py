@@ -193,7 +193,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # first `follow` hands those back, queue entries included, so from then on it holds owned plans only.
         if not ownership.assigned:
             return 0
-        if hold.holding():  # None: held for the input batch about to be applied
+        if hold.holding(job=True):  # None: held for the input batch about to be applied
             return None
         return recompile_queued(plan_writer, 16, lambda topic, partition: True, after_outbox=True)
 
@@ -207,10 +207,12 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         if not ownership.assigned or (waits_for is not None and reader.outbox.last_due(waits_for) is not None):
             return 0.05
         if hold.holding():
-            return 0.002
+            await replica.batch_applied(hold.left())
+            return 0
         done = await writer.run_later(recompile_owned)  # a select's compile or an apply batch goes first
         if done is None:
-            return 0.002
+            await replica.batch_applied(hold.left())
+            return 0
         if done:
             await publisher.publish()
         return 0 if done else 0.05

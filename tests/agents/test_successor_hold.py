@@ -41,15 +41,27 @@ def test_no_input_waiting_never_holds():
     assert not hold.holding() and hold.as_dict() == {"holds": 0, "overdue": 0}
 
 
-def test_a_hold_lasts_at_most_its_bound_then_one_job_runs_and_the_next_hold_starts():
+def test_a_hold_lasts_at_most_its_bound_then_the_job_the_loop_submits_runs_and_the_next_hold_starts():
     clock, waiting = Clock(), {"yes": True}
     hold = SuccessorHold(lambda: waiting["yes"], at_most=0.1, clock=clock)
     assert hold.holding()
     clock.now += 0.05
-    assert hold.holding()  # the same hold
+    assert hold.holding() and hold.holding(job=True)  # the same hold, on either side
+    assert hold.left() == pytest.approx(0.05)
     clock.now += 0.06
-    assert not hold.holding()  # overdue: the backlog runs once although input still waits
-    assert hold.holding()  # and the next check holds again, from now
+    assert not hold.holding()  # overdue on the loop: it submits a job although input still waits
+    assert not hold.holding(job=True)  # and the job runs: it starts no hold of its own
+    assert hold.holding()  # the next job waits again, from now
+    assert hold.as_dict() == {"holds": 2, "overdue": 1}
+
+
+def test_a_hold_that_runs_out_in_the_job_lets_that_job_alone_run():
+    clock = Clock()
+    hold = SuccessorHold(lambda: True, at_most=0.1, clock=clock)
+    assert hold.holding(job=True)
+    clock.now += 0.2
+    assert not hold.holding(job=True)
+    assert hold.holding()  # nothing granted to the next one
     assert hold.as_dict() == {"holds": 2, "overdue": 1}
 
 
