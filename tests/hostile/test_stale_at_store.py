@@ -226,11 +226,15 @@ async def _successor_stored_while_an_edit_waits(world, hold_acks: bool = False, 
 async def test_an_unacknowledged_announcement_made_before_the_commit_is_queued_again_with_its_cause(world):  # noqa: F811
     state, sent = world["state"], world["sent"]
     plan, successor, second = await _successor_stored_while_an_edit_waits(world, hold_acks=True)
-    early = [r for r in sent.records if r["plan_id"] == successor]
-    assert [r["cause"]["offset"] for r in early] == [second.offset]
-    world["applier"].apply([second])
-    queued = [r for r in invalidations(state) if r["plan_id"] == successor]
-    assert [r["cause"] for r in queued] == [early[0]["cause"]], "at least once, same cause"
+    try:
+        early = [r for r in sent.records if r["plan_id"] == successor]
+        assert [r["cause"]["offset"] for r in early] == [second.offset]
+        world["applier"].apply([second])
+        queued = [r for r in invalidations(state) if r["plan_id"] == successor]
+        assert [r["cause"] for r in queued] == [early[0]["cause"]], "at least once, same cause"
+    finally:
+        sent.release()
+        await world["fast"].settle()
 
 
 async def test_a_head_stored_for_a_peers_entity_is_not_announced(world):  # noqa: F811
