@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any, NamedTuple, Sequence
 
@@ -84,9 +85,10 @@ class PlanStore:
         if not plans:
             return
         texts = [orjson.dumps(p.plan) for p in plans]
+        applied = functools.cache(self.store.next_offsets)  # read once, and only if a watcher asks
         for p, text in zip(plans, texts, strict=True):
             # Shown to cached selects once this commits; the offsets say what this transaction applied so far.
-            self.store.heads.stored(p.plan_key, p.plan_id, text, p.plan, self.store.next_offsets)
+            self.store.heads.stored(p.plan_key, p.plan_id, text, p.plan, applied)
         rows = {"plans": [(p.plan_id, p.plan_key, "fresh", p.request.live, p.valid_until,
                            orjson.dumps(p.request.as_dict()).decode(), text.decode(), p.receipt_id,
                            None, None, None, compiled_at, None) for p, text in zip(plans, texts, strict=True)],
