@@ -9,7 +9,6 @@ from collections import Counter
 from datetime import datetime, timezone
 from typing import Callable, Mapping, Sequence
 
-import duckdb
 import orjson
 
 from compiler.errors import RequestError
@@ -19,6 +18,7 @@ from compiler.pipeline import CompiledPlan, as_decided_at, compile_request
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
 from agents.plans.announce_first import announce_first
+from agents.plans.select_compile import compile_requests
 from state.invalidations import Invalidation, reason_for
 from state.local_state import LocalState
 
@@ -355,20 +355,7 @@ class PlanWriter:
         batch holds the writer would otherwise each pay it after that batch.
         """
         now = self.state.store.now()
-        out: list[CompiledPlan | Exception] = []
-        for request in requests:
-            started = time.perf_counter()
-            try:
-                out.append(compile_request(request, self.state.catalog, now))
-            except RequestError as exc:
-                out.append(exc)
-            except duckdb.Error:
-                raise  # the file: every select of the job is refused (`state_unreadable`)
-            except Exception as exc:  # noqa: BLE001 - a bug met by one request is that caller's alone
-                log.exception("compiling a selected request failed")
-                out.append(exc)
-            if on_compile:
-                on_compile(time.perf_counter() - started)
+        out = compile_requests(self, requests, now, on_compile)
         # Two selects of one plan key compiled the same plan: it is stored once.
         compiled = list({p.plan_key: p for p in out if isinstance(p, CompiledPlan)}.values())
         if not compiled:
@@ -386,3 +373,4 @@ class PlanWriter:
                 # counts what it compiles), or precision would look better the more plans selects compile.
                 self.state.store.bump_many({"announced_unchanged": unchanged})
         return out
+

@@ -24,6 +24,12 @@ FIRST_IN_A_ROW = 4
 flood of selects that must compile slows the input down and never stops it (the revocation guard would then
 refuse every select)."""
 
+FIRST_AHEAD_AT_MOST = 0.1
+"""Seconds an input batch lets `run_first` jobs go ahead of it; past that, the two queues run oldest first. A job
+of selects compiled together can take hundreds of ms under a stream, so counting jobs alone let four such jobs
+hold an input batch for 3 s (and every select of a plan announced meanwhile waited for it); a bound alone, with
+batches always waiting past it, held the selects for 3.6 s instead."""
+
 LATER_WAITS_AT_MOST = 1.0
 """Seconds a `run_later` job waits while other jobs keep coming: then it runs next, so a writer kept busy by a
 stream still compiles successors, enforces retention and prunes, one job at a time."""
@@ -37,15 +43,18 @@ class Writer:
     state through its own cursor (`Store.view()`) meanwhile, and awaits what it asked for.
 
     Jobs run in submission order, except that a caller waiting on the answer (`run_first`: a select
-    that must compile) goes ahead of input batches (up to `FIRST_IN_A_ROW` in a row), and work
+    that must compile) goes ahead of input batches (up to `FIRST_IN_A_ROW` in a row, and only while the
+    oldest batch has waited less than `FIRST_AHEAD_AT_MOST`; then whichever waited longer runs), and work
     nobody waits on (`run_later`: successors of announced plans, retention, pruning) runs when no
     other job is queued, or once it has waited `LATER_WAITS_AT_MOST`: a select that must compile
     waits for the job running, not for the input batches and recompiles queued before it.
     """
 
-    def __init__(self, later_waits_at_most: float = LATER_WAITS_AT_MOST, first_in_a_row: int = FIRST_IN_A_ROW) -> None:
+    def __init__(self, later_waits_at_most: float = LATER_WAITS_AT_MOST, first_in_a_row: int = FIRST_IN_A_ROW,
+                 first_ahead_at_most: float = FIRST_AHEAD_AT_MOST) -> None:
         self.later_waits_at_most = later_waits_at_most
         self.first_in_a_row = first_in_a_row
+        self.first_ahead_at_most = first_ahead_at_most
         self._ready = threading.Condition()
         self._first: deque[tuple[float, Callable[[], Any], concurrent.futures.Future]] = deque()
         self._now: deque[tuple[float, Callable[[], Any], concurrent.futures.Future]] = deque()
@@ -87,9 +96,11 @@ class Writer:
                 if self._closed:
                     return None
                 self._ready.wait()
-            if self._later and time.monotonic() - self._later[0][0] >= self.later_waits_at_most:
+            now = time.monotonic()
+            if self._later and now - self._later[0][0] >= self.later_waits_at_most:
                 jobs = self._later
-            elif self._first and (not self._now or self._firsts < self.first_in_a_row):
+            elif self._first and (not self._now or self._first[0][0] <= self._now[0][0] or (
+                    self._firsts < self.first_in_a_row and now - self._now[0][0] < self.first_ahead_at_most)):
                 jobs = self._first
                 self._firsts += bool(self._now)
             else:

@@ -62,3 +62,49 @@ def test_an_unchanged_recompilation_later_in_time_rewrites_nothing_but_its_plan_
     assert record["decision_time"] == plan["decision_time"] and record["receipt"]["receipt_id"] == plan["receipt_id"]
     assert record["compiled_as_of"]["source-changes"] == {"0": state.store.next_offsets()["source-changes"][0]}
     assert query.select(live)["receipt_id"] == plan["receipt_id"]
+
+
+def _variants() -> list[dict]:
+    """Selects of one catalog that differ in principal, time, budget and query; one names no known entity."""
+    return [ATLAS_REQUEST, dict(ATLAS_REQUEST, principal="omar"), dict(ATLAS_REQUEST, budget={"tokens": 200}),
+            dict(ATLAS_REQUEST, decision_time="2026-08-01T00:00:00Z"), dict(ATLAS_REQUEST, entity="Nowhere Ltd"),
+            {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"},
+            dict(ATLAS_REQUEST, query="What does the covenant waiver say about Atlas?")]
+
+
+def _outcome(result) -> str:
+    return result.plan_id if hasattr(result, "plan_id") else f"{type(result).__name__}:{getattr(result, 'code', '')}"
+
+
+def test_selects_compiled_together_get_what_each_gets_compiled_alone(setup):  # noqa: F811
+    """The writer compiles selects that waited together in one pass (candidates read once, Cedar asked once):
+    each must get the plan, or the refusal, it gets compiled on its own."""
+    state, applier, _ = setup
+    applier.apply([raw(*tick("2026-08-30T10:00:00Z"))])
+    requests = [parse_request(doc) for doc in _variants()]
+    alone = [_outcome(applier.plans.compile_selects([r], Counter())[0]) for r in requests]
+    timings: list[float] = []
+    together = [_outcome(r) for r in applier.plans.compile_selects(requests, Counter(), timings.append)]
+    assert together == alone and len(timings) == len(requests)
+    assert len({o for o in alone if o.startswith("plan-")}) == 6  # six different plans
+    assert alone[4] == "ResolveError:unknown_entity"  # refused, not compiled
+
+
+def test_a_bug_met_compiling_selects_together_reaches_only_its_own_caller(setup, monkeypatch):  # noqa: F811
+    """Compiled together, one request's unexpected error would fail them all: they are then compiled each alone."""
+    import compiler.pipeline as pipeline
+
+    state, applier, _ = setup
+    real = pipeline.compile_resolved
+    requests = [parse_request(doc) for doc in _variants()[:3]]
+
+    def compile_resolved(resolved, verdict=None):
+        if resolved.request.principal == "omar":
+            raise RuntimeError("a bug met by this request only")
+        return real(resolved, verdict)
+
+    monkeypatch.setattr("compiler.batch.compile_resolved", compile_resolved)
+    monkeypatch.setattr("compiler.pipeline.compile_resolved", compile_resolved)
+    out = applier.plans.compile_selects(requests, Counter())
+    assert isinstance(out[1], RuntimeError)
+    assert [state.plans.fresh_plan(r.plan_key)["plan_id"] for r in (out[0], out[2])] == [out[0].plan_id, out[2].plan_id]

@@ -42,15 +42,17 @@ async def test_the_job_s_counts_are_kept_when_the_first_caller_has_gone(setup): 
 
 @pytest.mark.timeout(20)
 async def test_an_unexpected_error_compiling_one_select_reaches_that_select_only(setup, monkeypatch):  # noqa: F811
-    import agents.plans.plan_writer as plan_writer
-    real = plan_writer.compile_request
+    import compiler.pipeline as pipeline
+    real = pipeline.resolve_request
 
     def failing(request, catalog, now):
         if request.query == "boom":
             raise KeyError("a bug one request runs into")
         return real(request, catalog, now)
 
-    monkeypatch.setattr(plan_writer, "compile_request", failing)
+    # Selects compiled together (compiler.batch) and each alone (compiler.pipeline) both resolve requests.
+    monkeypatch.setattr(pipeline, "resolve_request", failing)
+    monkeypatch.setattr("compiler.batch.resolve_request", failing)
     _, _, query = setup
     busy, run = _gated()
     tasks = [asyncio.ensure_future(query.select_async(dict(ATLAS_REQUEST, query=q), run)) for q in ("a", "boom", "b")]

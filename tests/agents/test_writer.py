@@ -163,7 +163,7 @@ async def test_work_nobody_waits_on_runs_after_every_job_queued_before_it_starts
 async def test_a_caller_waiting_goes_ahead_of_input_batches_but_never_starves_them():
     """A select's compile runs after the running job, not after the input batches queued before it; a flood of
     them lets one batch through after every `first_in_a_row`."""
-    writer = Writer(later_waits_at_most=60, first_in_a_row=2)
+    writer = Writer(later_waits_at_most=60, first_in_a_row=2, first_ahead_at_most=60)
     release = threading.Event()
     try:
         seen: list[str] = []
@@ -178,6 +178,59 @@ async def test_a_caller_waiting_goes_ahead_of_input_batches_but_never_starves_th
         release.set()
         await asyncio.gather(running, later, *now, *first)
         assert seen == ["select-0", "select-1", "batch-0", "select-2", "select-3", "batch-1", "select-4", "later"]
+    finally:
+        release.set()
+        writer.close()
+
+
+async def _blocked(submit) -> tuple[asyncio.Future, threading.Event]:
+    """A job holding the writer until the event is set, once it has started (not merely been queued)."""
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(30)
+
+    running = asyncio.ensure_future(submit(hold))
+    while not started.is_set():
+        await asyncio.sleep(0.001)
+    return running, release
+
+
+async def test_an_input_batch_waits_behind_callers_for_a_bounded_time_however_few_jobs_they_are():
+    """Selects compiled together can take most of a second per job: once a batch has waited `first_ahead_at_most`,
+    it runs after the running job, not after `first_in_a_row` more of them."""
+    writer = Writer(later_waits_at_most=60, first_in_a_row=4, first_ahead_at_most=0.05)
+    running, release = await _blocked(writer.run_first)
+    try:
+        seen: list[str] = []
+        batch = asyncio.ensure_future(writer.run(seen.append, "batch"))
+        first = [asyncio.ensure_future(writer.run_first(seen.append, f"select-{i}")) for i in range(3)]
+        await asyncio.sleep(0.1)  # the batch has waited past the bound while the first job ran
+        release.set()
+        await asyncio.gather(running, batch, *first)
+        assert seen == ["batch", "select-0", "select-1", "select-2"]
+    finally:
+        release.set()
+        writer.close()
+
+
+async def test_past_the_bound_callers_and_batches_run_oldest_first_so_neither_starves():
+    """A writer always behind has a batch waiting past the bound whenever a job ends: a caller that has waited
+    longer than the oldest batch still runs before it."""
+    writer = Writer(later_waits_at_most=60, first_in_a_row=4, first_ahead_at_most=0.01)
+    running, release = await _blocked(writer.run)
+    try:
+        seen: list[str] = []
+        first = [asyncio.ensure_future(writer.run_first(seen.append, "select-0"))]
+        await asyncio.sleep(0.02)
+        batches = [asyncio.ensure_future(writer.run(seen.append, f"batch-{i}")) for i in range(2)]
+        await asyncio.sleep(0.02)
+        first.append(asyncio.ensure_future(writer.run_first(seen.append, "select-1")))
+        await asyncio.sleep(0.05)  # every job now waited past the bound
+        release.set()
+        await asyncio.gather(running, *batches, *first)
+        assert seen == ["select-0", "batch-0", "batch-1", "select-1"]
     finally:
         release.set()
         writer.close()
