@@ -35,13 +35,10 @@ STORAGE_ERRORS = (duckdb.IOException, duckdb.FatalException, duckdb.InternalExce
 
 class StateError(RequestError):
     """The worker's own state cannot be read: not the caller's fault, and nothing is served."""
-
     pass_name = "state"
 
 
-MayRead = Callable[[str | None], bool]
-"""Whether the caller may see a plan or receipt of this principal (None: the principal is not known)."""
-
+MayRead = Callable[[str | None], bool]  # may the caller see a plan or receipt of this principal (None: unknown)
 
 class QueryService:
     """The read path: plan key lookup, then cache or compile."""
@@ -138,6 +135,8 @@ class QueryService:
                         await self.early.wait(position)
                     found = self._read(request, degraded) if read is None else \
                         await read(lambda state: self._read(request, degraded, state))
+                    # Missing as asked once it waited: a plan found now was stored meanwhile, not a cache hit.
+                    found = found if position is None else replace(found, served_from="recompiled")
                 self.selected.add(found.key)
                 if found.plan is not None:
                     break

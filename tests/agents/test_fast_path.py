@@ -232,6 +232,36 @@ async def test_a_select_of_an_announced_plan_waits_for_the_writer(world):
     assert refused.value.status == 503 and refused.value.code == "plan_being_replaced"
 
 
+async def test_a_select_that_waited_for_an_announced_edit_is_answered_as_recompiled_not_from_cache(world):
+    """The plan asked for was announced invalid: missing as asked. The successor the backlog stored while the
+    select waited is what it answers, as `recompiled` (the bench counts cache hits apart from such waits)."""
+    state, fast, query = world["state"], world["fast"], world["query"]
+    plan = query.select(ATLAS_REQUEST)
+    rid, version = admitted(plan)
+    message = raw(*edit_of(state, rid, version + 1))
+    applied = asyncio.Event()
+
+    async def wait_applied(topic: str, partition: int, offset: int) -> None:
+        await applied.wait()
+
+    async def run(fn, *args):
+        return fn(*args)
+
+    query.early = EarlyWaits(fast.waiting, wait_applied, seconds=5.0)
+    fast.announce([message])
+    selecting = asyncio.ensure_future(query.select_async(ATLAS_REQUEST, run))
+    await asyncio.sleep(0.05)
+    world["applier"].apply([message])
+    while recompile_queued(world["applier"].plans, 16, lambda t, p: True):
+        pass
+    successor = state.plans.fresh_plan(plan["plan_key"])["plan_id"]
+    applied.set()
+    answer = await asyncio.wait_for(selecting, 5)
+    assert answer["plan_id"] == successor != plan["plan_id"]
+    assert answer["served_from"] == "recompiled"
+    assert query.select(ATLAS_REQUEST)["served_from"] == "cache"  # asked now, it is fresh as asked
+
+
 async def test_a_read_whose_snapshot_predates_the_apply_of_an_announced_edit_is_read_again(world):
     """The edit is announced, a select's file read takes its snapshot, the edit is applied, then the read returns
     the plan it found fresh in its snapshot: nothing is waiting any more, but the plan was announced, so the select
