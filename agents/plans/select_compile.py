@@ -59,6 +59,7 @@ def _together(writer: "PlanWriter", requests: Sequence, now: datetime | None, on
     except duckdb.Error:
         raise
     except Exception:  # noqa: BLE001 - compiled alone next, where the error reaches its own caller only
+        log.exception("compiling %d selects together failed; each is compiled alone", len(requests))
         return None
     if on_compile:
         each = (time.perf_counter() - started) / len(requests)

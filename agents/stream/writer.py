@@ -25,10 +25,10 @@ flood of selects that must compile slows the input down and never stops it (the 
 refuse every select)."""
 
 FIRST_AHEAD_AT_MOST = 0.1
-"""Seconds an input batch lets `run_first` jobs go ahead of it; past that, the two queues run oldest first. A job
-of selects compiled together can take hundreds of ms under a stream, so counting jobs alone let four such jobs
-hold an input batch for 3 s (and every select of a plan announced meanwhile waited for it); a bound alone, with
-batches always waiting past it, held the selects for 3.6 s instead."""
+"""Seconds an input batch lets younger `run_first` jobs go ahead of it (and `FIRST_IN_A_ROW` bounds all that do).
+A job of selects compiled together can take hundreds of ms under a stream, so counting jobs alone let four such
+jobs hold an input batch for 3.2 s (and every select of a plan announced meanwhile waited for it); a time bound
+alone, with batches always waiting past it, held the selects for 3.6 s instead."""
 
 LATER_WAITS_AT_MOST = 1.0
 """Seconds a `run_later` job waits while other jobs keep coming: then it runs next, so a writer kept busy by a
@@ -43,8 +43,8 @@ class Writer:
     state through its own cursor (`Store.view()`) meanwhile, and awaits what it asked for.
 
     Jobs run in submission order, except that a caller waiting on the answer (`run_first`: a select
-    that must compile) goes ahead of input batches (up to `FIRST_IN_A_ROW` in a row, and only while the
-    oldest batch has waited less than `FIRST_AHEAD_AT_MOST`; then whichever waited longer runs), and work
+    that must compile) goes ahead of input batches (up to `FIRST_IN_A_ROW` in a row: those queued before
+    the oldest batch, and younger ones only while it has waited less than `FIRST_AHEAD_AT_MOST`), and work
     nobody waits on (`run_later`: successors of announced plans, retention, pruning) runs when no
     other job is queued, or once it has waited `LATER_WAITS_AT_MOST`: a select that must compile
     waits for the job running, not for the input batches and recompiles queued before it.
@@ -99,8 +99,8 @@ class Writer:
             now = time.monotonic()
             if self._later and now - self._later[0][0] >= self.later_waits_at_most:
                 jobs = self._later
-            elif self._first and (not self._now or self._first[0][0] <= self._now[0][0] or (
-                    self._firsts < self.first_in_a_row and now - self._now[0][0] < self.first_ahead_at_most)):
+            elif self._first and (not self._now or self._firsts < self.first_in_a_row and (
+                    self._first[0][0] <= self._now[0][0] or now - self._now[0][0] < self.first_ahead_at_most)):
                 jobs = self._first
                 self._firsts += bool(self._now)
             else:

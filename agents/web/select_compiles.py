@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable, Generic, Sequence, TypeVar
 
 GATHERED_AT_MOST = 32
 """Selects compiled by one job (some 5 ms each): a flood of selects that must compile holds an input batch back
-for at most `FIRST_AHEAD_AT_MOST` and one such job (see `agents.stream.writer`)."""
+for at most `FIRST_IN_A_ROW` such jobs, and those queued after it for `FIRST_AHEAD_AT_MOST` (`agents.stream.writer`)."""
 
 T = TypeVar("T")
 R = TypeVar("R")
