@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CEDAR_CHUNK = 8  # selects per Cedar call: the HTTP loop waits for each call, as it does for the backlog's chunks
+
 
 def compile_requests(writer: "PlanWriter", requests: Sequence, now: datetime | None, on_compile=None,
                      ) -> list[CompiledPlan | Exception]:
@@ -54,8 +56,10 @@ def _together(writer: "PlanWriter", requests: Sequence, now: datetime | None, on
     after each: 20-60 ms a select). None when something other than a RequestError was met."""
     started = time.perf_counter()
     try:
-        view = writer.snapshot([_prefetched(r) for r in requests], now)
-        out: list[CompiledPlan | Exception] = list(compile_many(requests, view, now, SharedEntities()))
+        view, shared = writer.snapshot([_prefetched(r) for r in requests], now), SharedEntities()
+        out: list[CompiledPlan | Exception] = []
+        for start in range(0, len(requests), CEDAR_CHUNK):  # Cedar holds the GIL for a whole call: the loop waits
+            out += compile_many(requests[start:start + CEDAR_CHUNK], view, now, shared)
     except duckdb.Error:
         raise
     except Exception:  # noqa: BLE001 - compiled alone next, where the error reaches its own caller only
