@@ -8,25 +8,12 @@ The first test failed on 0bf77f7, whose rule ran every select job queued before 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest
 
 from agents.stream.writer import FIRST_IN_A_ROW, Writer
-
-async def _blocked(submit) -> tuple[asyncio.Future, threading.Event]:
-    started, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        started.set()
-        release.wait(30)
-
-    running = asyncio.ensure_future(submit(hold))
-    while not started.is_set():
-        await asyncio.sleep(0.001)
-    return running, release
-
+from tests.agents.test_writer import _blocked
 
 @pytest.mark.timeout(30)
 async def test_select_jobs_queued_before_a_batch_hold_it_for_at_most_first_in_a_row():
