@@ -201,7 +201,12 @@ async def test_a_head_committed_while_a_newer_edit_waits_is_announced_at_once(wo
         (plan["plan_id"], first.offset), (successor, second.offset)]
 
 
-async def test_a_select_of_an_announced_plan_waits_for_the_writer(world):
+async def _on_writer(fn, *args):
+    return fn(*args)
+
+
+def _announced_edit(world) -> tuple[dict, str, int, RawMessage, asyncio.Event]:
+    """A selected plan, an edit of its evidence announced early, and the event that says it was applied."""
     state, fast, query = world["state"], world["fast"], world["query"]
     plan = query.select(ATLAS_REQUEST)
     rid, version = admitted(plan)
@@ -213,10 +218,13 @@ async def test_a_select_of_an_announced_plan_waits_for_the_writer(world):
 
     query.early = EarlyWaits(fast.waiting, wait_applied, seconds=5.0)
     fast.announce([message])
+    return plan, rid, version, message, applied
 
-    async def run(fn, *args):
-        return fn(*args)
 
+async def test_a_select_of_an_announced_plan_waits_for_the_writer(world):
+    state, fast, query = world["state"], world["fast"], world["query"]
+    plan, rid, version, message, applied = _announced_edit(world)
+    run = _on_writer
     selecting = asyncio.ensure_future(query.select_async(ATLAS_REQUEST, run))
     await asyncio.sleep(0.1)
     assert not selecting.done(), "a select answered with a plan already announced invalid"
@@ -235,21 +243,9 @@ async def test_a_select_of_an_announced_plan_waits_for_the_writer(world):
 async def test_a_select_that_waited_for_an_announced_edit_is_answered_as_recompiled_not_from_cache(world):
     """The plan asked for was announced invalid: missing as asked. The successor the backlog stored while the
     select waited is what it answers, as `recompiled` (the bench counts cache hits apart from such waits)."""
-    state, fast, query = world["state"], world["fast"], world["query"]
-    plan = query.select(ATLAS_REQUEST)
-    rid, version = admitted(plan)
-    message = raw(*edit_of(state, rid, version + 1))
-    applied = asyncio.Event()
-
-    async def wait_applied(topic: str, partition: int, offset: int) -> None:
-        await applied.wait()
-
-    async def run(fn, *args):
-        return fn(*args)
-
-    query.early = EarlyWaits(fast.waiting, wait_applied, seconds=5.0)
-    fast.announce([message])
-    selecting = asyncio.ensure_future(query.select_async(ATLAS_REQUEST, run))
+    state, query = world["state"], world["query"]
+    plan, _, _, message, applied = _announced_edit(world)
+    selecting = asyncio.ensure_future(query.select_async(ATLAS_REQUEST, _on_writer))
     await asyncio.sleep(0.05)
     world["applier"].apply([message])
     while recompile_queued(world["applier"].plans, 16, lambda t, p: True):
