@@ -137,3 +137,32 @@ async def test_a_select_that_waited_while_its_plan_was_compiled_elsewhere_is_not
     assert answer["served_from"] == "recompiled"  # missing when asked: the bench's cached selects leave it out
     assert query.selects["selects.recompiled"] == 1 and query.selects["compilations"] == 1
     assert query.select(dict(ATLAS_REQUEST))["served_from"] == "cache"
+
+
+@pytest.mark.timeout(120)
+async def test_through_the_broker_selects_compiled_together_each_get_their_own_answer(worker):
+    """A worker gathers selects that arrive while its writer is busy into one compile pass: a refusal stays with
+    its caller, and every compiled plan is the one the worker then serves from its store for that select."""
+    fresh = await worker.load("atlas.jsonl")
+    await worker.select(ATLAS_REQUEST, fresh)  # caught up: the selects below compile, none waits for input
+    bad = dict(ATLAS_REQUEST, purpose="marketing")  # found, then refused by the compile pass
+    for attempt in range(3):  # gathering needs the writer busy as they arrive: most first tries show it
+        before = (await worker.get("/healthz"))["select_compiles"]
+        bodies = [dict(ATLAS_REQUEST, query=f"round {attempt} question {i}") for i in range(10)] + [bad]
+
+        async def post(body):
+            async with worker.http.post(f"{worker.url}/v1/select", json=body) as resp:
+                return resp.status, await resp.json()
+
+        answers = await asyncio.gather(*(post(b) for b in bodies))
+        after = (await worker.get("/healthz"))["select_compiles"]
+        *compiled, (status, refused) = answers
+        assert status == 422 and refused["error"]["code"] == "purpose_not_allowed", refused
+        assert all(s == 200 and doc["served_from"] == "compiled" for s, doc in compiled), compiled
+        assert len({doc["plan_key"] for _, doc in compiled}) == 10
+        for body, (_, doc) in zip(bodies[:-1], compiled, strict=True):
+            again = await worker.select(body)
+            assert again["served_from"] == "cache" and again["plan_id"] == doc["plan_id"]
+        if after["selects"] - before["selects"] > after["jobs"] - before["jobs"]:
+            return  # at least two of them shared a job
+    pytest.fail(f"no two of 3 x 11 concurrent selects shared a compile job: {before} -> {after}")
