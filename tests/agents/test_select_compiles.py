@@ -166,3 +166,28 @@ async def test_through_the_broker_selects_compiled_together_each_get_their_own_a
         if after["selects"] - before["selects"] > after["jobs"] - before["jobs"]:
             return  # at least two of them shared a job
     pytest.fail(f"no two of 3 x 11 concurrent selects shared a compile job: {before} -> {after}")
+
+
+@pytest.mark.timeout(20)
+async def test_a_storage_error_compiling_selects_together_refuses_every_select_of_the_job(setup, monkeypatch):  # noqa: F811
+    """The together pass reads the file: a DuckDB error there is the file's, not a request's, so it is not
+    retried one by one and nothing is answered: each caller gets 503 state_unreadable, and later selects too."""
+    import duckdb
+
+    from agents.web.query import StateError
+
+    _, applier, query = setup
+
+    def broken(*args, **kwargs):
+        raise duckdb.IOException("disk gone under the candidates read")
+
+    monkeypatch.setattr(applier.plans, "snapshot", broken)
+    busy, run = _gated()
+    tasks = [asyncio.ensure_future(query.select_async(dict(ATLAS_REQUEST, query=f"s{i}"), run)) for i in range(3)]
+    await _joined(query, 3)
+    busy.set()
+    answers = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(a, StateError) and a.code == "state_unreadable" and a.status == 503 for a in answers), answers
+    assert query.compiles.jobs == 1 and query.unreadable == "IOException"
+    with pytest.raises(StateError):
+        await query.select_async(dict(ATLAS_REQUEST, query="later"), run)
