@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import orjson
 
 from agents.web.access import Access
-from agents.plans.backlog import recompile_queued
+from agents.plans.backlog import PASS_PLANS, recompile_queued
 from agents.plans.successor_hold import SuccessorHold
 from agents.ops.chores import Chores
 from agents.web.gate import Gate, api_routes
@@ -195,7 +195,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             return 0
         if hold.holding(job=True):  # None: held for the input batch about to be applied
             return None
-        return recompile_queued(plan_writer, 16, lambda topic, partition: True, after_outbox=True)
+        return recompile_queued(plan_writer, PASS_PLANS, lambda topic, partition: True, after_outbox=True)
 
     async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and

@@ -30,6 +30,9 @@ def test_a_touched_plan_is_announced_before_its_successor_is_compiled(setup):  #
     [successor] = [p for p in outbox(state, "plans") if p["plan_key"] == plan["plan_key"]
                    and p["plan_id"] != plan["plan_id"]]
     assert query.plan_status(plan["plan_id"])["successor_plan_id"] == successor["plan_id"]
+    # The record a new owner would take the plan over from names the plan it replaced.
+    [record] = [r for r in outbox(state, "plan-dependencies") if r["plan_id"] == successor["plan_id"]]
+    assert record["replaces"] == plan["plan_id"]
     served = query.select(ATLAS_REQUEST)
     assert served["served_from"] == "cache" and served["plan_id"] == successor["plan_id"]
 
@@ -71,6 +74,10 @@ def test_an_identical_successor_counts_as_an_unnecessary_announcement(setup, mon
     _drain(inv)
     counters = state.store.counters()
     assert counters["announced_unchanged"] == 1 and "unchanged_recompilations" not in counters
+    # Its row, announced invalidated, reads fresh again (updated in place), and its record names itself replaced.
+    assert query.plan_status(plan["plan_id"])["status"] == "fresh"
+    assert [r["replaces"] for r in outbox(state, "plan-dependencies") if r["plan_id"] == plan["plan_id"]][-1:] == [
+        plan["plan_id"]]
     again = query.select(ATLAS_REQUEST)
     assert again["plan_id"] == plan["plan_id"] and again["served_from"] == "cache"
 

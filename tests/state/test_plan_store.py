@@ -56,3 +56,32 @@ def test_a_plan_id_compiled_again_is_fresh_again_with_its_head_whichever_way_it_
     assert heads == [("k1", "A", True, AT), ("k2", "X", True, AT), ("k3", "Y", True, AT)]
     assert receipts == [("rA", "A"), ("rB", "B"), ("rX", "X"), ("rY", "Y")]
     assert history == [("A", "resource_changed", "B"), ("B", "resource_changed", "A"), ("X", "policy_changed", None)]
+
+
+def _again_with_new_columns(tmp_path, name: str) -> list[tuple]:
+    """A plan compiled, invalidated, then compiled again under the same id with a new receipt, text and time."""
+    state = LocalState.open(tmp_path / f"{name}.duckdb")
+    later = datetime(2026, 9, 1, tzinfo=timezone.utc)
+    again = _plan("A", "k1", "rA2")
+    again.plan, again.valid_until, again.request.live = {"id": "A", "as_of": 2}, later, False
+    try:
+        with state.store.transaction():
+            state.plans.save_many([_plan("A", "k1", "rA"), _plan("X", "k2", "rX")], AT)
+        with state.store.transaction():
+            state.plans.invalidate_many([("A", "resource_changed", {"e": 1}, None)], AT)
+            state.plans.save_many([again], later)
+        return state.store.db.execute("SELECT * FROM plans ORDER BY plan_id").fetchall()
+    finally:
+        state.close()
+
+
+def test_a_plan_id_compiled_again_gets_every_column_of_its_new_compilation_as_the_bulk_write_gives_it(
+        tmp_path, monkeypatch):
+    # The few-plans path updates a stored plan's row in place; the many-plans path replaces it.
+    few = _again_with_new_columns(tmp_path, "few")
+    monkeypatch.setattr(plan_store, "SMALL_INSERT_ROWS", 0)
+    assert few == _again_with_new_columns(tmp_path, "many")
+    a, x = few
+    assert a[0] == "A" and a[2:5] == ("fresh", False, datetime(2026, 9, 1, tzinfo=timezone.utc))
+    assert a[6] == '{"id":"A","as_of":2}' and a[7] == "rA2" and a[8:11] == (None, None, None) and a[12] is None
+    assert x[0] == "X" and x[2] == "fresh"
