@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -13,6 +14,7 @@ import duckdb
 import pyarrow as pa
 
 from state.checkpoints import COMPACT_STORED_ROWS, DEFAULT_WAL_LIMIT, Checkpoints
+from state.counts import Counts, write_counts
 from state.drained import DrainedConnection
 from state.event_generations import LEGACY_MEMO, OLDER_MEMO, has_legacy, older_tables
 from state.event_ids import claim_any, claim_scoped
@@ -115,6 +117,8 @@ class Store:
         # an uncommitted value past it; None on views, which must never see the writer's uncommitted values.
         self._memo: dict | None = {}
         self._moved = False  # offsets or incarnation written in the open transaction: published at commit
+        self.counts = Counts()  # shared with views: committed increments not yet in the file
+        self._staged: Counter[str] = Counter()  # the writer's increments in the open transaction
         self.heads.position = self.position()
 
     def heads_changed(self) -> None:
@@ -144,10 +148,13 @@ class Store:
         other._depth = 0
         other._heads_writer = False
         other._memo = None
+        other._staged = Counter()
         return other
 
     def close(self) -> None:
-        """Checkpoint and close the file."""
+        """Write pending counts, checkpoint and close the file."""
+        if self._memo is not None:
+            self.counts.flush(self._write_counts)
         self.db.close()
 
     @contextmanager
@@ -175,7 +182,7 @@ class Store:
             try:
                 if self._heads_writer:
                     self.heads.committing()
-                self.db.commit()
+                self.counts.commit(self.db.commit, self._staged, self._write_counts if self._memo is not None else None)
             except BaseException:
                 if self._heads_writer:
                     self._moved = False
@@ -186,6 +193,7 @@ class Store:
                 self.heads.committed(self._moved_position())
         finally:
             self._depth = 0
+            self._staged.clear()
 
     # -- the writer's memo --------------------------------------------------------------
 
@@ -366,27 +374,20 @@ class Store:
     # -- counters ----------------------------------------------------------------------
 
     def bump_many(self, counts: dict[str, int]) -> None:
-        """Add to many counters in one statement."""
-        counts = {k: v for k, v in counts.items() if v}
-        if not counts:
-            return
+        """Add to many counters: with the writer's open transaction, in memory (see `Counts`); else in one statement."""
+        if self._depth and self._memo is not None:
+            self._staged.update({k: v for k, v in counts.items() if v})
+        else:
+            self._write_counts(counts)
+
+    def _write_counts(self, counts: dict[str, int]) -> None:
         names = self.cached("counter_names", lambda: {r[0] for r in self.db.execute(
-            "SELECT name FROM counters").fetchall()}) if self._memo is not None else set()
-        new = {k: v for k, v in counts.items() if k not in names}
-        if len(new) < len(counts):
-            # The usual batch bumps counters that exist: an update costs half an upsert.
-            self.update_rows("counters", ("name",), ("value",),
-                              [(k, v) for k, v in counts.items() if k not in new], "value = value + {value}")
-        if new:
-            rows = pa.table({"name": list(new), "value": list(new.values())})
-            self.insert_rows("counters", rows, verb="INSERT INTO",
-                             on_conflict="ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value")
-            if self._memo is not None:
-                names.update(new)
+            "SELECT name FROM counters").fetchall()}) if self._memo is not None else None
+        write_counts(counts, names, self.update_rows, self.insert_rows)
 
     def counters(self) -> dict[str, int]:
-        """Every counter with its value."""
-        return dict(self.db.execute("SELECT name, value FROM counters ORDER BY name").fetchall())
+        """Every counter with its value, those not yet written included."""
+        return self.counts.read(lambda: self.db.execute("SELECT name, value FROM counters").fetchall(), self._staged)
 
 
 def _in_utc(instant: datetime) -> datetime:

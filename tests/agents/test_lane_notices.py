@@ -89,6 +89,6 @@ def test_notices_of_resources_the_lane_never_held_are_skipped_without_an_event_e
                    notice("held", 0), notice("old", 0)])
     assert sorted(made) == [b"fresh", b"held"], made
     assert stored(applier, "held") is None and stored(applier, "fresh") is None
-    counts = dict(applier.state.store.db.execute("SELECT name, value FROM counters").fetchall())
+    counts = applier.state.store.counters()
     assert counts.get("ignored_old_versions", 0) == 0, counts
 

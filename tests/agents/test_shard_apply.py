@@ -169,7 +169,7 @@ def test_a_shard_gained_after_a_rebase_gets_the_resources_read_again_from_the_ne
     y.apply([RawMessage("source-changes", 0, 0, b"waiver-W9", orjson.dumps(event[1]), lane=plan_partition(A, 2))])
     shards.caught_up(frozenset({plan_partition(A, 2)}))
     assert shard.held == {0, 1}
-    counters = dict(y.state.store.db.execute("SELECT name, value FROM counters").fetchall())
+    counters = y.state.store.counters()
     assert stored(y, "waiver-W9") == (1, A), f"the gained shard lacks a resource of the re-read lane: {counters}"
 
 
@@ -190,7 +190,7 @@ def test_a_shard_gained_after_a_rebase_is_reported_incomplete(make):
     with y.state.store.transaction():
         y.state.store.rebase("new-cluster", ["source-changes"])
     shards.gain(frozenset({plan_partition(A, 2)}))  # the peer died: y takes Atlas back
-    counters = dict(y.state.store.db.execute("SELECT name, value FROM counters").fetchall())
+    counters = y.state.store.counters()
     assert shards.incomplete == {plan_partition(A, 2)} and counters.get("shard_restores_incomplete") == 1, counters
 
 

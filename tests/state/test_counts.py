@@ -1,0 +1,85 @@
+"""Counter increments: read as soon as committed, written to the file a second later or at a clean stop."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from state import counts as counts_module
+from state.store import Store
+
+
+def _rows(store: Store) -> dict[str, int]:
+    return dict(store.db.execute("SELECT name, value FROM counters").fetchall())
+
+
+def test_committed_increments_are_read_at_once_and_a_rolled_back_one_never(tmp_path):
+    store = Store(tmp_path / "f.duckdb")
+    view = store.view()
+    try:
+        with store.transaction():
+            store.bump_many({"applied": 2, "zero": 0})
+            assert store.counters() == {"applied": 2}  # the writer reads its own transaction
+            assert view.counters() == {}  # a view reads what is committed
+        with pytest.raises(RuntimeError), store.transaction():
+            store.bump_many({"applied": 5, "lost": 1})
+            raise RuntimeError("rolled back")
+        assert store.counters() == view.counters() == {"applied": 2}
+        assert _rows(store) == {}  # not written yet: the first transaction a second from now writes it
+    finally:
+        store.close()
+
+
+def test_pending_increments_go_out_with_the_first_transaction_once_due_and_at_a_clean_stop(tmp_path, monkeypatch):
+    store = Store(tmp_path / "f.duckdb")
+    with store.transaction():
+        store.bump_many({"applied": 1})
+    monkeypatch.setattr(counts_module, "FLUSH_SECONDS", 0.0)
+    with store.transaction():
+        store.bump_many({"applied": 2, "new": 1})
+    assert _rows(store) == {"applied": 3, "new": 1} and store.counts.pending == {}
+    assert store.counters() == {"applied": 3, "new": 1}
+    monkeypatch.setattr(counts_module, "FLUSH_SECONDS", 3600.0)
+    with store.transaction():
+        store.bump_many({"applied": 4})
+    store.bump_many({"outside": 1})  # no transaction: written at once, as before
+    assert _rows(store) == {"applied": 3, "new": 1, "outside": 1} and store.counters()["applied"] == 7
+    store.close()  # a clean stop writes what is pending
+    again = Store(tmp_path / "f.duckdb")
+    try:
+        assert _rows(again) == again.counters() == {"applied": 7, "new": 1, "outside": 1}
+    finally:
+        again.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_reader_neither_counts_an_increment_twice_nor_misses_one_while_the_writer_writes_them(tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.setattr(counts_module, "FLUSH_SECONDS", 0.0)  # every other transaction writes what is pending
+    store = Store(tmp_path / "f.duckdb")
+    view = store.view()
+    done, seen, stop = [0], [], threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            before = done[0]
+            value = view.counters().get("n", 0)
+            seen.append((before, value, done[0]))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(300):
+            with store.transaction():
+                store.bump_many({"n": 1})
+            done[0] += 1
+    finally:
+        stop.set()
+        reader.join()
+        store.close()
+    assert len(seen) > 10
+    # Each read lies between the transactions committed before it began and those committed (or committing) after.
+    assert all(before <= value <= after + 1 for before, value, after in seen), [s for s in seen if not
+                                                                              s[0] <= s[1] <= s[2] + 1][:5]
+    assert [v for _, v, _ in seen] == sorted(v for _, v, _ in seen)
