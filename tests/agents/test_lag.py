@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import orjson
 import pytest
@@ -128,3 +129,39 @@ def test_paused_guarded_topics_refuse_and_others_degrade(guard):
     assert guard.check().state == "ok" and guard.degraded() == ["source-changes", "clock"]
     guard.paused.add("policy-versions")
     assert _refusal(guard) == "input_paused"
+
+
+@pytest.mark.timeout(60)
+async def test_between_refreshes_the_watcher_fetches_nothing_and_each_refresh_still_sees_the_end(broker, tmp_path):
+    """Through the broker: its partitions are paused once judged (an idle worker fetched every 50 ms) and resumed
+    for the next refresh, which learns the records published meanwhile."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    topic = f"lag-pause-{uuid.uuid4().hex[:8]}-revocations"
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, linger_ms=20)
+    await producer.start()
+    store = Store(tmp_path / "s.duckdb")
+    watcher = LagWatcher(store, broker.bootstrap_servers, {"revocations": topic}, bound_seconds=60.0)
+    try:
+        for published, more in ((3, 3), (5, 2)):
+            # One batch: Tansu's ListOffsets counts batches, so only a fetch (resumed) learns where the records end.
+            await asyncio.gather(*[await producer.send(topic, b"{}") for _ in range(more)])
+            await watcher.refresh()
+            for _ in range(20):  # a refresh may end before the broker answers the fetch it began
+                if watcher.lags() == {"revocations": {0: published}}:
+                    break
+                await watcher.refresh()
+            assert watcher.lags() == {"revocations": {0: published}}
+            consumer = watcher._consumer
+            assert consumer.assignment() and consumer.paused() == consumer.assignment()
+    finally:
+        await watcher.stop()
+        await producer.stop()
+        store.close()
