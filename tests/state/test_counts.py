@@ -8,6 +8,7 @@ import pytest
 
 from state import counts as counts_module
 from state.store import Store
+from tests.conftest import ATLAS_REQUEST
 
 
 def _rows(store: Store) -> dict[str, int]:
@@ -83,3 +84,20 @@ def test_a_reader_neither_counts_an_increment_twice_nor_misses_one_while_the_wri
     assert all(before <= value <= after + 1 for before, value, after in seen), [s for s in seen if not
                                                                               s[0] <= s[1] <= s[2] + 1][:5]
     assert [v for _, v, _ in seen] == sorted(v for _, v, _ in seen)
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_reports_counts_at_once_and_a_clean_stop_leaves_them_in_its_file(worker):
+    """Through the broker: a clean stop writes every count of applied events /healthz showed before it."""
+    await worker.select(ATLAS_REQUEST, await worker.load("atlas.jsonl"))
+    # The apply counts are the file's (the loop adds counts of selects of its own, never written).
+    reported = {n: v for n, v in (await worker.get("/healthz"))["counters"].items() if n.startswith("applied.")}
+    assert reported.get("applied.source-changes", 0) >= 1, reported
+    worker.stop()
+    store = Store(worker.settings.db_path)
+    try:
+        stored = _rows(store)
+    finally:
+        store.close()
+    assert {n: stored.get(n, 0) for n in reported if n != "applied.clock"} == {
+        n: v for n, v in reported.items() if n != "applied.clock"}  # the clock keeps ticking until the stop
