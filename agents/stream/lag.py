@@ -151,8 +151,8 @@ class LagWatcher:
                     now_at = await consumer.position(tp)
                     if now_at < recorded.targets[position]:
                         ends_now[position] = now_at
-            # Until the next refresh nothing here reads: an assigned partition would be fetched all the while (an
-            # idle worker's empty fetch every 50 ms was a quarter of its CPU).
+            # Until the next refresh nothing here reads, but an assigned partition is fetched all the while: paused,
+            # an idle worker's guard thread takes 1.3% of a core instead of 2.4% (of 10% for the whole worker).
             consumer.pause(*tps)
         except Exception as exc:  # noqa: BLE001 - any failure leaves the state unknown, i.e. closed
             log.warning("input lag unknown: %s", exc)
