@@ -215,6 +215,9 @@ def scale_rows(scale: dict) -> list[dict]:
                        bound if bound is not None else 0.0, "<=", "{:.2f}x")
             if bound is None:
                 row.update(met=False, gap="replicated part not measured")
+            used, used_bound = figures.get("state_used_largest_vs_1"), figures.get("state_used_bound_vs_1")
+            if used is not None and used_bound is not None:  # runs before 2026-12-07 did not measure it
+                row["shown"] += f" (blocks in use: {used:.2f}x against {used_bound:.2f}x)"
             rows.append(row)
     for key, copies in (("takeover", ""), ("takeover_standby", ", each with a standby copy of the other's")):
         take = scale.get(key)

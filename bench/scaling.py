@@ -33,18 +33,23 @@ def pinning(workers: list[int], available: int) -> str:
     return text.strip()
 
 
-def scaling(runs: dict[str, dict], replicated_bytes: int | None) -> dict[str, dict]:
-    """Each run against the 1-worker run: events/s, CPU and state bytes of every worker, and issue 28's bound."""
+def scaling(runs: dict[str, dict], replicated_bytes: int | None, replicated_used: int | None = None,
+            ) -> dict[str, dict]:
+    """Each run against the 1-worker run: events/s, CPU and state bytes of every worker, and issue 28's bound
+    (on the files' bytes, and on the bytes in blocks in use: `replicated_used` is the replicated part's)."""
     one = runs["1"]
     single_cpu = one["per_worker"][0].get("cpu_seconds")
     single_unwatched = one["per_worker"][0].get("cpu_seconds_unwatched")
     single_bytes = one["per_worker"][0].get("state_bytes")
+    single_used = one["per_worker"][0].get("state_used_bytes")
     out = {}
     for n, run in runs.items():
         cpu = [p.get("cpu_seconds") for p in run["per_worker"]]
         unwatched = [p.get("cpu_seconds_unwatched") for p in run["per_worker"]]
         stored = [p.get("state_bytes") for p in run["per_worker"]]
         cap = state_size.bound(single_bytes, replicated_bytes, run["workers"])
+        used = [p.get("state_used_bytes") for p in run["per_worker"]]
+        used_cap = state_size.bound(single_used, replicated_used, run["workers"])
         out[n] = {"workers": run["workers"], "pinned": run["pinned"],
                   "events_per_second_vs_1": _ratio(run["events_per_second"], one["events_per_second"]),
                   "cpu_seconds_vs_1": [_ratio(c, single_cpu) for c in cpu],
@@ -55,7 +60,9 @@ def scaling(runs: dict[str, dict], replicated_bytes: int | None) -> dict[str, di
                                                        single_unwatched),
                   "state_bytes_vs_1": [_ratio(b, single_bytes) for b in stored],
                   "state_largest_vs_1": _ratio(max(stored) if None not in stored else None, single_bytes),
-                  "state_bound_bytes": cap and round(cap), "state_bound_vs_1": _ratio(cap, single_bytes)}
+                  "state_bound_bytes": cap and round(cap), "state_bound_vs_1": _ratio(cap, single_bytes),
+                  "state_used_largest_vs_1": _ratio(max(used) if None not in used else None, single_used),
+                  "state_used_bound_vs_1": _ratio(used_cap, single_used)}
     return out
 
 
@@ -77,6 +84,7 @@ async def _run(bootstrap: str, workload: Workload, directory: Path, http: aiohtt
         for p, w in zip(run["per_worker"], workers, strict=True):
             p["state"] = state_size.state_bytes(w)
             p["state_bytes"] = p["state"]["bytes"]
+            p["state_used_bytes"] = p["state"]["used_bytes"]
         taken = None
         if kill:
             say(f"{n} workers: restarted on their files, then kill -9 of one right after edits that change every plan")
@@ -149,7 +157,7 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, worker
                          "catalog_events": len(scaled.catalog), "bulk_resources": bulk_resources,
                          "partitions": next(iter(runs.values()))["partitions"]},
             "cores": available, "pinning": pinning(list(workers), available), "sharded": sharded,
-            "runs": runs, "scaling": scaling(runs, replicated["bytes"]),
+            "runs": runs, "scaling": scaling(runs, replicated["bytes"], replicated["used_bytes"]),
             "ratios": ratios(runs["1"], runs["2"]) if "2" in runs else {},
             "replicated": replicated, "takeover": taken, "takeover_standby": taken_standby, "restore": restore,
             "seconds": round(time.perf_counter() - started, 1)}

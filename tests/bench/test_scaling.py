@@ -12,7 +12,8 @@ from bench.summary import scale_lines
 
 def _run(n: int, eps: float, cpu: list[float | None], stored: list[int | None]) -> dict:
     return {"workers": n, "pinned": n <= 2, "events_per_second": eps,
-            "per_worker": [{"cpu_seconds": c, "state_bytes": b} for c, b in zip(cpu, stored, strict=True)]}
+            "per_worker": [{"cpu_seconds": c, "state_bytes": b, "state_used_bytes": b and b // 2}
+                           for c, b in zip(cpu, stored, strict=True)]}
 
 
 def test_every_worker_is_compared_with_the_single_worker_and_its_share_of_state():
@@ -29,6 +30,10 @@ def test_every_worker_is_compared_with_the_single_worker_and_its_share_of_state(
     assert four["cpu_busiest_vs_1"] is None  # one worker's CPU unknown: no claim about the busiest
     assert four["state_bound_vs_1"] == 0.4 and four["state_largest_vs_1"] == 0.42
     assert scaling.scaling(runs, None)["2"]["state_bound_vs_1"] is None  # no replicated part: no bound
+    # The same bound on the blocks in use (a file keeps the blocks its checkpoints freed).
+    used = scaling.scaling(runs, replicated_bytes=20, replicated_used=10)
+    assert used["2"]["state_used_largest_vs_1"] == 0.6 and used["2"]["state_used_bound_vs_1"] == 0.6
+    assert used["4"]["state_used_bound_vs_1"] == 0.4 and figures["2"]["state_used_bound_vs_1"] is None
 
 
 def test_the_report_says_which_runs_could_not_be_pinned():
@@ -46,6 +51,7 @@ def check_scale_run(result: dict, said: str, directory: Path) -> None:
         assert run["workers"] == int(n) == len(run["per_worker"]) and run["events"] == events
         assert run["total_compilations"] == sum(p["compilations"] for p in run["per_worker"])
         assert all(p["state_bytes"] > 0 and p["state"]["wal_bytes"] == 0 for p in run["per_worker"])  # clean stops
+        assert all(0 < p["state_used_bytes"] <= p["state"]["file_bytes"] for p in run["per_worker"])
         assert all(p["cpu_seconds"] is not None for p in run["per_worker"])
         # The bench's /healthz polls are timed on each worker and left out of the figure the target reads.
         assert all(0 < p["status_cpu_seconds"] and p["cpu_seconds_unwatched"] <= p["cpu_seconds"]
