@@ -7,9 +7,10 @@ import time
 from collections import Counter
 from typing import Callable, Mapping
 
+import duckdb
 import pyarrow as pa
 
-FLUSH_SECONDS = 1.0  # the longest committed increments wait in memory while the writer commits transactions
+FLUSH_SECONDS = 1.0  # how long committed increments wait in memory before the writer's timer writes them
 
 
 class Counts:
@@ -17,49 +18,47 @@ class Counts:
 
     Writing the counter rows costs a statement in every transaction that bumps one (about 1 ms of
     a one-event apply batch's 8, and of every backlog job, in DuckDB 1.5), so committed
-    increments wait here and go out with the writer's first transaction a second or more after
-    the last write, and at a clean stop. Readers add them to the rows under the lock the writer
-    commits under, so an increment is never counted twice or missed. A kill -9 loses at most the
-    last second's increments: counters are operational figures (Prometheus reads a lower value
-    as a restart), and nothing is decided by them.
+    increments wait here, and the writer writes them in a transaction of their own once a second
+    or more has passed (a timer asks every second) and at a clean stop. A failure of that write
+    can therefore undo nothing else. Readers add them to the rows under a lock the writer holds
+    while it moves them, so an increment is never counted twice or missed. A kill -9 loses the
+    increments of about the last two seconds: counters are operational figures (Prometheus reads
+    a lower value as a restart), and nothing is decided by them.
     """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()  # held by a reader over its read, and by the writer over a commit
+        self.lock = threading.Lock()  # held by a reader over its read, by the writer while it moves increments
         self.pending: Counter[str] = Counter()  # committed, not yet in the file
         self.written_at = time.monotonic()
 
     def due(self) -> bool:
-        """Whether the writer's transaction should write what is pending."""
+        """Whether what is pending has waited long enough to be written."""
         return bool(self.pending) and time.monotonic() - self.written_at >= FLUSH_SECONDS
 
-    def commit(self, commit: Callable[[], None], staged: Mapping[str, int],
-               write: Callable[[Mapping[str, int]], None] | None) -> None:
-        """Commit a transaction with its `staged` increments; with `write` (the writer's), write what is pending
-        in it first when that is due."""
-        written = None
-        if write is not None and self.due():
+    def committed(self, staged: Mapping[str, int]) -> None:
+        """After the writer's transaction committed: its `staged` increments are pending."""
+        if staged:
+            with self.lock:
+                self.pending.update(staged)
+
+    def write(self, db: duckdb.DuckDBPyConnection, write: Callable[[Mapping[str, int]], None]) -> None:
+        """Write what is pending with `write` in a transaction of its own on the writer's `db`: the increments
+        leave memory as the file gets them, under the lock; a failure rolls back and keeps them pending."""
+        with self.lock:
             written = dict(self.pending)
-            write(self.pending + Counter(staged))
-        with self.lock:
-            commit()
-            self.committed(staged, written)
-
-    def flush(self, write: Callable[[Mapping[str, int]], None]) -> None:
-        """Write what is pending outside any transaction (at a clean stop)."""
-        with self.lock:
-            if self.pending:
-                write(self.pending)
-                self.pending.clear()
-
-    def committed(self, staged: Mapping[str, int], written: Mapping[str, int] | None) -> None:
-        """After a commit (under `lock`): `staged` joins what is pending, or `written` left it for the file."""
-        if written is None:
-            self.pending.update(staged)
+        if not written:
             return
-        self.pending.subtract(written)
-        for name in [n for n, v in self.pending.items() if not v]:
-            del self.pending[name]
+        db.begin()
+        try:
+            write(written)
+            with self.lock:
+                db.commit()
+                self.pending.subtract(written)
+                for name in [n for n, v in self.pending.items() if not v]:
+                    del self.pending[name]
+        except BaseException:
+            db.rollback()
+            raise
         self.written_at = time.monotonic()
 
     def read(self, rows: Callable[[], list[tuple[str, int]]], staged: Mapping[str, int]) -> dict[str, int]:

@@ -276,6 +276,13 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             await reports.report()
 
     @app.timer(interval=1.0)
+    @chores.timer("write_counts")
+    async def write_counts() -> None:
+        # Counter increments wait in memory between these writes (see state.counts): a kill -9 loses about 2 s.
+        if state.store.counts.due():
+            await writer.run_later(state.store.write_counts)
+
+    @app.timer(interval=1.0)
     @chores.timer("flush_outbox")
     async def flush_outbox() -> None:
         # Catches records left by a crash between commit and publish, and idle periods.

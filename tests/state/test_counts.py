@@ -32,16 +32,19 @@ def test_committed_increments_are_read_at_once_and_a_rolled_back_one_never(tmp_p
         store.close()
 
 
-def test_pending_increments_go_out_with_the_first_transaction_once_due_and_at_a_clean_stop(tmp_path, monkeypatch):
+def test_pending_increments_go_out_in_a_write_of_their_own_once_due_and_at_a_clean_stop(tmp_path, monkeypatch):
     store = Store(tmp_path / "f.duckdb")
+    monkeypatch.setattr(counts_module, "FLUSH_SECONDS", 3600.0)
     with store.transaction():
         store.bump_many({"applied": 1})
+    assert not store.counts.due()  # a second has not passed since the last write (the file's opening)
     monkeypatch.setattr(counts_module, "FLUSH_SECONDS", 0.0)
     with store.transaction():
         store.bump_many({"applied": 2, "new": 1})
-    assert _rows(store) == {"applied": 3, "new": 1} and store.counts.pending == {}
+    assert store.counts.due() and _rows(store) == {}  # the transactions write no counter
+    store.write_counts()  # the writer's timer job
+    assert _rows(store) == {"applied": 3, "new": 1} and store.counts.pending == {} and not store.counts.due()
     assert store.counters() == {"applied": 3, "new": 1}
-    monkeypatch.setattr(counts_module, "FLUSH_SECONDS", 3600.0)
     with store.transaction():
         store.bump_many({"applied": 4})
     store.bump_many({"outside": 1})  # no transaction: written at once, as before
@@ -55,9 +58,7 @@ def test_pending_increments_go_out_with_the_first_transaction_once_due_and_at_a_
 
 
 @pytest.mark.timeout(60)
-def test_a_reader_neither_counts_an_increment_twice_nor_misses_one_while_the_writer_writes_them(tmp_path,
-                                                                                                monkeypatch):
-    monkeypatch.setattr(counts_module, "FLUSH_SECONDS", 0.0)  # every other transaction writes what is pending
+def test_a_reader_neither_counts_an_increment_twice_nor_misses_one_while_the_writer_writes_them(tmp_path):
     store = Store(tmp_path / "f.duckdb")
     view = store.view()
     done, seen, stop = [0], [], threading.Event()
@@ -71,10 +72,12 @@ def test_a_reader_neither_counts_an_increment_twice_nor_misses_one_while_the_wri
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        for _ in range(300):
+        for i in range(300):
             with store.transaction():
                 store.bump_many({"n": 1})
             done[0] += 1
+            if i % 2:
+                store.write_counts()  # as the writer's timer job does
     finally:
         stop.set()
         reader.join()
