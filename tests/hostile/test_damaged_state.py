@@ -6,6 +6,7 @@ import os
 import time
 
 import duckdb
+import orjson
 import pytest
 
 from tests.conftest import ATLAS_REQUEST, _spawn
@@ -134,11 +135,14 @@ async def test_a_plan_record_arriving_after_the_file_failed_does_not_stop_the_wo
     from tests.conftest import eventually
 
     path = await _stopped_with_state(worker)
+    [record, *_] = await worker.records("plan-dependencies", bool)
     await worker.restart()
     os.truncate(path, 3 * 4096)
-    # The plan feed must write what it reads (or that it skipped it): with the file gone, that write failed too,
-    # and the feed's task took the worker down with it.
-    await worker.publish([("plan-dependencies", b"plan-key", b'{"not": "a plan record"}')])
+    # The plan feed must park what it reads, and judge it against the file: with the file gone, that failed too,
+    # and the feed's task took the worker down with it. The record is a peer's compilation of the worker's plan.
+    key = record.pop("_key")
+    peer = orjson.dumps(dict(record, plan_id="compiled-by-a-peer"))
+    await worker.publish([("plan-dependencies", key, peer)])
 
     async def met() -> bool:  # the feed read the record and met the file (or the worker died of it)
         return worker.proc.poll() is not None or (
