@@ -77,7 +77,7 @@ def _again_with_new_columns(tmp_path, name: str) -> list[tuple]:
 
 def test_a_plan_id_compiled_again_gets_every_column_of_its_new_compilation_as_the_bulk_write_gives_it(
         tmp_path, monkeypatch):
-    # The few-plans path updates a stored plan's row in place; the many-plans path replaces it.
+    # The few-plans path writes parameters, the many-plans path an Arrow scan: the same row either way.
     few = _again_with_new_columns(tmp_path, "few")
     monkeypatch.setattr(plan_store, "SMALL_INSERT_ROWS", 0)
     assert few == _again_with_new_columns(tmp_path, "many")
