@@ -80,6 +80,9 @@ class Outbox:
         self.db = store.db
         self.limit = limit
         self.acked = acked if acked is not None else Acknowledged()  # shared with the views over the same file
+        # Times records were queued or promoted on this connection: unchanged, nothing new can be due.
+        self.queued = 0
+        self.promoted = 0  # times standby records were promoted: an older record may have come due
 
     def _fit(self, rows: list[tuple[str, bytes | None, bytes]], sources: list[Source | None],
              ) -> tuple[list[tuple[str, bytes | None, bytes]], list[Source | None]]:
@@ -162,6 +165,7 @@ class Outbox:
             "src_partition": pa.array([s and s[1] for s in sources], pa.int32()),
             "src_offset": pa.array([s and s[2] for s in sources], pa.int64()),
             "standby": pa.array([standby and s is not None for s in sources], pa.bool_())})
+        self.queued += 1
         if lane is not None:
             table = table.append_column("lane", pa.array([lane] * len(rows), pa.int32()))
             self.store.forget(LANE_LETTERS)
@@ -178,6 +182,7 @@ class Outbox:
             rows = self.db.execute(select, params).fetchall()
             self.add_many([row[:3] for row in rows], [row[3:] for row in rows], standby=standby)
             return
+        self.queued += 1
         self.db.execute("INSERT INTO outbox (topic, key, value, src_topic, src_partition, src_offset, standby) "
                         f"SELECT *, ? FROM ({select})", [standby, *params])
 
@@ -191,6 +196,8 @@ class Outbox:
         if drop_earlier:
             self.db.execute("DELETE FROM outbox WHERE standby AND lane IS NULL AND src_topic = ? AND src_partition = ? "
                             "AND src_offset < ?", [topic, partition, first])
+        self.queued += 1
+        self.promoted += 1
         return self.db.execute("UPDATE outbox SET standby = false WHERE standby AND lane IS NULL AND src_topic = ? "
                                "AND src_partition = ? AND src_offset BETWEEN ? AND ?",
                                [topic, partition, first, last]).fetchone()[0]
@@ -239,6 +246,8 @@ class Outbox:
         if not lanes or not self.store.cached(LANE_LETTERS, self._any_kept):
             return 0
         self.store.forget(LANE_LETTERS)
+        self.queued += 1
+        self.promoted += 1
         return self.db.execute("UPDATE outbox SET standby = false, lane = NULL WHERE standby AND lane IN "
                                "(SELECT unnest(?))", [sorted(lanes)]).fetchone()[0]
 

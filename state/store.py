@@ -62,6 +62,7 @@ class Store:
         self._memo: dict | None = {}
         self._moved = False  # offsets or incarnation written in the open transaction: published at commit
         self.counts = Counts()  # shared with views: committed increments not yet in the file
+        self.rebases = 0  # rebases written on this connection (they promote standby records: `Publisher.prefetch`)
         self._staged: Counter[str] = Counter()  # the writer's increments in the open transaction
         self.heads.position = self.position()
 
@@ -281,6 +282,7 @@ class Store:
         # a loss is not, and the old positions can never be promoted by new events.
         self.db.execute("UPDATE outbox SET standby = false, lane = NULL WHERE standby "
                         "AND src_topic IN (SELECT unnest(?))", [topics])
+        self.rebases += 1
         self._position_moved()
         return epoch
 

@@ -51,7 +51,8 @@ class Replica(ApplyProgress):
                  top_up: float = TOP_UP, on_batch: Callable[[float | None, float], object] | None = None,
                  early: FastPath | None = None, partitions: int = 1,
                  held_lanes: Callable[[], frozenset[int]] = frozenset,
-                 lanes_applied: Callable[[Fetched], object] | None = None) -> None:
+                 lanes_applied: Callable[[Fetched], object] | None = None,
+                 after_commit: Callable[[], object] | None = None) -> None:
         self.applier = applier
         self.store = store  # for reads beside the writer (its own cursor in a worker)
         self.run_writes = run  # runs a state write on the writer thread
@@ -63,6 +64,7 @@ class Replica(ApplyProgress):
         self.top_up = top_up  # seconds to wait for what arrived while a prefetched batch sat in the buffer
         self.fetch_bytes = fetch_bytes
         self.after_apply = after_apply
+        self.after_commit = after_commit  # run last in each apply job, on the writer thread (`Publisher.prefetch`)
         self.positions: dict[str, dict[int, int]] = store.next_offsets()
         self._progress = asyncio.Condition()
         self._consumer: AIOKafkaConsumer | None = None
@@ -346,6 +348,8 @@ class Replica(ApplyProgress):
             log.exception("dropping lane letters covered by reports failed; a later report drops them")
         if self.lanes_applied is not None and batch.caught_up:
             self.lanes_applied(batch, before=False)
+        if self.after_commit is not None:
+            self.after_commit()
         return self.applier.state.store.next_offsets()
 
     def _new_consumer(self) -> AIOKafkaConsumer:

@@ -95,7 +95,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     inputs = {name: settings.topic(name) for name in INPUT_TOPICS}
     rebalances = Rebalances(app, inputs)
     taken_on = TakenOn()  # the duty fills it, the publisher publishes from it
-    publisher = Publisher(state, app, writer.run, taken_on.by_topic)
+    publisher = Publisher(state, app, writer.run, taken_on.by_topic, prefetching=True)
     shards = Shards(shard_state, applier, standby_replicas=settings.standby_replicas,
                     reading=lambda: replica.lanes.read_now())
     # `source-changes` is read through its lanes (named here so that a reset of it is still detected).
@@ -105,7 +105,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                       after_apply=publisher.publish_owned,
                       auto_rebase=settings.rebase or settings.bootstrap_servers is None, kafka=kafka, run=writer.run,
                       on_batch=observed.observe_batch, early=early, partitions=settings.partitions,
-                      held_lanes=lambda: shard_state.held, lanes_applied=shards.lanes_applied)
+                      held_lanes=lambda: shard_state.held, lanes_applied=shards.lanes_applied,
+                      after_commit=publisher.prefetched.read if publisher.prefetched else None)
     # Replaced (never changed in place) after each committed batch.
     positions = lambda: replica.positions  # noqa: E731
     guard = LagWatcher(reader.store, bootstrap_servers, inputs, settings.revocation_lag_bound, kafka=kafka,

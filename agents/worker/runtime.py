@@ -168,6 +168,8 @@ class Worker:
                 # successors that waited for fetched input first (`agents.plans.successor_hold`)
                 "successor_holds": self.successor_hold.as_dict() if self.successor_hold else None,
                 "writer": {"thread": self.applier.applied_in, "jobs": self.writer.jobs},
+                # flushes that sent what the last apply job read of the outbox, and reads found stale or failed
+                "outbox_prefetches": dict(self.publisher.prefetched.counts) if self.publisher.prefetched else None,
                 "select_reads": self.select_reads.reads,
                 "select_compiles": {"jobs": self.query.compiles.jobs, "selects": self.query.compiles.items,
                                     "waiting": self.query.compiles.waiting},

@@ -176,7 +176,7 @@ def test_a_failing_prune_by_reports_never_stops_applying(make, monkeypatch):  # 
     worst), and the replica goes on."""
     y, _, lane_a, _, bad = _copy_holder(make)
     replica = Replica.__new__(Replica)
-    replica.applier, replica.lanes_applied = y, None
+    replica.applier, replica.lanes_applied, replica.after_commit = y, None, None
 
     def broken(reports):
         raise RuntimeError("disk full")
