@@ -34,11 +34,12 @@ class OutboxPrefetch:
 
     Read in a writer job of its own, that read queued behind the next input batch: under 1,000
     events/s the writer's announcements waited another 100-300 ms before they were sent. A record
-    due leaves the outbox only once this worker's producer had it acknowledged or refused (both
-    are reported to `gone`), and a record comes due before older ones only when a standby record
-    is promoted or the file is rebased: so the records read, less those gone since, are exactly
-    what a read now would find up to the last of them, unless one of those two happened (then
-    the flush reads the outbox as before).
+    due leaves the outbox only once this worker's producer had it acknowledged or refused. Either
+    it joins `Outbox.acked` (which reads pass over) until the next apply job deletes it, or, from
+    `FORGET_NOW` records on and when refused, it is `leaving` until the job deleting it has run
+    (the read passes over those too). Both are logged for the read that is live (`gone`), which
+    may have been made before. A record comes due before older ones only when a standby record
+    is promoted or the file is rebased: then the flush reads the outbox as before.
     """
 
     def __init__(self, state: LocalState, read_rows: int) -> None:
@@ -46,36 +47,62 @@ class OutboxPrefetch:
         self.read_rows = read_rows
         self._last: Prefetched | None = None
         self._queued = -1  # `Outbox.queued` at the last read: unchanged, nothing new is due
-        self._lock = threading.Lock()  # the loop adds to `_gone`, the writer's read marks it
+        self._lock = threading.Lock()  # the loop reports what left, the writer's read marks and filters
         self._gone: list[int] = []  # sequence numbers acknowledged or refused since number `_gone_from` of them
         self._gone_from = 0
+        self._reading = False  # a read has marked `_gone` and not yet become `_last`
+        self._leaving: set[int] = set()  # acknowledged or refused, not in `Outbox.acked`, not deleted yet
         self.counts = {"used": 0, "passed_over": 0, "failed": 0}  # for /healthz
 
     def read(self) -> None:
         """Read what is due now (on the writer thread, after the apply job committed); never raises."""
         outbox = self.state.outbox
-        if outbox.queued == self._queued:
-            self._last = None  # nothing queued since the last read: a flush reads what that one left
-            return
-        self._queued = outbox.queued
-        with self._lock:  # before the read: a record acknowledged while it runs counts as gone
-            self._gone_from += len(self._gone)
+        with self._lock:  # before the read: a record that leaves while it runs is logged after the mark
+            self._gone_from += len(self._gone)  # the last read is replaced: nothing needs the log before this
             self._gone = []
             mark = self._gone_from
+            self._reading = outbox.queued != self._queued
+            if not self._reading:
+                self._last = None  # nothing queued since the last read: a flush reads what that one left
+                return
+        self._queued = outbox.queued
         try:
-            self._last = Prefetched(outbox.queued, mark, outbox.promoted, self.state.store.rebases,
-                                    outbox.pending(self.read_rows, None))
+            rows = outbox.pending(self.read_rows, None)
+            with self._lock:  # jobs that delete `leaving` records run on this thread: none has since the read
+                rows = [row for row in rows if row[0] not in self._leaving] if self._leaving else rows
+            self._last = Prefetched(outbox.queued, mark, outbox.promoted, self.state.store.rebases, rows)
         except Exception:  # noqa: BLE001 - the batch is committed: the flush reads the outbox itself instead
             self._last = None
             self.counts["failed"] += 1
             if self.counts["failed"] == 1:
                 log.exception("reading the outbox after an apply batch failed; flushes read it themselves")
+        finally:
+            with self._lock:
+                self._reading = False
 
     def gone(self, seqs: list[int]) -> None:
-        """Records the producer had acknowledged or refused: no longer due, whatever a read before found."""
+        """Records acknowledged and added to `Outbox.acked` (call after): no longer due, whatever the live read
+        found."""
         if seqs:
             with self._lock:
-                self._gone.extend(seqs)
+                if self._last is not None or self._reading:
+                    self._gone.extend(seqs)
+
+    def leaving(self, seqs: list[int]) -> None:
+        """Records acknowledged or refused that a writer job is about to delete, not in `Outbox.acked`: reads
+        pass over them until `deleted` (call before submitting that job)."""
+        if seqs:
+            with self._lock:
+                self._leaving.update(seqs)
+                if self._last is not None or self._reading:
+                    self._gone.extend(seqs)
+
+    def deleted(self, seqs: list[int]) -> None:
+        """The job deleting records `leaving` has run (on the writer thread; committed or not: not deleted,
+        they are due again, as before any read)."""
+        if seqs:
+            with self._lock:
+                self._leaving.difference_update(seqs)
 
     def due(self) -> bool | None:
         """Whether a record is due, from the last read (None: unknown, read the outbox)."""
@@ -106,8 +133,8 @@ class OutboxPrefetch:
         if fetched is None or fetched.promoted != outbox.promoted or fetched.rebases != self.state.store.rebases:
             return None
         with self._lock:
-            if fetched.mark < self._gone_from:  # read before the last read: its marks are gone
+            if fetched.mark < self._gone_from:  # a later read replaced it: its part of the log is gone
                 return None
-            gone = set(self._gone[fetched.mark - self._gone_from:])
+            gone = set(self._gone[fetched.mark - self._gone_from:]) | self._leaving
         gone.update(outbox.acked.current())
         return [row for row in fetched.rows if row[0] not in gone] if gone else fetched.rows

@@ -197,18 +197,21 @@ class Publisher:
                             refused.append(row)
                         else:
                             failed.add(row[0])
-                    if self.prefetched is not None:
-                        self.prefetched.gone(done + [row[0] for row in refused])
                     retry = len(failed)
                     if refused or len(done) + len(self.state.outbox.acked) >= FORGET_NOW:
                         # A fan-out's rows are forgotten as it goes, by number: reads that pass over a long
                         # list of acknowledged rows would cost tens of ms each (a round holds 50,000). The
-                        # next read queues behind this job on the writer thread, so it never sees them.
+                        # next read queues behind this job on the writer thread, so it never sees them; an
+                        # apply job's read (`prefetched`) may run first, and passes over them as `leaving`.
+                        if self.prefetched is not None:
+                            self.prefetched.leaving(done + [row[0] for row in refused])
                         if forgetting is not None:
                             await forgetting
                         forgetting = asyncio.ensure_future(self.run_writes(self._forget_sent, refused, done))
                     else:
                         self.state.outbox.acked.add(done)
+                        if self.prefetched is not None:  # after: a read in between passes over `acked`
+                            self.prefetched.gone(done)
                     sent, after = sent + len(done), rows[-1][0]
                     # Rounds of one call read on from the last: each read every record due up to its last row.
                     self._acknowledged(_sent_through(rows, failed))
@@ -335,8 +338,12 @@ class Publisher:
     def _forget_sent(self, refused: list, done: list[int] = ()) -> None:
         """Delete acknowledged rows (`done`, and those waiting in `acked`) and dead-letter refused ones."""
         outbox = self.state.outbox
-        with self.state.store.transaction():
-            forgotten = outbox.forget_acked()
-            outbox.remove(list(done))
-            outbox.replace_with_dead_letters(refused, "refused by the producer or broker")
-        outbox.acked.deleted(forgotten)
+        try:
+            with self.state.store.transaction():
+                forgotten = outbox.forget_acked()
+                outbox.remove(list(done))
+                outbox.replace_with_dead_letters(refused, "refused by the producer or broker")
+            outbox.acked.deleted(forgotten)
+        finally:
+            if self.prefetched is not None:
+                self.prefetched.deleted(list(done) + [row[0] for row in refused])

@@ -70,18 +70,28 @@ async def test_the_flush_sends_what_the_apply_job_read_without_reading_the_outbo
 @pytest.mark.timeout(10)
 async def test_a_record_acknowledged_and_forgotten_after_the_read_is_not_sent_again(setup):
     state, app, publisher, jobs = setup
+    held = asyncio.get_running_loop().create_future()
+    sent: list[bytes] = []
+
+    async def send(topic, key, value, partition, timestamp, headers):
+        sent.append(key)
+        return held if key == b"a" else asyncio.sleep(0)
+
+    app.producer.send = send
     _queue(state, b"a")
-    publisher.prefetched.read()
-    stale = publisher.prefetched._last
-    publisher.prefetched._last = None  # an earlier flush, already under way, reads and sends `a` itself
-    await publisher.publish()
-    with state.store.transaction():  # the next apply batch deletes the acknowledged row
+    first = asyncio.ensure_future(publisher.publish())  # a flush already under way: it reads `a` itself
+    while not sent:
+        await asyncio.sleep(0.01)
+    _queue(state, b"b")
+    publisher.prefetched.read()  # the next apply job reads `a` (not acknowledged yet) and `b`
+    held.set_result(None)
+    await first
+    with state.store.transaction():  # the apply job after it deletes the acknowledged row
         forgotten = state.outbox.forget_acked()
     state.outbox.acked.deleted(forgotten)
-    assert not state.outbox.acked.current()  # so only what the publisher remembers can pass over it
-    publisher.prefetched._last = stale
+    assert not state.outbox.acked.current()  # so only what the prefetch logged can pass over it
     await publisher.publish()
-    assert app.producer.sent == [b"a"]
+    assert sent == [b"a", b"b"]
 
 
 @pytest.mark.timeout(10)
