@@ -25,6 +25,8 @@ class Prefetched:
     """`Outbox.promoted` then: a standby record promoted since may come before the last of `rows`."""
     rebases: int
     """`Store.rebases` then: a rebase promotes standby records too."""
+    failed_forgets: int
+    """`OutboxPrefetch.failed_forgets` then: records the read passed over as `leaving` may be due again since."""
     rows: list[Row]
     """The records due, in sequence order."""
 
@@ -47,11 +49,15 @@ class OutboxPrefetch:
         self.read_rows = read_rows
         self._last: Prefetched | None = None
         self._queued = -1  # `Outbox.queued` at the last read: unchanged, nothing new is due
+        self._rebases = -1  # `Store.rebases` at the last read
+        # The last apply job queued nothing and rebased nothing: what is due, the flushes before it had to send
+        self.quiet = False
         self._lock = threading.Lock()  # the loop reports what left, the writer's read marks and filters
         self._gone: list[int] = []  # sequence numbers acknowledged or refused since number `_gone_from` of them
         self._gone_from = 0
         self._reading = False  # a read has marked `_gone` and not yet become `_last`
         self._leaving: set[int] = set()  # acknowledged or refused, not in `Outbox.acked`, not deleted yet
+        self.failed_forgets = 0  # jobs deleting `leaving` records that did not commit: those are due again
         self.counts = {"used": 0, "passed_over": 0, "failed": 0}  # for /healthz
 
     def read(self) -> None:
@@ -61,16 +67,19 @@ class OutboxPrefetch:
             self._gone_from += len(self._gone)  # the last read is replaced: nothing needs the log before this
             self._gone = []
             mark = self._gone_from
-            self._reading = outbox.queued != self._queued
+            rebases = self.state.store.rebases
+            self._reading = outbox.queued != self._queued or rebases != self._rebases
+            self.quiet = not self._reading
             if not self._reading:
                 self._last = None  # nothing queued since the last read: a flush reads what that one left
                 return
-        self._queued = outbox.queued
+        self._queued, self._rebases = outbox.queued, rebases
         try:
             rows = outbox.pending(self.read_rows, None)
             with self._lock:  # jobs that delete `leaving` records run on this thread: none has since the read
                 rows = [row for row in rows if row[0] not in self._leaving] if self._leaving else rows
-            self._last = Prefetched(outbox.queued, mark, outbox.promoted, self.state.store.rebases, rows)
+            self._last = Prefetched(outbox.queued, mark, outbox.promoted, self.state.store.rebases,
+                                    self.failed_forgets, rows)
         except Exception:  # noqa: BLE001 - the batch is committed: the flush reads the outbox itself instead
             self._last = None
             self.counts["failed"] += 1
@@ -97,12 +106,13 @@ class OutboxPrefetch:
                 if self._last is not None or self._reading:
                     self._gone.extend(seqs)
 
-    def deleted(self, seqs: list[int]) -> None:
-        """The job deleting records `leaving` has run (on the writer thread; committed or not: not deleted,
-        they are due again, as before any read)."""
+    def deleted(self, seqs: list[int], committed: bool = True) -> None:
+        """The job deleting records `leaving` has run (on the writer thread). Not committed, they are due again,
+        before records a read made meanwhile found: that read is passed over (`failed_forgets`)."""
         if seqs:
             with self._lock:
                 self._leaving.difference_update(seqs)
+                self.failed_forgets += not committed
 
     def due(self) -> bool | None:
         """Whether a record is due, from the last read (None: unknown, read the outbox)."""
@@ -130,7 +140,8 @@ class OutboxPrefetch:
     def _still_due(self, fetched: Prefetched | None) -> list[Row] | None:
         """The records read and not gone since; None if they may not be all that is due up to the last of them."""
         outbox = self.state.outbox
-        if fetched is None or fetched.promoted != outbox.promoted or fetched.rebases != self.state.store.rebases:
+        if fetched is None or fetched.promoted != outbox.promoted or fetched.rebases != self.state.store.rebases \
+                or fetched.failed_forgets != self.failed_forgets:
             return None
         with self._lock:
             if fetched.mark < self._gone_from:  # a later read replaced it: its part of the log is gone
