@@ -49,9 +49,6 @@ class OutboxPrefetch:
         self.read_rows = read_rows
         self._last: Prefetched | None = None
         self._queued = -1  # `Outbox.queued` at the last read: unchanged, nothing new is due
-        self._rebases = -1  # `Store.rebases` at the last read
-        # The last apply job queued nothing and rebased nothing: what is due, the flushes before it had to send
-        self.quiet = False
         self._lock = threading.Lock()  # the loop reports what left, the writer's read marks and filters
         self._gone: list[int] = []  # sequence numbers acknowledged or refused since number `_gone_from` of them
         self._gone_from = 0
@@ -67,13 +64,11 @@ class OutboxPrefetch:
             self._gone_from += len(self._gone)  # the last read is replaced: nothing needs the log before this
             self._gone = []
             mark = self._gone_from
-            rebases = self.state.store.rebases
-            self._reading = outbox.queued != self._queued or rebases != self._rebases
-            self.quiet = not self._reading
+            self._reading = outbox.queued != self._queued
             if not self._reading:
                 self._last = None  # nothing queued since the last read: a flush reads what that one left
                 return
-        self._queued, self._rebases = outbox.queued, rebases
+        self._queued = outbox.queued
         try:
             rows = outbox.pending(self.read_rows, None)
             with self._lock:  # jobs that delete `leaving` records run on this thread: none has since the read
@@ -124,13 +119,14 @@ class OutboxPrefetch:
 
     def take(self) -> tuple[list[Row], bool] | None:
         """The records of the last read still due, once, and whether they are all that is due (nothing queued
-        since); None: read the outbox (nothing read since the last take, or what was may not be all up to its
-        last record, or nothing is left of it and more was queued)."""
+        since, and the read was not cut short); None: read the outbox (nothing read since the last take, or what
+        was may not be all up to its last record, or nothing is left of it and more was queued)."""
         fetched, self._last = self._last, None
         if fetched is None:
             return None
         rows = self._still_due(fetched)
-        complete = fetched.queued == self.state.outbox.queued
+        # A read cut at `read_rows` is not all that is due either, however few of its records are left.
+        complete = fetched.queued == self.state.outbox.queued and len(fetched.rows) < self.read_rows
         if rows is None or (not rows and not complete):
             self.counts["passed_over"] += 1
             return None

@@ -72,7 +72,6 @@ class Publisher:
         # What the last apply job read of the outbox, for the next flush (None: flushes read it themselves)
         self.prefetched = OutboxPrefetch(state, READ_ROWS) if prefetching else None
         self._read_on = False  # the flush's last round was prefetched and more was queued after its read
-        self._unsent = False  # the last flush left records not acknowledged (they are retried)
         self.duty = duty  # input partitions this worker publishes for (see `publish_owned`)
         self.lock = asyncio.Lock()  # one flush at a time: records leave in outbox order
         self._again = False  # promoted records wait for a flush that has not read the outbox yet
@@ -101,10 +100,6 @@ class Publisher:
             await self.run_writes(self.promote, spans, drop_earlier=False)
         # Plans of owned partitions are announced due at once (not on standby): after a restart,
         # before the group has assigned this worker anything, they must not wait for the timer.
-        if self.prefetched is not None and self.prefetched.quiet and not held and not self._unsent:
-            # The batch queued nothing, and every flush since the last that did sent what it read (none is
-            # left to a retry): nothing due is new, and a flush would only read the outbox to find that out.
-            return
         due = self.prefetched.due() if self.prefetched is not None else None
         if spans or (due if due is not None else await self.run_writes(self.state.outbox.any_due)):
             self.kick()
@@ -163,7 +158,6 @@ class Publisher:
         try:
             return await self._publish()
         except Exception:  # noqa: BLE001 - callers are the apply path, timers and routes: none may die of it
-            self._unsent = True  # the next batch kicks a flush again, quiet or not
             log.exception("publishing the outbox failed; the records stay queued")
             return 0
 
@@ -190,7 +184,6 @@ class Publisher:
                         continue
                     if not rows:
                         self._acknowledged(max(earlier, -1 if after is None else after))
-                        self._unsent = False
                         return sent
                     results = await self._send([(topic, key, value) for _, topic, key, value in rows])
                     done, refused, failed = [], [], set()
@@ -224,13 +217,11 @@ class Publisher:
                     self._acknowledged(_sent_through(rows, failed))
                     if retry:
                         log.warning("%d records not acknowledged; they stay queued", retry)
-                        self._unsent = True
                         return sent
                     if len(rows) < READ_ROWS and forgetting is None and not self._read_on:
                         # Everything due was read: a read more would find nothing (a writer job saved
                         # per batch). Records queued since come with a kick or a publish of their own.
                         self._acknowledged(max(earlier, after))
-                        self._unsent = False
                         return sent
             finally:
                 if forgetting is not None:
