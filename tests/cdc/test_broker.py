@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from schemas.debezium import UNAVAILABLE
 from streams.incarnation import read_cluster_id
 from tests.cdc.test_fixtures import FIXTURES, fixture, message
-from tests.conftest import ATLAS_REQUEST, launch, sign_token
+from tests.conftest import ATLAS_REQUEST, freshest, launch, sign_token
 from tests.events import policy_version, resource, revoke_role
 
 
@@ -108,8 +108,9 @@ async def test_unchanged_toasted_principal_and_entity_columns_keep_the_stored_va
     mapping["tables"]["crm.companies"] = {"kind": "entity", "fields": {"id": "company_id", "aliases": "names"}}
     (tmp_path / "mapping.json").write_bytes(orjson.dumps(mapping))
     async with launch(broker, tmp_path / "w", FRESHPLAN_CDC_MAPPING=str(tmp_path / "mapping.json")) as worker:
-        await worker.load("atlas.jsonl")
-        fresh = await produce(worker, "pg_snapshot_read_with_schema")
+        # The catalogue's token too: one for the CDC topic alone let the select beat the policy version.
+        loaded = await worker.load("atlas.jsonl")
+        fresh = freshest(loaded, await produce(worker, "pg_snapshot_read_with_schema"))
         assert waiver_slot(await worker.select(ATLAS_REQUEST, fresh)) == "supported"
         fresh = await worker.publish_events(revoke_role("maya", "credit_analyst"))  # effective 09:00
         assert waiver_slot(await worker.select(ATLAS_REQUEST, fresh)) != "supported"
@@ -196,12 +197,12 @@ async def test_mysql_boolean_and_binary_uuid_columns_become_cedar_attributes(bro
 
     allowed = uuid.uuid4().bytes
     async with launch(broker, tmp_path / "w", FRESHPLAN_CDC_MAPPING=str(tmp_path / "mapping.json")) as worker:
-        await worker.load("atlas.jsonl")
-        await worker.publish_events((topic, bundle))
+        loaded = freshest(await worker.load("atlas.jsonl"), await worker.publish_events((topic, bundle)))
         states = []
         for n, archived, case_ref in ((1, 0, allowed), (2, 1, allowed), (3, 0, allowed),
                                       (4, 0, uuid.UUID(blocked).bytes)):
-            plan = await worker.select(ATLAS_REQUEST, await produce_messages(worker, [row(n, archived, case_ref)]))
+            fresh = freshest(loaded, await produce_messages(worker, [row(n, archived, case_ref)]))
+            plan = await worker.select(ATLAS_REQUEST, fresh)
             states.append(waiver_slot(plan))
         assert states == ["supported", "unknown", "supported", "unknown"]
         counters = (await worker.get("/healthz"))["counters"]
