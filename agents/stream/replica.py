@@ -64,7 +64,7 @@ class Replica(ApplyProgress):
         self.top_up = top_up  # seconds to wait for what arrived while a prefetched batch sat in the buffer
         self.fetch_bytes = fetch_bytes
         self.after_apply = after_apply
-        self.after_commit = after_commit  # run last in each apply job, on the writer thread (`Publisher.prefetch`)
+        self.after_commit = after_commit  # run last in each apply job, on the writer thread (`OutboxPrefetch.read`)
         self.positions: dict[str, dict[int, int]] = store.next_offsets()
         self._progress = asyncio.Condition()
         self._consumer: AIOKafkaConsumer | None = None
