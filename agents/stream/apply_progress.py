@@ -31,6 +31,10 @@ class ApplyProgress:
         """Whether input fetched more than `BEHIND_SECONDS` ago is still waiting for the writer."""
         return bool(self._unapplied) and asyncio.get_running_loop().time() - self._unapplied[0] > BEHIND_SECONDS
 
+    def quiet(self) -> bool:
+        """Whether no fetched input waits to be applied, the batch being applied included (any thread may ask)."""
+        return not self._unapplied
+
     def input_waiting(self) -> bool:
         """Whether fetched input waits for the writer beyond the batch it applies (any thread may ask)."""
         return len(self._unapplied) > self._applying

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timezone
+from typing import Callable
 
 import orjson
 
@@ -267,7 +268,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         if checkpointing and not checkpointing[0].done():
             return
         if asyncio.get_running_loop().time() - replica.applied_at >= IDLE_SECONDS:
-            checkpointing[:] = [asyncio.ensure_future(_checkpoint(writer, state))]
+            checkpointing[:] = [asyncio.ensure_future(_checkpoint(writer, state, replica.quiet))]
 
     @app.timer(interval=REPORT_EVERY)
     @chores.timer("report_lanes")
@@ -317,9 +318,9 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     return worker
 
 
-async def _checkpoint(writer: Writer, state: LocalState) -> None:
+async def _checkpoint(writer: Writer, state: LocalState, quiet: Callable[[], bool]) -> None:
     try:
-        await writer.run_later(state.store.checkpoints.when_idle)
+        await writer.run_later(state.store.checkpoints.when_idle, still_idle=quiet)
     except Exception:  # noqa: BLE001 - housekeeping: a failure must never stop the worker; the next second retries
         log.exception("checkpointing the state file failed; retrying when idle")
 

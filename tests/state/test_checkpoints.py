@@ -109,3 +109,20 @@ def test_a_checkpoint_refused_for_a_snapshot_older_than_the_last_update_is_retri
         assert store.checkpoints.refused == 0 and store.checkpoints.idle_runs == 1
     finally:
         store.close()
+
+
+def test_an_idle_checkpoint_that_finds_input_waiting_when_it_runs_is_passed_over(tmp_path):
+    # Queued in a quiet second, it runs after the writer's waiting jobs: a stream begun meanwhile must not stop
+    # behind it. The next quiet second takes it.
+    store = Store(tmp_path / "f.duckdb")
+    try:
+        store.checkpoints.limit(16 * 2**20)
+        _grow_log(store, 2000)
+        logged = store.checkpoints.wal_bytes()
+        assert not store.checkpoints.when_idle(still_idle=lambda: False)
+        assert store.checkpoints.wal_bytes() == logged and store.checkpoints.idle_runs == 0
+        assert store.checkpoints.as_dict()["idle_checkpoints_passed_busy"] == 1
+        assert store.checkpoints.when_idle(still_idle=lambda: True)
+        assert store.checkpoints.wal_bytes() < 2**16 and store.checkpoints.idle_runs == 1
+    finally:
+        store.close()
