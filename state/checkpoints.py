@@ -112,5 +112,6 @@ class Checkpoints:
     def as_dict(self) -> dict:
         """Shape shown in /healthz."""
         return {"wal_bytes": self.wal_bytes(), "wal_limit_bytes": self.wal_limit, "idle_checkpoints": self.idle_runs,
-                "idle_checkpoints_postponed": self.refused, "idle_checkpoints_passed_busy": self.passed_busy, "last_postponed_because": self.last_refusal,
+                "idle_checkpoints_postponed": self.refused, "idle_checkpoints_passed_busy": self.passed_busy,
+                "last_postponed_because": self.last_refusal,
                 "last_idle_checkpoint_seconds": round(self.last_seconds, 3)}
