@@ -47,7 +47,7 @@ class PlanFeed:
         self.replica = replica
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic  # broker-side name of `plan-dependencies`
-        self.after_apply = after_apply
+        self.after_apply = after_apply  # after a batch that announced plans (the publisher's kick)
         self.counts: Counter[str] = Counter()
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
         self.run_writes = run  # runs reads and writes of the state on the writer thread
@@ -89,25 +89,26 @@ class PlanFeed:
         while True:
             batch = await consumer.getmany(timeout_ms=200, max_records=500)
             records = [(tp.partition, m.offset, m.value, m.key) for tp, ms in batch.items() for m in ms]
-            if records:
-                await self._ingest_isolated(records)
-                if self.after_apply:
-                    self.after_apply()
+            # Only a batch that announced plans has records to flush: the rest would cost a writer read each.
+            if records and await self._ingest_isolated(records) and self.after_apply:
+                self.after_apply()
 
-    async def _ingest_isolated(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
-        """Ingest a batch; if it fails, one record at a time, skipping (and counting) any that fails."""
+    async def _ingest_isolated(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> bool:
+        """Ingest a batch; if it fails, one record at a time, skipping (and counting) any that fails. Whether
+        any plan was announced."""
         try:
-            await self._ingest(records)
-            return
+            return await self._ingest(records)
         except Exception:  # noqa: BLE001 - one policy for poison: isolate it, never stop the feed
             log.exception("plan-dependencies batch of %d failed; ingesting one by one", len(records))
             await self.run_writes(self.state.catalog.forget_cached)
+        announced = False
         for record in records:
             try:
-                await self._ingest([record])
+                announced = await self._ingest([record]) or announced
             except Exception as exc:  # noqa: BLE001
                 partition, offset, *_ = record
                 await self.run_writes(self._pass_over, partition, offset, f"{type(exc).__name__} while ingesting")
+        return announced
 
     def _positions(self) -> dict[int, int]:
         return dict(self.state.store.db.execute("SELECT partition, next_offset FROM plan_feed").fetchall())
@@ -126,12 +127,13 @@ class PlanFeed:
             "SET next_offset = greatest(plan_feed.next_offset, excluded.next_offset)",
             [v for item in ends.items() for v in item])
 
-    async def _ingest(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
+    async def _ingest(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> bool:
         # No wait for local state to catch up with a record's compiled_as_of: judging by key change
         # positions only asks whether something changed since, and later events find it indexed.
-        await self.run_writes(self._settle, records)
+        return await self.run_writes(self._settle, records)
 
-    def _settle(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
+    def _settle(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> bool:
+        """Park, judge and take over a batch of records in one transaction; whether any plan was announced."""
         ends: dict[int, int] = {}
         for partition, offset, *_ in records:
             ends[partition] = max(ends.get(partition, 0), offset + 1)
@@ -156,6 +158,7 @@ class PlanFeed:
         if taken.plans:
             log.info("took over %d plans compiled elsewhere (%d stale)", taken.plans, len(taken.stale),
                      extra={"plans": taken.plans, "reason": "adopted"})
+        return bool(taken.stale)
 
     def _valid(self, records: list[tuple[int, int, bytes | None, bytes | None]],
                ) -> tuple[list[dict[str, Any]], list[str]]:

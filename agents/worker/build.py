@@ -116,7 +116,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
                           settings.topic("plan-dependencies"), shards=shards)
     plan_feed = PlanFeed(state, ownership, parked, replica, bootstrap_servers, settings.topic("plan-dependencies"),
-                         kafka=kafka, run=writer.run)
+                         after_apply=publisher.kick, kafka=kafka, run=writer.run)
     peers = Peers(served_by=str(app.conf.canonical_url), foreign_partition=ownership.foreign_partition,
                   foreign_partitions=lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ())))
     query = QueryService(reader, plan_writer, guard, peers=peers, tokens=access.token_keys, position=positions,
