@@ -73,12 +73,16 @@ def _left_out(state: LocalState, touched: Touched, heads: dict) -> set[str]:
     if not through:
         return set()
     known = state.store.cached(ADMITTED_MEMO, dict)
-    missing = sorted({heads[k].plan_id for k in through} - set(known))
+    wanted = {heads[k].plan_id for k in through}
+    admitted = {plan_id: known[plan_id] for plan_id in wanted if plan_id in known}
+    missing = sorted(wanted - set(admitted))
     if missing:
-        if len(known) + len(missing) > ADMITTED_ENTRIES:
-            known.clear()
-        known.update(state.plans.admitted(missing))
-    return {k for k, rid in through.items() if rid not in known.get(heads[k].plan_id, ())}
+        read = state.plans.admitted(missing)
+        if len(known) + len(read) > ADMITTED_ENTRIES:
+            known.clear()  # the batch's own entries were taken above
+        known.update(read)
+        admitted.update(read)
+    return {k for k, rid in through.items() if rid not in admitted.get(heads[k].plan_id, ())}
 
 
 def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],
@@ -94,7 +98,7 @@ def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, coun
     visible = writer.discoverable(touched, heads)
     view = None
     announced, sources, queued, memo, events = [], [], [], {}, Counter()
-    quiet = len(touched) > LOGGED_ONE_BY_ONE
+    quiet = sum(k in heads and heads[k].status != "invalidated" for k in touched) > LOGGED_ONE_BY_ONE
     for plan_key, (dep_key, cause) in touched.items():
         head = heads.get(plan_key)
         if head is None or head.status == "invalidated":  # announced already: its successor is queued

@@ -298,10 +298,13 @@ class PlanWriter:
                        if k in heads and dep_key.startswith("resource:")}
         # A plan id digests what it admitted and rejected, so what the writer stored needs no read.
         known = self.state.store.cached(DISCOVERABLE_MEMO, dict)
-        missing = sorted(by_resource - set(known))
+        found = {plan_id: known[plan_id] for plan_id in by_resource if plan_id in known}
+        missing = sorted(by_resource - set(found))
         if missing:
-            _remember_discoverable(self.state, self.state.plans.discoverable(missing))
-        return {plan_id: known[plan_id] for plan_id in by_resource if plan_id in known}
+            read = self.state.plans.discoverable(missing)
+            _remember_discoverable(self.state, read)
+            found.update(read)  # taken before the memo may have been cleared to make room for `read`
+        return found
 
     def restore(self, current: list[dict]) -> tuple[int, int]:
         """Replay: recompile each current plan; announce `state_rebuilt` where the outcome changed.

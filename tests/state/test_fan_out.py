@@ -16,9 +16,9 @@ from tests.events import envelope
 PLANS = 12
 
 
-def _atlas_plans(query) -> list[dict]:
+def _atlas_plans(query, copies: int = PLANS) -> list[dict]:
     """Plans of maya (investigation-X9 withheld, policy-P2 rejected by name) and of omar."""
-    plans = [query.select(dict(ATLAS_REQUEST, query=f"copy {i}")) for i in range(PLANS)]
+    plans = [query.select(dict(ATLAS_REQUEST, query=f"copy {i}")) for i in range(copies)]
     return plans + [query.select(dict(ATLAS_REQUEST, principal="omar", purpose="annual_credit_review"))]
 
 
@@ -46,7 +46,8 @@ EVENTS = {
 }
 
 
-def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | None = None) -> dict:
+def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | None = None,
+             copies: int = PLANS) -> dict:
     from state.local_state import LocalState
     from state.outbox import OutboundLimit
     from agents.stream.event_apply import EventApplier
@@ -58,7 +59,7 @@ def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | No
         inv = EventApplier(state, writer)
         inv.apply([raw(item["topic"], item["event"], offset=n) for n, item in
                    enumerate(map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines()))])
-        _atlas_plans(QueryService(state, writer))
+        _atlas_plans(QueryService(state, writer), copies)
         state.outbox.remove([seq for seq, *_ in state.outbox.pending(10_000)])
         state.outbox.limit = limit and OutboundLimit(limit, "x-dead-letters", frozenset())
         with monkeypatch.context() as patch:
@@ -78,6 +79,14 @@ def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | No
 def test_a_column_wise_fan_out_writes_what_the_plan_by_plan_path_wrote(tmp_path, monkeypatch, event):
     new, reference = (_fan_out(tmp_path, monkeypatch, event, reference) for reference in (False, True))
     assert new["counters"]["invalidations"] >= PLANS and new["queue"]
+    assert new == reference
+
+
+@pytest.mark.parametrize("event", sorted(EVENTS))
+def test_both_paths_write_the_same_above_the_size_the_row_path_once_stopped_at(tmp_path, monkeypatch, event):
+    # Row by row went up to 64 plans until 2d5752e, up to 1,024 since: both must agree past 64 too.
+    new, reference = (_fan_out(tmp_path, monkeypatch, event, reference, copies=100) for reference in (False, True))
+    assert new["counters"]["invalidations"] >= 100
     assert new == reference
 
 
