@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import subprocess
@@ -127,4 +128,23 @@ def cmd_cdc_demo(args) -> int:
         return 2
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="freshplan-cdc-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(_demo(work))
+    code = asyncio.run(_demo(work))
+    _exit_past_the_jvm(code)
+    return code
+
+
+def _exit_past_the_jvm(code: int) -> None:
+    """End the process without Python's finalization once Debezium's JVM has run in it.
+
+    The JVM is left running at exit (destroying it waits for threads a closed engine leaves behind, and
+    the process hangs); its threads are then torn down by the C runtime's exit, and now and then one of
+    them aborts the process ("FATAL: exception not rethrown", exit -6) after the demo has succeeded.
+    Everything the demo started (broker, Postgres, worker) is stopped by now; output is flushed first.
+    """
+    jpype = sys.modules.get("jpype")
+    if jpype is None or not jpype.isJVMStarted():
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
