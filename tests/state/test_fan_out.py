@@ -7,7 +7,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from agents.plans.plan_writer import PlanWriter
+from agents.plans.plan_writer import DISCOVERABLE_ENTRIES, DISCOVERABLE_MEMO, PlanWriter
 from tests.agents.test_invalidation import raw, setup  # noqa: F401 - the fixture
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
@@ -46,14 +46,16 @@ EVENTS = {
 }
 
 
-def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | None = None,
-             copies: int = PLANS) -> dict:
+def _fan_out(tmp_path, monkeypatch, event: str, reference: bool | None, limit: int | None = None,
+             copies: int = PLANS, prepare=lambda state: None) -> dict:
+    """What a fan-out of `event` writes: row by row (`reference`), column-wise (False), or as `FEW` decides (None);
+    `prepare(state)` runs just before the event is applied."""
     from state.local_state import LocalState
     from state.outbox import OutboundLimit
     from agents.stream.event_apply import EventApplier
     from agents.web.query import QueryService
 
-    state = LocalState.open(tmp_path / f"{'ref' if reference else 'new'}.duckdb")
+    state = LocalState.open(tmp_path / f"{ {True: 'ref', False: 'new', None: 'few'}[reference]}.duckdb")
     try:
         writer = PlanWriter(state, lambda name: f"x-{name}", eager_limit=0)
         inv = EventApplier(state, writer)
@@ -65,9 +67,11 @@ def _fan_out(tmp_path, monkeypatch, event: str, reference: bool, limit: int | No
         with monkeypatch.context() as patch:
             patch.setattr("agents.plans.plan_writer.wall_now", lambda: "2026-11-30T10:00:00Z")
             # The reference: one Invalidation per plan (`announce_first._row_by_row`); else column-wise.
-            patch.setattr("agents.plans.announce_first.FEW", 10**9 if reference else 0)
+            if reference is not None:
+                patch.setattr("agents.plans.announce_first.FEW", 10**9 if reference else 0)
             # Both announce first: a few plans touched through a resource they left out are compiled first otherwise.
             patch.setattr("agents.plans.announce_first.COMPILE_FIRST", 0)
+            prepare(state)
             bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
             inv.apply([raw(*EVENTS[event](bundle), offset=1000)], standby=True)
         return _written(state)
@@ -88,6 +92,26 @@ def test_both_paths_write_the_same_above_the_size_the_row_path_once_stopped_at(t
     new, reference = (_fan_out(tmp_path, monkeypatch, event, reference, copies=100) for reference in (False, True))
     assert new["counters"]["invalidations"] >= 100
     assert new == reference
+
+
+def _memo_about_full(state) -> None:
+    # A worker that has compiled about 20,000 plans since it started, and one plan of the batch adopted (compiled
+    # elsewhere): its entry is missing, so the batch's read overflows the memo.
+    known = state.store.cached(DISCOVERABLE_MEMO, dict)
+    known.pop(next(iter(known)))
+    for n in range(DISCOVERABLE_ENTRIES - len(known)):
+        known[f"other-plan-{n}"] = set()
+
+
+def test_a_full_memo_of_what_principals_may_learn_withholds_nothing_they_may_see(tmp_path, monkeypatch):
+    # The row path read the memo, which a batch overflowing it cleared: its plans known before were then taken
+    # for plans whose principal may not learn of the resource (found in review, stop 56).
+    shipped, column_wise = (_fan_out(tmp_path, monkeypatch, "named resource deleted", reference, copies=100,
+                                     prepare=_memo_about_full) for reference in (None, False))
+    public = [orjson.loads(v)["cause"]["dependency_key"] for t, _, v, *_ in shipped["outbox"]
+              if t == "x-plan-invalidations"]
+    assert public.count("resource:policy-P2") == 100 and public.count("resource:withheld") == 1  # omar's
+    assert shipped == column_wise
 
 
 def test_records_over_the_outbound_limit_are_fitted_as_the_plan_by_plan_path_fitted_them(tmp_path, monkeypatch):
