@@ -17,6 +17,7 @@ from state.store import Store
 log = logging.getLogger(__name__)
 
 Source = tuple[str, int, int]  # (input topic, partition, offset) of the event that caused a record
+Due = tuple[int, str, bytes | None, bytes | None, int | None]  # (seq, topic, key, value, partition or None)
 
 
 @dataclass(frozen=True)
@@ -85,14 +86,17 @@ class Outbox:
         self.promoted = 0  # times standby records were promoted: an older record may have come due
 
     def _fit(self, rows: list[tuple[str, bytes | None, bytes]], sources: list[Source | None],
-             ) -> tuple[list[tuple[str, bytes | None, bytes]], list[Source | None]]:
-        """Every row within the limit, with its source: as it is, compacted, or replaced by its dead letter."""
+             places: list[int | None]) -> tuple[list[tuple[str, bytes | None, bytes]], list[Source | None],
+                                                 list[int | None]]:
+        """Every row within the limit, with its source and partition: as it is, compacted, or replaced by its
+        dead letter (which goes where the producer puts it)."""
         limit = self.limit
         if limit is None or all(fits(k, v, limit.max_bytes) for _, k, v in rows):
-            return rows, sources
-        out, kept, counts = [], [], {}
-        for (topic, key, value), source in zip(rows, sources, strict=True):
+            return rows, sources, places
+        out, kept, placed, counts = [], [], [], {}
+        for (topic, key, value), source, place in zip(rows, sources, places, strict=True):
             kept.append(source)
+            placed.append(place)
             if fits(key, value, limit.max_bytes):
                 out.append((topic, key, value))
                 continue
@@ -117,14 +121,16 @@ class Outbox:
                                 len(value), extra={"topic": topic, "error_class": "compacted"})
                     continue
             letter = self._letter(topic, key, value, "stored", counts)
+            placed[-1] = None
             if letter is not None:
                 out.append(letter)
             else:
                 kept.pop()
+                placed.pop()
             log.error("outbound %s record %s of %d bytes cannot be published", topic, shown_key(key), len(value),
                       extra={"topic": topic, "error_class": "record_too_large"})
         self.store.bump_many(counts)
-        return out, kept
+        return out, kept, placed
 
     def _letter(self, topic: str, key: bytes | None, value: bytes, why: str, counts: dict[str, int],
                 refused: bool = False) -> tuple[str, bytes | None, bytes] | None:
@@ -147,15 +153,18 @@ class Outbox:
         return self.limit.dead_letters, letter_key_, letter
 
     def add_many(self, rows: list[tuple[str, bytes | None, bytes]], sources: Sequence[Source | None] | None = None,
-                 standby: bool = False, lane: int | None = None) -> None:
+                 standby: bool = False, lane: int | None = None,
+                 partitions: Sequence[int | None] | None = None) -> None:
         """Queue records for publication, in order, in one statement (each within the outbound limit).
 
         `lane`: dead letters of an entity lane's records that its owner sends and reports, kept on standby
         by a worker holding a copy of the lane until a report covers them (`reported`) or the copy is
-        promoted to owner (`promote_lanes`): the owner may die before it sends them."""
+        promoted to owner (`promote_lanes`): the owner may die before it sends them.
+        `partitions`: per record, the partition it must go to, or None for the producer's partitioner."""
         if not rows:
             return
-        rows, sources = self._fit(rows, list(sources) if sources is not None else [None] * len(rows))
+        rows, sources, places = self._fit(rows, list(sources) if sources is not None else [None] * len(rows),
+                                          list(partitions) if partitions is not None else [None] * len(rows))
         if not rows:
             return
         table = pa.table({
@@ -165,6 +174,8 @@ class Outbox:
             "src_partition": pa.array([s and s[1] for s in sources], pa.int32()),
             "src_offset": pa.array([s and s[2] for s in sources], pa.int64()),
             "standby": pa.array([standby and s is not None for s in sources], pa.bool_())})
+        if any(p is not None for p in places):
+            table = table.append_column("to_partition", pa.array(places, pa.int32()))
         self.queued += 1
         if lane is not None:
             table = table.append_column("lane", pa.array([lane] * len(rows), pa.int32()))
@@ -258,11 +269,17 @@ class Outbox:
                             "(SELECT unnest(?::INTEGER[]))", [sorted(held)])
             self.store.forget(LANE_LETTERS)
 
-    def pending(self, limit: int = 5000, after: int | None = None) -> list[tuple[int, str, bytes | None, bytes]]:
-        """The oldest records due for publication, in order (past sequence number `after`, if given)."""
+    def due(self, limit: int = 5000, after: int | None = None) -> list[Due]:
+        """The oldest records due for publication, in order (past sequence number `after`, if given), each with the
+        partition it must go to (None: wherever the producer's partitioner puts it)."""
         unacked, params = self.unacked()
-        return self.db.execute(f"SELECT seq, topic, key, value FROM outbox WHERE NOT standby AND seq > ?{unacked} "
-                               "ORDER BY seq LIMIT ?", [-1 if after is None else after, *params, limit]).fetchall()
+        return self.db.execute("SELECT seq, topic, key, value, to_partition FROM outbox "
+                               f"WHERE NOT standby AND seq > ?{unacked} ORDER BY seq LIMIT ?",
+                               [-1 if after is None else after, *params, limit]).fetchall()
+
+    def pending(self, limit: int = 5000, after: int | None = None) -> list[tuple[int, str, bytes | None, bytes]]:
+        """As `due`, without the partitions: (seq, topic, key, value)."""
+        return [row[:4] for row in self.due(limit, after)]
 
     def unacked(self) -> tuple[str, list]:
         """A condition (` AND ...`) passing over acknowledged rows not deleted yet, and its parameters."""
@@ -288,7 +305,7 @@ class Outbox:
         self.remove(seqs)
         counts: dict[str, int] = {}
         letters = [(self._letter(topic, key, value, why, counts, refused=True), source.get(seq))
-                   for seq, topic, key, value in rows]
+                   for seq, topic, key, value, *_ in rows]
         self.add_many([letter for letter, _ in letters if letter is not None],
                       [src for letter, src in letters if letter is not None])
         self.store.bump_many(counts)

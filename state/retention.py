@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from compiler import dependency_keys as dk
 from schemas.outbound import Cause
+from schemas.plan_partition import plan_partition
 from schemas.timefmt import format_instant
 from state import event_generations
 from state.dependency_index import EDGES_MEMO, WRITTEN_MEMO
@@ -63,6 +64,17 @@ class PassResult:
                 "event_id_generations_dropped": self.event_ids.generations_dropped}
 
 
+def dependency_place(entity_id: str | None, partitions: int | None) -> int | None:
+    """Where a plan key's `plan-dependencies` tombstone goes: its entity's partition, where its records go.
+
+    Not also where the key hashes, where records published before they were placed by entity may
+    still lie: the feed cannot order a tombstone there against a record on the entity's partition,
+    and would drop a plan compiled again after its eviction. Such a record, parked again, is judged
+    against the changes since it was compiled before any use, as every taken-over record is.
+    """
+    return None if partitions is None or entity_id is None else plan_partition(entity_id, partitions)
+
+
 @dataclass(frozen=True)
 class Topics:
     """Broker-side names the eviction records go to."""
@@ -75,6 +87,8 @@ class Topics:
     """`clock`: named in the cause, since event time is what expired the plan."""
     dependencies: str | None = None
     """`plan-dependencies`: a tombstone for the plan key, so no later owner takes the plan over."""
+    partitions: int | None = None
+    """Partitions `plan-dependencies` records are placed by (their entity's); None: the producer's partitioner."""
 
 
 class Retention:
@@ -162,7 +176,9 @@ class Retention:
 
     def _evict(self, now: datetime, cutoff: datetime, limit: int, topics: Topics,
                invalidated_at: str) -> list[tuple[str, str]]:
-        due = self.db.execute("SELECT h.plan_key, h.plan_id FROM plan_heads h JOIN plan_selected s USING (plan_key) "
+        due = self.db.execute("SELECT h.plan_key, h.plan_id, json_extract_string(p.plan, '$.entity_id') "
+                              "FROM plan_heads h JOIN plan_selected s USING (plan_key) "
+                              "LEFT JOIN plans p ON p.plan_id = h.plan_id "
                               "WHERE s.selected_at < ? ORDER BY s.selected_at, h.plan_key LIMIT ?",
                               [cutoff, limit]).fetchall()
         if not due:
@@ -170,14 +186,18 @@ class Retention:
         cause = self._cause(now, topics.clock)
         as_of = format_instant(now)
         rows: list[tuple[str, bytes | None, bytes | None]] = []
-        for plan_key, plan_id in due:
-            rows.extend(Invalidation(plan_id, plan_key, "evicted", cause, invalidated_at, as_of).rows(
-                topics.invalidations))
-            rows.append((topics.plans, plan_id.encode(), None))
+        places: list[int | None] = []
+        for plan_key, plan_id, entity_id in due:
+            announced = Invalidation(plan_id, plan_key, "evicted", cause, invalidated_at, as_of).rows(
+                topics.invalidations)
+            rows.extend(announced + [(topics.plans, plan_id.encode(), None)])
+            places += [None] * (len(announced) + 1)
             if topics.dependencies:
                 rows.append((topics.dependencies, plan_key.encode(), None))
+                places.append(dependency_place(entity_id, topics.partitions))
+        due = [(plan_key, plan_id) for plan_key, plan_id, _ in due]
         self._forget(due, now, cause)
-        self.outbox.add_many(rows)
+        self.outbox.add_many(rows, partitions=places)
         return due
 
     def _cause(self, now: datetime, clock_topic: str) -> dict:

@@ -28,9 +28,13 @@ def _migrate(db: duckdb.DuckDBPyConnection) -> None:
                    "ALTER TABLE outbox ADD COLUMN src_partition INTEGER; "
                    "ALTER TABLE outbox ADD COLUMN src_offset BIGINT; "
                    "ALTER TABLE outbox ADD COLUMN standby BOOLEAN; ALTER TABLE outbox ADD COLUMN lane INTEGER; "
-                   "UPDATE outbox SET standby = false")
-    elif "lane" not in columns:
-        db.execute("ALTER TABLE outbox ADD COLUMN lane INTEGER")  # letters kept for an entity lane's owner
+                   "ALTER TABLE outbox ADD COLUMN to_partition INTEGER; UPDATE outbox SET standby = false")
+    else:
+        if "lane" not in columns:
+            db.execute("ALTER TABLE outbox ADD COLUMN lane INTEGER")  # letters kept for an entity lane's owner
+        if "to_partition" not in columns:
+            # Records placed on a partition of their own choosing (`plan-dependencies`: the entity's).
+            db.execute("ALTER TABLE outbox ADD COLUMN to_partition INTEGER")
     _event_ids(db)
     _queue_order(db)
     event_generations.ensure(db)

@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS receipts (receipt_id VARCHAR PRIMARY KEY, plan_id VAR
 CREATE SEQUENCE IF NOT EXISTS outbox_seq;
 CREATE TABLE IF NOT EXISTS outbox (seq BIGINT DEFAULT nextval('outbox_seq'), topic VARCHAR,
   key BLOB, value BLOB, src_topic VARCHAR, src_partition INTEGER, src_offset BIGINT,
-  standby BOOLEAN NOT NULL DEFAULT false, lane INTEGER);
+  standby BOOLEAN NOT NULL DEFAULT false, lane INTEGER, to_partition INTEGER);
 CREATE TABLE IF NOT EXISTS plan_feed (partition INTEGER PRIMARY KEY, next_offset BIGINT);
 CREATE SEQUENCE IF NOT EXISTS recompile_queue_seq;
 CREATE TABLE IF NOT EXISTS recompile_queue (plan_key VARCHAR PRIMARY KEY, src_topic VARCHAR, src_partition INTEGER,

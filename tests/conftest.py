@@ -207,8 +207,9 @@ async def _drain(bootstrap: str, name: str, partitions: int) -> list[dict]:
 
         while await behind():
             batch = await consumer.getmany(timeout_ms=200)
-            for messages in batch.values():
-                seen.extend(dict(orjson.loads(m.value), _key=m.key) for m in messages)
+            for tp, messages in batch.items():  # a tombstone is its key and partition only
+                seen.extend(dict(orjson.loads(m.value) if m.value is not None else {"_tombstone": True},
+                                 _key=m.key, _partition=tp.partition) for m in messages)
         return seen
     finally:
         await consumer.stop()

@@ -39,7 +39,7 @@ async def replay(settings: Settings, bootstrap: str, progress=None, cdc: CdcMapp
     try:
         with state.store.transaction():
             state.store.record_cluster(await read_cluster_id(bootstrap, **kafka))
-        writer = PlanWriter(state, settings.topic)
+        writer = PlanWriter(state, settings.topic, partitions=settings.partitions)
         applier = EventApplier(state, writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
                                cdc=cdc, max_event_skew=settings.max_event_skew)
         started = time.perf_counter()

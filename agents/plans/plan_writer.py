@@ -15,6 +15,7 @@ from compiler.errors import RequestError
 from compiler.batch import compile_many
 from compiler.cedar_batch import SharedEntities
 from compiler.pipeline import CompiledPlan, as_decided_at, compile_request
+from schemas.plan_partition import plan_partition
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
 from agents.plans.announce_first import announce_first
@@ -61,8 +62,12 @@ class PlanWriter:
 
     def __init__(self, state: LocalState, topic_of: Callable[[str], str], eager_limit: int = 0,
                  on_compile=None, on_latency=None,
-                 sent_early: Callable[[str, Source], bool] = lambda plan_id, source: False) -> None:
+                 sent_early: Callable[[str, Source], bool] = lambda plan_id, source: False,
+                 partitions: int | None = None) -> None:
         self.state = state
+        # `plan-dependencies` records go to their entity's partition of this many (None: the producer's
+        # partitioner), so that a worker finds the records of the plans of a partition on that partition.
+        self.partitions = partitions
         # Whether the broker acknowledged this plan's invalidation by this event, sent before the event was
         # applied (`agents.stream.fast_path`): its record is not queued again.
         self.sent_early = sent_early
@@ -151,7 +156,7 @@ class PlanWriter:
         state = self.state
         as_of = state.store.next_offsets()
         cluster_id = state.store.incarnation()[0]
-        rows, row_sources = [], []
+        rows, row_sources, places = [], [], []
         for i, p in enumerate(plans):
             published = dict(p.plan, compiled_as_of=as_of, compiled_in=cluster_id)
             source = sources[i] if sources else None
@@ -160,15 +165,17 @@ class PlanWriter:
                              orjson.dumps(published, option=orjson.OPT_NON_STR_KEYS)))
                 rows.append((self.topic_of("receipts"), p.receipt_id.encode(), orjson.dumps(p.receipt)))
                 row_sources += [source] * 2
+                places += [None, None]
             # Internal: the keys name withheld resources. A new owner takes the plan over from it.
             rows.append((self.topic_of("plan-dependencies"), p.plan_key.encode(),
                          orjson.dumps(dict(published, dependencies=sorted(p.dependencies), receipt=p.receipt,
                                            replaces=replaces.get(p.plan_key)), option=orjson.OPT_NON_STR_KEYS)))
             row_sources.append(source)
+            places.append(None if self.partitions is None else plan_partition(p.plan["entity_id"], self.partitions))
         if outbox is not None:
-            outbox.append((rows, row_sources))
+            outbox.append((rows, row_sources, places))
         else:
-            state.outbox.add_many(rows, row_sources, standby=standby)
+            state.outbox.add_many(rows, row_sources, standby=standby, partitions=places)
 
     # -- announce ----------------------------------------------------------------------
 
@@ -184,7 +191,7 @@ class PlanWriter:
             rows.extend(plan_rows)
             row_sources += [sources[i] if sources else None] * len(plan_rows)
         if outbox is not None:
-            outbox.append((rows, row_sources))
+            outbox.append((rows, row_sources, [None] * len(rows)))
         else:
             self.state.outbox.add_many(rows, row_sources, standby=standby)
 
@@ -283,8 +290,8 @@ class PlanWriter:
         self.store(successors, now, counts, publish=True, sources=successor_sources, standby=standby, outbox=outbox,
                    replaces={k: head.plan_id for k, head in heads.items()})
         self.confirm(settled, counts, outbox)
-        state.outbox.add_many([r for rows, _ in outbox for r in rows], [s for _, srcs in outbox for s in srcs],
-                              standby=standby)
+        state.outbox.add_many([r for rows, _, _ in outbox for r in rows], [s for _, srcs, _ in outbox for s in srcs],
+                              standby=standby, partitions=[p for _, _, places in outbox for p in places])
         self.store(current, now, counts, publish=False, replaces={k: head.plan_id for k, head in heads.items()})
         state.plans.invalidate_many([e.history_entry() for e in announced], now)
         state.plans.drop_heads(dropped)

@@ -7,10 +7,11 @@ import threading
 from dataclasses import dataclass
 
 from state.local_state import LocalState
+from state.outbox import Due
 
 log = logging.getLogger(__name__)
 
-Row = tuple[int, str, bytes | None, bytes]  # (seq, topic, key, value)
+Row = Due  # (seq, topic, key, value, partition or None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ class OutboxPrefetch:
                 return
         self._queued = outbox.queued
         try:
-            rows = outbox.pending(self.read_rows, None)
+            rows = outbox.due(self.read_rows, None)
             with self._lock:  # jobs that delete `leaving` records run on this thread: none has since the read
                 rows = [row for row in rows if row[0] not in self._leaving] if self._leaving else rows
             self._last = Prefetched(outbox.queued, mark, outbox.promoted, self.state.store.rebases,

@@ -26,6 +26,8 @@ PLAN_PER_YIELD = 5_000  # records framed into batches between turns of the event
 FORGET_NOW = 2_000
 
 Spans = dict[tuple[str, int], tuple[int, int]]  # (input topic, partition) -> (first, last) offset
+_WARNED: set[str] = set()  # topics whose partition count was found short of a record's own partition
+Record = tuple[str, bytes | None, bytes | None, int | None]  # (topic, key, value, its own partition or None)
 
 
 class HeldBack(Exception):
@@ -40,6 +42,23 @@ def _sent_through(rows: list[tuple[int, str, bytes | None, bytes]], failed: set[
             break
         through = seq
     return through
+
+
+def _within(topic: str, partition: int, partitions: int) -> bool:
+    """Whether the topic has this partition; if not, the record goes where the producer's partitioner puts it.
+
+    A record places itself on the partition its worker computes from `FRESHPLAN_PARTITIONS`; a topic
+    created beforehand with fewer partitions would refuse it for ever, which loses more than a record
+    on another partition (every worker's plan feed still reads every partition).
+    """
+    if 0 <= partition < partitions:
+        return True
+    if topic not in _WARNED:  # once: a fan-out would say it for every record
+        _WARNED.add(topic)
+        log.warning("%s has %d partitions, not the %d+ its records are placed by; check FRESHPLAN_PARTITIONS",
+                    topic, partitions, partition + 1,
+                    extra={"topic": topic, "error_class": "partition_count_mismatch"})
+    return False
 
 
 def _batching_producer(app):
@@ -185,7 +204,7 @@ class Publisher:
                     if not rows:
                         self._acknowledged(max(earlier, -1 if after is None else after))
                         return sent
-                    results = await self._send([(topic, key, value) for _, topic, key, value in rows])
+                    results = await self._send([row[1:] for row in rows])
                     done, refused, failed = [], [], set()
                     for row, result in zip(rows, results, strict=True):
                         if not isinstance(result, BaseException):
@@ -240,10 +259,10 @@ class Publisher:
             self._read_on = not complete  # records queued since come after these: the flush reads on for them
             return rows
         self._read_on = False
-        return await self.run_writes(self.state.outbox.pending, READ_ROWS, after)
+        return await self.run_writes(self.state.outbox.due, READ_ROWS, after)
 
-    async def _send(self, rows: list[tuple[str, bytes | None, bytes]]) -> list:
-        """Send (topic, key, value) records; per record, its acknowledgement or the error that stopped it."""
+    async def _send(self, rows: list[Record]) -> list:
+        """Send records; per record, its acknowledgement or the error that stopped it."""
         producer = _batching_producer(self.app)
         if producer is None or len(rows) < BATCH_FROM:
             return await self._send_each(rows)
@@ -255,7 +274,7 @@ class Publisher:
             if start:
                 await asyncio.sleep(0)  # framing 50,000 records holds the loop for 0.1-0.2 s: let HTTP in
             end = start + PLAN_PER_YIELD
-            plan = plan_batches(rows[start:end], partition_of[start:end], limit, plan, start)
+            plan = plan_batches([row[:3] for row in rows[start:end]], partition_of[start:end], limit, plan, start)
         results: list = [None] * len(rows)
 
         async def send_partition(batches: list[Batch]) -> None:
@@ -289,22 +308,33 @@ class Publisher:
                 results[i] = result
         return results
 
-    async def _partitions(self, producer, rows: list[tuple[str, bytes | None, bytes]]) -> list[int] | None:
-        """The partition the producer would pick for each record; None unless it partitions as aiokafka's default."""
+    async def _partitions(self, producer, rows: list[Record]) -> list[int] | None:
+        """The partition each record goes to: its own, or the one the producer would pick; None unless the
+        producer partitions as aiokafka's default."""
         if not isinstance(getattr(self.app.producer, "partitioner", None), DefaultPartitioner):
             return None
         out = [0] * len(rows)
-        for topic in dict.fromkeys(topic for topic, _, _ in rows):
+        for topic in dict.fromkeys(row[0] for row in rows):
             # The lists in the order the producer makes them (`AIOKafkaProducer._partition`).
             partitions = list(await producer.partitions_for(topic))
             available = list(producer.client.cluster.available_partitions_for_topic(topic))
             where = [i for i, row in enumerate(rows) if row[0] == topic]
             picked = partitions_of([rows[i][1] for i in where], partitions, available)
             for i, partition in zip(where, picked, strict=True):
-                out[i] = partition
+                own = rows[i][3] if len(rows[i]) > 3 else None
+                out[i] = own if own is not None and _within(topic, own, len(partitions)) else partition
         return out
 
-    async def _send_each(self, rows: list[tuple[str, bytes | None, bytes]]) -> list:
+    async def _own_partition(self, topic: str, partition: int) -> int | None:
+        """A record's own partition, or None (the producer's partitioner) when the topic has no such partition."""
+        # The aiokafka producer under Faust's, transactional or not: a send to a partition the topic lacks fails
+        # in a way no retry fixes, and would hold every later record of its key for ever.
+        producer = getattr(self.app.producer, "_producer", None)
+        if producer is None or not hasattr(producer, "partitions_for"):
+            return partition  # a producer that places records itself (a test's double)
+        return partition if _within(topic, partition, len(await producer.partitions_for(topic))) else None
+
+    async def _send_each(self, rows: list[Record]) -> list:
         """Send records one by one through the app's producer (its partitioner and size checks).
 
         After a record fails for a reason that may pass, later records of its key wait for the
@@ -313,14 +343,15 @@ class Publisher:
         """
         results: list = []
         held: set[tuple[str, bytes | None]] = set()
-        for i, (topic, key, value) in enumerate(rows):
+        for i, (topic, key, value, *place) in enumerate(rows):
             if i and not i % SENDS_PER_YIELD:
                 await asyncio.sleep(0)  # a send that need not wait never yields: let HTTP in
             if (topic, key) in held:
                 results.append(HeldBack())
                 continue
             try:
-                results.append(await self.app.producer.send(topic, key, value, partition=None,
+                partition = await self._own_partition(topic, place[0]) if place and place[0] is not None else None
+                results.append(await self.app.producer.send(topic, key, value, partition=partition,
                                                             timestamp=None, headers=None))
             except Exception as exc:  # noqa: BLE001 - refused before it left: never retry it as it is
                 results.append(exc)

@@ -87,7 +87,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                      event_time=lambda: applier.now, behind=lambda: replica.behind())
     plan_writer = PlanWriter(state, settings.topic, eager_limit=settings.eager_recompile_limit,
                              on_compile=observed.recompiled, on_latency=observed.event_to_invalidation.observe,
-                             sent_early=early.acknowledged)
+                             sent_early=early.acknowledged, partitions=settings.partitions)
     applier = EventApplier(state, plan_writer, settings.max_event_bytes, max_clock_jump=settings.max_clock_jump,
                            cdc=cdc, max_event_skew=settings.max_event_skew, mine=shard_state.mine,
                            owns=shard_state.owns, early=early.announced, lane_of=shard_state.lane_of,
@@ -248,7 +248,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     retention = RetentionTimer(state, query, RetentionPolicy(settings.plan_retention, settings.receipt_retention,
                                                              BATCH, settings.event_id_retention),
                                RetentionTopics(settings.topic("plan-invalidations"), settings.topic("plans"),
-                                               settings.topic("clock"), settings.topic("plan-dependencies")))
+                                               settings.topic("clock"), settings.topic("plan-dependencies"),
+                                               settings.partitions))
 
     @app.timer(interval=settings.retention_interval)
     @chores.timer("enforce_retention")

@@ -60,11 +60,11 @@ async def test_the_flush_sends_what_the_apply_job_read_without_reading_the_outbo
     publisher.prefetched.read()  # last thing in the apply job, on the writer thread
     await publisher.publish()
     assert app.producer.sent == [b"a", b"b"]
-    assert "pending" not in jobs
+    assert "due" not in jobs
     assert publisher.prefetched.counts["used"] == 1
     # Nothing queued since: the next apply job reads nothing, and a flush then reads the outbox itself.
     publisher.prefetched.read()
-    assert await publisher.publish() == 0 and jobs.count("pending") == 1
+    assert await publisher.publish() == 0 and jobs.count("due") == 1
 
 
 @pytest.mark.timeout(10)
@@ -127,7 +127,7 @@ async def test_a_failed_read_never_fails_the_apply_job(setup, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the file went away")
 
-    monkeypatch.setattr(state.outbox, "pending", broken)
+    monkeypatch.setattr(state.outbox, "due", broken)
     publisher.prefetched.read()
     assert publisher.prefetched.counts["failed"] == 1
     monkeypatch.undo()

@@ -16,6 +16,7 @@ from agents.stream.event_apply import EventApplier, RawMessage
 from agents.plans.plan_writer import PlanWriter
 from agents.stream.publisher import BATCH_FROM, FORGET_NOW, Publisher
 from agents.stream.writer import inline
+from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
 from tests.catalog_double import SCENARIOS
@@ -254,6 +255,61 @@ async def test_a_fan_out_is_announced_through_the_broker_on_the_partitions_its_k
                    for plan_id, partition in seen.items())
         assert len(set(seen.values())) == len(everything)
         await eventually(lambda: _outbox_empty(worker), 30, "an empty outbox")
+        # Their successors' internal records go where the plans' entity is owned, not where their keys hash to.
+        internal = await worker.everything("plan-dependencies")
+        assert len({r["plan_key"] for r in internal}) == len(plans) and len({r["entity_id"] for r in internal}) == 1
+        assert {r["_partition"] for r in internal} == {plan_partition(internal[0]["entity_id"], len(everything))}
+
+
+class TransactionalProducer:
+    """Faust's producer over a transactional aiokafka producer: records go one by one, each where `send` is told."""
+
+    def __init__(self) -> None:
+        async def partitions_for(topic):
+            return {0, 1, 2}
+
+        self._producer = SimpleNamespace(send_batch=None, _txn_manager=object(), partitions_for=partitions_for)
+        self.sent: list[tuple[str, bytes | None, int | None]] = []
+
+    async def send(self, topic, key, value, partition, timestamp, headers):
+        self.sent.append((topic, key, partition))
+        ack = asyncio.get_running_loop().create_future()
+        if partition is not None and partition not in (0, 1, 2):  # aiokafka: "Unrecognized partition"
+            ack.set_exception(AssertionError("Unrecognized partition"))
+        else:
+            ack.set_result(None)
+        return ack
+
+
+@pytest.mark.timeout(10)
+async def test_record_by_record_a_placed_record_goes_to_its_partition_unless_the_topic_lacks_it(tmp_path):
+    state = LocalState.open(tmp_path / "f.duckdb")
+    app = SimpleNamespace(producer=TransactionalProducer(), conf=SimpleNamespace(producer_max_request_size=64_000))
+    try:
+        # FRESHPLAN_PARTITIONS=8 against a topic of 3: sent there, it would fail and hold its key's records for ever.
+        state.outbox.add_many([("deps", b"pk-1", b"{}"), ("deps", b"pk-2", b"{}"), ("plans", b"p", b"{}")],
+                              partitions=[7, 1, None])
+        assert await Publisher(state, app, inline, lambda: {}).publish() == 3 and state.outbox.size() == 0
+        assert app.producer.sent == [("deps", b"pk-1", None), ("deps", b"pk-2", 1), ("plans", b"p", None)]
+    finally:
+        state.close()
+
+
+@pytest.mark.timeout(10)
+async def test_records_placed_on_a_partition_of_their_own_go_there_in_order_and_the_rest_where_keys_hash(batching):
+    state, broker, app, publisher = batching
+    rows = [(t, f"k-{i}".encode(), b"v%d" % i + b"x" * 300) for i in range(300) for t in ("plans", "deps")]
+    places = [None if t == "plans" else (7 if i == 299 else i % 2) for i in range(300) for t in ("plans", "deps")]
+    state.outbox.add_many(rows, partitions=places)
+    assert await publisher.publish() == len(rows) and state.outbox.size() == 0
+    partitioner = DefaultPartitioner()
+    for partition in (0, 1, 2):
+        sent = [record for t, p, records in broker.batches if p == partition and t == "deps" for record in records]
+        # 7 is past the topic's 3 partitions: that record goes where its key hashes, as if it had none.
+        assert sent == [(k, v) for (t, k, v), place in zip(rows, places, strict=True) if t == "deps" and (
+            place == partition if place != 7 else partitioner(k, [0, 1, 2], [0, 1, 2]) == partition)]
+        assert [r for t, p, records in broker.batches if p == partition and t == "plans" for r in records] == [
+            (k, v) for t, k, v in rows if t == "plans" and partitioner(k, [0, 1, 2], [0, 1, 2]) == partition]
 
 
 async def _outbox_empty(worker) -> bool:
@@ -316,7 +372,7 @@ async def test_acknowledged_rows_go_with_the_next_apply_batch_and_a_flush_reads_
     publisher, jobs = _recorded(state, app)
     await _announce_owned(state, app, publisher)
     # One read of the outbox, and no transaction of its own to forget the acknowledged row.
-    assert jobs == ["pending"] and state.outbox.size() == 0 and len(state.outbox.acked) == 1
+    assert jobs == ["due"] and state.outbox.size() == 0 and len(state.outbox.acked) == 1
     stored = "SELECT count(*) FROM outbox"
     assert state.store.db.execute(stored).fetchone()[0] == 1
 

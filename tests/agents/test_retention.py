@@ -7,6 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
+from schemas.plan_partition import plan_partition
 from tests.conftest import ATLAS_REQUEST, start_peer
 from tests.events import resource, tick
 
@@ -60,6 +61,16 @@ async def test_an_unselected_plan_is_evicted_announced_and_compiled_again(worker
     everything = await worker.everything("plan-invalidations")
     assert [r["plan_id"] for r in everything if r["reason"] == "evicted"] == [idle["plan_id"]]
     assert worker.proc.poll() is None
+    _placed_by_entity(await worker.everything("plan-dependencies"), idle["plan_key"], worker.settings.partitions)
+
+
+def _placed_by_entity(records: list[dict], evicted_key: str, partitions: int) -> None:
+    """Every `plan-dependencies` record, and the evicted key's tombstone, sits on its entity's partition."""
+    [entity] = {r["entity_id"] for r in records if not r.get("_tombstone")}
+    on = plan_partition(entity, partitions)
+    assert {r["_partition"] for r in records if not r.get("_tombstone")} == {on}
+    assert plan_partition(evicted_key, partitions) != on   # else the key's own placement would prove nothing here
+    assert [(r["_key"], r["_partition"]) for r in records if r.get("_tombstone")] == [(evicted_key.encode(), on)]
 
 
 async def test_a_duplicate_within_the_event_id_retention_is_skipped_after_a_rotation_and_applied_after_it(worker):

@@ -173,3 +173,30 @@ def test_standby_rows_of_a_topic_blocked_on_a_reset_stay_while_the_other_topics_
     _prune(state, {("clock", 0): 9, ("revocations", 0): 9}, blocked=frozenset({"revocations"}))
     assert state.store.db.execute("SELECT src_topic FROM outbox WHERE standby").fetchall() == [("revocations",)]
     state.close()
+
+
+def test_a_record_keeps_its_own_partition_compacted_or_promoted_and_its_dead_letter_goes_where_keys_hash(tmp_path):
+    import orjson
+
+    from schemas.outbound import RECORD_OVERHEAD_BYTES
+    from state.outbox import OutboundLimit
+
+    plan = {"plan_id": "p1", "plan_key": "pk-1", "dependencies": [f"resource:r{i}" for i in range(50)]}
+    whole = orjson.dumps(dict(plan, receipt=dict(plan, receipt_id="rcpt-1")))  # fits only without its receipt
+    state = LocalState.open(tmp_path / "f.duckdb")
+    box = state.outbox
+    box.limit = OutboundLimit(len(orjson.dumps(plan)) + 4 + RECORD_OVERHEAD_BYTES, "dead-letters",
+                              frozenset({"plan-dependencies"}))
+    with state.store.transaction():
+        box.add_many([("plan-dependencies", b"pk-1", whole), ("out", b"big", b"x" * 10_000),
+                      ("plan-dependencies", b"pk-2", b"{}"), ("out", b"plain", b"v")],
+                     [("source-changes", 0, 1)] * 4, standby=True, partitions=[3, 2, 1, None])
+        assert box.due() == []
+        box.promote("source-changes", 0, 1, 1)
+    due = box.due()
+    assert [(t, k, p) for _, t, k, _, p in due] == [
+        ("plan-dependencies", b"pk-1", 3), ("dead-letters", due[1][2], None), ("plan-dependencies", b"pk-2", 1),
+        ("out", b"plain", None)]
+    assert "receipt" not in orjson.loads(due[0][3])   # the whole record without its receipt, where it was placed
+    assert [row[:4] for row in due] == box.pending()  # `pending` is `due` without the partitions
+    state.close()
