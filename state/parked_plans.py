@@ -1,7 +1,8 @@
-"""Every plan's latest `plan-dependencies` record, kept by every worker for the day it owns the plan's partition."""
+"""The latest `plan-dependencies` record of each plan of the partitions a worker holds, for the day it owns them."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Collection, Iterable, Mapping
 
 import orjson
@@ -11,15 +12,16 @@ from schemas.plan_partition import plan_partition
 from state.plan_restore import prepare
 from state.store import Store
 
-# A take-over must not wait for the network: each worker keeps the whole compacted topic in
-# its file (one row per plan key), so a kill -9 of a peer costs a local read, not a replay.
+# A take-over must not wait for the network: each worker keeps the records of the partitions it
+# holds (owned, and standby copies) in its file, one row per plan key, so a kill -9 of a peer whose
+# partition it copies costs a local read; a partition gained without a copy is read from its start.
 # Each record is also kept in the shape a restore writes (prepared as it arrives, off the
 # take-over's clock), so taking 100,000 plans over is a few SQL statements, not a Python pass.
 _DDL = """
 CREATE TABLE IF NOT EXISTS parked_plans (plan_key VARCHAR PRIMARY KEY, partition INTEGER, plan_id VARCHAR,
   progress BIGINT, record VARCHAR, live BOOLEAN, valid_until TIMESTAMPTZ, request VARCHAR, plan VARCHAR,
   receipt_id VARCHAR, deps VARCHAR, as_of VARCHAR, compiled_in VARCHAR, unrestorable VARCHAR, superseded VARCHAR,
-  receipt VARCHAR);
+  receipt VARCHAR, source INTEGER);
 """
 # A record's receipt of its own plan (`plan_restore._receipt`), for a file parked before it had a column: read out of
 # the record as a restore once read it (ids of another JSON type do not count: their text can equal a string id).
@@ -107,15 +109,19 @@ class ParkedPlans:
                     if columns else []
                 self.db.execute("DROP TABLE IF EXISTS parked_plans")
                 self.db.execute(_DDL)
-                self.park(held)
+                self.park(held, [None] * len(held))
             self.db.execute("CHECKPOINT")  # as the store does: DDL must not wait in the WAL
-        elif "superseded" not in columns or "receipt" not in columns:
+        elif not {"superseded", "receipt", "source"} <= columns:
+            # DuckDB alters no table an index depends on: the index is made again below.
+            self.db.execute("DROP INDEX IF EXISTS parked_plans_plan")
             with store.transaction():
                 if "superseded" not in columns:  # files parked before records named the plan they replaced
                     self.db.execute("ALTER TABLE parked_plans ADD COLUMN superseded VARCHAR")
                 if "receipt" not in columns:  # a restore read each receipt out of its record (5 parses of 4 kB)
                     self.db.execute("ALTER TABLE parked_plans ADD COLUMN receipt VARCHAR")
                     self.db.execute(_RECEIPT_OF_RECORD)
+                if "source" not in columns:  # files parked from every partition, before records were placed
+                    self.db.execute("ALTER TABLE parked_plans ADD COLUMN source INTEGER")
             self.db.execute("CHECKPOINT")
         # Take-overs, restarts and status reads find parked plans by id (a scan of every parked record
         # otherwise). Created after the migrations above: DuckDB alters no table an index depends on.
@@ -123,14 +129,19 @@ class ParkedPlans:
             self.db.execute("CREATE INDEX parked_plans_plan ON parked_plans (plan_id)")
             self.db.execute("CHECKPOINT")
 
-    def park(self, records: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-        """Keep these records (validated `plan-dependencies` values, in topic order) as `succession` decides.
+    def park(self, records: Iterable[Mapping[str, Any]], sources: Iterable[int | None] | None = None,
+             ) -> dict[str, Mapping[str, Any]]:
+        """Keep these records (validated `plan-dependencies` values, in topic order) as `succession` decides;
+        `sources`: the partition each was read from (None for one parked before records were placed by entity).
+        Without `sources`, each was read from its entity's partition.
 
         Returns, by plan key, each record that is now its key's parked record.
         """
         by_key: dict[str, list[Mapping[str, Any]]] = {}
-        for record in records:
+        read_from: dict[int, int | None] = {}  # id of a record -> the partition it was read from
+        for record, source in zip(records, sources if sources is not None else itertools.repeat(None), strict=False):
             by_key.setdefault(record["plan_key"], []).append(record)
+            read_from[id(record)] = source if sources is not None else self.partition_of(record["entity_id"])
         if not by_key:
             return {}
         held: dict[str, tuple[str, int, list[str]]] = {
@@ -153,7 +164,7 @@ class ParkedPlans:
             return {}
         columns: dict[str, list] = {name: [] for name in (
             "plan_key", "partition", "plan_id", "progress", "record", "live", "valid_until", "request", "plan",
-            "receipt_id", "deps", "as_of", "compiled_in", "unrestorable", "superseded", "receipt")}
+            "receipt_id", "deps", "as_of", "compiled_in", "unrestorable", "superseded", "receipt", "source")}
         for key, (rank, record, superseded) in latest.items():
             entity_id = record["entity_id"]
             try:
@@ -168,10 +179,11 @@ class ParkedPlans:
                       ready and ready.request, ready and ready.plan, ready and ready.receipt_id,
                       orjson.dumps(keys).decode(), orjson.dumps(_as_of(record)).decode(), record.get("compiled_in"),
                       why, orjson.dumps(superseded).decode(),
-                      ready.receipt if ready and isinstance(ready.receipt_id, str) else None)
+                      ready.receipt if ready and isinstance(ready.receipt_id, str) else None, read_from[id(record)])
             for column, value in zip(columns.values(), values, strict=True):
                 column.append(value)
-        types = {"partition": pa.int32(), "progress": pa.int64(), "live": pa.bool_(), "valid_until": _WHEN}
+        types = {"partition": pa.int32(), "progress": pa.int64(), "live": pa.bool_(), "valid_until": _WHEN,
+                 "source": pa.int32()}
         rows = pa.table({name: pa.array(values, types.get(name, pa.string())) for name, values in columns.items()})
         # Deleted and written again, not upserted: an upsert replacing 6,000 held records cost DuckDB 14.8 s
         # (11 s of it at commit), a delete and an insert 3.3-4.7 s (measured, batches of 500, single-threaded).
@@ -185,6 +197,28 @@ class ParkedPlans:
         """Drop plan keys whose record was tombstoned (the owner evicted or dropped the plan)."""
         if plan_keys:
             self.db.execute("DELETE FROM parked_plans WHERE plan_key IN (SELECT unnest(?::VARCHAR[]))", [plan_keys])
+
+    def partition_of(self, entity_id: str) -> int:
+        """The partition owning plans about this canonical entity id."""
+        return plan_partition(entity_id, self.partitions)
+
+    def drop(self, partitions: Collection[int]) -> int:
+        """Forget the plans of partitions this worker no longer holds (inside the caller's transaction).
+
+        Records parked before they were placed by entity (no `source`) stay: on a broker that kept
+        its topics they may lie on a partition no holder reads, and only files from then know them.
+        """
+        if not partitions:
+            return 0
+        return self.db.execute("DELETE FROM parked_plans WHERE partition IN (SELECT unnest(?::INTEGER[])) "
+                               "AND source IS NOT NULL", [sorted(partitions)]).fetchone()[0]
+
+    def unplaced(self, partitions: Collection[int]) -> list[tuple[str, int, str]]:
+        """(plan key, partition, record) of these partitions' records parked before records were placed by entity."""
+        if not partitions:
+            return []
+        return self.db.execute("SELECT plan_key, partition, record FROM parked_plans WHERE source IS NULL "
+                               "AND partition IN (SELECT unnest(?::INTEGER[]))", [sorted(partitions)]).fetchall()
 
     def records(self, partitions: Collection[int]) -> list[dict[str, Any]]:
         """The parked records of plans owned by these partitions."""

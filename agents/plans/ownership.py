@@ -144,6 +144,7 @@ class Ownership:
             caught = self._caught_up(after & before)
             taken = replace(taken, plans=taken.plans + caught.plans, adopted=taken.adopted + caught.adopted,
                             stale=taken.stale + caught.stale)
+        self._place_again(after)
         db = self.state.store.db
         db.execute("DELETE FROM owned_partitions")
         if after:
@@ -153,6 +154,20 @@ class Ownership:
                      sorted(after), sorted(gained), taken.adopted, len(taken.stale), taken.seconds, sorted(lost),
                      dropped, extra={"partitions": sorted(after), "reason": "ownership"})
         return taken, dropped
+
+    def _place_again(self, owned: Collection[int]) -> None:
+        """Publish again, on their entity's partition, the records of owned plans parked before records were placed.
+
+        On a broker that kept its topics through that upgrade they lie where their keys hashed,
+        where a worker holding their partition does not read; each owner places them once (read
+        back, they are parked as placed).
+        """
+        legacy = self.parked.unplaced(owned)
+        if legacy:
+            self.state.outbox.add_many([(self.feed_topic, key.encode(), record.encode()) for key, _, record in legacy],
+                                       partitions=[partition for _, partition, _ in legacy])
+            log.info("published %d plan-dependencies records parked before records were placed by entity again, on "
+                     "their entity's partition", len(legacy), extra={"records": len(legacy), "reason": "placed"})
 
     def _caught_up(self, kept: Collection[int]) -> TakeOver:
         """Partitions kept across a restart: judge the plans peers compiled for them meanwhile.

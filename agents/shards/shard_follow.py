@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Awaitable, Callable
 
 from agents.plans.ownership import Ownership
 from agents.shards.shard_restore import Shards
+from agents.stream.plan_feed import PlanFeed
 from agents.stream.rebalances import Rebalances, woken
 from agents.stream.replica import Replica
 
@@ -30,7 +32,7 @@ class ShardFollower:
 
     def __init__(self, rebalances: Rebalances, replica: Replica, shards: Shards, ownership: Ownership,
                  run: Callable[..., Awaitable[Any]], published: Callable[[], Awaitable[Any]],
-                 stall_seconds: float = 15.0, read_ahead: bool = True) -> None:
+                 plan_feed: PlanFeed, stall_seconds: float = 15.0, read_ahead: bool = True) -> None:
         self.rebalances = rebalances
         self.replica = replica
         self.shards = shards
@@ -39,6 +41,8 @@ class ShardFollower:
         self.published = published  # publish what the take-over announced
         self.stall_seconds = stall_seconds  # a lane read that cannot start within this gives up and is retried
         self.read_ahead = read_ahead  # read the likely gains' lanes while the group rebalances (`ahead`)
+        self.plan_feed = plan_feed  # the take-over waits for its read of gained partitions' parked plans
+        self.feed_waited_since: float | None = None  # when a step first found the feed behind on the assignment
 
     def settled(self, assigned: frozenset[int]) -> bool:
         """Whether plans and lanes are the assignment's."""
@@ -51,6 +55,7 @@ class ShardFollower:
         await self.replica.ready.wait()  # judging a take-over needs offsets verified against this broker
         signal, backoff, retry_in = self.rebalances.waker(), 1.0, None
         self.replica.lanes.wakers.append(signal)  # a gained lane caught up: its plans can follow
+        self.plan_feed.wakers.append(signal)  # so did a gained partition's parked plans
         while True:
             await woken(signal, retry_in)
             assigned = self.rebalances.assigned("source-changes")
@@ -136,5 +141,26 @@ class ShardFollower:
         # held is not whole until the writer saw it caught up.
         if not wanted <= self.shards.state.held - self.shards.state.restoring - self.shards.starting:
             return False
+        if not self._plans_read(assigned):
+            return False
         await self.run_writes(self.ownership.follow, assigned)
+        self.feed_waited_since = None
+        return True
+
+    def _plans_read(self, assigned: frozenset[int]) -> bool:
+        """Whether the feed has parked the plans of the assigned partitions (or was waited for long enough).
+
+        Not waited for without end: a record read after the take-over is judged as it arrives
+        (`Ownership.adopt`), only one by one instead of together.
+        """
+        if self.plan_feed.caught_up(assigned):
+            return True
+        now = time.monotonic()
+        if self.feed_waited_since is None:
+            self.feed_waited_since = now
+        if now - self.feed_waited_since < self.stall_seconds:
+            return False
+        log.warning("the plan feed has not read the parked plans of partitions %s within %.0f s; taking them over "
+                    "with what it read, and judging the rest as they arrive", sorted(assigned), self.stall_seconds,
+                    extra={"reason": "plan_feed_behind", "partitions": sorted(assigned)})
         return True

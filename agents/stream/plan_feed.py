@@ -1,11 +1,11 @@
-"""Keep every plan's `plan-dependencies` record, and take over the owned ones compiled elsewhere."""
+"""Keep the `plan-dependencies` records of the held partitions' plans, and take over owned ones compiled elsewhere."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections import Counter
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Collection
 
 import duckdb
 import orjson
@@ -29,17 +29,20 @@ STATE_RETRY_SECONDS = 5.0  # between attempts to follow the topic again once the
 
 
 class PlanFeed:
-    """Reads the internal `plan-dependencies` topic (every partition) into this worker's parked plans.
+    """Reads the partitions of the internal `plan-dependencies` topic this worker holds into its parked plans.
 
-    Parked records are what a take-over restores from, without the network. A record of a plan
-    this worker owns but has not stored (a peer compiled it before a hand-over, or a select on
-    a peer that still thought it owned the entity) is judged without compiling: adopted when no
-    key it depends on changed since its `compiled_as_of`, announced stale otherwise.
+    A record goes to the partition of its plan's entity, so the partitions a worker holds (owned,
+    and standby copies) carry the records of all their plans. Parked records are what a take-over
+    restores from, without the network; a partition gained is read from its start, and the take-over
+    waits for that read (`caught_up`). A record of a plan this worker owns but has not stored (a peer
+    compiled it before a hand-over, or a select on a peer that still thought it owned the entity) is
+    judged without compiling: adopted when no key it depends on changed since its `compiled_as_of`,
+    announced stale otherwise.
     """
 
     def __init__(self, state: LocalState, ownership: Ownership, parked: ParkedPlans, replica: Replica,
-                 bootstrap_servers: str, topic: str, after_apply: Callable[[], object] | None = None,
-                 kafka: dict | None = None,
+                 bootstrap_servers: str, topic: str, keeps: Callable[[], frozenset[int]],
+                 after_apply: Callable[[], object] | None = None, kafka: dict | None = None,
                  run: Callable[..., Awaitable[Any]] = inline) -> None:
         self.state = state  # the read-write state: touched only through `run`
         self.ownership = ownership
@@ -47,6 +50,10 @@ class PlanFeed:
         self.replica = replica
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic  # broker-side name of `plan-dependencies`
+        self.keeps = keeps  # the partitions whose plans this worker holds (and is gaining)
+        self.following: frozenset[int] = frozenset()  # the partitions the feed reads now
+        self.behind: dict[int, int] = {}  # partition -> the end offset a read from its start must reach
+        self.wakers: list[asyncio.Event] = []  # set as a partition's read reaches its end (a follower waits on one)
         self.after_apply = after_apply  # after a batch that announced plans (the publisher's kick)
         self.counts: Counter[str] = Counter()
         self.kafka = kafka or {}  # KafkaSecurity.client_kwargs()
@@ -63,7 +70,6 @@ class PlanFeed:
             await self.replica.ready.wait()
             await consumer.start()
             tps = await discover(consumer, [self.topic], attempts=None)
-            consumer.assign(tps)
             while True:
                 try:
                     await self._follow(consumer, tps)
@@ -78,20 +84,62 @@ class PlanFeed:
         finally:
             await stop_within(consumer)
 
+    def caught_up(self, partitions: Collection[int]) -> bool:
+        """Whether the feed reads these partitions and has read each to where it stood when the read began."""
+        return set(partitions) <= self.following and not set(partitions) & set(self.behind)
+
     async def _follow(self, consumer: AIOKafkaConsumer, tps: list) -> None:
-        """From the saved positions on, ingest until cancelled (or until the state file fails)."""
+        """From the saved positions on, ingest the held partitions until they change (or the state file fails)."""
+        self.following = frozenset()
+        try:
+            await self._follow_held(consumer, {tp.partition: tp for tp in tps})
+        finally:
+            self.following = frozenset()
+
+    async def _follow_held(self, consumer: AIOKafkaConsumer, by_partition: dict[int, Any]) -> None:
+        keeps = frozenset(self.keeps())
         positions = await self.run_writes(self._positions)
-        for tp in tps:
+        lost = set(positions) - keeps
+        if lost:
+            await self.run_writes(self._drop, lost)
+        wanted = [by_partition[p] for p in sorted(keeps) if p in by_partition]
+        consumer.assign(wanted)
+        for tp in wanted:
             if tp.partition in positions:
                 consumer.seek(tp, positions[tp.partition])
             else:
                 await consumer.seek_to_beginning(tp)
-        while True:
+        ends = await consumer.end_offsets(wanted) if wanted else {}
+        self.behind = {tp.partition: end for tp, end in ends.items() if await consumer.position(tp) < end}
+        self.following = keeps
+        self._woken()
+        while frozenset(self.keeps()) == keeps:
+            if not wanted:  # nothing held (yet): nothing to read
+                await asyncio.sleep(0.2)
+                continue
             batch = await consumer.getmany(timeout_ms=200, max_records=500)
             records = [(tp.partition, m.offset, m.value, m.key) for tp, ms in batch.items() for m in ms]
             # Only a batch that announced plans has records to flush: the rest would cost a writer read each.
             if records and await self._ingest_isolated(records) and self.after_apply:
                 self.after_apply()
+            if self.behind:
+                caught = [p for p, end in self.behind.items() if await consumer.position(by_partition[p]) >= end]
+                if caught:
+                    self.behind = {p: end for p, end in self.behind.items() if p not in caught}
+                    self._woken()
+
+    def _woken(self) -> None:
+        for event in self.wakers:
+            event.set()
+
+    def _drop(self, partitions: Collection[int]) -> None:
+        """Forget the parked plans and read positions of partitions no longer held."""
+        with self.state.store.transaction():
+            dropped = self.parked.drop(partitions)
+            self.state.store.db.execute("DELETE FROM plan_feed WHERE partition IN (SELECT unnest(?::INTEGER[]))",
+                                        [sorted(partitions)])
+        log.info("forgot %d parked plans of partitions %s, no longer held", dropped, sorted(partitions),
+                 extra={"partitions": sorted(partitions), "reason": "parked_plans_dropped"})
 
     async def _ingest_isolated(self, records: list[tuple[int, int, bytes | None, bytes | None]]) -> bool:
         """Ingest a batch; if it fails, one record at a time, skipping (and counting) any that fails. Whether
@@ -141,7 +189,12 @@ class PlanFeed:
             valid, tombstones = self._valid(records)
             self.parked.forget(tombstones)
             crossed = self.parked.crossed
-            current = self.parked.park(valid)
+            # A record about another partition's entity (placed before records went by entity, or by a hostile
+            # producer) is that partition's holders' to keep.
+            keeps = self.keeps()
+            valid = [(p, r) for p, r in valid if self.parked.partition_of(r["entity_id"]) in keeps]
+            current = self.parked.park([r for _, r in valid], [p for p, _ in valid])
+            valid = [r for _, r in valid]
             crossed = self.parked.crossed - crossed
             if crossed:
                 self.state.store.bump_many({"plan_lineages_crossed": crossed})
@@ -161,9 +214,10 @@ class PlanFeed:
         return bool(taken.stale)
 
     def _valid(self, records: list[tuple[int, int, bytes | None, bytes | None]],
-               ) -> tuple[list[dict[str, Any]], list[str]]:
-        """Valid records of a batch (after its tombstones), and the plan keys tombstoned."""
-        plans: list[tuple[int, dict[str, Any]]] = []
+               ) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+        """Valid records of a batch (after its tombstones) with the partition each was read from, and the plan
+        keys tombstoned."""
+        plans: list[tuple[int, int, dict[str, Any]]] = []
         # A tombstone is the owner's eviction of that plan key; a later record of the key brings it back.
         tombstones = {key.decode(errors="replace"): offset for _, offset, value, key in records
                       if value is None and key}
@@ -186,8 +240,8 @@ class PlanFeed:
             except RequestError as exc:
                 self._skip(partition, offset, f"its request does not parse ({exc.code})")
                 continue
-            plans.append((offset, plan))
-        valid = [p for offset, p in plans if offset > tombstones.get(p["plan_key"], -1)]
+            plans.append((partition, offset, plan))
+        valid = [(partition, p) for partition, offset, p in plans if offset > tombstones.get(p["plan_key"], -1)]
         return valid, list(tombstones)
 
     def _skip(self, partition: int, offset: int, why: str) -> None:

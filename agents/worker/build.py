@@ -116,6 +116,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     ownership = Ownership(state, plan_writer, state.key_changes, parked, settings.partitions,
                           settings.topic("plan-dependencies"), shards=shards)
     plan_feed = PlanFeed(state, ownership, parked, replica, bootstrap_servers, settings.topic("plan-dependencies"),
+                         keeps=lambda: shard_state.held | shard_state.catching | shards.starting,
                          after_apply=publisher.kick, kafka=kafka, run=writer.run)
     peers = Peers(served_by=str(app.conf.canonical_url), foreign_partition=ownership.foreign_partition,
                   foreign_partitions=lambda: sorted(set(range(settings.partitions)) - set(ownership.owned or ())))
@@ -181,7 +182,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
     async def adopt_plans() -> None:
         await plan_feed.run()
 
-    follower = ShardFollower(rebalances, replica, shards, ownership, writer.run, publisher.publish,
+    follower = ShardFollower(rebalances, replica, shards, ownership, writer.run, publisher.publish, plan_feed,
                              stall_seconds=settings.restore_stall_seconds, read_ahead=settings.read_ahead)
     app.task(follower.run)
     if settings.read_ahead and replica.routed:

@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 
 from agents.cli.settings import Settings
 from agents.stream.plan_feed import PlanFeed
+from compiler.request import parse_request, plan_key
 from streams.admin import ensure_topics
 from tests.agents.test_ownership import ATLAS, Node, _event
 from tests.conftest import ATLAS_REQUEST
@@ -30,7 +31,8 @@ def pair(tmp_path):
 
 
 def _feed(node: Node) -> PlanFeed:
-    return PlanFeed(node.state, node.ownership, node.parked, None, "", "x-plan-dependencies")
+    return PlanFeed(node.state, node.ownership, node.parked, None, "", "x-plan-dependencies",
+                    keeps=lambda: frozenset(range(node.parked.partitions)))
 
 
 def _records(node: Node) -> list[tuple[int, int, bytes | None, bytes | None]]:
@@ -102,7 +104,8 @@ async def test_through_the_broker_the_feed_starts_a_flush_after_a_batch_that_ann
         ready = asyncio.Event()
         ready.set()
         feed = PlanFeed(node.state, node.ownership, node.parked, SimpleNamespace(ready=ready),
-                        broker.bootstrap_servers, topic, after_apply=kicked.set, run=run)
+                        broker.bootstrap_servers, topic, keeps=lambda: frozenset(range(node.parked.partitions)),
+                        after_apply=kicked.set, run=run)
         task = asyncio.ensure_future(feed.run())
         try:
             announced = await asyncio.wait_for(settled.get(), 30)
@@ -117,3 +120,90 @@ async def test_through_the_broker_the_feed_starts_a_flush_after_a_batch_that_ann
     b.apply(_event(resource("approved-waiver-W2")))  # ahead of the plan: judged stale, announced
     assert await follow(b) and kicked.is_set()
     assert [r["plan_id"] for r in b.published("plan-invalidations")]
+
+
+def _moved(record: dict, entity: str) -> dict:
+    """The record of the same request about another entity (its key is that request's key)."""
+    request = dict(record["request"], entity=entity)
+    return dict(record, request=request, entity_id=entity, plan_id=f"{record['plan_id']}-{entity}",
+                plan_key=plan_key(parse_request(request), entity))
+
+
+@pytest.mark.timeout(60)
+async def test_through_the_broker_the_feed_parks_only_the_held_partitions_plans_and_forgets_one_let_go(pair, broker):
+    a, b = pair
+    a.query.select(ATLAS_REQUEST)
+    [(_, _, value, _)] = _records(a)
+    mine = orjson.loads(value)
+    home = b.parked.partition_of(mine["entity_id"])
+    other = next(f"entity-{i}" for i in range(100) if b.parked.partition_of(f"entity-{i}") != home)
+    theirs = _moved(mine, other)
+    settings = Settings(topic_prefix=f"feed{uuid.uuid4().hex[:8]}-")
+    await ensure_topics(settings, broker.bootstrap_servers)
+    topic = settings.topic("plan-dependencies")
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+    await producer.start()
+    try:
+        for record in (mine, theirs):  # each on its entity's partition, as the publisher places them
+            await producer.send_and_wait(topic, orjson.dumps(record), key=record["plan_key"].encode(),
+                                         partition=b.parked.partition_of(record["entity_id"]))
+    finally:
+        await producer.stop()
+    with b.state.store.transaction():  # parked before records were placed: kept whatever is let go
+        b.parked.park([_moved(mine, "legacy-entity")], [None])
+    legacy = _moved(mine, "legacy-entity")["plan_key"]
+    keeps, woken = frozenset({home}), asyncio.Event()
+    ready = asyncio.Event()
+    ready.set()
+    feed = PlanFeed(b.state, b.ownership, b.parked, SimpleNamespace(ready=ready), broker.bootstrap_servers, topic,
+                    keeps=lambda: keeps)
+    feed.wakers.append(woken)
+
+    async def caught_up(partitions) -> None:
+        while not feed.caught_up(partitions):
+            woken.clear()
+            await asyncio.wait_for(woken.wait(), 20)
+
+    def parked() -> dict[str, int | None]:
+        return dict(b.state.store.db.execute("SELECT plan_key, source FROM parked_plans").fetchall())
+
+    task = asyncio.ensure_future(feed.run())
+    try:
+        await caught_up({home})
+        assert not feed.caught_up({home, 1 - home})  # not read at all
+        assert parked() == {mine["plan_key"]: home, legacy: None}
+        keeps = frozenset({home, 1 - home})            # gained: read from its start
+        await caught_up(keeps)
+        assert parked() == {mine["plan_key"]: home, theirs["plan_key"]: 1 - home, legacy: None}
+        keeps = frozenset({1 - home})                   # let go: its plans are forgotten, the legacy row stays
+        for _ in range(100):
+            if feed.following == keeps:
+                break
+            await asyncio.sleep(0.1)
+        assert feed.following == keeps and feed.caught_up(keeps)
+        assert parked() == {theirs["plan_key"]: 1 - home, legacy: None}
+        positions = dict(b.state.store.db.execute("SELECT partition, next_offset FROM plan_feed").fetchall())
+        assert positions == {1 - home: 1}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def test_an_owner_publishes_records_parked_before_placement_again_on_their_entity_s_partition(pair):
+    a, b = pair
+    a.query.select(ATLAS_REQUEST)
+    [(_, _, value, _)] = _records(a)
+    record = orjson.loads(value)
+    home = b.parked.partition_of(record["entity_id"])
+    with b.state.store.transaction():  # an earlier version's feed parked it from wherever its key hashed
+        b.parked.park([record], [None])
+    b.own(1 - home)
+    assert not [r for r in b.state.outbox.due(1000) if r[1] == "x-plan-dependencies"]  # not its partition
+    b.own(home)
+    [(_, _, key, placed, partition)] = [r for r in b.state.outbox.due(1000) if r[1] == "x-plan-dependencies"]
+    assert (key, orjson.loads(placed), partition) == (record["plan_key"].encode(), record, home)
+    _feed(b)._settle([(home, 0, placed, key)])  # read back from its partition: parked as placed, not sent again
+    assert b.state.store.db.execute("SELECT source FROM parked_plans").fetchall() == [(home,)]
+    b.own(1 - home)
+    b.own(home)
+    assert len([r for r in b.state.outbox.due(1000) if r[1] == "x-plan-dependencies"]) == 1

@@ -157,6 +157,17 @@ async def _published():
     return None
 
 
+class _Feed:
+    """The plan feed as the follower sees it: it has read every partition's parked plans unless `behind`."""
+
+    def __init__(self, behind: frozenset[int] = frozenset()) -> None:
+        self.behind = behind
+        self.wakers: list = []
+
+    def caught_up(self, partitions) -> bool:
+        return not set(partitions) & self.behind
+
+
 async def test_a_held_copy_read_again_from_its_start_is_not_taken_over_before_it_caught_up(make):  # noqa: F811
     """4 partitions, this worker owns 0 and read 1 ahead (caught up: a held copy). The assignment gives 0 and 2:
     step() stops reading 1 (held until the move) and waits for 2. A second rebalance: ahead() skips 1 (held). It
@@ -171,7 +182,7 @@ async def test_a_held_copy_read_again_from_its_start_is_not_taken_over_before_it
     shards = Shards(shard, y)
     shards.assigned = frozenset({0})
     rebalances, replica, ownership = _Rebalances(), _Replica(shards, {0, 1}), _Ownership(shards, {0})
-    follower = ShardFollower(rebalances, replica, shards, ownership, _inline, _published)
+    follower = ShardFollower(rebalances, replica, shards, ownership, _inline, _published, _Feed())
     assert await follower.step(frozenset({0, 2})) is False   # 2 is catching up; 1 no longer read, still held
     assert replica.reading == {0, 2} and 1 in shard.held
     rebalances.revoking = True
@@ -182,6 +193,26 @@ async def test_a_held_copy_read_again_from_its_start_is_not_taken_over_before_it
     assert 1 in shard.catching, "lane 1 is being read from its start again"
     assert not took_over and ownership.follows == [], (
         f"step() took over {ownership.follows} while lane 1 was catching up {sorted(shard.catching)}")
+
+
+async def test_the_take_over_waits_for_the_feed_to_park_a_gained_partitions_plans_but_not_for_ever(make):  # noqa: F811
+    y = make("y", lambda e: True)
+    shard = ShardState(y.state.store, 2)
+    with y.state.store.transaction():
+        shard._set(frozenset({0, 1}))
+    y.owns_lane, y.mine = shard.owns_lane, shard.mine
+    shards = Shards(shard, y)
+    shards.assigned = frozenset({0})
+    rebalances, replica, ownership = _Rebalances(), _Replica(shards, {0, 1}), _Ownership(shards, {0})
+    feed = _Feed(behind=frozenset({1}))
+    follower = ShardFollower(rebalances, replica, shards, ownership, _inline, _published, feed, stall_seconds=0.3)
+    assert await follower.step(frozenset({0, 1})) is False and ownership.follows == []  # 1's plans not parked yet
+    feed.behind = frozenset()
+    assert await follower.step(frozenset({0, 1})) is True and ownership.follows[-1][0] == {0, 1}
+    feed.behind = frozenset({0})  # a feed stuck behind: after stall_seconds the plans follow anyway
+    assert await follower.step(frozenset({0})) is False
+    await asyncio.sleep(0.35)
+    assert await follower.step(frozenset({0})) is True and ownership.follows[-1][0] == {0}
 
 
 async def test_a_lane_read_ahead_after_a_failed_step_is_a_copy_not_owned(make):  # noqa: F811
@@ -206,7 +237,7 @@ async def test_a_lane_read_ahead_after_a_failed_step_is_a_copy_not_owned(make): 
             await super().gain_lanes(lanes)
 
     replica = Stalled(shards, {1})
-    follower = ShardFollower(rebalances, replica, shards, ownership, _inline, _published)
+    follower = ShardFollower(rebalances, replica, shards, ownership, _inline, _published, _Feed())
     with pytest.raises(asyncio.TimeoutError):
         await follower.step(frozenset({0, 1}))
     rebalances.revoking = True

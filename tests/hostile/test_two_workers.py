@@ -364,9 +364,10 @@ async def test_both_workers_rebased_onto_a_reset_broker_serve_and_announce_nothi
             await _split(first, peer)
 
             async def both_parked() -> bool:
-                # What a worker never read from `plan-dependencies` it cannot know after the broker is gone.
-                return all([(await _health(w))["parked_plans"] >= len(plans) for w in (first, peer)])
-            await _until(both_parked, what="both workers holding both plans' records")
+                # What a worker never read from `plan-dependencies` it cannot know after the broker is gone. Each
+                # keeps the records of the partitions it holds: each plan's are with the holder of its entity's.
+                return sum([(await _health(w))["parked_plans"] for w in (first, peer)]) >= len(plans)
+            await _until(both_parked, what="each plan's record parked by the worker holding its partition")
             peer.stop()
             first.stop()
             with EmbeddedBroker() as new:
