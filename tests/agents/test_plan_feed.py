@@ -76,21 +76,27 @@ def test_poisoned_records_are_skipped_and_a_tombstone_forgets_a_key(pair):
     assert b.parked.size() == 0
 
 
-@pytest.mark.timeout(60)
-async def test_through_the_broker_the_feed_starts_a_flush_after_a_batch_that_announced_and_only_then(pair, broker):
-    # Unwired, a stale plan's announcement waited for the next input batch's flush or the 1 s timer.
-    a, b = pair
-    a.query.select(ATLAS_REQUEST)
+async def _topic_holding(broker, records: list[tuple[bytes, bytes, int]]) -> str:
+    """A new `plan-dependencies` topic holding these (key, value, partition) records, in order."""
     settings = Settings(topic_prefix=f"feed{uuid.uuid4().hex[:8]}-")
     await ensure_topics(settings, broker.bootstrap_servers)
     topic = settings.topic("plan-dependencies")
     producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
     await producer.start()
     try:
-        for _, _, value, key in _records(a):
-            await producer.send_and_wait(topic, value, key=key, partition=0)
+        for key, value, partition in records:
+            await producer.send_and_wait(topic, value, key=key, partition=partition)
     finally:
         await producer.stop()
+    return topic
+
+
+@pytest.mark.timeout(60)
+async def test_through_the_broker_the_feed_starts_a_flush_after_a_batch_that_announced_and_only_then(pair, broker):
+    # Unwired, a stale plan's announcement waited for the next input batch's flush or the 1 s timer.
+    a, b = pair
+    a.query.select(ATLAS_REQUEST)
+    topic = await _topic_holding(broker, [(key, value, 0) for _, _, value, key in _records(a)])
     settled, kicked = asyncio.Queue(), asyncio.Event()
 
     async def run(fn, *args):
@@ -138,17 +144,9 @@ async def test_through_the_broker_the_feed_parks_only_the_held_partitions_plans_
     home = b.parked.partition_of(mine["entity_id"])
     other = next(f"entity-{i}" for i in range(100) if b.parked.partition_of(f"entity-{i}") != home)
     theirs = _moved(mine, other)
-    settings = Settings(topic_prefix=f"feed{uuid.uuid4().hex[:8]}-")
-    await ensure_topics(settings, broker.bootstrap_servers)
-    topic = settings.topic("plan-dependencies")
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
-    await producer.start()
-    try:
-        for record in (mine, theirs):  # each on its entity's partition, as the publisher places them
-            await producer.send_and_wait(topic, orjson.dumps(record), key=record["plan_key"].encode(),
-                                         partition=b.parked.partition_of(record["entity_id"]))
-    finally:
-        await producer.stop()
+    # Each on its entity's partition, as the publisher places them.
+    topic = await _topic_holding(broker, [(r["plan_key"].encode(), orjson.dumps(r),
+                                           b.parked.partition_of(r["entity_id"])) for r in (mine, theirs)])
     with b.state.store.transaction():  # parked before records were placed: kept whatever is let go
         b.parked.park([_moved(mine, "legacy-entity")], [None])
     legacy = _moved(mine, "legacy-entity")["plan_key"]
