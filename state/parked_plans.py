@@ -205,19 +205,21 @@ class ParkedPlans:
     def drop(self, partitions: Collection[int]) -> int:
         """Forget the plans of partitions this worker no longer holds (inside the caller's transaction).
 
-        Records parked before they were placed by entity (no `source`) stay: on a broker that kept
-        its topics they may lie on a partition no holder reads, and only files from then know them.
+        Records not read from their entity's partition stay (parked before records were placed by
+        entity, or read where their keys hashed): on a broker that kept its topics they may lie on a
+        partition the holders of their own do not read, until an owner places them (`unplaced`).
         """
         if not partitions:
             return 0
         return self.db.execute("DELETE FROM parked_plans WHERE partition IN (SELECT unnest(?::INTEGER[])) "
-                               "AND source IS NOT NULL", [sorted(partitions)]).fetchone()[0]
+                               "AND source = partition", [sorted(partitions)]).fetchone()[0]
 
     def unplaced(self, partitions: Collection[int]) -> list[tuple[str, int, str]]:
-        """(plan key, partition, record) of these partitions' records parked before records were placed by entity."""
+        """(plan key, partition, record) of these partitions' records not read from their entity's partition."""
         if not partitions:
             return []
-        return self.db.execute("SELECT plan_key, partition, record FROM parked_plans WHERE source IS NULL "
+        return self.db.execute("SELECT plan_key, partition, record FROM parked_plans "
+                               "WHERE source IS DISTINCT FROM partition "
                                "AND partition IN (SELECT unnest(?::INTEGER[]))", [sorted(partitions)]).fetchall()
 
     def records(self, partitions: Collection[int]) -> list[dict[str, Any]]:

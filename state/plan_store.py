@@ -204,6 +204,13 @@ class PlanStore:
         finally:
             self.db.unregister("_successors")
 
+    def headed(self, plan_keys: list[str]) -> set[str]:
+        """Which of these plan keys have a current plan here."""
+        if not plan_keys:
+            return set()
+        return {r[0] for r in self.db.execute("SELECT plan_key FROM plan_heads WHERE plan_key IN (SELECT unnest(?))",
+                                              [plan_keys]).fetchall()}
+
     def known(self, plan_ids: list[str]) -> set[str]:
         """Which of these plan ids this worker has stored, whatever their status."""
         if not plan_ids:

@@ -156,11 +156,11 @@ class Ownership:
         return taken, dropped
 
     def _place_again(self, owned: Collection[int]) -> None:
-        """Publish again, on their entity's partition, the records of owned plans parked before records were placed.
+        """Publish again, on their entity's partition, the records of owned plans not read from there.
 
-        On a broker that kept its topics through that upgrade they lie where their keys hashed,
-        where a worker holding their partition does not read; each owner places them once (read
-        back, they are parked as placed).
+        Records published before records were placed by entity lie where their keys hashed, on a
+        broker that kept its topics through that upgrade, where a worker holding their partition
+        does not read; each owner places them once (read back, they are parked as placed).
         """
         legacy = self.parked.unplaced(owned)
         if legacy:

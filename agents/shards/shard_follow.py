@@ -42,7 +42,8 @@ class ShardFollower:
         self.stall_seconds = stall_seconds  # a lane read that cannot start within this gives up and is retried
         self.read_ahead = read_ahead  # read the likely gains' lanes while the group rebalances (`ahead`)
         self.plan_feed = plan_feed  # the take-over waits for its read of gained partitions' parked plans
-        self.feed_waited_since: float | None = None  # when a step first found the feed behind on the assignment
+        self.feed_waited: tuple[frozenset[int], float] | None = None  # (assignment, when a step first found the feed
+        # behind on it): the clock starts again for another assignment
 
     def settled(self, assigned: frozenset[int]) -> bool:
         """Whether plans and lanes are the assignment's."""
@@ -144,7 +145,7 @@ class ShardFollower:
         if not self._plans_read(assigned):
             return False
         await self.run_writes(self.ownership.follow, assigned)
-        self.feed_waited_since = None
+        self.feed_waited = None
         return True
 
     def _plans_read(self, assigned: frozenset[int]) -> bool:
@@ -156,9 +157,9 @@ class ShardFollower:
         if self.plan_feed.caught_up(assigned):
             return True
         now = time.monotonic()
-        if self.feed_waited_since is None:
-            self.feed_waited_since = now
-        if now - self.feed_waited_since < self.stall_seconds:
+        if self.feed_waited is None or self.feed_waited[0] != assigned:
+            self.feed_waited = (assigned, now)
+        if now - self.feed_waited[1] < self.stall_seconds:
             return False
         log.warning("the plan feed has not read the parked plans of partitions %s within %.0f s; taking them over "
                     "with what it read, and judging the rest as they arrive", sorted(assigned), self.stall_seconds,

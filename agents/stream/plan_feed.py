@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable, Collection
 import duckdb
 import orjson
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 
 from agents.plans.ownership import Ownership
 from agents.stream.replica import Replica
@@ -26,6 +27,7 @@ from streams.partitions import discover
 log = logging.getLogger(__name__)
 
 STATE_RETRY_SECONDS = 5.0  # between attempts to follow the topic again once the state file failed
+BROKER_RETRY_SECONDS = 1.0  # between attempts to follow the topic again after the broker failed a request
 
 
 class PlanFeed:
@@ -73,6 +75,11 @@ class PlanFeed:
             while True:
                 try:
                     await self._follow(consumer, tps)
+                except KafkaError as exc:
+                    # A broker slow to say where a partition ends (a rebalance, a restart): follow again.
+                    log.warning("the plan feed could not follow plan-dependencies (%r); following again in %.0f s",
+                                exc, BROKER_RETRY_SECONDS, extra={"error_class": "plan_feed_broker"})
+                    await asyncio.sleep(BROKER_RETRY_SECONDS)
                 except duckdb.Error as exc:
                     # The file itself fails (damaged, its disk gone): selects are refused already, and the
                     # worker stays up to say so. Nothing read since the saved positions counts as ingested.
@@ -190,17 +197,20 @@ class PlanFeed:
             self.parked.forget(tombstones)
             crossed = self.parked.crossed
             # A record about another partition's entity (placed before records went by entity, or by a hostile
-            # producer) is that partition's holders' to keep.
-            keeps = self.keeps()
-            valid = [(p, r) for p, r in valid if self.parked.partition_of(r["entity_id"]) in keeps]
+            # producer) is that partition's holders' to keep. What the loop follows, not what is held now: the
+            # loop saves every record's position, and sees a change of what is held after the batch.
+            valid = [(p, r) for p, r in valid if self.parked.partition_of(r["entity_id"]) in self.following]
             current = self.parked.park([r for _, r in valid], [p for p, _ in valid])
             valid = [r for _, r in valid]
             crossed = self.parked.crossed - crossed
             if crossed:
                 self.state.store.bump_many({"plan_lineages_crossed": crossed})
             known = self.state.plans.known([r["plan_id"] for r in valid])
+            headed = self.state.plans.headed([r["plan_key"] for r in valid])
             # Every record is judged (a stale one is announced); of a key's records, the one parked is made current.
-            taken = self.ownership.adopt([r for r in valid if r["plan_id"] not in known],
+            # Also one of a plan stored here once whose key has no current plan: its partition was handed back and
+            # taken again, and the take-over did not wait for this record.
+            taken = self.ownership.adopt([r for r in valid if r["plan_id"] not in known or r["plan_key"] not in headed],
                                          parked={r["plan_id"] for r in current.values()})
             self._save_positions(ends)
         if crossed:

@@ -31,8 +31,11 @@ def pair(tmp_path):
 
 
 def _feed(node: Node) -> PlanFeed:
-    return PlanFeed(node.state, node.ownership, node.parked, None, "", "x-plan-dependencies",
+    """A feed whose loop follows every partition."""
+    feed = PlanFeed(node.state, node.ownership, node.parked, None, "", "x-plan-dependencies",
                     keeps=lambda: frozenset(range(node.parked.partitions)))
+    feed.following = feed.keeps()
+    return feed
 
 
 def _records(node: Node) -> list[tuple[int, int, bytes | None, bytes | None]]:
