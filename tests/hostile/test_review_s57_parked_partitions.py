@@ -165,11 +165,11 @@ async def test_a_broker_timeout_while_the_feed_reassigns_does_not_end_it(one, mo
     task = asyncio.ensure_future(feed.run())
     try:
         for _ in range(50):
-            if task.done() or feed.caught_up({0}):
+            if task.done() or feed.following == {0}:
                 break
             await asyncio.sleep(0.1)
         assert not task.done(), f"the plan feed ended on a broker timeout: {task.exception()!r}"
-        assert feed.caught_up({0}) and calls["end_offsets"] == 2
+        assert feed.following == {0} and calls["end_offsets"] == 2
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
