@@ -115,7 +115,8 @@ class Settings:
     until an assignment gives them, and dropped if it does not (a joining worker costs each peer a lane read)."""
     restore_stall_seconds: float = 15.0
     """Seconds a gained shard's lane read may take to start (its first offsets asked of the broker) before it gives
-    up (at least 1): nothing moves, and it is retried after its backoff."""
+    up (at least 1): nothing moves, and it is retried after its backoff. Also the longest a take-over waits for the
+    plan feed to read a gained partition's parked plans (later ones are judged as they arrive)."""
     rebase: bool = False
     """Accept input topics that were reset (new broker or recreated topics): re-read them from their start."""
     check_head_cache: bool = False
