@@ -222,6 +222,23 @@ class ParkedPlans:
                                "WHERE source IS DISTINCT FROM partition "
                                "AND partition IN (SELECT unnest(?::INTEGER[]))", [sorted(partitions)]).fetchall()
 
+    def sources(self) -> set[int]:
+        """The partitions of `plan-dependencies` the parked records were read from."""
+        return {r[0] for r in self.db.execute(
+            "SELECT DISTINCT source FROM parked_plans WHERE source IS NOT NULL").fetchall()}
+
+    def placed(self, partitions: Collection[int]) -> list[tuple[str, int, str]]:
+        """(plan key, partition, record) of the records read from these partitions of `plan-dependencies`."""
+        if not partitions:
+            return []
+        return self.db.execute("SELECT plan_key, partition, record FROM parked_plans "
+                               "WHERE source IN (SELECT unnest(?::INTEGER[]))", [sorted(partitions)]).fetchall()
+
+    def published(self, partitions: Collection[int]) -> None:
+        """The records read from these partitions were queued again, each on its entity's partition: read from there."""
+        self.db.execute("UPDATE parked_plans SET source = partition WHERE source IN (SELECT unnest(?::INTEGER[]))",
+                        [sorted(partitions)])
+
     def records(self, partitions: Collection[int]) -> list[dict[str, Any]]:
         """The parked records of plans owned by these partitions."""
         if not partitions:

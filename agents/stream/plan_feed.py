@@ -88,6 +88,11 @@ class PlanFeed:
                               "from its saved positions in %.0f s", type(exc).__name__, STATE_RETRY_SECONDS,
                               extra={"error_class": "state_unreadable"})
                     await asyncio.sleep(STATE_RETRY_SECONDS)
+                except Exception:  # noqa: BLE001 - a fault of the feed's own must not stop the worker: follow again
+                    self.state_failures += 1
+                    log.exception("the plan feed failed; it follows plan-dependencies again from its saved positions "
+                                  "in %.0f s", STATE_RETRY_SECONDS, extra={"error_class": "plan_feed_failed"})
+                    await asyncio.sleep(STATE_RETRY_SECONDS)
         finally:
             await stop_within(consumer)
 
@@ -111,6 +116,14 @@ class PlanFeed:
     async def _follow_held(self, consumer: AIOKafkaConsumer, by_partition: dict[int, Any]) -> None:
         keeps = frozenset(self.keeps())
         positions = await self.run_writes(self._positions)
+        read = [by_partition[p] for p in sorted(positions) if p in by_partition]
+        ends = await consumer.end_offsets(read) if read else {}
+        # Reset: fewer records than were read, or positions forgotten (a rebase onto another broker forgets them).
+        reset = sorted({tp.partition for tp, end in ends.items() if positions[tp.partition] > end}
+                       | (await self.run_writes(self.parked.sources) - set(positions)))
+        if reset:
+            await self.run_writes(self._publish_again, reset)
+            positions = {**positions, **dict.fromkeys(reset, 0)}  # read again from the start
         lost = set(positions) - keeps
         if lost:
             await self.run_writes(self._drop, lost)
@@ -143,6 +156,26 @@ class PlanFeed:
     def _woken(self) -> None:
         for event in self.wakers:
             event.set()
+
+    def _publish_again(self, partitions: list[int]) -> None:
+        """The topic lost records this worker read from these partitions (a broker or topic reset): put back what it
+        parked of them, each on its entity's partition.
+
+        After a reset the file is the only copy of a plan's record, and a partition that moves
+        to a worker that never held it would leave the plan followed by nobody. Published as they
+        were (compiled in the old incarnation, so a new owner judges them stale and announces them).
+        """
+        rows = self.parked.placed(partitions)
+        with self.state.store.transaction():
+            self.state.outbox.add_many([(self.topic, key.encode(), record.encode()) for key, _, record in rows],
+                                       partitions=[partition for _, partition, _ in rows])
+            self.parked.published(partitions)
+            db = self.state.store.db
+            db.execute("DELETE FROM plan_feed WHERE partition IN (SELECT unnest(?::INTEGER[]))", [partitions])
+            self._save_positions(dict.fromkeys(partitions, 0))
+        log.warning("plan-dependencies partitions %s hold fewer records than this worker read (the broker or the "
+                    "topic was reset); published the %d records parked of them again", partitions, len(rows),
+                    extra={"partitions": partitions, "records": len(rows), "reason": "plan_feed_reset"})
 
     def _drop(self, partitions: Collection[int]) -> None:
         """Forget the parked plans and read positions of partitions no longer held."""

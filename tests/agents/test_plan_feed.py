@@ -206,3 +206,40 @@ def test_an_owner_publishes_records_parked_before_placement_again_on_their_entit
     b.own(1 - home)
     b.own(home)
     assert len([r for r in b.state.outbox.due(1000) if r[1] == "x-plan-dependencies"]) == 1
+
+
+@pytest.mark.timeout(60)
+async def test_through_the_broker_records_a_reset_topic_lost_are_published_again_once(pair, broker):
+    a, b = pair
+    a.query.select(ATLAS_REQUEST)
+    [(_, _, value, key)] = _records(a)
+    home = b.parked.partition_of(orjson.loads(value)["entity_id"])
+    _feed(b)._settle([(home, 0, value, key)])  # read from the old topic; a rebase then forgot the feed's positions
+    b.state.store.db.execute("DELETE FROM plan_feed")
+    topic = await _topic_holding(broker, [])    # the new broker's topic holds none of it
+    keeps = frozenset({home})
+    ready = asyncio.Event()
+    ready.set()
+    feed = PlanFeed(b.state, b.ownership, b.parked, SimpleNamespace(ready=ready), broker.bootstrap_servers, topic,
+                    keeps=lambda: keeps)
+
+    def again() -> list:
+        return [r for r in b.state.outbox.due(1000) if r[1] == topic]
+
+    task = asyncio.ensure_future(feed.run())
+    try:
+        for _ in range(100):
+            if feed.following == keeps:
+                break
+            await asyncio.sleep(0.1)
+        [(_, _, sent_key, sent, partition)] = again()   # the only copy left is this file's: on the entity's partition
+        assert (sent_key, sent, partition) == (key, value, home)
+        keeps = frozenset({home, 1 - home})              # following again does not publish it again
+        for _ in range(100):
+            if feed.following == keeps:
+                break
+            await asyncio.sleep(0.1)
+        assert feed.following == keeps and len(again()) == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
