@@ -87,6 +87,8 @@ class WorkerProcess:
     log_path: Path
     http: aiohttp.ClientSession | None = field(default=None, repr=False)
     env: dict = field(default_factory=dict, repr=False)
+    # Workers started beside this one (start_peer): `launch` ends them even when a test fails before its own cleanup.
+    peers: list["WorkerProcess"] = field(default_factory=list, repr=False)
 
     @property
     def auth(self) -> dict[str, str]:
@@ -189,6 +191,7 @@ async def start_peer(first: WorkerProcess, directory: Path) -> WorkerProcess:
     url = f"http://127.0.0.1:{port}"
     peer = WorkerProcess(first.settings, first.bootstrap, url, _spawn(env, log_path), log_path, http=first.http,
                          env=env)
+    first.peers.append(peer)
     await _wait_http(url, peer.proc, log_path)
     return peer
 
@@ -271,6 +274,8 @@ async def launch(broker, directory: Path, wait: bool = True, **extra: str):
             running.http = http
             yield running
     finally:
+        for peer in running.peers:
+            end_process(peer.proc, timeout=20)
         end_process(running.proc, timeout=20)
         # Every worker here compares its in-memory select hits with the file (FRESHPLAN_CHECK_HEAD_CACHE).
         if log_path.exists() and b"head cache disagrees" in log_path.read_bytes():

@@ -192,6 +192,7 @@ async def _peer(first: WorkerProcess, directory) -> WorkerProcess:
     env = dict(first.env, FRESHPLAN_STATE_DIR=str(directory / "state"), FRESHPLAN_WEB_PORT=str(port))
     peer = WorkerProcess(first.settings, first.bootstrap, f"http://127.0.0.1:{port}",
                          _spawn(env, directory / "worker.log"), directory / "worker.log", http=first.http, env=env)
+    first.peers.append(peer)
     await _ready(peer)
     return peer
 
