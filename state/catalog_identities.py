@@ -316,12 +316,28 @@ def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -
         return False
     if changed & {"grants", "delegations", "sessions"}:
         return True
-    texts = [spelt for text in policy_texts() for spelt in (text, _unescaped(text))]
-    # Not \b: a name that starts or ends with a non-word character ("level!") has no word boundary there.
-    if any(re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) for name in changed for text in texts):
+    texts = tuple(policy_texts())
+    if any(_read_by_policy(name, texts) for name in changed):
         return True
     # A principal Cedar cannot hold is denied everything, whatever the policies read (asked last: it costs a call).
     return not (principal_representable(before) and principal_representable(after))
+
+
+def _read_by_policy(name: str, texts: tuple[str, ...]) -> bool:
+    """Whether the name appears in a policy text (or in it with escapes resolved) with no word character beside it."""
+    if _WORD.fullmatch(name):  # such an occurrence is a whole run of word characters: look it up
+        return name in _spelt_words(texts)
+    # Not \b: a name that starts or ends with a non-word character ("level!") has no word boundary there.
+    pattern = re.compile(rf"(?<!\w){re.escape(name)}(?!\w)")
+    return any(pattern.search(spelt) for text in texts for spelt in (text, _unescaped(text)))
+
+
+@functools.lru_cache(maxsize=8)
+def _spelt_words(texts: tuple[str, ...]) -> frozenset[str]:
+    """Every run of word characters in these policy texts, as written and with escapes resolved: found once per
+    set of stored policies. Searched for at each principal upsert, they cost a third of applying one (8,000 of
+    them, in process: 0.26 of 0.73 s)."""
+    return frozenset(word for text in texts for spelt in (text, _unescaped(text)) for word in _WORD.findall(spelt))
 
 
 def _json(value: object) -> bytes:

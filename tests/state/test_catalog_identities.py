@@ -125,6 +125,7 @@ _READS = 'permit(principal, action, resource) when {{ {} }};'
     ({"desk": "d1"}, {"desk": "d2"}, 'principal.unit == "x"', False),                 # read by no policy
     ({"unit": "x"}, {"unit": "y"}, 'principal.business_unit == "x"', False),         # another name
     ({"unit": "x"}, {"unit": "y"}, 'principal.unit == "x"', True),
+    ({"unit": "x"}, {"unit": "y"}, 'principal.units == "x" && principal.sub_unit == "y"', False),  # inside words
     ({"level!": 1}, {"level!": 2}, 'principal["level!"] == 1', True),               # no word boundary
     ({"é": 1}, {"é": 2}, 'principal["é"] == 1', True),
     ({"unit": "x"}, {"unit": "y"}, 'principal["\\u{75}nit"] == "x"', True),          # spelt by escapes
@@ -138,6 +139,16 @@ def test_an_attribute_change_matters_when_a_policy_reads_it_by_any_spelling(befo
     old = [["analyst"], orjson.dumps(before).decode(), 3, False]
     new = Principal("p", roles=("analyst",), attributes=after, delegation_version=3)
     assert _matters(old, new, lambda: [_READS.format(condition)]) is matters
+
+
+def test_whether_an_attribute_matters_follows_the_stored_policies_as_they_change():
+    old = [["analyst"], orjson.dumps({"unit": "x"}).decode(), 3, False]
+    new = Principal("p", roles=("analyst",), attributes={"unit": "y"}, delegation_version=3)
+    texts = [_READS.format('principal.desk == "d"')]
+    assert _matters(old, new, lambda: texts) is False
+    texts = texts + [_READS.format('principal.unit == "x"')]  # a new bundle version reads it
+    assert _matters(old, new, lambda: texts) is True
+    assert _matters(old, new, lambda: texts[:1]) is False
 
 
 def test_an_attribute_nested_deeper_than_cedar_parses_matters_though_no_policy_reads_it():
