@@ -332,7 +332,7 @@ def _read_by_policy(name: str, texts: tuple[str, ...]) -> bool:
     return any(pattern.search(spelt) for text in texts for spelt in (text, _unescaped(text)))
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=2)  # the stored policies and the set before a bundle changed them: texts can be large
 def _spelt_words(texts: tuple[str, ...]) -> frozenset[str]:
     """Every run of word characters in these policy texts, as written and with escapes resolved: found once per
     set of stored policies. Searched for at each principal upsert, they cost a third of applying one (8,000 of
