@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from collections import Counter
@@ -19,6 +18,7 @@ from compiler.policy import principal_representable
 from schemas.errors import InvalidEvent
 from schemas.records import Entity, Principal, Revocation, SourceChange
 from state.lookups import remember
+from state.policy_reads import read_by_policy
 from state.store import Store
 
 log = logging.getLogger(__name__)
@@ -317,49 +317,14 @@ def _matters(old: list, new: Principal, policy_texts: Callable[[], list[str]]) -
     if changed & {"grants", "delegations", "sessions"}:
         return True
     texts = tuple(policy_texts())
-    if any(_read_by_policy(name, texts) for name in changed):
+    if any(read_by_policy(name, texts) for name in changed):
         return True
     # A principal Cedar cannot hold is denied everything, whatever the policies read (asked last: it costs a call).
     return not (principal_representable(before) and principal_representable(after))
 
 
-def _read_by_policy(name: str, texts: tuple[str, ...]) -> bool:
-    """Whether the name appears in a policy text (or in it with escapes resolved) with no word character beside it."""
-    if _WORD.fullmatch(name):  # such an occurrence is a whole run of word characters: look it up
-        return name in _spelt_words(texts)
-    # Not \b: a name that starts or ends with a non-word character ("level!") has no word boundary there.
-    pattern = re.compile(rf"(?<!\w){re.escape(name)}(?!\w)")
-    return any(pattern.search(spelt) for text in texts for spelt in (text, _unescaped(text)))
-
-
-@functools.lru_cache(maxsize=2)  # the stored policies and the set before a bundle changed them: texts can be large
-def _spelt_words(texts: tuple[str, ...]) -> frozenset[str]:
-    """Every run of word characters in these policy texts, as written and with escapes resolved: found once per
-    set of stored policies. Searched for at each principal upsert, they cost a third of applying one (8,000 of
-    them, in process: 0.26 of 0.73 s)."""
-    return frozenset(word for text in texts for spelt in (text, _unescaped(text)) for word in _WORD.findall(spelt))
-
-
 def _json(value: object) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-
-
-@functools.lru_cache(maxsize=1024)  # the stored texts change rarely; principal updates come often
-def _unescaped(text: str) -> str:
-    """The text with Cedar's string escapes resolved: `principal["\\u{61}ge"]` reads `age`."""
-    def one(m: re.Match) -> str:
-        code = m.group(1)
-        if code.startswith("u{"):
-            try:
-                return chr(int(code[2:-1], 16))
-            except ValueError:
-                return m.group(0)
-        return _ESCAPED.get(code, code)
-    return _ESCAPE.sub(one, text)
-
-
-_ESCAPE = re.compile(r"\\(u\{[0-9a-fA-F]{1,6}\}|.)", re.DOTALL)
-_ESCAPED = {"n": "\n", "r": "\r", "t": "\t", "0": "\0"}
 
 
 def _revoke(revocation: Revocation, principals: dict, revoked: dict, horizons: dict, changed: set,
