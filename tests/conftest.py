@@ -196,14 +196,24 @@ async def start_peer(first: WorkerProcess, directory: Path) -> WorkerProcess:
     return peer
 
 
-async def _drain(bootstrap: str, name: str, partitions: int) -> list[dict]:
+async def read_from_start(bootstrap: str, name: str, partitions: int) -> AIOKafkaConsumer:
+    """A started consumer (no group) assigned every partition of the topic `name`, at its start; the caller stops it."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
         parts = [TopicPartition(name, p) for p in range(partitions)]
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
+    except BaseException:
+        await consumer.stop()
+        raise
+    return consumer
+
+
+async def _drain(bootstrap: str, name: str, partitions: int) -> list[dict]:
+    consumer = await read_from_start(bootstrap, name, partitions)
+    try:
+        ends = await consumer.end_offsets(list(consumer.assignment()))
         seen: list[dict] = []
         async def behind() -> bool:
             return any([await consumer.position(tp) < end for tp, end in ends.items()])

@@ -7,12 +7,11 @@ import asyncio
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.stream.publisher import Publisher
 from state.local_state import LocalState
 from tests.catalog_double import SCENARIOS
-from tests.conftest import ATLAS_REQUEST, launch
+from tests.conftest import ATLAS_REQUEST, launch, read_from_start
 
 
 class Producer:
@@ -144,14 +143,10 @@ async def test_through_the_broker_a_policy_version_s_announcements_go_out_from_t
                  for i in range(3)}
         bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
         await worker.publish_events(("policy-versions", dict(bundle, event_id="prefetch-v2", version=2)))
-        consumer = AIOKafkaConsumer(bootstrap_servers=worker.bootstrap, enable_auto_commit=False)
-        await consumer.start()
+        consumer = await read_from_start(worker.bootstrap, worker.settings.topic("plan-invalidations"),
+                                         worker.settings.partitions)
         seen: list[str] = []
         try:
-            parts = [TopicPartition(worker.settings.topic("plan-invalidations"), p)
-                     for p in range(worker.settings.partitions)]
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
             while not plans <= set(seen):
                 for messages in (await asyncio.wait_for(consumer.getmany(timeout_ms=200), 60)).values():
                     seen += [doc["plan_id"] for m in messages

@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.memory_records import MemoryRecords
@@ -18,7 +17,7 @@ from schemas.plan_partition import plan_partition
 from state.local_state import LocalState
 from state.outbox import OutboundLimit
 from tests.catalog_double import SCENARIOS
-from tests.conftest import ATLAS_REQUEST, eventually, launch
+from tests.conftest import ATLAS_REQUEST, eventually, launch, read_from_start
 
 class Broker:
     """An aiokafka producer double that takes pre-built batches; the broker refuses records over `limit`."""
@@ -127,14 +126,10 @@ async def test_a_fan_out_is_announced_through_the_broker_on_the_partitions_its_k
                  for i in range(BATCH_FROM + 16)}
         bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
         await worker.publish_events(("policy-versions", dict(bundle, event_id="fan-v2", version=2)))
-        consumer = AIOKafkaConsumer(bootstrap_servers=worker.bootstrap, enable_auto_commit=False)
-        await consumer.start()
+        consumer = await read_from_start(worker.bootstrap, worker.settings.topic("plan-invalidations"),
+                                         worker.settings.partitions)
         seen: dict[str, int] = {}
         try:
-            parts = [TopicPartition(worker.settings.topic("plan-invalidations"), p)
-                     for p in range(worker.settings.partitions)]
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
             while not plans <= set(seen):
                 for tp, messages in (await asyncio.wait_for(consumer.getmany(timeout_ms=200), 60)).items():
                     for m in messages:
