@@ -147,15 +147,9 @@ class WorkerProcess:
 
     async def records(self, topic: str, until, timeout: float = 30.0) -> list[dict]:
         """Read a topic from the beginning until `until(records)` is true; fail after `timeout`."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
-        await consumer.start()
+        consumer = await read_from_start(self.bootstrap, self.settings.topic(topic), self.settings.partitions)
         seen: list[dict] = []
         try:
-            name = self.settings.topic(topic)
-            parts = [TopicPartition(name, p) for p in range(self.settings.partitions)]
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
-
             async def read() -> None:
                 while not until(seen):
                     batch = await consumer.getmany(timeout_ms=200)
