@@ -8,7 +8,7 @@ import time
 import orjson
 
 from bench.stats import exposition
-from tests.conftest import ATLAS_REQUEST, freshest
+from tests.conftest import ATLAS_REQUEST, eventually, freshest
 from tests.events import policy_version, principal, regrant, resource, revoke_role, tick
 
 LIVE_REQUEST = {k: v for k, v in ATLAS_REQUEST.items() if k != "decision_time"}
@@ -268,9 +268,17 @@ async def test_a_future_policy_version_takes_over_when_now_crosses_its_effective
     assert status["status"] == "invalidated" and status["reason"] == "policy_changed"
     assert status["cause"]["dependency_key"] == "time:2026-12-01T00:00:00Z"
     assert status["successor_plan_id"] == after["plan_id"]
-    # A historical decision keeps the version in effect at its decision_time.
-    assert (await worker.get(f"/v1/plans/{past['plan_id']}"))["status"] == "fresh"
+    # A historical decision keeps the version in effect at its decision_time. The new version was announced to it
+    # as to every plan of its decision type; its successor, compiled in the background, is the same plan again.
+    await eventually(lambda: _status_is(worker, past["plan_id"], "fresh"), 20, "the historical plan fresh again")
     assert (await worker.select(ATLAS_REQUEST, fresh))["plan_id"] == past["plan_id"]
+    crossed = [r for r in await worker.everything("plan-invalidations")
+               if r["plan_id"] == past["plan_id"] and r["cause"]["dependency_key"].startswith("time:")]
+    assert crossed == []  # the tick that handed the live plan to version 3 did not touch it
+
+
+async def _status_is(worker, plan_id: str, status: str) -> bool:
+    return (await worker.get(f"/v1/plans/{plan_id}"))["status"] == status
 
 
 async def test_a_revoked_role_comes_back_only_with_a_record_made_after_it(worker):
@@ -293,7 +301,7 @@ async def test_a_revoked_role_comes_back_only_with_a_record_made_after_it(worker
 
 
 async def test_an_idle_worker_checkpoints_its_file_and_says_so(broker, tmp_path):
-    from tests.conftest import eventually, launch
+    from tests.conftest import launch
 
     # A 1 MB cap makes the idle threshold 64 KB. How much log a batch of waivers writes depends on
     # how the worker batches them (20-240 KB for 60 seen), so waivers go on until the log passes it.
