@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import orjson
 
@@ -97,6 +97,8 @@ class Cause:
     """The record's offset; None as for `partition`."""
     dependency_key: str | None = None
     """The dependency key it touched; None where the plan writer adds it."""
+    at: float | None = field(default=None, compare=False)
+    """The record's broker timestamp (seconds since the epoch), for latency figures only: never on the wire."""
 
     def as_wire(self) -> dict[str, Any]:
         """The wire shape, in its key order (receipt ids hash it); an unknown position is -1, as the schema wants
@@ -106,6 +108,14 @@ class Cause:
         if self.dependency_key is not None:
             doc["dependency_key"] = self.dependency_key
         return doc
+
+    @classmethod
+    def from_wire(cls, doc: Mapping[str, Any]) -> "Cause":
+        """A cause as `as_wire` shaped it (an unknown position back to None); KeyError, TypeError or ValueError for a
+        document that is not one."""
+        partition, offset = int(doc["partition"]), int(doc["offset"])
+        return cls(doc["topic"], doc["event_id"], partition if partition >= 0 else None,
+                   offset if offset >= 0 else None, doc.get("dependency_key"))
 
 
 def invalidation_cause(*, topic: str, partition: int, offset: int, event_id: str,

@@ -11,6 +11,7 @@ import orjson
 import pyarrow as pa
 
 from compiler.request import parse_request, plan_key
+from schemas.outbound import Cause
 from schemas.plan_partition import plan_partition
 from schemas.timefmt import parse_instant
 from state.dependency_index import HORIZON_MEMO, replace_edges
@@ -190,12 +191,12 @@ def _compiled_again(store: Store, plan_ids: list[str], topic_of: Callable[[str],
             again.append(plan_id)
             continue
         try:
-            at = orjson.loads(cause) if cause else {}
-            event = (at["topic"], int(at["partition"]), int(at["offset"]))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            at = Cause.from_wire(orjson.loads(cause or "{}"))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             continue  # no input position to compare with: it stays invalidated
-        if event[1] >= 0 and any((topic_of(a["topic"]), a["partition"]) == event[:2] and a["next_offset"] > event[2]
-                                 for a in orjson.loads(as_of or "[]")):
+        if at.partition is not None and at.offset is not None and any(
+                (topic_of(a["topic"]), a["partition"]) == (at.topic, at.partition) and a["next_offset"] > at.offset
+                for a in orjson.loads(as_of or "[]")):
             again.append(plan_id)
     if again:
         store.db.execute("UPDATE plans SET status = 'fresh', reason = NULL, cause = NULL, successor_plan_id = NULL, "

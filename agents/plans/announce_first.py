@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from compiler.dependency_keys import resource_id
+from schemas.outbound import Cause
 from state.catalog_snapshot import CatalogSnapshot
 from state.fan_out import Announcement, FanOut
 
@@ -110,9 +111,9 @@ def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, coun
             took_over = view.policy_took_over(dep_key, orjson.loads(request), now)
         announced.append(writer.caused(old_id, plan_key, dep_key, cause, None, now, memo, visible.get(old_id),
                                        "policy_changed" if took_over else None, quiet=quiet))
-        sources.append((cause["topic"], cause["partition"], cause["offset"]))
+        sources.append((cause.topic, cause.partition, cause.offset))
         queued.append((plan_key, *sources[-1]))
-        events[cause["event_id"]] += 1
+        events[cause.event_id] += 1
     writer.announce(announced, sources, standby)
     state.plans.invalidate_many([e.history_entry() for e in announced], now)
     state.queue.add_many(queued)
@@ -129,12 +130,12 @@ def _column_wise(writer: PlanWriter, touched: Touched, now: datetime | None, cou
     """Many plans: built column-wise (`state.fan_out`), one announcement per group of plans sharing event,
     key and stamps, its plan ids and keys filled in by SQL; an index lookup and a record per plan."""
     state = writer.state
-    causes: list[dict] = []
-    index: dict[int, int] = {}
+    causes: list[Cause] = []
+    index: dict[Cause, int] = {}
     dep_keys, cause_of = [], []
     for dep_key, cause in touched.values():
         dep_keys.append(dep_key)
-        cause_of.append(index.setdefault(id(cause), len(causes)))
+        cause_of.append(index.setdefault(cause, len(causes)))
         if cause_of[-1] == len(causes):
             causes.append(cause)
     fan = FanOut(state.store, state.outbox)
@@ -157,8 +158,8 @@ def _column_wise(writer: PlanWriter, touched: Touched, now: datetime | None, cou
             if template is None:
                 raise ValueError("an invalidation's cause holds its own placeholders")
             announced.append(Announcement(group, entry.reason, orjson.dumps(entry.cause).decode(), template,
-                                          (cause["topic"], cause["partition"], cause["offset"])))
-            events[cause["event_id"]] += group.plans
+                                          (cause.topic, cause.partition, cause.offset)))
+            events[cause.event_id] += group.plans
         fan.write(announced, writer.topic_of("plan-invalidations"), writer.topic_of("receipts"), standby, now)
     finally:
         fan.drop()

@@ -290,7 +290,7 @@ class Ownership:
             return []
         plan_hole, key_hole = orphan_announcements.holes()
         memo: dict = {}
-        sample = self.plans.caused(plan_hole, key_hole, "plan-dependencies", _record_cause(plan_hole, memo), None, now,
+        sample = self.plans.caused(plan_hole, key_hole, "plan-dependencies", _record_cause(plan_hole), None, now,
                                    memo, reason="stale_on_arrival", quiet=True)
         orphan_announcements.announce(self.state.store, self.state.outbox, pairs, sample,
                                       self.plans.topic_of("plan-invalidations"), now)
@@ -334,22 +334,14 @@ class Ownership:
         """The announcement of a plan found stale on take-over; its cause is the change's position."""
         if why.topic is None:  # nothing applied explains it (another incarnation, no keys): the record is the cause
             return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key,
-                                     _record_cause(record["plan_id"], memo), None, now, memo, reason="stale_on_arrival",
+                                     _record_cause(record["plan_id"]), None, now, memo, reason="stale_on_arrival",
                                      quiet=True)
-        cause = _kept(memo, Cause(why.topic, why.event_id or f"offset:{why.partition}:{why.offset}", why.partition,
-                                  why.offset).as_wire())
+        cause = Cause(why.topic, why.event_id or f"offset:{why.partition}:{why.offset}", why.partition, why.offset)
         visible = {item["resource_id"] for part in ("admitted", "rejected") for item in record.get(part) or ()}
         return self.plans.caused(record["plan_id"], record["plan_key"], why.dependency_key, cause, None, now, memo,
                                  visible=visible, quiet=True)
 
 
-def _record_cause(plan_id: str, memo: dict) -> dict:
+def _record_cause(plan_id: str) -> Cause:
     """The cause of a plan no applied event explains (another incarnation's, or unjudgeable): its own record."""
-    return _kept(memo, Cause("plan-dependencies", f"plan:{plan_id}").as_wire())
-
-
-def _kept(memo: dict, cause: dict) -> dict:
-    """`cause`, kept alive as long as `memo`: `PlanWriter.caused` memoises by id(cause), and a cause freed mid-batch
-    lent its id, and so its memo, to the next plan's (every orphan was announced with the first one's cause)."""
-    memo.setdefault("causes", []).append(cause)
-    return cause
+    return Cause("plan-dependencies", f"plan:{plan_id}")

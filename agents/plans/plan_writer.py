@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Callable, Mapping, Sequence
 
@@ -15,6 +16,7 @@ from compiler.errors import RequestError
 from compiler.batch import compile_many
 from compiler.cedar_batch import SharedEntities
 from compiler.pipeline import CompiledPlan, as_decided_at, compile_request
+from schemas.outbound import Cause
 from schemas.plan_partition import plan_partition
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 COMPILE_CHUNK = 16  # plans per Cedar call: about 1,000 decisions, tens of ms with the GIL held
 
 Source = tuple[str, int, int]  # (input topic, partition, offset) of the event a record is due to
-Touched = dict[str, tuple[str, dict]]  # plan key -> (dependency key, cause) of the event that touched it
+Touched = dict[str, tuple[str, Cause]]  # plan key -> (dependency key, cause) of the event that touched it
 
 
 DISCOVERABLE_MEMO = "plans.discoverable"  # plan id -> resource ids its principal may learn of (`Store.cached`)
@@ -195,7 +197,7 @@ class PlanWriter:
         else:
             self.state.outbox.add_many(rows, row_sources, standby=standby)
 
-    def caused(self, old_id: str, plan_key: str, dep_key: str, cause: dict, successor: str | None,
+    def caused(self, old_id: str, plan_key: str, dep_key: str, cause: Cause, successor: str | None,
                now: datetime | None, memo: dict, visible: set[str] | None = None, reason: str | None = None,
                quiet: bool = False) -> Invalidation:
         """The invalidation of one plan by an input event.
@@ -206,12 +208,11 @@ class PlanWriter:
         to auditors on `receipts`. `reason` overrides the one the dependency key's kind implies.
         """
         redact = dep_key.startswith("resource:") and dep_key[len("resource:"):] not in (visible or ())
-        shared = memo.get((id(cause), dep_key, redact))
+        shared = memo.get((cause, dep_key, redact))
         if shared is None:
-            full_cause = {k: v for k, v in cause.items() if not k.startswith("_")}
-            full_cause.update(topic=self.topic_of(cause["topic"]), dependency_key=dep_key)
+            full_cause = replace(cause, topic=self.topic_of(cause.topic), dependency_key=dep_key).as_wire()
             public = dict(full_cause, dependency_key="resource:withheld", event_id="withheld") if redact else full_cause
-            shared = memo[(id(cause), dep_key, redact)] = (reason_for(dep_key), public, full_cause)
+            shared = memo[(cause, dep_key, redact)] = (reason_for(dep_key), public, full_cause)
         if "stamps" not in memo:
             memo["stamps"] = (wall_now(), now and format_instant(now))
         self.observe_latency(cause)
@@ -223,11 +224,10 @@ class PlanWriter:
                             "event_id": entry.cause["event_id"], "successor_plan_id": successor})
         return entry
 
-    def observe_latency(self, cause: dict) -> None:
+    def observe_latency(self, cause: Cause) -> None:
         """One invalidation's latency: from its event's broker timestamp to now."""
-        stamp = cause.get("_timestamp")
-        if self.on_latency and stamp:
-            self.on_latency(max(0.0, time.time() - stamp))
+        if self.on_latency and cause.at:
+            self.on_latency(max(0.0, time.time() - cause.at))
 
     # -- the apply path: what one batch of input events touched ------------------------
 
@@ -274,7 +274,7 @@ class PlanWriter:
                 continue
             if compiled is None:
                 dropped.append(plan_key)
-            source = (cause["topic"], cause["partition"], cause["offset"])
+            source = (cause.topic, cause.partition, cause.offset)
             if status != "invalidated":  # an invalidated head was announced already; only its successor is due
                 # A crossed time key is a policy change when another bundle version now governs the plan.
                 took_over = view.policy_took_over(dep_key, request, now)
@@ -334,8 +334,7 @@ class PlanWriter:
             if compiled:
                 restored.append(compiled)
             stamp = wall_now()
-            cause = {"topic": "replay", "partition": -1, "offset": -1, "event_id": f"replay-{stamp}",
-                     "dependency_key": "replay"}
+            cause = Cause("replay", f"replay-{stamp}", dependency_key="replay").as_wire()  # no one record to blame
             announced.append(Invalidation(plan["plan_id"], plan["plan_key"], "state_rebuilt", cause, stamp, None,
                                           compiled.plan_id if compiled else None))
         with state.store.transaction():

@@ -17,7 +17,7 @@ from agents.stream.raw_message import RawMessage
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
 from schemas.errors import InvalidEvent, SkippedEvent
-from schemas.outbound import input_dead_letter, letter_key
+from schemas.outbound import Cause, input_dead_letter, letter_key
 from schemas.routed_batch import SHARED
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
@@ -193,10 +193,8 @@ class EventApplier:
         keyed = self._apply_events(fresh, counts)
         # Every worker records where each key changed, owner or not: a later owner judges by it.
         # A record and a move notice can share an offset (a lane merge): their keys are recorded together.
-        self.state.key_changes.record(by_position(((c["topic"], c["partition"], c["offset"]), keys)
-                                                   for keys, _, c in keyed),
-                                      event_ids(((c["topic"], c["partition"], c["offset"]), c["event_id"])
-                                                for _, _, c in keyed))
+        self.state.key_changes.record(by_position(((c.topic, c.partition, c.offset), keys) for keys, _, c in keyed),
+                                      event_ids(((c.topic, c.partition, c.offset), c.event_id) for _, _, c in keyed))
         touched = self._affected(keyed)
         early = self._honour_early(messages, touched) if self.early is not None else frozenset()
         # Only plans of owned partitions are indexed here, so what they cause is this worker's to publish.
@@ -215,9 +213,8 @@ class EventApplier:
             for entry in entries:
                 if entry.plan_key not in keys:  # the first event that announced it
                     keys.add(entry.plan_key)
-                    touched[entry.plan_key] = (entry.dependency_key, {
-                        "topic": topic, "partition": partition, "offset": offset, "event_id": entry.event_id,
-                        "_timestamp": stamps.get(position)})
+                    touched[entry.plan_key] = (entry.dependency_key, Cause(topic, entry.event_id, partition, offset,
+                                                                           at=stamps.get(position)))
         return frozenset(keys)
 
     def _elsewhere(self, event: InputEvent) -> bool:
@@ -228,7 +225,7 @@ class EventApplier:
                 and not self.mine(payload.record.entity))  # type: ignore[union-attr]
 
     def _apply_events(self, fresh: list[tuple[RawMessage, InputEvent]],
-                      counts: Counter[str]) -> list[tuple[list[str], dict[str, str], dict]]:
+                      counts: Counter[str]) -> list[tuple[list[str], dict[str, str], Cause]]:
         """Apply events in order, in bulk; (keys, plans due by time, cause) per applied event.
 
         Resource changes are one bulk write; principal, entity and revocation changes and clock
@@ -270,7 +267,7 @@ class EventApplier:
         self.state.store.set_clocks(ticked)
         if ticked:
             self.now = max(self.state.store.clocks().values())
-        keyed: list[tuple[list[str], dict[str, str], dict]] = []
+        keyed: list[tuple[list[str], dict[str, str], Cause]] = []
         ticks: list[tuple[datetime, int]] = []
         latest: dict[str, tuple[RawMessage, InputEvent]] = {}
         for i, (m, event) in enumerate(fresh):
@@ -289,8 +286,7 @@ class EventApplier:
                 continue
             counts[f"applied.{m.topic}"] += 1
             latest[m.topic] = (m, event)
-            cause = {"topic": m.topic, "partition": m.partition, "offset": m.offset, "event_id": event.event_id,
-                     "_timestamp": m.timestamp}
+            cause = Cause(m.topic, event.event_id, m.partition, m.offset, at=m.timestamp)
             if isinstance(event.payload, ClockTick):
                 ticks.append((event.payload.now, len(keyed)))
             keyed.append((keys, {}, cause))
@@ -319,7 +315,7 @@ class EventApplier:
             return None
         return event.occurred_at
 
-    def _due(self, ticks: list[tuple[datetime, int]], keyed: list[tuple[list[str], dict[str, str], dict]]) -> None:
+    def _due(self, ticks: list[tuple[datetime, int]], keyed: list[tuple[list[str], dict[str, str], Cause]]) -> None:
         """Plans whose validity horizon a tick reached, each under the first tick in the batch that reached it.
 
         One index read for the latest tick: a horizon that tick reached, an earlier one may have too.
@@ -331,10 +327,10 @@ class EventApplier:
             first = next((n for now, n in ticks if horizon is None or now >= horizon), ticks[-1][1])
             keyed[first][1][plan_key] = time_key
 
-    def _affected(self, keyed: list[tuple[list[str], dict[str, str], dict]]) -> Touched:
+    def _affected(self, keyed: list[tuple[list[str], dict[str, str], Cause]]) -> Touched:
         """Plan keys touched by the batch, each with the first dependency key and event that touched it."""
-        first: dict[str, tuple[tuple[int, int], dict]] = {}  # key -> (event order, key's place in it), event
-        touched: dict[str, tuple[tuple[int, int], str, dict]] = {}
+        first: dict[str, tuple[tuple[int, int], Cause]] = {}  # key -> (event order, key's place in it), event
+        touched: dict[str, tuple[tuple[int, int], str, Cause]] = {}
         for order, (keys, due, cause) in enumerate(keyed):
             for place, key in enumerate(keys):
                 first.setdefault(key, ((order, place), cause))

@@ -17,6 +17,7 @@ from agents.plans.plan_writer import wall_now
 from agents.stream.raw_message import RawMessage
 from compiler import dependency_keys as dk
 from schemas.errors import InvalidEvent, SkippedEvent
+from schemas.outbound import Cause
 from schemas.records import InputEvent, Revocation, SourceChange
 from schemas.shard_peek import peek
 from schemas.timefmt import format_instant
@@ -274,8 +275,7 @@ class FastPath:
     def _send(self, entry: EarlyAnnouncement, position: Position, stamp: float | None) -> None:
         topic, partition, offset = position
         now = self.event_time()
-        cause = {"topic": self.topic_of(topic), "partition": partition, "offset": offset,
-                 "event_id": entry.event_id, "dependency_key": entry.dependency_key}
+        cause = Cause(self.topic_of(topic), entry.event_id, partition, offset, entry.dependency_key).as_wire()
         record = Invalidation(entry.plan_id, entry.plan_key, reason_for(entry.dependency_key), cause,
                               wall_now(), now and format_instant(now)).record()
         task = asyncio.ensure_future(self._deliver(entry.plan_id, position, orjson.dumps(record), stamp))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from agents.plans.backlog import recompile_queued
-from tests.agents.test_event_apply import setup as counted  # noqa: F401 - the fixture with a statement counter
+from tests.agents.test_event_apply import raw as counted_raw, setup as counted  # noqa: F401 - the fixture with a
+# statement counter, and the records of its file: each test module numbers offsets with a counter of its own, and an
+# event numbered by the other module's could fall below what the fixture applied (and be skipped as applied)
 from tests.agents.test_invalidation import outbox, raw, setup  # noqa: F401 - the fixture
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource
@@ -89,7 +91,8 @@ def test_a_small_fan_out_is_written_row_by_row_in_fewer_statements(counted, monk
     def announce(version: int, few: int) -> int:
         monkeypatch.setattr("agents.plans.announce_first.FEW", few)
         start = db.statements
-        inv.apply([raw(*resource("approved-waiver-W2", version=version, content=f"Waiver W2, revision {version}."))])
+        inv.apply([counted_raw(*resource("approved-waiver-W2", version=version,
+                                         content=f"Waiver W2, revision {version}."))])
         statements = db.statements - start
         assert len([r for r in state.outbox.pending(10_000) if r[1] == "x-plan-invalidations"]) == 1
         state.outbox.remove([seq for seq, *_ in state.outbox.pending(10_000)])

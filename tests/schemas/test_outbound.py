@@ -7,8 +7,10 @@ import hashlib
 
 import orjson
 
-from schemas.outbound import (clock_tick, compact_plan, input_dead_letter, invalidation_cause, invalidation_receipt,
-                              invalidation_record, too_large_letter)
+import pytest
+
+from schemas.outbound import (Cause, clock_tick, compact_plan, input_dead_letter, invalidation_cause,
+                              invalidation_receipt, invalidation_record, too_large_letter)
 from tests.schema_check import validators
 
 CHECK = validators(documented=True)
@@ -26,6 +28,27 @@ def test_an_invalidation_record_is_the_wire_shape():
     assert CHECK["plan-invalidations"].is_valid(record)
     assert CHECK["plan-invalidations"].is_valid(dict(record, as_of=None, successor_plan_id=None, reason="evicted"))
     assert not CHECK["plan-invalidations"].is_valid(dict(record, reason="because"))
+
+
+def test_a_cause_without_one_record_to_blame_has_no_position_but_the_wire_keeps_integers():
+    replay = Cause("replay", "replay-1", dependency_key="replay")
+    assert replay.partition is None and replay.offset is None
+    wire = replay.as_wire()
+    assert list(wire) == ["topic", "partition", "offset", "event_id", "dependency_key"]
+    assert (wire["partition"], wire["offset"]) == (-1, -1)  # the schema wants integers there
+    assert Cause.from_wire(wire) == replay and Cause.from_wire(CAUSE) == Cause("p-source-changes", "e-1", 1, 6,
+                                                                               "resource:investigation-X9")
+    for broken in ({}, {"topic": "t", "partition": "x", "offset": 1, "event_id": "e"}, {"topic": "t", "offset": 1}):
+        with pytest.raises((KeyError, TypeError, ValueError)):
+            Cause.from_wire(broken)
+
+
+def test_causes_of_one_event_are_equal_whatever_their_broker_timestamps():
+    # The plan writer shares one announcement's parts among the plans an event touched by the cause's value.
+    first, again = Cause("source-changes", "e-1", 0, 7, at=1.0), Cause("source-changes", "e-1", 0, 7, at=2.0)
+    assert first == again and hash(first) == hash(again) and first.as_wire() == again.as_wire()
+    assert "at" not in first.as_wire()
+    assert Cause("source-changes", "e-2", 0, 8) != first
 
 
 def test_the_audit_receipt_id_is_the_hash_the_invalidator_always_gave_it():
