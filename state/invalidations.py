@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 
 import orjson
 
+from schemas.outbound import Cause
+
 Row = tuple[str, bytes, bytes]  # (broker-side topic, key, value) as the outbox queues it
 
 REASONS = {"resource": "source_changed", "scope": "scope_changed", "principal": "principal_changed",
@@ -19,6 +21,16 @@ REASONS = {"resource": "source_changed", "scope": "scope_changed", "principal": 
 def reason_for(dep_key: str) -> str:
     """The reason implied by a dependency key's kind (`resource:...` -> source_changed)."""
     return REASONS.get(dep_key.split(":", 1)[0], "source_changed")
+
+
+@dataclass(frozen=True, slots=True)
+class Touch:
+    """How an input event reached a plan: the event and the first dependency key of the plan's it changed."""
+
+    dependency_key: str
+    """The key, as the plan's dependency index holds it (`resource:<id>`, `principal:<id>`, `time:<instant>`...)."""
+    cause: Cause
+    """The event: its logical input topic, position, event id and broker timestamp."""
 
 
 RECEIPT_PREFIX = "rcpt-inv-"

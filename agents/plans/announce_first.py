@@ -69,8 +69,8 @@ def announce_first(writer: PlanWriter, touched: Touched, now: datetime | None, c
 
 def _left_out(state: LocalState, touched: Touched, heads: dict) -> set[str]:
     """Plan keys with a fresh head touched through a `resource:` key of a resource that head did not admit."""
-    through = {k: resource_id(dep_key) for k, (dep_key, _) in touched.items()
-               if k in heads and heads[k].status != "invalidated" and resource_id(dep_key) is not None}
+    through = {k: resource_id(touch.dependency_key) for k, touch in touched.items()
+               if k in heads and heads[k].status != "invalidated" and resource_id(touch.dependency_key) is not None}
     if not through:
         return set()
     known = state.store.cached(ADMITTED_MEMO, dict)
@@ -100,7 +100,8 @@ def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, coun
     view = None
     announced, sources, queued, memo, events = [], [], [], {}, Counter()
     quiet = sum(k in heads and heads[k].status != "invalidated" for k in touched) > LOGGED_ONE_BY_ONE
-    for plan_key, (dep_key, cause) in touched.items():
+    for plan_key, touch in touched.items():
+        dep_key, cause = touch.dependency_key, touch.cause
         head = heads.get(plan_key)
         if head is None or head.status == "invalidated":  # announced already: its successor is queued
             continue
@@ -133,8 +134,9 @@ def _column_wise(writer: PlanWriter, touched: Touched, now: datetime | None, cou
     causes: list[Cause] = []
     index: dict[Cause, int] = {}
     dep_keys, cause_of = [], []
-    for dep_key, cause in touched.values():
-        dep_keys.append(dep_key)
+    for touch in touched.values():
+        cause = touch.cause
+        dep_keys.append(touch.dependency_key)
         cause_of.append(index.setdefault(cause, len(causes)))
         if cause_of[-1] == len(causes):
             causes.append(cause)

@@ -22,7 +22,7 @@ from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
 from agents.plans.announce_first import announce_first
 from agents.plans.select_compile import compile_requests
-from state.invalidations import Invalidation, reason_for
+from state.invalidations import Invalidation, Touch, reason_for
 from state.local_state import LocalState
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 COMPILE_CHUNK = 16  # plans per Cedar call: about 1,000 decisions, tens of ms with the GIL held
 
 Source = tuple[str, int, int]  # (input topic, partition, offset) of the event a record is due to
-Touched = dict[str, tuple[str, Cause]]  # plan key -> (dependency key, cause) of the event that touched it
+Touched = dict[str, Touch]  # plan key -> how an event of the batch reached it
 
 
 DISCOVERABLE_MEMO = "plans.discoverable"  # plan id -> resource ids its principal may learn of (`Store.cached`)
@@ -257,9 +257,10 @@ class PlanWriter:
         memo: dict = {}
         # A plan touched many times in the batch is compiled once (touched holds each key once).
         compiled_all = self.compile_all([(k, heads[k].request) for k in touched if k in heads], view, now)
-        for plan_key, (dep_key, cause) in touched.items():
+        for plan_key, touch in touched.items():
             if plan_key not in heads:
                 continue
+            dep_key, cause = touch.dependency_key, touch.cause
             old_id, request, status, receipt_id, compiled_at = heads[plan_key]
             compiled = compiled_all[plan_key]
             if compiled is not None and compiled.plan_id == old_id:
@@ -301,8 +302,8 @@ class PlanWriter:
 
     def discoverable(self, touched: Touched, heads: dict) -> dict[str, set[str]]:
         """For plans touched through a resource key: the resource ids their principal may learn of."""
-        by_resource = {heads[k].plan_id for k, (dep_key, _) in touched.items()
-                       if k in heads and dep_key.startswith("resource:")}
+        by_resource = {heads[k].plan_id for k, touch in touched.items()
+                       if k in heads and touch.dependency_key.startswith("resource:")}
         # A plan id digests what it admitted and rejected, so what the writer stored needs no read.
         known = self.state.store.cached(DISCOVERABLE_MEMO, dict)
         found = {plan_id: known[plan_id] for plan_id in by_resource if plan_id in known}

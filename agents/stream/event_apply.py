@@ -22,6 +22,7 @@ from schemas.routed_batch import SHARED
 from schemas.records import ClockTick, InputEvent, PolicyBundle, Revocation, SourceChange
 from schemas.timefmt import format_instant
 from state.catalog_resources import Mine, OtherShard, everything
+from state.invalidations import Touch
 from state.local_state import LocalState
 from streams.incarnation import record_mark
 
@@ -213,8 +214,8 @@ class EventApplier:
             for entry in entries:
                 if entry.plan_key not in keys:  # the first event that announced it
                     keys.add(entry.plan_key)
-                    touched[entry.plan_key] = (entry.dependency_key, Cause(topic, entry.event_id, partition, offset,
-                                                                           at=stamps.get(position)))
+                    cause = Cause(topic, entry.event_id, partition, offset, at=stamps.get(position))
+                    touched[entry.plan_key] = Touch(entry.dependency_key, cause)
         return frozenset(keys)
 
     def _elsewhere(self, event: InputEvent) -> bool:
@@ -342,7 +343,7 @@ class EventApplier:
             order, cause = first[dep_key]
             if plan_key not in touched or order < touched[plan_key][0]:
                 touched[plan_key] = (order, dep_key, cause)
-        return {k: (dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
+        return {k: Touch(dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
 
     def dead_letter_lane_record(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
         """Dead-letter a refused record of an entity lane this worker is gaining as its owner (history its old
