@@ -65,7 +65,7 @@ def run(workload: Workload, *, event_rate: float = 1000.0, reads_per_event: int 
                 started = time.perf_counter()
                 inv.apply([positions.message(record)])
                 # The worker's backlog loop: successors of the announced plans, before the next batch.
-                while recompile_queued(inv.plans, 16, lambda topic, partition: True):
+                while recompile_queued(inv.plans, 16):
                     pass
                 compile_seconds += time.perf_counter() - started
                 flush.clear()

@@ -42,7 +42,7 @@ def profile_apply(workload: Workload, events: int = 600, batch: int = 50) -> tup
             for i in range(0, len(stream), batch):
                 inv.apply(stream[i:i + batch])
                 # The worker's backlog loop between batches: the successors of what the batch announced.
-                while recompile_queued(inv.plans, 16, lambda topic, partition: True):
+                while recompile_queued(inv.plans, 16):
                     pass
             session = profiler.stop()
         finally:

@@ -136,8 +136,7 @@ class FanOut:
                         "successor_plan_id = NULL, invalidated_at = ? "
                         f"FROM (SELECT f.plan_id, g.reason, g.cause_text FROM {plans}) x "
                         "WHERE plans.plan_id = x.plan_id", [at])
-        self.db.execute("INSERT OR IGNORE INTO recompile_queue (plan_key, src_topic, src_partition, src_offset) "
-                        f"SELECT f.plan_key, g.src_topic, g.src_partition, g.src_offset FROM {plans}")
+        self.db.execute(f"INSERT OR IGNORE INTO recompile_queue (plan_key) SELECT f.plan_key FROM {plans}")
         self.store.heads_changed()
 
     def _largest(self, announced: list[Announcement]) -> int:

@@ -6,7 +6,6 @@ import pyarrow as pa
 
 from state.store import Store
 
-Entry = tuple[str, str, int, int]  # (plan key, input topic, partition, offset of the causing event)
 
 
 class RecompileQueue:
@@ -16,20 +15,17 @@ class RecompileQueue:
         self.store = store
         self.db = store.db
 
-    def add_many(self, entries: list[Entry]) -> None:
-        """Queue plan keys; a key already queued keeps its first cause."""
-        if entries:
-            self.store.insert_rows("recompile_queue", pa.table({
-                "plan_key": [e[0] for e in entries], "src_topic": [e[1] for e in entries],
-                "src_partition": pa.array([e[2] for e in entries], pa.int32()),
-                "src_offset": pa.array([e[3] for e in entries], pa.int64())}),
-                verb="INSERT OR IGNORE INTO", columns=True)
+    def add_many(self, plan_keys: list[str]) -> None:
+        """Queue plan keys; a key already queued keeps its place."""
+        if plan_keys:
+            self.store.insert_rows("recompile_queue", pa.table({"plan_key": plan_keys}), verb="INSERT OR IGNORE INTO",
+                                   columns=True)
 
-    def oldest(self, limit: int) -> list[Entry]:
-        """Up to `limit` entries, first queued first (offsets of different partitions say nothing of order: a
+    def oldest(self, limit: int) -> list[str]:
+        """Up to `limit` plan keys, first queued first (offsets of different partitions say nothing of order: a
         busy partition's high offsets would wait behind every later entry of a quieter one)."""
-        return self.db.execute("SELECT plan_key, src_topic, src_partition, src_offset FROM recompile_queue "
-                               "ORDER BY seq LIMIT ?", [limit]).fetchall()
+        return [key for (key,) in self.db.execute("SELECT plan_key FROM recompile_queue ORDER BY seq LIMIT ?",
+                                                  [limit]).fetchall()]
 
     def remove(self, plan_keys: list[str]) -> None:
         """Forget keys that have been recompiled (or can no longer compile)."""

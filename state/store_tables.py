@@ -3,6 +3,8 @@
 # dependency_index_key stays although it costs a bulk take-over: at 100,000 plans / 4M edges it answers a lookup of
 # up to ~30 keys (an apply batch's) in 1-2 ms against 70-150 ms for a scan; inserting 4M edges with it costs ~1-3 s
 # more (insert and commit), measured on two shared cores.
+# recompile_queue's src_* columns name the event that queued a key in files written before 2026-12-07; nothing reads
+# them (every worker publishes the successors of the plans it queued) and keys are queued without them since.
 TABLES = """
 CREATE TABLE IF NOT EXISTS resources (
   id VARCHAR PRIMARY KEY, version BIGINT NOT NULL, entity VARCHAR, evidence_class VARCHAR,

@@ -113,7 +113,7 @@ def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, coun
         announced.append(writer.caused(old_id, plan_key, dep_key, cause, None, now, memo, visible.get(old_id),
                                        "policy_changed" if took_over else None, quiet=quiet))
         sources.append((cause.topic, cause.partition, cause.offset))
-        queued.append((plan_key, *sources[-1]))
+        queued.append(plan_key)
         events[cause.event_id] += 1
     writer.announce(announced, sources, standby)
     state.plans.invalidate_many([e.history_entry() for e in announced], now)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
 
 from agents.plans.plan_writer import PlanWriter
 
@@ -15,11 +14,9 @@ from agents.plans.plan_writer import PlanWriter
 PASS_PLANS = 16
 
 
-def recompile_queued(writer: PlanWriter, limit: int, owns: Callable[[str, int], bool],
-                     after_outbox: bool = False) -> int:
-    """Compile successors of up to `limit` announced plans; publish those whose cause this worker owns.
+def recompile_queued(writer: PlanWriter, limit: int, after_outbox: bool = False) -> int:
+    """Compile and publish successors of up to `limit` announced plans (this worker owns every plan it queued).
 
-    `owns(topic, partition)` says whether this worker publishes for that input partition now.
     With `after_outbox`, nothing is compiled while records that were due when this job first
     found the outbox busy are still waiting: a fan-out's announcements go out before this job
     runs (for about a second at 100,000 plans). Records queued since do not hold it back: a
@@ -40,30 +37,29 @@ def recompile_queued(writer: PlanWriter, limit: int, owns: Callable[[str, int], 
             writer.queue_pending = False
             return 0
         now = state.store.now()
-        heads = state.plans.heads([e[0] for e in entries])
-        view = writer.snapshot([request for _, request, _ in heads.values()], now)
+        heads = state.plans.heads(entries)
+        view = writer.snapshot([head.request for head in heads.values()], now)
         counts: Counter[str] = Counter()
-        published, local, successors, dropped = [], [], [], []
+        published, successors, dropped = [], [], []
         # Skipped: compiled on demand by a select in the meantime.
-        due = [(e[0], heads[e[0]].request) for e in entries if e[0] in heads and heads[e[0]].status != "fresh"]
+        due = [(k, heads[k].request) for k in entries if k in heads and heads[k].status != "fresh"]
         compiled_all = writer.compile_all(due, view, now)
-        for plan_key, topic, partition, _ in entries:
+        for plan_key in entries:
             if plan_key not in compiled_all:
                 continue
-            old_id, _, _ = heads[plan_key]
+            old_id = heads[plan_key].plan_id
             compiled = compiled_all[plan_key]
             if compiled is None:
                 dropped.append(plan_key)
                 continue
             counts["announced_unchanged"] += compiled.plan_id == old_id
             successors.append((old_id, compiled.plan_id))
-            (published if owns(topic, partition) else local).append(compiled)
+            published.append(compiled)
         state.plans.set_successors(successors)
         replaced = {plan_key: head.plan_id for plan_key, head in heads.items()}  # read above: not again
         writer.store(published, now, counts, publish=True, replaces=replaced)
-        writer.store(local, now, counts, publish=False, replaces=replaced)
         state.plans.drop_heads(dropped)
         state.index.drop_many(dropped)
-        state.queue.remove([e[0] for e in entries])
+        state.queue.remove(entries)
         state.store.bump_many(counts)
     return len(entries)

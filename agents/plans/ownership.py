@@ -275,7 +275,7 @@ class Ownership:
         """
         pairs = list(dict.fromkeys(plans))
         again = self._announce_orphans(pairs, now)
-        self.state.queue.add_many([(key, "", 0, 0) for key, _ in pairs])
+        self.state.queue.add_many([key for key, _ in pairs])
         self.plans.queue_pending = self.plans.queue_pending or bool(pairs)
         return again
 
@@ -310,7 +310,7 @@ class Ownership:
                 continue
             announced.append(self._invalidation(record, why, now, memo))
             if record["plan_id"] in restored:
-                queued.append((record["plan_key"], why.topic or "", why.partition or 0, why.offset or 0))
+                queued.append(record["plan_key"])
         self.plans.announce(announced)
         self.state.plans.invalidate_many([e.history_entry() for e in announced], now)
         self.state.queue.add_many(queued)

@@ -198,7 +198,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             return 0
         if hold.holding(job=True):  # None: held for the input batch about to be applied
             return None
-        return recompile_queued(plan_writer, PASS_PLANS, lambda topic, partition: True, after_outbox=True)
+        return recompile_queued(plan_writer, PASS_PLANS, after_outbox=True)
 
     async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and

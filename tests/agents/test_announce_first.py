@@ -13,7 +13,7 @@ from tests.events import resource
 
 def _drain(inv) -> int:
     done = 0
-    while n := recompile_queued(inv.plans, 16, lambda topic, partition: True):
+    while n := recompile_queued(inv.plans, 16):
         done += n
     return done
 
@@ -96,7 +96,7 @@ def test_a_small_fan_out_is_written_row_by_row_in_fewer_statements(counted, monk
         statements = db.statements - start
         assert len([r for r in state.outbox.pending(10_000) if r[1] == "x-plan-invalidations"]) == 1
         state.outbox.remove([seq for seq, *_ in state.outbox.pending(10_000)])
-        while recompile_queued(inv.plans, 16, lambda topic, partition: True):
+        while recompile_queued(inv.plans, 16):
             pass
         return statements
 
@@ -132,8 +132,8 @@ def test_the_backlog_waits_for_the_records_due_when_it_looked_not_for_later_ones
     plan = query.select(ATLAS_REQUEST)
     state.outbox.remove([seq for seq, *_ in state.outbox.pending(10_000)])
     inv.apply([raw(*resource("approved-waiver-W2"))])
-    assert recompile_queued(inv.plans, 16, lambda t, p: True, after_outbox=True) == 0  # the announcement is due
+    assert recompile_queued(inv.plans, 16, after_outbox=True) == 0  # the announcement is due
     state.outbox.add_many([("x-dead-letters", None, b"{}")])  # a record queued since, by another event
     state.outbox.remove([seq for seq, topic, *_ in state.outbox.pending(10_000) if topic != "x-dead-letters"])
-    assert recompile_queued(inv.plans, 16, lambda t, p: True, after_outbox=True) == 1
+    assert recompile_queued(inv.plans, 16, after_outbox=True) == 1
     assert query.plan_status(plan["plan_id"])["successor_plan_id"] is not None

@@ -23,7 +23,7 @@ def test_a_plan_announced_first_is_not_starved_by_plans_announced_after_it(setup
     for i in range(rounds):
         # Later events on partition 0 (low offsets) touch maya's plans, one batch per backlog job.
         inv.apply([raw(*regrant("maya", 10 + i), partition=0, offset=100 + i)])
-        recompile_queued(inv.plans, COPIES, lambda topic, partition: True)
+        recompile_queued(inv.plans, COPIES)
     status = query.plan_status(omar["plan_id"])
     waiting = state.queue.size()
     compiled = state.store.counters().get("compilations", 0)

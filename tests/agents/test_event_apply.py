@@ -86,7 +86,7 @@ def test_a_hot_entity_changing_100_times_in_one_batch_costs_one_recompile(setup,
              for v in range(1, 101)]
     inv.apply(batch)
     assert docs == []  # announced first: the backlog compiles the successor
-    while recompile_queued(inv.plans, 16, lambda topic, partition: True):
+    while recompile_queued(inv.plans, 16):
         pass
     assert len(docs) == 1 and docs[0]["entity"] == ATLAS_REQUEST["entity"]
     assert state.store.counters()["compilations"] - before == 1

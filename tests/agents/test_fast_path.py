@@ -171,7 +171,7 @@ async def test_an_announced_plan_is_invalidated_even_when_applying_finds_nothing
     rid, version = admitted(plan)
     topic, first = edit_of(state, rid, version + 1)
     world["applier"].apply([raw(topic, first)])
-    while recompile_queued(world["applier"].plans, 16, lambda t, p: True):
+    while recompile_queued(world["applier"].plans, 16):
         pass
     successor = query.select(ATLAS_REQUEST)
     again = dict(first, resource=dict(first["resource"], version=version + 2))  # same event id, other content
@@ -191,7 +191,7 @@ async def test_a_head_committed_while_a_newer_edit_waits_is_announced_at_once(wo
     fast.announce([first])  # the head is announced; the next edit finds no head
     assert fast.announce([second]) == 0
     world["applier"].apply([first])  # the writer applies only the first yet
-    while recompile_queued(world["applier"].plans, 16, lambda t, p: True):
+    while recompile_queued(world["applier"].plans, 16):
         pass
     await asyncio.sleep(0)  # the head cache tells the fast path on the loop
     await fast.settle()
@@ -248,7 +248,7 @@ async def test_a_select_that_waited_for_an_announced_edit_is_answered_as_recompi
     selecting = asyncio.ensure_future(query.select_async(ATLAS_REQUEST, _on_writer))
     await asyncio.sleep(0.05)
     world["applier"].apply([message])
-    while recompile_queued(world["applier"].plans, 16, lambda t, p: True):
+    while recompile_queued(world["applier"].plans, 16):
         pass
     successor = state.plans.fresh_plan(plan["plan_key"])["plan_id"]
     applied.set()
@@ -384,7 +384,7 @@ async def test_a_successor_stale_when_stored_is_announced_before_its_commit_and_
         return commit(*args, **kwargs)
 
     state.store.heads.committed = committed
-    task = asyncio.ensure_future(asyncio.to_thread(recompile_queued, world["applier"].plans, 16, lambda t, p: True))
+    task = asyncio.ensure_future(asyncio.to_thread(recompile_queued, world["applier"].plans, 16))
     await task  # the store hands the check to this loop; it runs as soon as the loop is free
     state.store.heads.committed = commit
     await asyncio.sleep(0)
@@ -415,14 +415,14 @@ async def test_a_head_announced_as_it_was_stored_and_then_rolled_back_leaves_not
     with monkeypatch.context() as m:
         m.setattr(state.index, "replace_many", broken)
         with pytest.raises(OSError):
-            recompile_queued(world["applier"].plans, 16, lambda t, p: True)
+            recompile_queued(world["applier"].plans, 16)
     await asyncio.sleep(0)
     await fast.settle()
     [_, (never, cause)] = [(r["plan_id"], r["cause"]["offset"]) for r in sent.records]
     assert cause == second.offset and query.plan_status(never) is None  # announced, never stored: nobody has it
     assert state.store.heads.head(plan["plan_key"]) is None
     world["applier"].apply([second])
-    while recompile_queued(world["applier"].plans, 16, lambda t, p: True):
+    while recompile_queued(world["applier"].plans, 16):
         pass
     answer = query.select(ATLAS_REQUEST)
     assert answer["served_from"] == "cache" and answer["plan_id"] not in {plan["plan_id"], never}

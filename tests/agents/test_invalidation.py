@@ -31,7 +31,7 @@ def raw(topic: str, event: dict | bytes, partition: int = 0, offset: int | None 
 
 def settle(inv) -> None:
     """Compile every queued successor, as the worker's backlog loop does after each batch."""
-    while recompile_queued(inv.plans, 16, lambda topic, partition: True):
+    while recompile_queued(inv.plans, 16):
         pass
 
 
@@ -474,7 +474,7 @@ def test_a_future_version_announced_to_a_large_fan_out_keeps_every_plan_id(setup
     live, past = query.select(live_request), query.select(ATLAS_REQUEST)
     inv.apply([raw("policy-versions", _future_version())])
     assert {r["plan_id"] for r in outbox(state, "plan-invalidations")} == {live["plan_id"], past["plan_id"]}
-    recompile_queued(inv.plans, 10, lambda topic, partition: True)
+    recompile_queued(inv.plans, 10)
     assert state.store.counters()["announced_unchanged"] == 2
     assert query.select(live_request)["plan_id"] == live["plan_id"]
     assert query.select(ATLAS_REQUEST)["plan_id"] == past["plan_id"]

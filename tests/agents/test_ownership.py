@@ -49,7 +49,7 @@ class Node:
             messages.append(RawMessage(item["topic"], partition, offset, b"k", orjson.dumps(item["event"])))
         self.applier.apply(messages)
         # The worker's backlog loop between batches: the successors of what the batch announced.
-        while recompile_queued(self.plans, 16, lambda topic, partition: True):
+        while recompile_queued(self.plans, 16):
             pass
 
     def feed(self, records: list[dict]) -> None:

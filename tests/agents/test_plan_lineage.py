@@ -130,7 +130,7 @@ def test_a_frozen_workers_late_record_does_not_hide_the_live_plan_from_a_take_ov
         b.apply(event)
     b.feed(topic)
     b.own(0, 1)
-    recompile_queued(b.plans, 100, lambda topic, partition: True)
+    recompile_queued(b.plans, 100)
     assert live["plan_id"] in {r["plan_id"] for r in b.published("plan-invalidations")}
 
 
@@ -176,7 +176,7 @@ def test_a_plan_compiled_again_after_an_announcement_without_successor_is_curren
     a.own()  # and hands it back before compiling it
     b.apply(revoke)
     b.own(0, 1)
-    recompile_queued(b.plans, 100, lambda topic, partition: True)
+    recompile_queued(b.plans, 100)
     regrant = _event(regrant_of("maya", 5))
     for node in (a, b):
         node.apply(regrant)
@@ -245,7 +245,7 @@ def test_a_plan_compiled_by_a_worker_behind_elsewhere_is_still_the_one_a_take_ov
     # a is killed; an event changes the plan before anyone announced it, and b takes the partition back
     b.apply(_event(resource("approved-waiver-W2")))
     b.own(0, 1)
-    recompile_queued(b.plans, 100, lambda topic, partition: True)
+    recompile_queued(b.plans, 100)
     announced = {r["plan_id"] for r in b.published("plan-invalidations")}
     assert later["plan_id"] in announced  # judged as the key's current plan: stale, announced
 

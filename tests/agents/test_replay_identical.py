@@ -52,7 +52,7 @@ def test_replay_restores_a_plan_whose_announced_successor_came_out_identical(tmp
                         provenance_group="relationship-management",
                         content="The relationship manager says renewal was requested (typo fixed).")
         applier.apply([message(*same)])
-        while recompile_queued(writer, 16, lambda topic, partition: True):
+        while recompile_queued(writer, 16):
             pass
         assert state.store.counters().get("announced_unchanged", 0) == (0 if eager_limit else 1)
         assert QueryService(state, writer).select(ATLAS_REQUEST)["plan_id"] == plan["plan_id"]  # current again

@@ -20,7 +20,7 @@ def test_an_identical_successor_compiled_by_a_select_counts_as_an_unnecessary_an
     inv.apply([raw(*same)])
     again = query.select(ATLAS_REQUEST)  # between the announcement and the backlog
     assert again["plan_id"] == plan["plan_id"] and again["served_from"] == "compiled"
-    while recompile_queued(inv.plans, 16, lambda topic, partition: True):
+    while recompile_queued(inv.plans, 16):
         pass
     counters = state.store.counters()
     assert counters.get("invalidations") == 1

@@ -214,7 +214,7 @@ def run_steps(steps, eager_limit: int = 500, drain: bool = False) -> dict[str, i
                 assert stale_plans(state) == [], f"stale plan after {step}"
                 TOTALS["checks"] += 1
                 if drain:  # successors of announced plans, one at a time
-                    recompile_queued(inv.plans, 1, lambda topic, partition: True)
+                    recompile_queued(inv.plans, 1)
                     assert stale_plans(state) == [], f"stale successor after {step}"
             return state.store.counters()
         finally:

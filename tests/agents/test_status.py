@@ -128,6 +128,6 @@ async def test_health_counts_the_announced_plans_whose_successors_wait(status, s
     assert (await status.health())["recompile_queue"] == 0
     inv.apply([raw(*resource("approved-waiver-W2"))])  # announced first: its successor is queued
     assert (await status.health())["recompile_queue"] == 1
-    while recompile_queued(inv.plans, 16, lambda topic, partition: True):
+    while recompile_queued(inv.plans, 16):
         pass
     assert (await status.health())["recompile_queue"] == 0

@@ -215,7 +215,7 @@ async def _successor_stored_while_an_edit_waits(world, hold_acks: bool = False, 
     before_store()
     undo = _commit_after_the_loop_ran(state, asyncio.get_running_loop())
     try:
-        await asyncio.to_thread(recompile_queued, world["applier"].plans, 16, lambda t, p: True)
+        await asyncio.to_thread(recompile_queued, world["applier"].plans, 16)
     finally:
         undo()
     await asyncio.sleep(0)

@@ -162,7 +162,7 @@ def test_successors_compiled_later_are_recorded_on_each_plan_and_its_latest_hist
     inv.plans.eager_limit = 0
     bundle = orjson.loads((SCENARIOS / "atlas.jsonl").read_text().splitlines()[0])["event"]
     inv.apply([raw("policy-versions", dict(bundle, event_id="v2", version=2))])
-    assert recompile_queued(inv.plans, 100, lambda topic, partition: True) == len(plans)
+    assert recompile_queued(inv.plans, 100) == len(plans)
     for plan in plans:
         status = query.plan_status(plan["plan_id"])
         assert status["successor_plan_id"] not in (None, plan["plan_id"])

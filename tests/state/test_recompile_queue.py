@@ -12,12 +12,12 @@ def test_entries_come_out_in_the_order_they_were_queued_not_by_offset(tmp_path):
     store = Store(tmp_path / "f.duckdb")
     try:
         queue = RecompileQueue(store)
-        queue.add_many([("pk-busy", "source-changes", 1, 5_000_000)])  # an old, busy partition: high offsets
-        queue.add_many([(f"pk-{i}", "source-changes", 0, 100 + i) for i in range(40)])  # later, lower offsets
-        queue.add_many([("pk-busy", "revocations", 0, 1)])  # queued already: keeps its place and first cause
-        assert queue.oldest(2) == [("pk-busy", "source-changes", 1, 5_000_000), ("pk-0", "source-changes", 0, 100)]
+        queue.add_many(["pk-busy"])  # announced by an old, busy partition: high offsets
+        queue.add_many([f"pk-{i}" for i in range(40)])  # later, by lower offsets of another partition
+        queue.add_many(["pk-busy"])  # queued already: keeps its place
+        assert queue.oldest(2) == ["pk-busy", "pk-0"]
         queue.remove(["pk-busy", "pk-0"])
-        assert [e[0] for e in queue.oldest(3)] == ["pk-1", "pk-2", "pk-3"]
+        assert queue.oldest(3) == ["pk-1", "pk-2", "pk-3"] and queue.size() == 39
     finally:
         store.close()
 
@@ -32,8 +32,8 @@ def test_a_queue_written_before_its_order_was_kept_keeps_its_entries(tmp_path):
     store = Store(path)
     try:
         queue = RecompileQueue(store)
-        assert queue.oldest(5) == [("pk-a", "source-changes", 0, 3), ("pk-b", "clock", 0, 9)]
-        queue.add_many([("pk-c", "source-changes", 1, 0)])
-        assert [e[0] for e in queue.oldest(5)] == ["pk-a", "pk-b", "pk-c"]  # new entries after the old ones
+        assert queue.oldest(5) == ["pk-a", "pk-b"]  # in the order of their offsets then
+        queue.add_many(["pk-c"])
+        assert queue.oldest(5) == ["pk-a", "pk-b", "pk-c"]  # new entries after the old ones
     finally:
         store.close()
