@@ -260,14 +260,14 @@ class PlanWriter:
         for plan_key, touch in touched.items():
             if plan_key not in heads:
                 continue
-            dep_key, cause = touch.dependency_key, touch.cause
-            old_id, request, status, receipt_id, compiled_at = heads[plan_key]
+            dep_key, cause, head = touch.dependency_key, touch.cause, heads[plan_key]
+            old_id = head.plan_id
             compiled = compiled_all[plan_key]
             if compiled is not None and compiled.plan_id == old_id:
                 # Same outcome: refresh horizon and edges, announce nothing (over-invalidation).
                 counts["unchanged_recompilations"] += 1
-                same = status == "fresh" and compiled_at is not None and as_decided_at(
-                    compiled, format_instant(compiled_at), receipt_id)
+                same = head.status == "fresh" and head.compiled_at is not None and as_decided_at(
+                    compiled, format_instant(head.compiled_at), head.receipt_id)
                 if same:  # horizon and edges too: the stored rows are this compilation's already
                     settled.append(same)
                 else:
@@ -276,9 +276,9 @@ class PlanWriter:
             if compiled is None:
                 dropped.append(plan_key)
             source = (cause.topic, cause.partition, cause.offset)
-            if status != "invalidated":  # an invalidated head was announced already; only its successor is due
+            if head.status != "invalidated":  # an invalidated head was announced already; only its successor is due
                 # A crossed time key is a policy change when another bundle version now governs the plan.
-                took_over = view.policy_took_over(dep_key, request, now)
+                took_over = view.policy_took_over(dep_key, head.request, now)
                 announced.append(self.caused(old_id, plan_key, dep_key, cause, compiled and compiled.plan_id, now,
                                              memo, visible.get(old_id), "policy_changed" if took_over else None))
                 sources.append(source)
