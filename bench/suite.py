@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from bench import (batch_cost, cache_contenders, event_id_prune, history_cost, index_cost, invalidation_path,
+from bench import (batch_cost, cache_contenders, event_id_prune, gil_cost, history_cost, index_cost, invalidation_path,
                    quality, restart_cost, revocation_cost, scaling, takeover)
 from bench.plots import plots
 from bench.profile import profile_apply
@@ -75,6 +75,8 @@ class BenchOptions:
     """Event ids held when old ones are forgotten (generation dropped vs rows deleted)."""
     event_ids_expired: int = 100_000
     """Of those, the ids forgotten."""
+    gil_events: int = 2_000
+    """Change events the writer applies alone, beside a busy process and beside a busy thread (`gil_cost`)."""
     seed: int = 7
     """Seed of the generated workload."""
 
@@ -86,7 +88,7 @@ class BenchOptions:
                    cache_events=150, index_plans=2_000, restart_plans=20_000, history_events=20_000,
                    takeover_plans=10_000, restart_parked=2_000, event_ids=200_000, event_ids_expired=10_000,
                    select_rates=(0, 200), select_rate=20.0, takeover_timeout=60.0, session_timeout=4.0,
-                   scale_resources=200, restore_resources=2_000)
+                   scale_resources=200, restore_resources=2_000, gil_events=200)
 
 
 def environment() -> dict:
@@ -144,6 +146,9 @@ def run(options: BenchOptions, out_dir: Path, say: Callable[[str], None] | None 
 
     step("apply batches of 1 and 170 resource upserts that touch no plan (writer time before recompiling)")
     result["batch_cost"] = batch_cost.measure()
+
+    step(f"the writer's work on {options.gil_events:,} events alone, beside a busy process, beside a busy thread")
+    result["gil_cost"] = gil_cost.measure(options.gil_events, rounds=1 if options.gil_events < 1_000 else 2)
 
     step("2,000 principal upserts over 20,000 revocations of the principal, beside none")
     result["revocations"] = revocation_cost.measure()

@@ -178,6 +178,21 @@ def event_id_lines(ids: dict | None) -> list[str]:
             f"generation ({ids['claim_ratio_with_vs_without']}x).", ""]
 
 
+def gil_lines(gil: dict | None) -> list[str]:
+    """The writer's work alone, beside a busy process and beside a busy thread of its own process (no target)."""
+    if not gil:
+        return []
+    alone, proc, thread = gil["alone"], gil["beside_process"], gil["beside_thread"]
+    return ["## The writer beside the event loop (in process)", "",
+            f"The writer's work on {gil['events']:,} change events of the bench workload (batches of {gil['batch']}, "
+            f"successors compiled between them; median of {gil['rounds']}) took {alone['wall_s']} s alone, "
+            f"{proc['wall_s']} s beside a process busy {gil['busy_share']:.0%} of every {gil['period_ms']:g} ms "
+            f"({gil['wall_vs_alone']['beside_process']}x) and {thread['wall_s']} s beside a thread of its own process "
+            f"busy the same ({gil['wall_vs_alone']['beside_thread']}x), with {alone['cpu_s']}, {proc['cpu_s']} and "
+            f"{thread['cpu_s']} CPU s. A worker's event loop is such a thread: the difference is the writer waiting "
+            "for the GIL, which another process does not hold. Informational, no target.", ""]
+
+
 def markdown(result: dict, images: list[str]) -> str:
     """Render the run as Markdown."""
     env = result["environment"]
@@ -217,6 +232,7 @@ def markdown(result: dict, images: list[str]) -> str:
     lines += takeover_lines(result.get("takeover"))
     lines += restart_lines(result.get("restart"))
     lines += event_id_lines(result.get("event_ids"))
+    lines += gil_lines(result.get("gil_cost"))
     caches = result.get("caches")
     if caches:
         lines += [f"## Caches on the same change stream ({caches['events']:,} events at {caches['event_rate']:g}/s "

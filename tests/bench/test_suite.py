@@ -82,6 +82,7 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert "## 1, 2, 4 workers" in summary and "hot Atlas plan, 200/s" in summary
     assert "| serial stage ms |" in summary and "loop stalls > 20 ms |" in summary
     assert "| 40-plan spread, 400/s |" in summary and "| relay p99 ms | p99 vs relay |" in summary
+    assert result["gil_cost"]["events"] == 200 and "## The writer beside the event loop" in summary
     plots = list(tmp_path.glob("*.png"))
     assert len(plots) == 5 and all(p.stat().st_size > 5_000 for p in plots)
     assert f"beside the relay: `{result_file.stem}-latency.png`" in summary

@@ -1,0 +1,17 @@
+"""The bench's writer-beside-the-loop figures: the same work alone, beside a busy process, beside a busy thread."""
+
+from __future__ import annotations
+
+from bench.gil_cost import MODES, measure
+from bench.summary import gil_lines
+
+
+def test_the_same_writer_work_is_timed_alone_and_beside_a_busy_process_and_thread():
+    result = measure(events=100, rounds=1)
+    for mode in MODES:
+        assert result[mode]["wall_s"] > 0 and result[mode]["cpu_s"] > 0
+    assert set(result["wall_vs_alone"]) == {"beside_process", "beside_thread"}
+    assert all(ratio > 0 for ratio in result["wall_vs_alone"].values())
+    [title, _, text, _] = gil_lines(result)
+    assert title.startswith("## The writer beside the event loop") and f"{result['events']:,} change events" in text
+    assert gil_lines(None) == []
