@@ -14,7 +14,7 @@ from agents.plans.plan_writer import PlanWriter
 PASS_PLANS = 16
 
 
-def recompile_queued(writer: PlanWriter, limit: int, after_outbox: bool = False) -> int:
+def recompile_queued(writer: PlanWriter, limit: int, *, after_outbox: bool = False) -> int:
     """Compile and publish successors of up to `limit` announced plans (this worker owns every plan it queued).
 
     With `after_outbox`, nothing is compiled while records that were due when this job first

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from agents.plans.backlog import recompile_queued
 from tests.agents.test_invalidation import outbox, raw, setup  # noqa: F401 - the fixture
@@ -34,3 +35,11 @@ def test_a_fan_out_beyond_the_eager_limit_is_announced_first_and_recompiled_late
     served = query.select(ATLAS_REQUEST)
     assert served["served_from"] == "cache" and served["plan_id"] in successors
     assert served["policy"]["version"] == 2
+
+
+def test_a_caller_passing_a_third_positional_argument_is_refused(setup):  # noqa: F811
+    # Before 2026-12-07 the third argument was an `owns(topic, partition)` callback; taken for `after_outbox` (truthy)
+    # such a call would wait for the outbox and compile nothing, silently.
+    _, inv, _ = setup
+    with pytest.raises(TypeError):
+        recompile_queued(inv.plans, 10, lambda topic, partition: True)  # type: ignore[misc]
