@@ -136,7 +136,8 @@ class FanOut:
                         "successor_plan_id = NULL, invalidated_at = ? "
                         f"FROM (SELECT f.plan_id, g.reason, g.cause_text FROM {plans}) x "
                         "WHERE plans.plan_id = x.plan_id", [at])
-        self.db.execute(f"INSERT OR IGNORE INTO recompile_queue (plan_key) SELECT f.plan_key FROM {plans}")
+        self.db.execute(f"INSERT INTO recompile_queue (plan_key) SELECT DISTINCT f.plan_key FROM {plans} "
+                        "AND f.plan_key NOT IN (SELECT plan_key FROM recompile_queue)")  # see RecompileQueue.add_many
         self.store.heads_changed()
 
     def _largest(self, announced: list[Announcement]) -> int:
