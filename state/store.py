@@ -317,8 +317,15 @@ class Store:
     def set_clocks(self, ticks: dict[int, datetime]) -> None:
         """Record clock partitions' new last ticks in one statement (their order was checked by the caller)."""
         if ticks:
-            self.insert_rows("clock", pa.table({"id": pa.array(list(ticks), pa.int32()),
-                                                "now": pa.array(list(ticks.values()), pa.timestamp("us", tz="UTC"))}))
+            # Partitions with a row are updated in place: `INSERT OR REPLACE` of one row cost 0.8 ms against 0.3.
+            known = self._clocks()
+            rows = [(p, t) for p, t in ticks.items() if p in known]
+            updated = self.update_rows("clock", ("id",), ("now",), rows, "now = CAST({now} AS TIMESTAMPTZ)")
+            # A row the memo holds and the file lacks would lose its tick: all are written again should one miss.
+            new = {p: t for p, t in ticks.items() if p not in known or updated != len(rows)}
+            if new:
+                self.insert_rows("clock", pa.table({"id": pa.array(list(new), pa.int32()),
+                                                    "now": pa.array(list(new.values()), pa.timestamp("us", tz="UTC"))}))
             if self._memo is not None and "clocks" in self._memo:  # as DuckDB reads them back: in UTC, to the us
                 self._memo["clocks"].update({p: _in_utc(t) for p, t in ticks.items()})
 

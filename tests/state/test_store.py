@@ -316,3 +316,27 @@ def test_rows_deleted_from_a_keyed_table_leave_the_file_at_a_checkpoint(tmp_path
         store.db.execute("INSERT INTO receipts VALUES ('r7-399', 'p', 'again')")
     assert store.db.execute("SELECT receipt FROM receipts WHERE receipt_id = 'r3-390'").fetchone() == ("x" * 200,)
     store.close()
+
+
+def test_clock_ticks_update_known_partitions_insert_new_ones_and_survive_reopening(tmp_path):
+    from datetime import datetime, timedelta, timezone
+    t0 = datetime(2026, 9, 1, tzinfo=timezone.utc)
+    store = Store(tmp_path / "f.duckdb")
+    try:
+        with store.transaction():
+            store.set_clocks({0: t0})  # a partition seen first: inserted
+        with store.transaction():
+            store.set_clocks({0: t0 + timedelta(seconds=1), 1: t0 + timedelta(seconds=5)})  # updated, inserted
+        assert store.clocks() == {0: t0 + timedelta(seconds=1), 1: t0 + timedelta(seconds=5)}
+        assert store.view().clocks() == store.clocks() and store.now() == t0 + timedelta(seconds=5)
+        store.db.execute("DELETE FROM clock WHERE id = 0")  # behind the writer's memo: its next tick still lands
+        with store.transaction():
+            store.set_clocks({0: t0 + timedelta(seconds=2)})
+        assert store.view().clocks()[0] == t0 + timedelta(seconds=2)
+    finally:
+        store.close()
+    reopened = Store(tmp_path / "f.duckdb")
+    try:
+        assert reopened.clocks() == {0: t0 + timedelta(seconds=2), 1: t0 + timedelta(seconds=5)}
+    finally:
+        reopened.close()
