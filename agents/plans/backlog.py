@@ -14,23 +14,30 @@ from agents.plans.plan_writer import PlanWriter
 PASS_PLANS = 16
 
 
-def recompile_queued(writer: PlanWriter, limit: int, *, after_outbox: bool = False) -> int:
-    """Compile and publish successors of up to `limit` announced plans (this worker owns every plan it queued).
+def announcements_out(writer: PlanWriter) -> bool:
+    """Whether the records that were due when the backlog first found the outbox busy have gone out (the worker's
+    backlog job compiles nothing until they have).
 
-    With `after_outbox`, nothing is compiled while records that were due when this job first
-    found the outbox busy are still waiting: a fan-out's announcements go out before this job
-    runs (for about a second at 100,000 plans). Records queued since do not hold it back: a
-    steady stream of them (dead letters, other fan-outs) would otherwise leave the queued plans
-    announced without successors for as long as it lasts.
-    Returns how many queue entries were handled.
+    A fan-out's announcements go out before its successors are compiled (for about a second at
+    100,000 plans). Records queued since do not hold the backlog back: a steady stream of them
+    (dead letters, other fan-outs) would otherwise leave the queued plans announced without
+    successors for as long as it lasts.
     """
+    if not writer.queue_pending:
+        return True
     state = writer.state
-    if after_outbox and writer.queue_pending:
-        if writer.backlog_waits_for is None:
-            writer.backlog_waits_for = state.outbox.last_due()
-        if writer.backlog_waits_for is not None and state.outbox.last_due(writer.backlog_waits_for) is not None:
-            return 0
-        writer.backlog_waits_for = None
+    if writer.backlog_waits_for is None:
+        writer.backlog_waits_for = state.outbox.last_due()
+    if writer.backlog_waits_for is not None and state.outbox.last_due(writer.backlog_waits_for) is not None:
+        return False
+    writer.backlog_waits_for = None
+    return True
+
+
+def recompile_queued(writer: PlanWriter, limit: int) -> int:
+    """Compile and publish successors of up to `limit` announced plans (this worker owns every plan it queued);
+    how many queue entries were handled."""
+    state = writer.state
     with state.store.transaction():
         entries = state.queue.oldest(limit) if writer.queue_pending else []
         if not entries:

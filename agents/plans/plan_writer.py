@@ -78,7 +78,7 @@ class PlanWriter:
         self.on_compile = on_compile  # seconds per recompilation
         self.on_latency = on_latency  # seconds from an event's broker timestamp to its invalidation
         self.queue_pending = state.queue.size() > 0  # saves a statement per batch while the queue is empty
-        self.backlog_waits_for: int | None = None  # the last outbox record the backlog waits for (`recompile_queued`)
+        self.backlog_waits_for: int | None = None  # the last outbox record the backlog waits for (`announcements_out`)
 
     # -- compile -----------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Callable
 import orjson
 
 from agents.web.access import Access
-from agents.plans.backlog import PASS_PLANS, recompile_queued
+from agents.plans.backlog import PASS_PLANS, announcements_out, recompile_queued
 from agents.plans.successor_hold import SuccessorHold
 from agents.ops.chores import Chores
 from agents.web.gate import Gate, api_routes
@@ -198,7 +198,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             return 0
         if hold.holding(job=True):  # None: held for the input batch about to be applied
             return None
-        return recompile_queued(plan_writer, PASS_PLANS, after_outbox=True)
+        return recompile_queued(plan_writer, PASS_PLANS) if announcements_out(plan_writer) else 0
 
     async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and

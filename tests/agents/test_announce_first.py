@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents.plans.backlog import recompile_queued
+from agents.plans.backlog import announcements_out, recompile_queued
 from tests.agents.test_event_apply import raw as counted_raw, setup as counted  # noqa: F401 - the fixture with a
 # statement counter, and the records of its file: each test module numbers offsets with a counter of its own, and an
 # event numbered by the other module's could fall below what the fixture applied (and be skipped as applied)
@@ -132,8 +132,8 @@ def test_the_backlog_waits_for_the_records_due_when_it_looked_not_for_later_ones
     plan = query.select(ATLAS_REQUEST)
     state.outbox.remove([seq for seq, *_ in state.outbox.pending(10_000)])
     inv.apply([raw(*resource("approved-waiver-W2"))])
-    assert recompile_queued(inv.plans, 16, after_outbox=True) == 0  # the announcement is due
+    assert not announcements_out(inv.plans)  # the announcement is due
     state.outbox.add_many([("x-dead-letters", None, b"{}")])  # a record queued since, by another event
     state.outbox.remove([seq for seq, topic, *_ in state.outbox.pending(10_000) if topic != "x-dead-letters"])
-    assert recompile_queued(inv.plans, 16, after_outbox=True) == 1
+    assert announcements_out(inv.plans) and recompile_queued(inv.plans, 16) == 1
     assert query.plan_status(plan["plan_id"])["successor_plan_id"] is not None

@@ -38,8 +38,8 @@ def test_a_fan_out_beyond_the_eager_limit_is_announced_first_and_recompiled_late
 
 
 def test_a_caller_passing_a_third_positional_argument_is_refused(setup):  # noqa: F811
-    # Before 2026-12-07 the third argument was an `owns(topic, partition)` callback; taken for `after_outbox` (truthy)
-    # such a call would wait for the outbox and compile nothing, silently.
+    # Before 2026-12-07 the third argument was an `owns(topic, partition)` callback: taken for anything else (a truthy
+    # flag), such a call could compile nothing, silently.
     _, inv, _ = setup
     with pytest.raises(TypeError):
         recompile_queued(inv.plans, 10, lambda topic, partition: True)  # type: ignore[misc]
