@@ -126,7 +126,7 @@ def _as_records(state, parked, ownership) -> None:
     known = state.plans.known([r["plan_id"] for r in records])
     records = [r for r in records if r["plan_id"] not in known]
     now = state.store.now()
-    heads = state.plans.heads_stamped(sorted({r["plan_key"] for r in records}), parse=False)
+    heads = state.plans.heads_stamped(sorted({r["plan_key"] for r in records}))
     # Announced first, its fresh heads are invalidated: adopting then makes every record current.
     ownership._announce_orphans([(key, head[0]) for key, head in heads.items() if head[2] == "fresh"], now)
     ownership.adopt(records, KEPT, parked={r["plan_id"] for r in records})

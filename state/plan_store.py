@@ -45,7 +45,7 @@ class PlanHead(NamedTuple):
     plan_id: str
     """The plan the key serves."""
     request: Any
-    """The request it was compiled for: a document, or its JSON text when read with `parse=False`."""
+    """The request it was compiled for, as JSON text."""
     status: str
     """fresh or invalidated."""
 
@@ -56,7 +56,7 @@ class StampedHead(NamedTuple):
     plan_id: str
     """The plan the key serves."""
     request: Any
-    """The request it was compiled for: a document, or its JSON text when read with `parse=False`."""
+    """The request it was compiled for, as JSON text."""
     status: str
     """fresh or invalidated."""
     receipt_id: str
@@ -146,21 +146,18 @@ class PlanStore:
         return dict(self.db.execute("SELECT plan_key, plan_id FROM plan_heads WHERE plan_key IN (SELECT unnest(?))",
                                     [plan_keys]).fetchall())
 
-    def heads(self, plan_keys: list[str], parse: bool = True) -> dict[str, PlanHead]:
-        """Current plan id, request document (JSON text unless `parse`) and status of each plan key."""
-        return {key: PlanHead(*head[:3]) for key, head in self.heads_stamped(plan_keys, parse).items()}
+    def heads(self, plan_keys: list[str]) -> dict[str, PlanHead]:
+        """Current plan id, request (JSON text: parsed by the callers that compile it) and status of each plan key."""
+        return {key: PlanHead(*head[:3]) for key, head in self.heads_stamped(plan_keys).items()}
 
-    def heads_stamped(self, plan_keys: list[str], parse: bool = True,
-                      ) -> dict[str, StampedHead]:
+    def heads_stamped(self, plan_keys: list[str]) -> dict[str, StampedHead]:
         """As `heads`, followed by each current plan's receipt id and the time it was compiled at."""
         if not plan_keys:
             return {}
         rows = self.db.execute("SELECT h.plan_key, h.plan_id, p.request, p.status, p.receipt_id, p.compiled_at "
                                "FROM plan_heads h JOIN plans p USING (plan_id) WHERE h.plan_key IN (SELECT unnest(?))",
                                [plan_keys]).fetchall()
-        if not parse:
-            return {key: StampedHead(*rest) for key, *rest in rows}
-        return {key: StampedHead(plan_id, orjson.loads(request), *rest) for key, plan_id, request, *rest in rows}
+        return {key: StampedHead(*rest) for key, *rest in rows}
 
     def discoverable(self, plan_ids: list[str]) -> dict[str, set[str]]:
         """Resource ids each plan's principal may learn of: what the plan admitted or rejected by name."""

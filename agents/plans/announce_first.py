@@ -61,7 +61,7 @@ def announce_first(writer: PlanWriter, touched: Touched, now: datetime | None, c
     if not touched:
         return {}
     if len(touched) <= READ_FIRST:
-        heads = writer.state.plans.heads_stamped(list(touched), parse=False)
+        heads = writer.state.plans.heads_stamped(list(touched))
         if sum(head.status != "invalidated" for head in heads.values()) <= FEW:
             return _row_by_row(writer, touched, now, counts, standby, heads, announced)
     return _column_wise(writer, touched, now, counts, standby, announced)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import orjson
+
 from agents.plans.plan_writer import PlanWriter
 
 # Announced plans one backlog job recompiles at most. Bigger jobs compile more per second (a job's statements cost
@@ -44,7 +46,8 @@ def recompile_queued(writer: PlanWriter, limit: int) -> int:
             writer.queue_pending = False
             return 0
         now = state.store.now()
-        heads = state.plans.heads(entries)
+        heads = {key: head._replace(request=orjson.loads(head.request))
+                 for key, head in state.plans.heads(entries).items()}
         view = writer.snapshot([head.request for head in heads.values()], now)
         counts: Counter[str] = Counter()
         published, successors, dropped = [], [], []

@@ -244,7 +244,7 @@ class PlanWriter:
             if not touched:
                 return
         heads = {k: head._replace(request=orjson.loads(head.request))
-                 for k, head in state.plans.heads_stamped(list(touched), parse=False).items()}
+                 for k, head in state.plans.heads_stamped(list(touched)).items()}
         visible = self.discoverable(touched, heads)
         view = self.snapshot([head.request for head in heads.values()], now)
         current: list[CompiledPlan] = []
@@ -371,7 +371,7 @@ class PlanWriter:
         if not compiled:
             return out
         with self.state.store.transaction():
-            heads = self.state.plans.heads([p.plan_key for p in compiled], parse=False)
+            heads = self.state.plans.heads([p.plan_key for p in compiled])
             self.store(compiled, now, counts, replaces={key: head.plan_id for key, head in heads.items()})
             # Announced first: these selects compiled the successors.
             successors = [(heads[p.plan_key].plan_id, p.plan_id) for p in compiled
