@@ -79,11 +79,18 @@ def _left_out(state: LocalState, touched: Touched, heads: dict) -> set[str]:
     missing = sorted(wanted - set(admitted))
     if missing:
         read = state.plans.admitted(missing)
-        if len(known) + len(read) > ADMITTED_ENTRIES:
-            known.clear()  # the batch's own entries were taken above
-        known.update(read)
-        admitted.update(read)
+        remember_admitted(state, read)
+        admitted.update(read)  # the batch's own entries were taken above, should the memo have been cleared
     return {k for k, rid in through.items() if rid not in admitted.get(heads[k].plan_id, ())}
+
+
+def remember_admitted(state: LocalState, admitted: dict[str, set[str]]) -> None:
+    """Keep the resource ids these plans admitted for `_left_out` (the writer stores them as it compiles: a plan id
+    digests what it admitted, so its entry never changes)."""
+    known = state.store.cached(ADMITTED_MEMO, dict)
+    if len(known) + len(admitted) > ADMITTED_ENTRIES:
+        known.clear()
+    known.update(admitted)
 
 
 def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],

@@ -20,7 +20,7 @@ from schemas.outbound import Cause
 from schemas.plan_partition import plan_partition
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
-from agents.plans.announce_first import announce_first
+from agents.plans.announce_first import announce_first, remember_admitted
 from agents.plans.select_compile import compile_requests
 from state.invalidations import Invalidation, Touch, reason_for
 from state.local_state import LocalState
@@ -133,6 +133,8 @@ class PlanWriter:
             replaces = state.plans.head_ids([p.plan_key for p in plans])
         state.plans.save_many(plans, now)
         _remember_discoverable(state, {p.plan_id: discoverable_in(p.plan) for p in plans})
+        remember_admitted(state, {p.plan_id: {item["resource_id"] for item in p.plan.get("admitted") or ()}
+                                  for p in plans})
         state.index.replace_many({p.plan_key: p.dependencies for p in plans})
         self._queue_records(plans, publish, sources, standby, outbox, replaces)
         _count_compiled(plans, counts)
