@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from agents.plans import plan_facts
 from compiler.dependency_keys import resource_id
 from schemas.outbound import Cause
 from state.catalog_snapshot import CatalogSnapshot
@@ -42,10 +43,6 @@ COMPILE_FIRST = 16
 announced when a batch has at most this many: about half come out identical on the bench's workload,
 and announcing those would be over-invalidation. More are announced first: compiles must not hold a batch."""
 
-ADMITTED_MEMO = "plans.admitted"  # plan id -> resource ids it admitted (`Store.cached`; a plan id never changes)
-ADMITTED_ENTRIES = 20_000
-
-
 def announce_first(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],
                    standby: bool, announced: frozenset[str] = frozenset()) -> Touched:
     """Announce touched plans not announced yet, mark them invalidated and queue their successors.
@@ -73,24 +70,8 @@ def _left_out(state: LocalState, touched: Touched, heads: dict) -> set[str]:
                if k in heads and heads[k].status != "invalidated" and resource_id(touch.dependency_key) is not None}
     if not through:
         return set()
-    known = state.store.cached(ADMITTED_MEMO, dict)
-    wanted = {heads[k].plan_id for k in through}
-    admitted = {plan_id: known[plan_id] for plan_id in wanted if plan_id in known}
-    missing = sorted(wanted - set(admitted))
-    if missing:
-        read = state.plans.admitted(missing)
-        remember_admitted(state, read)
-        admitted.update(read)  # the batch's own entries were taken above, should the memo have been cleared
+    admitted = plan_facts.admitted(state, {heads[k].plan_id for k in through})
     return {k for k, rid in through.items() if rid not in admitted.get(heads[k].plan_id, ())}
-
-
-def remember_admitted(state: LocalState, admitted: dict[str, set[str]]) -> None:
-    """Keep the resource ids these plans admitted for `_left_out` (the writer stores them as it compiles: a plan id
-    digests what it admitted, so its entry never changes)."""
-    known = state.store.cached(ADMITTED_MEMO, dict)
-    if len(known) + len(admitted) > ADMITTED_ENTRIES:
-        known.clear()
-    known.update(admitted)
 
 
 def _row_by_row(writer: PlanWriter, touched: Touched, now: datetime | None, counts: Counter[str],

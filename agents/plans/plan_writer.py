@@ -20,7 +20,8 @@ from schemas.outbound import Cause
 from schemas.plan_partition import plan_partition
 from schemas.timefmt import format_instant
 from state.catalog_snapshot import CatalogSnapshot
-from agents.plans.announce_first import announce_first, remember_admitted
+from agents.plans import plan_facts
+from agents.plans.announce_first import announce_first
 from agents.plans.select_compile import compile_requests
 from state.invalidations import Invalidation, Touch, reason_for
 from state.local_state import LocalState
@@ -31,22 +32,6 @@ COMPILE_CHUNK = 16  # plans per Cedar call: about 1,000 decisions, tens of ms wi
 
 Source = tuple[str, int, int]  # (input topic, partition, offset) of the event a record is due to
 Touched = dict[str, Touch]  # plan key -> how an event of the batch reached it
-
-
-DISCOVERABLE_MEMO = "plans.discoverable"  # plan id -> resource ids its principal may learn of (`Store.cached`)
-DISCOVERABLE_ENTRIES = 20_000
-
-
-def discoverable_in(plan: dict) -> set[str]:
-    """Resource ids a plan's principal may learn of: what it admitted or rejected (as `PlanStore.discoverable`)."""
-    return {item["resource_id"] for part in ("admitted", "rejected") for item in plan.get(part) or ()}
-
-
-def _remember_discoverable(state: LocalState, found: dict[str, set[str]]) -> None:
-    known = state.store.cached(DISCOVERABLE_MEMO, dict)
-    if len(known) + len(found) > DISCOVERABLE_ENTRIES:
-        known.clear()
-    known.update(found)
 
 
 def _count_compiled(plans: Sequence[CompiledPlan], counts: Counter[str]) -> None:
@@ -132,9 +117,7 @@ class PlanWriter:
         if replaces is None:
             replaces = state.plans.head_ids([p.plan_key for p in plans])
         state.plans.save_many(plans, now)
-        _remember_discoverable(state, {p.plan_id: discoverable_in(p.plan) for p in plans})
-        remember_admitted(state, {p.plan_id: {item["resource_id"] for item in p.plan.get("admitted") or ()}
-                                  for p in plans})
+        plan_facts.remember(state, plans)
         state.index.replace_many({p.plan_key: p.dependencies for p in plans})
         self._queue_records(plans, publish, sources, standby, outbox, replaces)
         _count_compiled(plans, counts)
@@ -304,17 +287,8 @@ class PlanWriter:
 
     def discoverable(self, touched: Touched, heads: dict) -> dict[str, set[str]]:
         """For plans touched through a resource key: the resource ids their principal may learn of."""
-        by_resource = {heads[k].plan_id for k, touch in touched.items()
-                       if k in heads and touch.dependency_key.startswith("resource:")}
-        # A plan id digests what it admitted and rejected, so what the writer stored needs no read.
-        known = self.state.store.cached(DISCOVERABLE_MEMO, dict)
-        found = {plan_id: known[plan_id] for plan_id in by_resource if plan_id in known}
-        missing = sorted(by_resource - set(found))
-        if missing:
-            read = self.state.plans.discoverable(missing)
-            _remember_discoverable(self.state, read)
-            found.update(read)  # taken before the memo may have been cleared to make room for `read`
-        return found
+        return plan_facts.discoverable(self.state, {heads[k].plan_id for k, touch in touched.items()
+                                                    if k in heads and touch.dependency_key.startswith("resource:")})
 
     def restore(self, current: list[dict]) -> tuple[int, int]:
         """Replay: recompile each current plan; announce `state_rebuilt` where the outcome changed.

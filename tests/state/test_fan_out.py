@@ -7,7 +7,8 @@ from collections import Counter
 import orjson
 import pytest
 
-from agents.plans.plan_writer import DISCOVERABLE_ENTRIES, DISCOVERABLE_MEMO, PlanWriter
+from agents.plans.plan_facts import DISCOVERABLE_ENTRIES, DISCOVERABLE_MEMO
+from agents.plans.plan_writer import PlanWriter
 from tests.agents.test_invalidation import raw, setup  # noqa: F401 - the fixture
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
