@@ -8,12 +8,12 @@ from collections import Counter
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence
 
-from compiler import dependency_keys as dk
 from compiler.trust import unsourced
 from agents.plans.plan_writer import PlanWriter, Touched, wall_now
 from agents.stream.clock_ticks import play_tick
 from agents.stream.lane_events import by_position, event_ids, moves_to_apply
 from agents.stream.raw_message import RawMessage
+from agents.stream.touched_plans import AppliedEvent, mark_due, touched_plans
 from schemas.cdc_mapping import CdcMapping
 from schemas.codec import decode
 from schemas.errors import InvalidEvent, SkippedEvent
@@ -191,12 +191,14 @@ class EventApplier:
                 self._dead_letter(m, "event_id_conflict", f"this event_id was already applied on {m.topic} "
                                   "with different content; give every distinct event its own event_id", counts,
                                   about=_entity_of(e))
-        keyed = self._apply_events(fresh, counts)
+        applied = self._apply_events(fresh, counts)
         # Every worker records where each key changed, owner or not: a later owner judges by it.
         # A record and a move notice can share an offset (a lane merge): their keys are recorded together.
-        self.state.key_changes.record(by_position(((c.topic, c.partition, c.offset), keys) for keys, _, c in keyed),
-                                      event_ids(((c.topic, c.partition, c.offset), c.event_id) for _, _, c in keyed))
-        touched = self._affected(keyed)
+        self.state.key_changes.record(by_position(((e.cause.topic, e.cause.partition, e.cause.offset), e.keys)
+                                                  for e in applied),
+                                      event_ids(((e.cause.topic, e.cause.partition, e.cause.offset), e.cause.event_id)
+                                                for e in applied))
+        touched = touched_plans(self.state.index, applied)
         early = self._honour_early(messages, touched) if self.early is not None else frozenset()
         # Only plans of owned partitions are indexed here, so what they cause is this worker's to publish.
         self.plans.recompile(touched, counts, announced=early)
@@ -226,7 +228,7 @@ class EventApplier:
                 and not self.mine(payload.record.entity))  # type: ignore[union-attr]
 
     def _apply_events(self, fresh: list[tuple[RawMessage, InputEvent]],
-                      counts: Counter[str]) -> list[tuple[list[str], dict[str, str], Cause]]:
+                      counts: Counter[str]) -> list[AppliedEvent]:
         """Apply events in order, in bulk; (keys, plans due by time, cause) per applied event.
 
         Resource changes are one bulk write; principal, entity and revocation changes and clock
@@ -268,7 +270,7 @@ class EventApplier:
         self.state.store.set_clocks(ticked)
         if ticked:
             self.now = max(self.state.store.clocks().values())
-        keyed: list[tuple[list[str], dict[str, str], Cause]] = []
+        applied: list[AppliedEvent] = []
         ticks: list[tuple[datetime, int]] = []
         latest: dict[str, tuple[RawMessage, InputEvent]] = {}
         for i, (m, event) in enumerate(fresh):
@@ -289,15 +291,15 @@ class EventApplier:
             latest[m.topic] = (m, event)
             cause = Cause(m.topic, event.event_id, m.partition, m.offset, at=m.timestamp)
             if isinstance(event.payload, ClockTick):
-                ticks.append((event.payload.now, len(keyed)))
-            keyed.append((keys, {}, cause))
-        self._due(ticks, keyed)
+                ticks.append((event.payload.now, len(applied)))
+            applied.append(AppliedEvent(keys, cause))
+        mark_due(self.state.index, ticks, applied)
         if latest:  # formatted once per topic and batch, not per event
             applied_at = wall_now()
             for topic, (m, event) in latest.items():
                 self.last_event[topic] = {"event_id": event.event_id, "partition": m.partition, "offset": m.offset,
                                           "occurred_at": format_instant(event.occurred_at), "applied_at": applied_at}
-        return keyed
+        return applied
 
     def _apply_identities(self, fresh: list[tuple[RawMessage, InputEvent]], run: list[int],
                           results: dict[int, list[str] | InvalidEvent | None], counts: Counter[str]) -> None:
@@ -315,35 +317,6 @@ class EventApplier:
             counts["principal_time_ahead"] += 1
             return None
         return event.occurred_at
-
-    def _due(self, ticks: list[tuple[datetime, int]], keyed: list[tuple[list[str], dict[str, str], Cause]]) -> None:
-        """Plans whose validity horizon a tick reached, each under the first tick in the batch that reached it.
-
-        One index read for the latest tick: a horizon that tick reached, an earlier one may have too.
-        """
-        if not ticks:
-            return
-        for plan_key, time_key in self.state.index.due(max(now for now, _ in ticks)).items():
-            horizon = dk.time_of(time_key)
-            first = next((n for now, n in ticks if horizon is None or now >= horizon), ticks[-1][1])
-            keyed[first][1][plan_key] = time_key
-
-    def _affected(self, keyed: list[tuple[list[str], dict[str, str], Cause]]) -> Touched:
-        """Plan keys touched by the batch, each with the first dependency key and event that touched it."""
-        first: dict[str, tuple[tuple[int, int], Cause]] = {}  # key -> (event order, key's place in it), event
-        touched: dict[str, tuple[tuple[int, int], str, Cause]] = {}
-        for order, (keys, due, cause) in enumerate(keyed):
-            for place, key in enumerate(keys):
-                first.setdefault(key, ((order, place), cause))
-            for plan_key, time_key in due.items():
-                touched.setdefault(plan_key, ((order, -1), time_key, cause))
-        # The earliest event wins, and within it its first key: the same cause whatever order the edges come in
-        # (a batch applied again after a crash names the cause it named before).
-        for plan_key, dep_key in self.state.index.affected_pairs(list(first)):
-            order, cause = first[dep_key]
-            if plan_key not in touched or order < touched[plan_key][0]:
-                touched[plan_key] = (order, dep_key, cause)
-        return {k: Touch(dep_key, cause) for k, (_, dep_key, cause) in touched.items()}
 
     def dead_letter_lane_record(self, m: RawMessage, error_class: str, message: str, counts: Counter[str]) -> None:
         """Dead-letter a refused record of an entity lane this worker is gaining as its owner (history its old
