@@ -8,14 +8,10 @@ import statistics
 import tempfile
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 from agents.plans.backlog import PASS_PLANS, recompile_queued
-from agents.plans.plan_writer import PlanWriter
-from agents.stream.event_apply import EventApplier, RawMessage
-from agents.web.query import QueryService
-from bench.workload import generate
+from bench.workload import generate, warm_in_process
 from state.local_state import LocalState
 
 # The companion works this share of every PERIOD and sleeps the rest: a worker's event loop was busy about half of
@@ -42,19 +38,7 @@ def _run(mode: str, events: int, share: float) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="fpbench-gil-") as tmp:
         state = LocalState.open(Path(tmp) / "state.duckdb")
         try:
-            applier = EventApplier(state, PlanWriter(state, lambda name: name))
-            offsets: Counter[str] = Counter()
-
-            def raw(record) -> RawMessage:
-                topic, key, value = record
-                offsets[topic] += 1
-                return RawMessage(topic, 0, offsets[topic] - 1, key, value)
-
-            applier.apply([raw(r) for r in workload.catalog])
-            query = QueryService(state, applier.plans)
-            for body in workload.requests:
-                query.select(body)
-            stream = [raw(r) for r in workload.changes]
+            applier, stream = warm_in_process(state, workload)
             companion = None
             if mode == "beside_process":
                 stop = multiprocessing.get_context("spawn").Event()

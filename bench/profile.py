@@ -9,10 +9,7 @@ from pathlib import Path
 from pyinstrument import Profiler
 
 from agents.plans.backlog import recompile_queued
-from agents.plans.plan_writer import PlanWriter
-from agents.stream.event_apply import EventApplier, RawMessage
-from agents.web.query import QueryService
-from bench.workload import Workload
+from bench.workload import Workload, warm_in_process
 from state.local_state import LocalState
 
 
@@ -24,19 +21,7 @@ def profile_apply(workload: Workload, events: int = 600, batch: int = 50) -> tup
     with tempfile.TemporaryDirectory(prefix="fpbench-profile-") as tmp:
         state = LocalState.open(Path(tmp) / "state.duckdb")
         try:
-            inv = EventApplier(state, PlanWriter(state, lambda name: name))
-            offsets: Counter[str] = Counter()
-
-            def raw(record):
-                topic, key, value = record
-                offsets[topic] += 1
-                return RawMessage(topic, 0, offsets[topic] - 1, key, value)
-
-            inv.apply([raw(r) for r in workload.catalog])
-            query = QueryService(state, inv.plans)
-            for body in workload.requests:
-                query.select(body)
-            stream = [raw(r) for r in workload.changes[:events]]
+            inv, stream = warm_in_process(state, workload, events)
             profiler = Profiler(interval=0.0005)
             profiler.start()
             for i in range(0, len(stream), batch):

@@ -135,6 +135,29 @@ def apply_catalog(invalidator, records: list[tuple[str, bytes | None, bytes]]) -
     invalidator.apply(messages)
 
 
+def warm_in_process(state, workload: Workload, events: int | None = None):
+    """An `EventApplier` on `state` with the workload's catalog applied and every request selected, and the change
+    stream (its first `events`) as messages numbered per topic after the catalog, as a broker would number them."""
+    from agents.plans.plan_writer import PlanWriter
+    from agents.stream.event_apply import EventApplier
+    from agents.stream.raw_message import RawMessage
+    from agents.web.query import QueryService
+
+    applier = EventApplier(state, PlanWriter(state, lambda name: name))
+    offsets: dict[str, int] = {}
+
+    def message(record: Record) -> RawMessage:
+        topic, key, value = record
+        offsets[topic] = offsets.get(topic, -1) + 1
+        return RawMessage(topic, 0, offsets[topic], key, value)
+
+    applier.apply([message(r) for r in workload.catalog])
+    query = QueryService(state, applier.plans)
+    for body in workload.requests:
+        query.select(body)
+    return applier, [message(r) for r in workload.changes[:events]]
+
+
 def bulk(resources: int, per_entity: int = 10, prefix: str = "B") -> list[Record]:
     """Entities no plan is about, with `per_entity` resources each: state that splits by entity and nothing else."""
     records: list[Record] = []
