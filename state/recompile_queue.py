@@ -18,9 +18,9 @@ class RecompileQueue:
         Keys not queued yet are inserted plainly: `INSERT OR IGNORE` costs DuckDB a conflict check per row (5 to 50
         keys beside 200 queued: 1.1-2.9 ms, against 0.9 ms for this anti-join, in process)."""
         if plan_keys:
-            self.db.execute("INSERT INTO recompile_queue (plan_key) SELECT DISTINCT k FROM "
-                            "(SELECT unnest(?::VARCHAR[]) AS k) WHERE k NOT IN (SELECT plan_key FROM recompile_queue)",
-                            [plan_keys])
+            # Repeats dropped here, first place kept: DISTINCT in SQL would not keep the batch's order of its keys.
+            self.db.execute("INSERT INTO recompile_queue (plan_key) SELECT k FROM (SELECT unnest(?::VARCHAR[]) AS k) "
+                            "WHERE k NOT IN (SELECT plan_key FROM recompile_queue)", [list(dict.fromkeys(plan_keys))])
 
     def oldest(self, limit: int) -> list[str]:
         """Up to `limit` plan keys, first queued first (offsets of different partitions say nothing of order: a

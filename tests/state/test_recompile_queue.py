@@ -14,7 +14,9 @@ def test_entries_come_out_in_the_order_they_were_queued_not_by_offset(tmp_path):
         queue = RecompileQueue(store)
         queue.add_many(["pk-busy"])  # announced by an old, busy partition: high offsets
         queue.add_many([f"pk-{i}" for i in range(40)])  # later, by lower offsets of another partition
-        queue.add_many(["pk-busy"])  # queued already: keeps its place
+        queue.add_many(["pk-busy", "pk-z", "pk-y", "pk-z"])  # queued already: keeps its place; repeats go
+        assert queue.oldest(44)[-2:] == ["pk-z", "pk-y"]  # in the order the batch gave them
+        queue.remove(["pk-z", "pk-y"])
         assert queue.oldest(2) == ["pk-busy", "pk-0"]
         queue.remove(["pk-busy", "pk-0"])
         assert queue.oldest(3) == ["pk-1", "pk-2", "pk-3"] and queue.size() == 39
