@@ -12,7 +12,7 @@ import pyarrow as pa
 from compiler.pipeline import CompiledPlan
 from schemas.timefmt import format_instant
 from state.dependency_index import lower_horizon
-from state.row_writes import SMALL_INSERT_ROWS, insert_values
+from state.row_writes import SMALL_INSERT_ROWS
 from state.store import Store
 
 # Every invalidation of a plan id, in order: after A -> B -> A the id returns, and the plans
@@ -108,7 +108,7 @@ class PlanStore:
             return
         held = self._held(ids)
         for table, table_rows in rows.items():
-            insert_values(self.db, table, [r for r in table_rows if r[0] not in held[table]], verb="INSERT INTO")
+            self._insert(table, [r for r in table_rows if r[0] not in held[table]], "INSERT INTO")
             old = [r for r in table_rows if r[0] in held[table]]
             if old and table == "plan_heads":
                 self.store.update_rows("plan_heads", ("plan_key",), ("plan_id", "live", "valid_until"), old,
@@ -118,7 +118,12 @@ class PlanStore:
                 # A plan id compiled again (mostly a recompilation that came out the same as the plan it announced)
                 # or a receipt repeated. An update in place cost less in process (1 row 1.5 ms against 4.5), but in
                 # a worker the bench workload's p99 at 100 events/s went from 45-57 ms to 156-209 ms with it.
-                insert_values(self.db, table, old)
+                self._insert(table, old, "INSERT OR REPLACE INTO")
+
+    def _insert(self, table: str, rows: list[tuple], verb: str) -> None:
+        """Rows of one of `save_many`'s tables, in the form cheapest for their number (`state.row_writes`)."""
+        if rows:
+            self.store.insert_rows(table, pa.table(list(zip(*rows, strict=True)), schema=_SCHEMAS[table]), verb=verb)
 
     def _held(self, ids: dict[str, list[str]]) -> dict[str, set[str]]:
         """Which of these plan ids, plan keys and receipt ids have rows, in one read by their keys."""

@@ -1,13 +1,15 @@
-"""Updating many rows in one statement: the keyed form for one row and the joined form for more write the same."""
+"""Many rows in one statement: each form of an insert, and of an update, writes the same rows."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
 import duckdb
+import pyarrow as pa
 import pytest
 
-from state.row_writes import update_rows
+from state import row_writes
+from state.row_writes import insert_rows, update_rows
 
 ASSIGN = ("version = greatest(version, {version}), title = CAST({title} AS VARCHAR), "
           "tags = CAST({tags} AS VARCHAR[]), seen = CASE WHEN CAST({version} AS BIGINT) > 5 THEN "
@@ -69,3 +71,37 @@ def test_a_key_not_stored_is_left_out(db):
     update_rows(db, "rows", ("scope", "id"), ("version", "title", "tags", "seen"),
                 [("z", 0, 9, "z", [], AT), ("x", 9, 9, "z", [], AT)], ASSIGN)
     assert _rows(db) == before
+
+
+def _inserted(rows: pa.Table, **kwargs) -> list[tuple]:
+    db = duckdb.connect(":memory:")
+    db.execute("SET TimeZone = 'UTC'")
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, name VARCHAR, tags VARCHAR[], seen TIMESTAMPTZ, flag BOOLEAN, "
+               "body BLOB, gone VARCHAR)")
+    db.execute("INSERT INTO t VALUES (0, 'stored', [], NULL, false, NULL, 'kept')")
+    insert_rows(db, "t", rows, **kwargs)
+    return db.execute("SELECT * FROM t ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize("count", [1, 6, 7, 40, 400])  # parameters, parameters, unnested lists (2), Arrow scan
+def test_each_form_of_an_insert_writes_the_same_rows(count):
+    ids = list(range(count))
+    rows = pa.table({"id": pa.array(ids, pa.int32()), "name": [None if i % 3 else f"n{i}" for i in ids],
+                     "tags": pa.array([[] if i % 2 else ["a", f"t{i}"] for i in ids], pa.list_(pa.string())),
+                     "seen": pa.array([AT if i % 2 else None for i in ids], pa.timestamp("us", tz="UTC")),
+                     "flag": [i % 2 == 0 for i in ids], "body": pa.array([b"\x00\xff" * i for i in ids], pa.binary()),
+                     "gone": pa.nulls(count)})  # a column of nulls only: its list would have no type
+    expected = [(i, None if i % 3 else f"n{i}", [] if i % 2 else ["a", f"t{i}"], AT if i % 2 else None, i % 2 == 0,
+                 b"\x00\xff" * i, None) for i in ids]
+    assert _inserted(rows, verb="INSERT OR REPLACE INTO") == expected
+    assert _inserted(rows, verb="INSERT INTO", columns=True,
+                     on_conflict="ON CONFLICT (id) DO UPDATE SET gone = 'again'")[0][6] == "again"
+
+
+def test_an_insert_whose_column_has_no_list_type_falls_back_to_an_arrow_scan(monkeypatch):
+    monkeypatch.setattr(row_writes, "_SCALARS", {})  # no type is mapped: nothing may be unnested
+    rows = pa.table({"id": pa.array(range(1, 21), pa.int32()), "name": [f"n{i}" for i in range(1, 21)]})
+    db = duckdb.connect(":memory:")
+    db.execute("CREATE TABLE t (id INTEGER, name VARCHAR)")
+    insert_rows(db, "t", rows, verb="INSERT INTO")
+    assert db.execute("SELECT count(*), min(name), max(id) FROM t").fetchone() == (20, "n1", 20)
