@@ -107,6 +107,16 @@ class LaneMerge:
             lane.fed = {c for c in lane.fed if c > carrier}
         self._merge(lane, carrier, batch)
 
+    def fed_already(self, topic: str, partition: int, carrier: int) -> bool:
+        """Whether the batch read at `carrier` is one this worker's router fed when it was sent: passed over (as
+        `add` would) without reading it. A worker alone routes every batch of its lanes and reads each back."""
+        lane = self.lanes.get((topic, partition))
+        if lane is None or carrier < lane.next_carrier or carrier not in lane.fed:
+            return False
+        lane.next_carrier = carrier + 1
+        lane.fed.discard(carrier)
+        return True
+
     def report(self, topic: str, partition: int, source_partition: int, upto: int) -> None:
         """A report read on a lane: its owner dead-lettered its refusals of `source_partition` below `upto`."""
         lane = self.lanes.get((topic, partition))

@@ -87,6 +87,7 @@ class LaneReader:
         self.gained: set[int] = set()
         self.errors = 0  # lane records that were not routed batches (a poisoned internal topic), skipped
         self.fed = 0  # routed batches merged as this worker's router sent them (not read back first)
+        self.passed_fed = 0  # of those, read back and passed over without unpacking
         self.epoch = 0  # counts gains: a fetch names the epoch it was read in
         self._gained_at: dict[int, int] = {}  # entity lane -> the epoch it was last gained in
         self._read_now: frozenset[int] = frozenset()
@@ -146,6 +147,10 @@ class LaneReader:
             if self.merge is not None and name in LANES:
                 lanes = True
                 for m in records:
+                    reports = bool(m.headers) and any(k == REPORT_HEADER for k, _ in m.headers)
+                    if not reports and self.merge.fed_already(name, tp.partition, m.offset):
+                        self.passed_fed += 1  # its frames were merged as it was sent: not unpacked again
+                        continue
                     try:
                         routed = unpack(m.value or b"")
                     except InvalidEvent as exc:
@@ -155,7 +160,7 @@ class LaneReader:
                                   extra={"reason": "lane_record_invalid", "topic": name, "partition": tp.partition})
                         continue
                     self.merge.add(name, tp.partition, m.offset, routed)
-                    if m.headers and any(k == REPORT_HEADER for k, _ in m.headers):
+                    if reports:
                         self.merge.report(name, tp.partition, routed.partition, routed.end)
                 continue
             direct.extend(RawMessage(name, tp.partition, m.offset, m.key, m.value,

@@ -187,6 +187,7 @@ class Worker:
                 "notices": self.router.router.notices, "unplaced": self.router.router.unplaced,
                 "lanes": sorted(self.replica.reading_lanes() - catching), "catching_up": sorted(catching),
                 "lane_records_skipped": self.replica.lanes.errors, "batches_merged_as_sent": self.replica.lanes.fed,
+                "merged_batches_passed_unread": self.replica.lanes.passed_fed,
                 "lane_reports": self.lane_reports.figures() if self.lane_reports is not None else None}
 
     def _forget_acknowledged(self) -> None:

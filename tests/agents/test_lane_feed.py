@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import orjson
 import pytest
+from aiokafka import TopicPartition
 
 from agents.stream.lane_merge import LaneMerge
+from agents.stream.lane_reader import LaneReader
 from agents.stream.raw_message import RawMessage
 from agents.stream.router import Lane, Router
 from schemas.codec import decode
@@ -34,6 +37,34 @@ def test_a_batch_merged_as_sent_is_released_at_once_and_skipped_when_read_back()
     out = merge.release()
     assert out.messages == []
     assert out.positions[("entity-changes", 1)] == 2 and out.positions[("source-changes", 0)] == 4
+
+
+def test_a_batch_merged_as_sent_is_passed_over_unread_when_read_back_and_the_next_one_is_read():
+    @dataclass
+    class Read:  # the fields of a consumed record the reader uses
+        offset: int
+        value: bytes
+        key: bytes | None = None
+        timestamp: int | None = None
+        headers: tuple = ()
+
+    reader = LaneReader(P, lambda: frozenset({1}))
+    reader.start({}, {})
+    lane = TopicPartition("x-entity-changes", 1)
+    logical = {"x-entity-changes": "entity-changes", "x-shared-changes": "shared-changes"}
+    reader.fetched({lane: [Read(0, pack(RoutedBatch(0, 0, 2, ())))],
+                    TopicPartition("x-shared-changes", 0): [Read(0, pack(RoutedBatch(0, 0, 2, ())))]}, logical)
+    assert [m.offset for m in reader.sent([("entity-changes", 1, 1, RoutedBatch(0, 2, 4, (_rec(3),))),
+                                           ("shared-changes", 0, 1, RoutedBatch(0, 2, 4, ()))]).messages] == [3]
+    # Read back, carrier 1 is passed over unread: its bytes are not even a routed batch here, and no error counts.
+    out = reader.fetched({lane: [Read(1, b"not unpacked"), Read(2, pack(RoutedBatch(0, 4, 6, (_rec(5),))))],
+                          TopicPartition("x-shared-changes", 0): [Read(1, b"not unpacked either"),
+                                                                    Read(2, pack(RoutedBatch(0, 4, 6, ())))]}, logical)
+    assert [m.offset for m in out.messages] == [5]
+    assert (reader.passed_fed, reader.errors) == (2, 0)
+    # A record at a carrier that was not fed is still read, and refused when it is no routed batch.
+    reader.fetched({lane: [Read(3, b"poison")]}, logical)
+    assert (reader.passed_fed, reader.errors) == (2, 1)
 
 
 def test_a_batch_is_not_merged_as_sent_before_the_lane_brought_what_lies_below_it():
@@ -88,7 +119,8 @@ def test_merging_own_batches_as_sent_applies_what_reading_them_back_would(seed):
         for lane in [lane for lane in lanes if reads(lane)]:
             upto = len(lanes[lane]) if everything else rng.randint(read.get(lane, 0), len(lanes[lane]))
             for carrier in range(read.get(lane, 0), upto):
-                merge.add(lane.topic, lane.partition, carrier, unpack(lanes[lane][carrier]))
+                if not merge.fed_already(lane.topic, lane.partition, carrier):  # as the reader passes it over
+                    merge.add(lane.topic, lane.partition, carrier, unpack(lanes[lane][carrier]))
             read[lane] = max(read.get(lane, 0), upto)
 
     def release() -> None:

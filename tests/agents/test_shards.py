@@ -136,3 +136,9 @@ async def test_a_worker_merges_what_its_router_sent_without_reading_it_back_and_
     # Every routed record applied once: the copy read back from the lane later was skipped, not applied again.
     assert counters["applied.source-changes"] == routing["routed"], counters
     assert not counters.get("redelivered_skipped") and not counters.get("duplicate_events"), counters
+
+    async def passed_over() -> dict:  # the copies read back later are passed over unread, none refused
+        routing = (await worker.get("/healthz"))["routing"]
+        return routing if routing["merged_batches_passed_unread"] > 0 else {}
+    routing = await eventually(passed_over, timeout=30, what="a merged batch read back and passed over")
+    assert routing["lane_records_skipped"] == 0, routing
