@@ -14,6 +14,9 @@ log = logging.getLogger("agents.stream.replica")
 # 2 s was tried: the start of a 1,000 events/s stream kept its early announcements (bench workload p99 342-576 ms
 # against 591-767, alternated), but selects under that stream were refused (82 and 87 of 250 against none).
 BEHIND_SECONDS = 0.5
+# A batch of more than this many fetches' worth of records was taken while more waited: a stream of 1,000 events/s
+# gave batches of 100-200 records (a fetch is 500), 20,000 events published while a worker was paused 2,000-3,700.
+CATCH_UP_FACTOR = 2
 
 
 class ApplyProgress:
@@ -28,10 +31,17 @@ class ApplyProgress:
     _progress: asyncio.Condition
     _unapplied: deque[float]
     _applying: int
+    batch_size: int
+    last_batch_records: int = 0  # records (lane positions included) in the batch the writer applied last
 
     def behind(self) -> bool:
         """Whether input fetched more than `BEHIND_SECONDS` ago is still waiting for the writer."""
         return bool(self._unapplied) and asyncio.get_running_loop().time() - self._unapplied[0] > BEHIND_SECONDS
+
+    def catching_up(self) -> bool:
+        """Whether input waits, in the broker or fetched: `behind`, or the last batch applied was a catch-up one
+        (more than `CATCH_UP_FACTOR` fetches' worth, taken at once because that much was there)."""
+        return self.behind() or self.last_batch_records > CATCH_UP_FACTOR * self.batch_size
 
     def quiet(self) -> bool:
         """Whether no fetched input waits to be applied, the batch being applied included (any thread may ask)."""

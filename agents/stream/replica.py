@@ -230,6 +230,7 @@ class Replica(ApplyProgress):
                     finally:
                         self._applying = 0
                     self.applied_at = asyncio.get_running_loop().time()
+                    self.last_batch_records = len(batch)
                     for _ in range(taken):
                         self._unapplied.popleft()
                     if self.early is not None:

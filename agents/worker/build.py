@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from datetime import datetime, timezone
 from typing import Callable
@@ -10,7 +11,7 @@ from typing import Callable
 import orjson
 
 from agents.web.access import Access
-from agents.plans.backlog import PASS_PLANS, announcements_out, recompile_queued
+from agents.plans.backlog import announcements_out, pass_plans, recompile_queued
 from agents.plans.successor_hold import SuccessorHold
 from agents.ops.chores import Chores
 from agents.web.gate import Gate, api_routes
@@ -190,7 +191,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                           lambda url: is_self(app, url), rebalances.wake)
         app.task(chores.loop("peer_watch", watch.step))
 
-    def recompile_owned() -> int | None:
+    def recompile_owned(limit: int) -> int | None:
         # Checked on the writer, where `owned` changes. Before the first assignment the queue read from
         # the file may name plans a peer owns now (its successors would fork the owner's lineage); the
         # first `follow` hands those back, queue entries included, so from then on it holds owned plans only.
@@ -198,7 +199,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             return 0
         if hold.holding(job=True):  # None: held for the input batch about to be applied
             return None
-        return recompile_queued(plan_writer, PASS_PLANS) if announcements_out(plan_writer) else 0
+        return recompile_queued(plan_writer, limit) if announcements_out(plan_writer) else 0
 
     async def recompile_backlog() -> float:
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
@@ -212,7 +213,10 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         if hold.holding():
             await replica.batch_applied(hold.left())
             return 0
-        done = await writer.run_later(recompile_owned)  # a select's compile or an apply batch goes first
+        # A select's compile or an apply batch goes first; with no input to hold up, bigger steps drain it sooner.
+        idle = asyncio.get_running_loop().time() - replica.applied_at if replica.quiet() else 0.0
+        limit = pass_plans(replica.catching_up(), idle)
+        done = await writer.run_later(functools.partial(recompile_owned, limit))
         if done is None:
             await replica.batch_applied(hold.left())
             return 0
