@@ -7,6 +7,8 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from schemas.quick_init import quick_init
+
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -14,6 +16,7 @@ LOG_TICK_BITS = 22
 """Low bits of a log-ordered version left for the changes of one row within one tick (see `Resource.log_ordered`)."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Resource:
     """A versioned source record that may become evidence."""
@@ -175,6 +178,7 @@ class ClockTick:
     """The instant the tick announces."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SourceChange:
     """An upsert or delete on `source-changes`."""
@@ -194,6 +198,7 @@ class SourceChange:
 Payload = SourceChange | PolicyBundle | Revocation | ClockTick
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class InputEvent:
     """A decoded, validated event with where it came from."""

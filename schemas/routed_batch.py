@@ -6,6 +6,7 @@ import struct
 from dataclasses import dataclass
 
 from schemas.errors import InvalidEvent
+from schemas.quick_init import quick_init
 
 VERSION = 1
 _HEAD = struct.Struct(">BIqq")  # version, source partition, from, to
@@ -23,6 +24,7 @@ SHARED = -1  # the lane of what every worker applies (resources about no entity 
 REPORT_HEADER = "freshplan-lane-report"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One record of a routed batch."""
@@ -39,6 +41,7 @@ class Frame:
     """The source record's value (None for a tombstone; the resource id for a notice)."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RoutedBatch:
     """What one lane receives of one span of a source partition."""

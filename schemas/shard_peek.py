@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 import orjson
 
+from schemas.quick_init import quick_init
 
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Peek:
     """What a native `source-changes` record says of itself, read without validation."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import orjson
 
 from schemas.outbound import Cause
+from schemas.quick_init import quick_init
 
 Row = tuple[str, bytes, bytes]  # (broker-side topic, key, value) as the outbox queues it
 
@@ -23,6 +24,7 @@ def reason_for(dep_key: str) -> str:
     return REASONS.get(dep_key.split(":", 1)[0], "source_changed")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Touch:
     """How an input event reached a plan: the event and the first dependency key of the plan's it changed."""

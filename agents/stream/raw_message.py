@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schemas.quick_init import quick_init
 
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RawMessage:
     """One consumed record, before decoding."""

@@ -7,10 +7,12 @@ from datetime import datetime
 
 from compiler import dependency_keys as dk
 from schemas.outbound import Cause
+from schemas.quick_init import quick_init
 from state.dependency_index import DependencyIndex
 from state.invalidations import Touch
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AppliedEvent:
     """One event of a batch as the writer applied it."""
