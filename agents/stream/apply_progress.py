@@ -32,7 +32,7 @@ class ApplyProgress:
     _unapplied: deque[float]
     _applying: int
     batch_size: int
-    last_batch_records: int = 0  # records (lane positions included) in the batch the writer applied last
+    last_batch_records: int = 0  # records in the batch the writer applied last (a gained shard's history included)
 
     def behind(self) -> bool:
         """Whether input fetched more than `BEHIND_SECONDS` ago is still waiting for the writer."""
@@ -40,7 +40,7 @@ class ApplyProgress:
 
     def catching_up(self) -> bool:
         """Whether input waits, in the broker or fetched: `behind`, or the last batch applied was a catch-up one
-        (more than `CATCH_UP_FACTOR` fetches' worth, taken at once because that much was there)."""
+        (more than `CATCH_UP_FACTOR` fetches' worth, taken at once because that much was there). On the loop only."""
         return self.behind() or self.last_batch_records > CATCH_UP_FACTOR * self.batch_size
 
     def quiet(self) -> bool:

@@ -105,3 +105,36 @@ def test_an_insert_whose_column_has_no_list_type_falls_back_to_an_arrow_scan(mon
     db.execute("CREATE TABLE t (id INTEGER, name VARCHAR)")
     insert_rows(db, "t", rows, verb="INSERT INTO")
     assert db.execute("SELECT count(*), min(name), max(id) FROM t").fetchone() == (20, "n1", 20)
+
+
+class _Statements:
+    """A connection that remembers the text of each statement it runs."""
+
+    def __init__(self, db) -> None:
+        self._db, self.run = db, []
+
+    def execute(self, sql, *args):
+        self.run.append(sql)
+        return self._db.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+
+@pytest.mark.parametrize("count, form", [(6, "VALUES (?"), (7, "unnest(?::"), (40, "unnest(?::"), (700, "FROM _rows_")])
+def test_each_size_of_insert_takes_its_form(count, form):
+    db = _Statements(duckdb.connect(":memory:"))
+    db.execute("CREATE TABLE t (id INTEGER, name VARCHAR)")
+    insert_rows(db, "t", pa.table({"id": pa.array(range(count), pa.int32()), "name": [f"n{i}" for i in range(count)]}),
+                verb="INSERT INTO")
+    assert form in db.run[-1] and db.execute("SELECT count(*) FROM t").fetchone() == (count,)
+
+
+def test_a_float_column_keeps_its_nan_whatever_the_rows():
+    for count in (3, 7, 40, 200):
+        db = duckdb.connect(":memory:")
+        db.execute("CREATE TABLE t (id INTEGER, x DOUBLE)")
+        insert_rows(db, "t", pa.table({"id": pa.array(range(count), pa.int32()), "x": [float("nan")] * count}),
+                    verb="INSERT INTO")
+        assert db.execute("SELECT count(*) FILTER (WHERE isnan(x)), count(*) FILTER (WHERE x IS NULL) FROM t"
+                          ).fetchone() == (count, 0), count
