@@ -64,6 +64,10 @@ class Settings:
     """Plans one batch may recompile before announcing. At 0 (the default) a touched plan is announced in the
     batch's own transaction (successor id `null`) and its successor compiled in the background, except up
     to 16 plans touched only through a resource they left out: compiled first, announced if they changed."""
+    backlog_step: int = 16
+    """Announced plans one background job recompiles at most while input streams in; four times as many while
+    none would wait behind the job (catching up, or no input for 0.2 s). An event or a select that must compile
+    waits for the job in progress: smaller steps keep that short, bigger ones drain a fan-out sooner."""
     max_event_bytes: int = 1_000_000
     """Events larger than this (bytes) are dead-lettered unread as `oversized`."""
     max_record_bytes: int = 1_000_000
@@ -231,6 +235,7 @@ class Settings:
             max_event_bytes=get("MAX_EVENT_BYTES", base.max_event_bytes, int),
             max_record_bytes=get("MAX_RECORD_BYTES", base.max_record_bytes, int),
             eager_recompile_limit=get("EAGER_RECOMPILE_LIMIT", base.eager_recompile_limit, int),
+            backlog_step=max(1, get("BACKLOG_STEP", base.backlog_step, int)),
             revocation_lag_bound=get("REVOCATION_LAG_BOUND", base.revocation_lag_bound, float),
             max_query_bytes=get("MAX_QUERY_BYTES", base.max_query_bytes, int),
             max_budget_tokens=get("MAX_BUDGET_TOKENS", base.max_budget_tokens, int),

@@ -91,6 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  terminal), flush=True)
 
             async def stop(self) -> None:
+                worker.stopping.set()
                 await bounded_stop(super().stop(), lambda: (settings.run_file.unlink(missing_ok=True),
                                                             broker and broker.stop()))
 

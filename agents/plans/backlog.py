@@ -14,18 +14,19 @@ from agents.plans.plan_writer import PlanWriter
 # wait for whole jobs: in a worker at 1,000 events/s the bench workload's p99 was 605-823 ms with 64, 288-317 ms
 # with 16 (2026-12-06, two runs each).
 PASS_PLANS = 16
-PASS_PLANS_BEHIND = 64
-"""Announced plans a backlog job recompiles at most while no input would wait for it: the replica catches up
-(`Replica.catching_up`: input waited in the broker for its last batch, or fetched input waits), or no input came
-for `INPUT_IDLE` seconds. Jobs of 64 compile about twice as many successors per second; latency is then the
-backlog's age, or nobody's. 20,000 events of the bench workload published while a worker was paused (2026-12-07,
-3 runs each, one core): 7,050-7,430 events/s with jobs of 16 always, 8,060-10,400 with 64 always."""
+IDLE_STEP_FACTOR = 4
+"""A backlog job takes this many times its step (`FRESHPLAN_BACKLOG_STEP`, `PASS_PLANS` by default) while no input
+would wait for it: the replica catches up (`Replica.catching_up`: input waited in the broker for its last batch,
+or fetched input waits), or no input came for `INPUT_IDLE` seconds. Jobs of 64 compile about twice as many
+successors per second; latency is then the backlog's age, or nobody's. 20,000 events of the bench workload
+published while a worker was paused (2026-12-07, 3 runs each, one core): 7,050-7,430 events/s with jobs of 16
+always, 8,060-10,400 with 64 always."""
 INPUT_IDLE = 0.2  # seconds without an input batch: a stream of 200 events/s applies one every 5-50 ms
 
 
-def pass_plans(catching_up: bool, idle_seconds: float) -> int:
-    """How many announced plans the next backlog job recompiles at most (see `PASS_PLANS_BEHIND`)."""
-    return PASS_PLANS_BEHIND if catching_up or idle_seconds >= INPUT_IDLE else PASS_PLANS
+def pass_plans(catching_up: bool, idle_seconds: float, step: int = PASS_PLANS) -> int:
+    """How many announced plans the next backlog job recompiles at most (see `IDLE_STEP_FACTOR`)."""
+    return step * IDLE_STEP_FACTOR if catching_up or idle_seconds >= INPUT_IDLE else step
 
 
 def announcements_out(writer: PlanWriter) -> bool:

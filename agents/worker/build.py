@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -148,9 +149,10 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
                                                                          headers=headers),
                           settings.topic("dead-letters"))
     hold = SuccessorHold(replica.input_waiting)
+    stopping = threading.Event()
     worker = Worker(settings, app, topics, state, applier, query, publisher, guard, metrics,
                     replica, plan_feed, writer, reader, probe, ownership, duty, collector, chores, router=route,
-                    lane_reports=reports, successor_hold=hold)
+                    lane_reports=reports, successor_hold=hold, stopping=stopping)
 
     for name in INPUT_TOPICS:
         _register_input_agent(worker, name)  # paused: they subscribe the group (the duty); the readers read
@@ -205,8 +207,8 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
         # Successors of fan-outs announced first; small steps keep the loop responsive, and
         # announcements still waiting in the outbox go out before any successor is compiled (the
         # writer job judges that: it alone sees a fan-out committed just now).
-        if not plan_writer.queue_pending:  # set by every path that queues plans: no writer job, no read
-            return 0.1
+        if not plan_writer.queue_pending or stopping.is_set():  # set by every path that queues plans; a stop
+            return 0.1  # leaves the queue in the file: the restarted worker or the partition's next owner compiles it
         waits_for = plan_writer.backlog_waits_for  # no writer job while those records are still due
         if not ownership.assigned or (waits_for is not None and reader.outbox.last_due(waits_for) is not None):
             return 0.05
@@ -215,7 +217,7 @@ def build_worker(settings: Settings, bootstrap_servers: str, access: Access | No
             return 0
         # A select's compile or an apply batch goes first; with no input to hold up, bigger steps drain it sooner.
         idle = asyncio.get_running_loop().time() - replica.applied_at if replica.quiet() else 0.0
-        limit = pass_plans(replica.catching_up(), idle)
+        limit = pass_plans(replica.catching_up(), idle, settings.backlog_step)
         done = await writer.run_later(functools.partial(recompile_owned, limit))
         if done is None:
             await replica.batch_applied(hold.left())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import faust
@@ -71,6 +72,8 @@ class Worker:
     """Reports how far the owned lanes' refusals were dead-lettered (see `agents.shards.lane_reports`)."""
     successor_hold: SuccessorHold | None = None
     """Whether successors wait for fetched input first (see `agents.plans.successor_hold`)."""
+    stopping: threading.Event = field(default_factory=threading.Event)
+    """Set as a stop begins: no backlog job starts after it (the queue is in the file for whoever compiles next)."""
     status: Status = field(init=False)
     """Answers /healthz and /metrics, reading the file on a thread of its own (never on the loop)."""
     select_reads: SelectReads = field(init=False)

@@ -9,10 +9,13 @@ from collections import deque
 import orjson
 import pytest
 
-from agents.plans.backlog import INPUT_IDLE, PASS_PLANS, PASS_PLANS_BEHIND, pass_plans
+from agents.plans.backlog import IDLE_STEP_FACTOR, INPUT_IDLE, PASS_PLANS, pass_plans
 from agents.stream.apply_progress import CATCH_UP_FACTOR, ApplyProgress
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST, eventually, launch
+
+
+PASS_PLANS_BEHIND = PASS_PLANS * IDLE_STEP_FACTOR
 
 
 def test_a_backlog_job_takes_more_plans_only_when_no_input_would_wait_for_it():
@@ -20,6 +23,7 @@ def test_a_backlog_job_takes_more_plans_only_when_no_input_would_wait_for_it():
     assert pass_plans(False, INPUT_IDLE / 2) == PASS_PLANS  # a stream's batches keep coming
     assert pass_plans(True, 0.0) == PASS_PLANS_BEHIND  # catching up: its events waited in the broker already
     assert pass_plans(False, INPUT_IDLE) == PASS_PLANS_BEHIND  # the input stopped: nobody waits
+    assert pass_plans(False, 0.0, 4) == 4 and pass_plans(True, 0.0, 4) == 4 * IDLE_STEP_FACTOR  # FRESHPLAN_BACKLOG_STEP
     assert PASS_PLANS_BEHIND > PASS_PLANS
 
 

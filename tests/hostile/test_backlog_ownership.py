@@ -11,13 +11,22 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.plan_partition import plan_partition
-from tests.conftest import ATLAS_REQUEST, WorkerProcess, eventually, freshest, start_peer
+from tests.conftest import ATLAS_REQUEST, WorkerProcess, eventually, freshest, launch, start_peer
 from tests.events import revoke_role
 from tests.hostile.test_two_workers import BOREAL_REQUEST, BOREAL_WAIVER, _health, _owns, _split
 
 pytestmark = pytest.mark.timeout(240)
 
-PLANS = 40  # per entity: enough for the backlog to need several writer jobs (16 plans each)
+PLANS = 40  # per entity: enough for the backlog to need several writer jobs
+STEP = "4"  # plans a backlog job takes while input streams, four times that once none came for 0.2 s: the stop
+# must find the queue still holding both partitions' plans (with the default 16, the 64-plan jobs of an idle
+# worker drained the 80 plans before a stop under load took effect)
+
+
+@pytest.fixture
+async def worker(broker, tmp_path):
+    async with launch(broker, tmp_path, FRESHPLAN_BACKLOG_STEP=STEP) as running:
+        yield running
 
 
 async def test_a_worker_stopped_mid_backlog_compiles_nothing_for_partitions_a_peer_took(worker, tmp_path):
@@ -68,7 +77,7 @@ async def test_a_worker_stopped_mid_backlog_compiles_nothing_for_partitions_a_pe
 
 
 async def _stop_while_queued(w: WorkerProcess) -> None:
-    """SIGTERM the worker as soon as its backlog holds announced plans (it drains 16 per writer job).
+    """SIGTERM the worker as soon as its backlog holds announced plans (it drains a few per writer job).
 
     A clean stop forgets what the broker acknowledged: the file keeps the queue and an empty outbox,
     so nothing waits to be sent when the worker comes back (a kill -9 leaves records to send again).
