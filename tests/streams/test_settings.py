@@ -64,6 +64,13 @@ def test_a_restore_read_gives_up_after_at_least_a_second_without_progress():
     assert Settings.from_env({"FRESHPLAN_RESTORE_STALL_SECONDS": "0"}).restore_stall_seconds == 1.0  # never at once
 
 
+def test_a_backlog_step_is_at_least_one_plan():
+    assert Settings().backlog_step == 16
+    assert Settings.from_env({"FRESHPLAN_BACKLOG_STEP": "4"}).backlog_step == 4
+    assert Settings.from_env({"FRESHPLAN_BACKLOG_STEP": "0"}).backlog_step == 1  # a job of none would never drain
+    assert Settings.from_env({"FRESHPLAN_BACKLOG_STEP": "-5"}).backlog_step == 1
+
+
 def test_the_session_timeout_is_shorter_on_the_embedded_broker_and_kafka_s_floor_elsewhere():
     # The embedded broker holds each JoinGroup for half the session timeout: a kill -9's take-over costs ~1.5x it.
     assert Settings.from_env({}).session_timeout == 4.0
@@ -82,6 +89,7 @@ def test_heartbeats_come_an_eighth_of_the_session_apart_so_a_dead_member_is_noti
 
 @pytest.mark.parametrize("name, raw, says", [
     ("BATCH_SIZE", "abc", "is not a whole number"),
+    ("BACKLOG_STEP", "a few", "is not a whole number"),
     ("SESSION_TIMEOUT", "six", "is not a number"),
     ("MAX_CLOCK_JUMP", "5m", "is not an ISO 8601 duration"),
     ("SESSION_TIMEOUT", "0.001", "is under 1 second"),
