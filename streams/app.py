@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import faust
+from faust.tables import TableManager
 
 from streams.settings import Settings
 
@@ -50,7 +51,21 @@ def create_app(settings: Settings, bootstrap_servers: str, middlewares: Sequence
         # Its checks log an error per input partition that fetched nothing for this long: the input
         # partitions are paused on purpose (`agents.stream.duty`), the replica reads them.
         stream_processing_timeout=STREAM_CHECKS_OFF,
+        TableManager=UnpausedTableManager,
     )
+
+
+class UnpausedTableManager(TableManager):
+    """Faust's table manager without its one-second pause before subscribing.
+
+    Faust waits a second at start so that tables declared late are still recovered; this app declares none
+    (its state is DuckDB), and the pause delayed every worker's start and every take-over by it.
+    """
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
 
 
 def heartbeat_interval(session_timeout: float) -> float:

@@ -23,7 +23,7 @@ from agents.web.token_keys import TokenKeys
 from schemas.freshness import encode_token, read_token
 from streams.broker import EmbeddedBroker, free_port
 from streams.processes import end_process
-from streams.settings import Settings
+from streams.settings import EMBEDDED_SESSION_TIMEOUT, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
@@ -265,7 +265,9 @@ async def launch(broker, directory: Path, wait: bool = True, **extra: str):
                FRESHPLAN_STATE_DIR=str(directory / "state"), FRESHPLAN_WEB_PORT=str(port),
                FRESHPLAN_WALL_CLOCK="0", FRESHPLAN_PARTITIONS="2", FRESHPLAN_FRESHNESS_WAIT="10",
                FRESHPLAN_REVOCATION_LAG_BOUND="3", FRESHPLAN_TOKEN=secrets.token_urlsafe(32),
-               FRESHPLAN_CHECK_HEAD_CACHE="1", FRESHPLAN_TOKEN_KEY_FILE=str(token_key_file()))
+               FRESHPLAN_CHECK_HEAD_CACHE="1", FRESHPLAN_TOKEN_KEY_FILE=str(token_key_file()),
+               # What `run` uses on the embedded broker it starts itself (the one here is started by the suite).
+               FRESHPLAN_SESSION_TIMEOUT=f"{EMBEDDED_SESSION_TIMEOUT:g}")
     env.update(extra)
     settings = Settings.from_env(env)
     log_path = directory / "worker.log"

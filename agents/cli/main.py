@@ -20,6 +20,9 @@ from streams.settings import Settings, SettingsError
 
 log = logging.getLogger("freshplan")
 
+LOOP_SETTLE = 0.1
+"""Seconds the event loop keeps turning after every service stopped, before it closes (mode's default is 1)."""
+
 DESCRIPTION = """freshplan keeps LLM context plans fresh: it watches source changes, policy
 versions, revocations and clock ticks on Kafka, invalidates exactly the plans that depend on
 them, recompiles them, and serves budgeted selections over HTTP.
@@ -89,6 +92,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                                        bool(access.local_token), settings.callers_file, settings.state_dir,
                                        settings.state_dir == Settings().state_dir, request_file(args.load or [])),
                                  terminal), flush=True)
+
+            async def _sentinel_task(self) -> None:
+                # mode idles a whole second here before closing the loop; what is still pending once every
+                # service has stopped needs a few loop turns at most, and the state file waits for this.
+                await asyncio.sleep(LOOP_SETTLE)
 
             async def stop(self) -> None:
                 worker.stopping.set()
