@@ -90,13 +90,14 @@ def main() -> None:
 
     import faust
 
+    from bench.faust_ceiling import BASELINE_GROUP
     from streams.fetch_wait import set_fetch_wait
 
     if args.fetch_wait_ms is not None:
         set_fetch_wait(args.fetch_wait_ms)
     app = faust.App(args.group, broker=f"kafka://{args.bootstrap}", store="memory://", autodiscover=False,
                     web_enabled=False, consumer_auto_offset_reset="latest", topic_allow_declare=False,
-                    broker_rebalance_timeout=3.0, broker_session_timeout=10.0, producer_linger_ms=0,
+                    broker_rebalance_timeout=3.0, **BASELINE_GROUP, producer_linger_ms=0,
                     datadir=tempfile.mkdtemp(prefix="fpbench-frelay-"))
     inbound = app.topic(args.inbound, key_serializer="raw", value_serializer="raw")
     outbound = app.topic(args.outbound, key_serializer="raw", value_serializer="raw")
