@@ -13,8 +13,8 @@ import time
 
 import faust
 
-from streams.app import UnpausedTableManager, heartbeat_interval
-from streams.settings import EMBEDDED_SESSION_TIMEOUT
+from streams.app import UnpausedTableManager
+from streams.settings import EMBEDDED_SESSION_TIMEOUT, heartbeat_interval
 
 BASELINE_GROUP = {"broker_session_timeout": EMBEDDED_SESSION_TIMEOUT,
                   "broker_heartbeat_interval": heartbeat_interval(EMBEDDED_SESSION_TIMEOUT),

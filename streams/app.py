@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import faust
 from faust.tables import TableManager
 
-from streams.settings import Settings
+from streams.settings import Settings, heartbeat_interval
 
 STREAM_CHECKS_OFF = 10 * 365 * 24 * 3600.0  # seconds: longer than any worker runs
 
@@ -66,8 +66,3 @@ class UnpausedTableManager(TableManager):
         if not self.should_stop:
             await self._update_channels()
             await self.recovery.start()
-
-
-def heartbeat_interval(session_timeout: float) -> float:
-    """Seconds between a worker's heartbeats: an eighth of the session timeout, at most 1 s."""
-    return min(1.0, session_timeout / 8)

@@ -275,6 +275,11 @@ def _words(raw: str) -> tuple[str, ...]:
     return tuple(w for w in raw.replace(",", " ").split() if w)
 
 
+def heartbeat_interval(session_timeout: float) -> float:
+    """Seconds between a group member's heartbeats: an eighth of the session timeout, at most 1 s."""
+    return min(1.0, session_timeout / 8)
+
+
 def _session_timeout(seconds: float) -> float:
     """A usable session timeout, or SettingsError: heartbeats come an eighth of it apart."""
     if not seconds >= 1.0:  # NaN too

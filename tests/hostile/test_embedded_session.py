@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.app import heartbeat_interval
-from streams.settings import EMBEDDED_SESSION_TIMEOUT
+from streams.settings import EMBEDDED_SESSION_TIMEOUT, heartbeat_interval
 from tests.conftest import ATLAS_REQUEST, eventually, freshest, launch, start_peer
 from tests.events import revoke_role
 from tests.hostile.test_two_workers import _health, _owner_of, _split

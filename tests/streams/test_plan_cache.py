@@ -24,14 +24,16 @@ async def test_cache_follows_invalidations_and_survives_restart(worker, tmp_path
     fresh = await worker.load("atlas.jsonl")
     old = await worker.select(ATLAS_REQUEST, fresh)
     path = tmp_path / "cache.sqlite"
-    cache = PlanCache(worker.bootstrap, group_id="cache-test", path=path, topic_prefix=worker.settings.topic_prefix)
+    cache = PlanCache(worker.bootstrap, group_id="cache-test", path=path, topic_prefix=worker.settings.topic_prefix,
+                      session_timeout=worker.settings.session_timeout)
     await cache.start()
     await follow(cache, lambda: cache.get(old["plan_id"]) is not None)
     await cache.stop()
 
     fresh = await worker.publish_events(resource("approved-waiver-W2"))
     new = await worker.select(ATLAS_REQUEST, fresh)
-    cache = PlanCache(worker.bootstrap, group_id="cache-test", path=path, topic_prefix=worker.settings.topic_prefix)
+    cache = PlanCache(worker.bootstrap, group_id="cache-test", path=path, topic_prefix=worker.settings.topic_prefix,
+                      session_timeout=worker.settings.session_timeout)
     await cache.start()  # resumes from committed offsets with its file
     await follow(cache, lambda: cache.get(new["plan_id"]) is not None and cache.is_invalidated(old["plan_id"]))
     assert cache.get(old["plan_id"]) is None and cache.successor(old["plan_id"]) == new["plan_id"]
@@ -91,3 +93,12 @@ def test_a_plan_announced_first_learns_its_successor_from_plans_and_an_identical
     assert cache.get("plan-3") is None
     cache._apply("plans", plan("plan-3", 10))  # recompiled past it and identical: valid again
     assert cache.get("plan-3") is not None and not cache.is_invalidated("plan-3")
+
+
+def test_a_cache_joins_with_the_session_timeout_it_is_given_and_heartbeats_an_eighth_of_it_apart(tmp_path):
+    default = PlanCache("unused:9092", group_id="g", path=tmp_path / "a.sqlite")
+    embedded = PlanCache("unused:9092", group_id="g", path=tmp_path / "b.sqlite", session_timeout=4.0)
+    assert default._group_timing() == {}  # aiokafka's own (10 s): the embedded broker holds a join 5 s
+    assert embedded._group_timing() == {"session_timeout_ms": 4000, "heartbeat_interval_ms": 500}
+    default.db.close()
+    embedded.db.close()
