@@ -21,17 +21,18 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from bench.relay import _read, _send_at_rate, relay_topics
 from bench.stats import percentiles
 from streams.admin import producer, stop_within
+from streams.settings import EMBEDDED_SESSION_TIMEOUT
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 async def relay(bootstrap: str, kafka: dict[str, Any], rate: float, events: int, fetch_wait_ms: int | None,
-                partitions: int = 2, timeout: float = 60.0) -> dict:
+                partitions: int = 2, timeout: float = 60.0, session_timeout: float = EMBEDDED_SESSION_TIMEOUT) -> dict:
     """Latency from the sender's send to the reader reading what the Faust agent passed on (p50/p99 ms)."""
     inbound, outbound = await relay_topics(bootstrap, kafka, "bench-frelay", partitions)
     tag = inbound.rsplit("-", 1)[1]
     command = [sys.executable, "-m", "bench.faust_relay", "--bootstrap", bootstrap, "--inbound", inbound,
-               "--outbound", outbound, "--group", f"bench-frelay-{tag}"]
+               "--outbound", outbound, "--group", f"bench-frelay-{tag}", "--session-timeout", f"{session_timeout:g}"]
     if fetch_wait_ms is not None:
         command += ["--fetch-wait-ms", str(fetch_wait_ms)]
     with tempfile.TemporaryFile() as log:
@@ -86,18 +87,19 @@ def main() -> None:
     parser.add_argument("--outbound", required=True)
     parser.add_argument("--group", required=True)
     parser.add_argument("--fetch-wait-ms", type=int, default=None)
+    parser.add_argument("--session-timeout", type=float, default=EMBEDDED_SESSION_TIMEOUT)
     args = parser.parse_args()
 
     import faust
 
-    from bench.faust_ceiling import BASELINE_GROUP
+    from bench.faust_ceiling import baseline_group
     from streams.fetch_wait import set_fetch_wait
 
     if args.fetch_wait_ms is not None:
         set_fetch_wait(args.fetch_wait_ms)
     app = faust.App(args.group, broker=f"kafka://{args.bootstrap}", store="memory://", autodiscover=False,
                     web_enabled=False, consumer_auto_offset_reset="latest", topic_allow_declare=False,
-                    broker_rebalance_timeout=3.0, **BASELINE_GROUP, producer_linger_ms=0,
+                    broker_rebalance_timeout=3.0, **baseline_group(args.session_timeout), producer_linger_ms=0,
                     datadir=tempfile.mkdtemp(prefix="fpbench-frelay-"))
     inbound = app.topic(args.inbound, key_serializer="raw", value_serializer="raw")
     outbound = app.topic(args.outbound, key_serializer="raw", value_serializer="raw")

@@ -235,12 +235,13 @@ async def _ready(worker: BenchWorker, spawned_at: int | None = None) -> None:
         await asyncio.sleep(0.1)
 
 
-async def run_ceiling(bootstrap: str, topics: list[str], expect: int, directory: Path) -> dict:
+async def run_ceiling(bootstrap: str, topics: list[str], expect: int, directory: Path, session_timeout: float) -> dict:
     """The bare Faust agent over the same topics; events/s from its first to its last batch."""
     out = directory / f"ceiling-{uuid.uuid4().hex[:6]}.json"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.faust_ceiling", "--bootstrap", bootstrap, "--topics", ",".join(topics),
-        "--expect", str(expect), "--group", f"ceiling-{uuid.uuid4().hex[:6]}", "--out", str(out), cwd=ROOT,
+        "--expect", str(expect), "--group", f"ceiling-{uuid.uuid4().hex[:6]}", "--out", str(out),
+        "--session-timeout", f"{session_timeout:g}", cwd=ROOT,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     try:
         await asyncio.wait_for(proc.wait(), 300)

@@ -56,7 +56,8 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
             throughput = await _throughput(worker, workload)
             say(f"ceiling: a bare Faust agent over the same topics, {CEILING_RUNS} runs")
             ceiling = median_run([await run_ceiling(bootstrap, [worker.settings.topic(t) for t in INPUT_TOPICS],
-                                                    len(workload.catalog) + len(workload.changes), directory)
+                                                    len(workload.catalog) + len(workload.changes), directory,
+                                                    session_timeout)
                                   for _ in range(CEILING_RUNS)])
             kafka = worker.settings.kafka.client_kwargs()
             fetch_wait = round(worker.settings.batch_window * 1000)
@@ -96,7 +97,8 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, rates:
                                       fetch_wait)
             say(f"a bare Faust agent as relay at {hot_rate:g} events/s: Faust's fetch wait, then 10 ms set in code")
             events = max(1, int(hot_rate * rate_seconds))
-            faust_hops = [await faust_relay.relay(bootstrap, kafka, hot_rate, events, wait) for wait in (None, 10)]
+            faust_hops = [await faust_relay.relay(bootstrap, kafka, hot_rate, events, wait,
+                                                  session_timeout=session_timeout) for wait in (None, 10)]
             # Before the fan-out restarts the worker (which starts its figures afresh).
             streamed = await worker.health()
             say(f"fan-out: one policy version over {fanout_plans} plans")

@@ -1,30 +1,32 @@
-"""The 002 seed's synthetic benchmark: contaminated top-k against compiling before ranking."""
+"""The bare Faust baselines join with the bench's session timeout: Apache Kafka refuses one under 6 s."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import asyncio
 
-from bench.baselines import admissible_ids, plain_top_k, post_filtered_top_k, score
-from compiler.pipeline import compile_request
-from tests.catalog_double import MemoryCatalog
+import pytest
 
-REQUEST = {"decision_type": "credit.review.topk", "principal": "topk-analyst",
-           "purpose": "annual_credit_review", "entity": "TOPK-ATLAS-01",
-           "decision_time": "2026-08-30T00:00:00Z", "budget": {"tokens": 1000}}
+from bench.faust_ceiling import baseline_group
+from bench.harness import run_ceiling
+from streams.app import UnpausedTableManager
 
 
-def test_synthetic_benchmark_matches_the_seed():
-    catalog = MemoryCatalog.from_scenario("synthetic-topk.jsonl")
-    plan = compile_request(REQUEST, catalog, datetime(2026, 8, 30, tzinfo=timezone.utc))
-    contract, _ = catalog.contract("credit.review.topk")
-    corpus = list(catalog.resources.values())
-    relevance = {r.id: r.attributes["relevance"] for r in corpus}
-    safe = admissible_ids(plan.plan)
-    compiled = [catalog.resources[a["resource_id"]] for a in plan.plan["admitted"]]
+def test_a_baseline_joins_as_the_workers_it_is_compared_with_do():
+    assert baseline_group(6.0) == {"broker_session_timeout": 6.0, "broker_heartbeat_interval": 0.75,
+                                   "TableManager": UnpausedTableManager}
+    assert baseline_group(4.0)["broker_heartbeat_interval"] == 0.5
 
-    assert score(plain_top_k(corpus, relevance, 5), contract, safe).as_dict() == {
-        "items_passed": 5, "unsafe_items": 4, "coverage_percent": 75}
-    assert score(post_filtered_top_k(corpus, relevance, 5, safe), contract, safe).as_dict() == {
-        "items_passed": 1, "unsafe_items": 0, "coverage_percent": 25}
-    assert score(compiled, contract, safe).as_dict() == {
-        "items_passed": 4, "unsafe_items": 0, "coverage_percent": 100}
+
+@pytest.mark.timeout(30)
+async def test_the_ceiling_is_started_with_the_bench_session_timeout(monkeypatch, tmp_path):
+    started: list[tuple] = []
+
+    async def spawn(*args, **kwargs):
+        started.append(args)
+        raise RuntimeError("not started here")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", spawn)
+    with pytest.raises(RuntimeError, match="not started here"):
+        await run_ceiling("kafka:9092", ["t-source-changes"], 10, tmp_path, 6.0)
+    [args] = started
+    assert args[args.index("--session-timeout") + 1] == "6"
