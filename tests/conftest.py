@@ -250,6 +250,18 @@ def _spawn(env: dict, log_path: Path) -> subprocess.Popen:
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
+async def _end_all(procs: list[subprocess.Popen]) -> None:
+    """Stop the workers at once, each waited for on a thread: the test's loop keeps running meanwhile (a broker
+    relay on it must pass on what they send as they leave), and none takes over what another is giving up."""
+    ends = asyncio.gather(*(asyncio.to_thread(end_process, proc, 20) for proc in procs))
+    try:
+        await asyncio.shield(ends)
+    except asyncio.CancelledError:  # a timed-out test still leaves no worker running
+        for proc in procs:
+            end_process(proc, timeout=20)
+        raise
+
+
 @contextlib.asynccontextmanager
 async def launch(broker, directory: Path, wait: bool = True, **extra: str):
     """A worker process on unique topics and group, with the wall clock off (scenarios drive time).
@@ -280,9 +292,7 @@ async def launch(broker, directory: Path, wait: bool = True, **extra: str):
             running.http = http
             yield running
     finally:
-        for peer in running.peers:
-            end_process(peer.proc, timeout=20)
-        end_process(running.proc, timeout=20)
+        await _end_all([peer.proc for peer in running.peers] + [running.proc])
         # Every worker here compares its in-memory select hits with the file (FRESHPLAN_CHECK_HEAD_CACHE).
         if log_path.exists() and b"head cache disagrees" in log_path.read_bytes():
             raise AssertionError(f"the head cache disagreed with the state file; see {log_path}")
