@@ -8,11 +8,11 @@ from collections import Counter
 from typing import Callable, Collection
 
 from agents.stream.event_apply import OVERSIZED, EventApplier
-from agents.stream.lane_events import by_position, event_ids, moved_away
+from agents.stream.lane_events import by_position, event_ids, moves_to_apply
 from agents.stream.raw_message import RawMessage
 from schemas.codec import decode
 from schemas.errors import InvalidEvent, SkippedEvent
-from schemas.records import SourceChange
+from schemas.records import InputEvent, SourceChange
 from schemas.routed_batch import SHARED
 from schemas.shard_peek import peek
 from state.catalog_resources import apply_resources, drop_resources, held_entities
@@ -183,7 +183,7 @@ class Shards:
             return entity is not None and partition_of(entity) in catching
 
         applier = self.applier
-        changes: list[tuple[RawMessage, SourceChange, str]] = []
+        decoded: list[tuple[RawMessage, InputEvent | None]] = []
         refused: list[tuple[RawMessage, str, str]] = []  # dead-lettered once the lane caught up, if unreported
         for m in history:
             entry = self._restoring.get(m.lane)  # type: ignore[arg-type]
@@ -193,22 +193,22 @@ class Shards:
                 refused.append((m, "oversized", OVERSIZED))
                 continue
             if m.notice:
-                event = moved_away(m, applier.now)
-            else:
-                glance = peek(m.value)  # a lane holds its own entities' resources, and unknown deletes
-                if glance is not None and (glance.kind != "resource" or (glance.entity is not None
-                                                                         and not mine(glance.entity))):
-                    continue
-                try:
-                    event = decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
-                                   max_bytes=applier.max_event_bytes, cdc=applier.cdc)
-                except SkippedEvent:
-                    continue
-                except InvalidEvent as exc:
-                    refused.append((m, exc.error_class, exc.message))
-                    continue
-            if event is not None and isinstance(event.payload, SourceChange) and event.payload.kind == "resource":
-                changes.append((m, event.payload, event.event_id))
+                decoded.append((m, None))  # most name resources the lane never had: see `moves_to_apply`
+                continue
+            glance = peek(m.value)  # a lane holds its own entities' resources, and unknown deletes
+            if glance is not None and (glance.kind != "resource" or (glance.entity is not None
+                                                                     and not mine(glance.entity))):
+                continue
+            try:
+                decoded.append((m, decode(m.topic, m.key, m.value, position=f"{m.partition}:{m.offset}",
+                                          max_bytes=applier.max_event_bytes, cdc=applier.cdc)))
+            except SkippedEvent:
+                continue
+            except InvalidEvent as exc:
+                refused.append((m, exc.error_class, exc.message))
+        changes = [(m, event.payload, event.event_id)
+                   for m, event in moves_to_apply(decoded, applier.now, applier.state.catalog.live_resources)
+                   if isinstance(event.payload, SourceChange) and event.payload.kind == "resource"]
         if not changes and not refused:
             return 0
         left = {j: SHARED if m.lane is None else m.lane for j, (m, _, _) in enumerate(changes) if m.notice}

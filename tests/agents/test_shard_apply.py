@@ -244,3 +244,25 @@ def test_an_event_id_conflict_only_its_holders_can_see_is_sent_by_the_entity_own
         assert not letters(copy) and copy.state.store.counters()["dead_letters_left_to_owner"] == 1
     finally:
         state.close()
+
+
+def test_a_restore_applies_the_move_notices_of_resources_its_lane_held_and_skips_the_rest(make, monkeypatch):
+    """A fresh worker restoring A's lane: r7 came and left for B (its notice removes it), r8 only ever lived in
+    B's lane, yet each new resource is named in every other lane: its notice there is skipped without an event."""
+    import agents.stream.lane_events as lane_events
+
+    y = make("y", only(A))
+    moves = [resource("r7", entity=A, version=1), resource("r7", entity=B, version=2),
+             resource("r8", entity=B, version=1), resource("r9", entity=A, version=1)]
+    history = scenario() + [raw(*m) for m in moves]
+    made: list[str] = []
+    real = lane_events.moved_away
+
+    def moved_away(m, now):
+        made.append((m.value or b"").decode())
+        return real(m, now)
+
+    monkeypatch.setattr(lane_events, "moved_away", moved_away)
+    restore(y, history, A)
+    assert stored(y, "r7") is None and stored(y, "r9") == (1, A) and stored(y, "r8") is None
+    assert "r7" in made and "r8" not in made and "r9" not in made, made
