@@ -16,6 +16,7 @@ import faust
 from streams.app import UnpausedTableManager
 from streams.settings import EMBEDDED_SESSION_TIMEOUT, heartbeat_interval
 
+
 def baseline_group(session_timeout: float) -> dict:
     """The group settings of the workers a bare Faust agent is compared with (the bench's session timeout: 4 s on
     the embedded broker, 6 s on Apache Kafka, which refuses less). They change only how soon it starts (Tansu holds

@@ -59,7 +59,7 @@ class UnpausedTableManager(TableManager):
     """Faust's table manager without its one-second pause before subscribing.
 
     Faust waits a second at start so that tables declared late are still recovered; this app declares none
-    (its state is DuckDB), and the pause delayed every worker's start and every take-over by it.
+    (its state is DuckDB), and the pause delayed every worker's start, a restart's included, by it.
     """
 
     async def on_start(self) -> None:
