@@ -29,6 +29,19 @@ def test_settle_takes_what_exists_out_of_full_collections(unfrozen):
     assert collector.as_dict()["frozen"] == frozen
 
 
+def test_the_settling_collection_is_reported_apart_from_the_pauses_serving_meets(unfrozen):
+    collector = Collector().install()
+    try:
+        collector.settle()
+        # Made on purpose before the ready line: an alert on the pauses must not fire at every start.
+        assert collector.collections[2] == 0 and collector.pause_max[2] == 0.0
+        assert collector.settle_seconds > 0 and collector.as_dict()["settle_seconds"] >= 0
+        gc.collect(2)  # one made later is counted as before
+        assert collector.collections[2] == 1 and collector.pause_max[2] > 0
+    finally:
+        collector.remove()
+
+
 def test_a_disabled_collector_freezes_nothing(unfrozen):
     collector = Collector(enabled=False)
     assert collector.settle() == 0 and gc.get_freeze_count() == 0 and collector.frozen == 0
