@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import multiprocessing
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 from agents.plans.backlog import PASS_PLANS, recompile_queued
+from agents.stream.writer import SWITCH_INTERVAL_SECONDS
 from bench.workload import generate, warm_in_process
 from state.local_state import LocalState
 
@@ -33,7 +35,19 @@ def _busy(stop, share: float) -> None:
 
 
 def _run(mode: str, events: int, share: float) -> tuple[float, float]:
-    """Apply the bench workload's change stream in batches, compiling successors between them; (wall s, CPU s)."""
+    """Apply the bench workload's change stream in batches, compiling successors between them; (wall s, CPU s).
+
+    At the worker's GIL switch interval (`freshplan run` sets it), not Python's 5 ms default.
+    """
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+    try:
+        return _timed(mode, events, share)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _timed(mode: str, events: int, share: float) -> tuple[float, float]:
     workload = generate(plans=200, changes=events)
     with tempfile.TemporaryDirectory(prefix="fpbench-gil-") as tmp:
         state = LocalState.open(Path(tmp) / "state.duckdb")

@@ -54,8 +54,12 @@ def subscriber_lines(path: dict, plot: str | None = None) -> list[str]:
     selects = path.get("selects_under_stream")
     if selects:
         rate = next(iter(selects.values()))["select_rate"]
+        quiet = path.get("quiet_plans")
         lines += [f"Cached selects over HTTP at {rate:g}/s (open loop: each at its scheduled time) while the bench "
-                  "workload streams at a fixed rate:", ""]
+                  "workload streams at a fixed rate" + (
+                      f"; every other select asks one of {quiet} plans of entities the stream never edits (fresh "
+                      "throughout, so a cache hit under load), the others the workload's plans, which the stream "
+                      "invalidates" if quiet else "") + ":", ""]
         lines += _table(["input rate", "cached selects", "compiled", "recompiled", "failed", "p50 ms", "p95 ms",
                          "p99 ms", "max ms", "all selects p50 / p99 ms", "stream backlog", "loop stalls > 20 ms"],
                         [[f"{int(r):,}/s", v["count"], v["compiled"], v.get("recompiled", "-"), v["failures"],

@@ -62,6 +62,9 @@ def test_every_issue_13_and_29_target_has_a_row_with_value_and_verdict():
     assert rows[HOT]["shown"] == "1.82x (40 ms against the relay's 22 ms), backlog no"
     assert rows[HOT]["target"] == "<= 2x the relay's (and <= 50 ms where the relay's p99 < 25 ms)"
     assert rows[BENCH_1000]["shown"] == "3.60x (90 ms against the relay's 25 ms), backlog no"
+    counted = dict(_path()["latency_by_rate"]["1000"], count=109)  # how many samples the p99 is of
+    with_count = _by_measure(invalidation_rows(_path(latency_by_rate={"1000": counted})))[BENCH_1000]
+    assert with_count["shown"] == "3.60x (90 ms over 109 events against the relay's 25 ms), backlog no"
     assert rows[SPREAD_1000]["target"] == "<= 4x the relay's, no backlog" and rows[SPREAD_1000]["gap"] == "1.5x over"
     assert rows[FLOOD]["shown"] == "yes (4000 unapplied at the end)" and rows[FLOOD]["gap"] == "a backlog built"
     assert rows["total recompilations, 2 workers vs 1"]["shown"] == "2.00x"
@@ -110,6 +113,11 @@ def test_a_quick_run_below_the_targets_rate_says_so_in_the_row():
         in rows
     select = rows["select p99 (cached) while 200 events/s apply (the target's 1,000/s not run)"]
     assert select["met"] and select["shown"] == "9 ms"
+
+
+def test_the_cached_select_row_says_how_many_hits_its_p99_is_of():
+    rows = _by_measure(invalidation_rows(_path(selects_under_stream={"1000": {"p99_ms": 18.0, "count": 29}})))
+    assert rows[SELECT_1000]["shown"] == "18 ms over 29 cache hits" and rows[SELECT_1000]["met"]
 
 
 def _stalls(over: int, samples: int = 500, max_le_ms: float | None = 50.0) -> dict:
@@ -182,8 +190,8 @@ def test_issue_28_rows_bound_cpu_and_state_per_worker_and_the_kill_by_the_sessio
         "CPU s of each of 2 workers vs 1 worker (same input, the bench's /healthz polls left out)"]
     assert cpu["met"] and cpu["shown"] == "0.52x (0.70x with them)"
     scale["takeover_standby"] = dict(scale["takeover"], announced_all_seconds=8.5, standby_replicas=1)
-    copies = _by_measure(scale_rows(scale))[
-        "kill -9 of one of 2 workers, each with a standby copy of the other's: every affected plan announced (200 plans)"]
+    copies = _by_measure(scale_rows(scale))["kill -9 of one of 2 workers, each with a standby copy of the other's: "
+                                            "every affected plan announced (200 plans)"]
     assert copies["met"] and copies["shown"] == "8.5 s, 0 lost"
     del scale["takeover_standby"]
     scale["takeover"].update(announced_all_seconds=5.0, lost=2)

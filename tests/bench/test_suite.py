@@ -49,6 +49,8 @@ def test_bench_quick_writes_results_summary_and_plots(broker, tmp_path):
     assert set(selects) == {"0", "200"} and "stream" not in selects["0"]
     assert all(s["failures"] == 0 and s["count"] + s["compiled"] + s["recompiled"] == 20 for s in selects.values())
     assert selects["200"]["stream"]["events"] == 200
+    # Every other select asks a plan the stream never touches: at least those are cache hits under the stream.
+    assert path["quiet_plans"] == 10 and selects["200"]["count"] >= 10
     scale = path["scale_out"]
     check_scale_run(scale, out.stderr, tmp_path / "scale")
     assert all(run["events"] == 300 for run in scale["runs"].values())  # the same workload for every cluster
