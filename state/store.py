@@ -47,6 +47,9 @@ class Store:
         # Statements here are small and many: a second DuckDB thread only adds hand-offs (about +10%
         # events per CPU second with one in the bench's A/B), and a worker pinned to one core has no second.
         self.db.execute("SET threads = 1")
+        # DuckDB's Python client draws a progress bar on stdout for any statement past 2 s (a take-over, a
+        # restore): stray text among the JSON log lines.
+        self.db.execute("SET enable_progress_bar = false; SET enable_progress_bar_print = false")
         self.db.execute(TABLES)
         migrate(self.db)
         # Schema changes must not wait in the WAL: DuckDB (1.x) can fail to replay DDL with
@@ -89,7 +92,9 @@ class Store:
     def view(self) -> "Store":
         """A second connection to the same file, for reads from another thread (committed state only)."""
         other = copy.copy(self)
-        other.db = DrainedConnection(self.db.cursor())  # see state.drained: no read may stay open
+        cursor = self.db.cursor()
+        cursor.execute("SET enable_progress_bar = false; SET enable_progress_bar_print = false")  # not inherited
+        other.db = DrainedConnection(cursor)  # see state.drained: no read may stay open
         other._depth = 0
         other._heads_writer = False
         other._memo = None

@@ -340,3 +340,14 @@ def test_clock_ticks_update_known_partitions_insert_new_ones_and_survive_reopeni
         assert reopened.clocks() == {0: t0 + timedelta(seconds=2), 1: t0 + timedelta(seconds=5)}
     finally:
         reopened.close()
+
+
+def test_a_long_statement_draws_nothing_on_stdout_through_the_writer_or_a_view(store, capfd):
+    # DuckDB's Python client draws a progress bar past `progress_bar_time` (2 s by default): 0 here (which turns
+    # the bar itself back on), so that a short statement would draw one too if the store let it print.
+    view = store.view()
+    for db in (store.db, view.db):
+        db.execute("SET progress_bar_time = 0")
+        assert db.execute("SELECT count(*) FROM range(50000000)").fetchone()[0] == 50_000_000
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
