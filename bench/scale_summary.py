@@ -45,6 +45,7 @@ def scale_lines(scale: dict | None) -> list[str]:
         lines += [f"Replicated part: {_mb(replicated['bytes'])} MB ({replicated['bytes'] / one_bytes:.0%} of one "
                   f"worker's {_mb(one_bytes)} MB), measured as the {replicated['how']}. Issue 28's bound for each "
                   "worker of N is that part plus 1/N of the rest of one worker's file.", ""]
+    lines += replicated_cpu_lines(scale)
     lines += shard_lines(scale)
     r = scale.get("ratios") or {}
     if r.get("total_compilations_2_vs_1") is not None:
@@ -147,3 +148,18 @@ def restore_lines(restore: dict | None) -> list[str]:
 
 def _held(partitions: dict | None) -> str:
     return ", ".join(f"{topic} {parts}" for topic, parts in (partitions or {}).items()) or "none"
+
+
+def replicated_cpu_lines(scale: dict) -> list[str]:
+    """What the inputs every worker applies cost a lone worker, and the least CPU share that leaves each of N."""
+    replicated = scale.get("replicated") or {}
+    cpu = replicated.get("cpu_seconds_unwatched")
+    single = scale["runs"]["1"]["per_worker"][0].get("cpu_seconds_unwatched")
+    bounds = {n: fig.get("cpu_bound_vs_1") for n, fig in scale["scaling"].items() if n != "1"}
+    if cpu is None or not single or None in bounds.values():
+        return []
+    return [f"Replicated inputs' CPU: a lone worker applied the {replicated['change_events']:,} events of the change "
+            f"stream every worker applies (principals, revocations, clock ticks) in {cpu} CPU s, {cpu / single:.0%} "
+            f"of the {single} s one worker spent on the whole stream (the /healthz polls left out). However the rest "
+            "splits, each of N workers spends at least that plus 1/N of the rest: "
+            + ", ".join(f"{n} workers {b:.2f}x" for n, b in bounds.items()) + " of one worker's.", ""]

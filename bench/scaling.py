@@ -34,9 +34,14 @@ def pinning(workers: list[int], available: int) -> str:
 
 
 def scaling(runs: dict[str, dict], replicated_bytes: int | None, replicated_used: int | None = None,
-            ) -> dict[str, dict]:
+            replicated_cpu: float | None = None) -> dict[str, dict]:
     """Each run against the 1-worker run: events/s, CPU and state bytes of every worker, and issue 28's bound
-    (on the files' bytes, and on the bytes in blocks in use: `replicated_used` is the replicated part's)."""
+    (on the files' bytes, and on the bytes in blocks in use: `replicated_used` is the replicated part's).
+
+    `replicated_cpu`, what the replicated part of the change stream cost a lone worker (the /healthz
+    polls left out), bounds what sharding can save: each of N workers spends at least that plus 1/N
+    of the rest of one worker's CPU (`cpu_bound_vs_1`).
+    """
     one = runs["1"]
     single_cpu = one["per_worker"][0].get("cpu_seconds")
     single_unwatched = one["per_worker"][0].get("cpu_seconds_unwatched")
@@ -62,8 +67,17 @@ def scaling(runs: dict[str, dict], replicated_bytes: int | None, replicated_used
                   "state_largest_vs_1": _ratio(max(stored) if None not in stored else None, single_bytes),
                   "state_bound_bytes": cap and round(cap), "state_bound_vs_1": _ratio(cap, single_bytes),
                   "state_used_largest_vs_1": _ratio(max(used) if None not in used else None, single_used),
-                  "state_used_bound_vs_1": _ratio(used_cap, single_used)}
+                  "state_used_bound_vs_1": _ratio(used_cap, single_used),
+                  "cpu_bound_vs_1": cpu_bound(replicated_cpu, single_unwatched, run["workers"])}
     return out
+
+
+def cpu_bound(replicated: float | None, single: float | None, workers: int) -> float | None:
+    """The least share of one worker's CPU each of `workers` can spend: the replicated part's, plus 1/N of the rest."""
+    if replicated is None or not single:
+        return None
+    share = min(1.0, replicated / single)
+    return round(share + (1 - share) / workers, 3)
 
 
 def _ratio(value, base) -> float | None:
@@ -157,7 +171,8 @@ async def measure(bootstrap: str, workload: Workload, directory: Path, *, worker
                          "catalog_events": len(scaled.catalog), "bulk_resources": bulk_resources,
                          "partitions": next(iter(runs.values()))["partitions"]},
             "cores": available, "pinning": pinning(list(workers), available), "sharded": sharded,
-            "runs": runs, "scaling": scaling(runs, replicated["bytes"], replicated["used_bytes"]),
+            "runs": runs, "scaling": scaling(runs, replicated["bytes"], replicated["used_bytes"],
+                                             replicated.get("cpu_seconds_unwatched")),
             "ratios": ratios(runs["1"], runs["2"]) if "2" in runs else {},
             "replicated": replicated, "takeover": taken, "takeover_standby": taken_standby, "restore": restore,
             "seconds": round(time.perf_counter() - started, 1)}

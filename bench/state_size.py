@@ -10,7 +10,7 @@ import duckdb
 import orjson
 
 from bench.harness import BenchWorker
-from bench.scale_out import applied, cluster
+from bench.scale_out import applied, cluster, throughput
 from bench.workload import Record, Workload
 
 REPLICATED_HOW = ("file bytes of one worker fed the same input without the resources of entities (policy "
@@ -74,11 +74,15 @@ async def stop_all(workers: list[BenchWorker]) -> None:
 
 async def replicated_part(bootstrap: str, workload: Workload, directory: Path, http: aiohttp.ClientSession,
                           **extra: str) -> dict:
-    """A lone worker fed `replicated_only(workload)`: its state's bytes after a clean stop."""
+    """A lone worker fed `replicated_only(workload)`: its state's bytes after a clean stop, and the CPU seconds
+    its change stream cost, timed as the clusters' are (`throughput`): what every worker spends whatever it owns."""
     [worker] = await cluster(bootstrap, directory, http, 1, **extra)
     try:
-        records = replicated_only(workload)
-        await applied([worker], await worker.publish(records))
+        await applied([worker], await worker.publish([r for r in workload.catalog if not entity_resource(r)]))
+        changes = [r for r in workload.changes if not entity_resource(r)]
+        [timed] = (await throughput([worker], changes, pin=True))["per_worker"]
     finally:
         await stop_all([worker])
-    return dict(state_bytes(worker), events=len(records), how=REPLICATED_HOW)
+    return dict(state_bytes(worker), events=len(replicated_only(workload)), change_events=len(changes),
+                cpu_seconds=timed["cpu_seconds"], cpu_seconds_unwatched=timed["cpu_seconds_unwatched"],
+                how=REPLICATED_HOW)
