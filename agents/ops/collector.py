@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
 from typing import Callable
 
@@ -35,7 +36,7 @@ class Collector:
         # The one full collection `settle` makes on purpose, before the ready line: apart, so that an alert on the
         # pauses above fires on what serving meets, not at every start (about 80 ms with the app loaded).
         self.settle_seconds = 0.0
-        self._settling = False
+        self._settling: int | None = None  # the thread making that collection, while it does
         self._started: float | None = None
 
     def install(self) -> "Collector":
@@ -54,12 +55,12 @@ class Collector:
         if not self.enabled:
             return 0
         started = self.clock()
-        self._settling = True
+        self._settling = threading.get_ident()  # only this thread's collections: another's may run meanwhile
         try:
             gc.collect()
             gc.freeze()
         finally:
-            self._settling = False
+            self._settling = None
         self.settle_seconds = self.clock() - started
         self.frozen = gc.get_freeze_count()
         log.info("froze %d objects built at start-up out of garbage collection (%.0f ms); full collections "
@@ -67,7 +68,7 @@ class Collector:
         return self.frozen
 
     def _observe(self, phase: str, info: dict) -> None:
-        if self._settling:
+        if self._settling == threading.get_ident():
             return
         if phase == "start":
             self._started = self.clock()

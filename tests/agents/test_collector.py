@@ -42,6 +42,27 @@ def test_the_settling_collection_is_reported_apart_from_the_pauses_serving_meets
         collector.remove()
 
 
+def test_a_collection_another_thread_makes_while_one_settles_is_counted(unfrozen, monkeypatch):
+    import threading
+
+    collector = Collector().install()
+    freeze, seen = gc.freeze, []
+
+    def freeze_after_another_threads_collection():  # the GIL can change hands between collect and freeze
+        other = threading.Thread(target=gc.collect, args=(0,))
+        other.start()
+        other.join()
+        seen.append(collector.collections[0])  # what settling itself collects cannot be among these
+        freeze()
+
+    monkeypatch.setattr(gc, "freeze", freeze_after_another_threads_collection)
+    try:
+        collector.settle()
+        assert seen == [1] and collector.collections[2] == 0
+    finally:
+        collector.remove()
+
+
 def test_a_disabled_collector_freezes_nothing(unfrozen):
     collector = Collector(enabled=False)
     assert collector.settle() == 0 and gc.get_freeze_count() == 0 and collector.frozen == 0
