@@ -210,8 +210,6 @@ def scale_rows(scale: dict) -> list[dict]:
                    f"<= {cap:g}x", unwatched, cap, "<=", "{:.2f}x")
         if figures["cpu_busiest_vs_1"] is not None:
             row["shown"] += f" ({figures['cpu_busiest_vs_1']:.2f}x with them)"
-        if figures.get("cpu_bound_vs_1") is not None:  # what the inputs every worker applies leave reachable
-            row["shown"] += f"; the replicated part alone: >= {figures['cpu_bound_vs_1']:.2f}x"
         rows.append(row)
     for n, figures in scale["scaling"].items():
         if figures["workers"] > 1:

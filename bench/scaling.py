@@ -38,9 +38,10 @@ def scaling(runs: dict[str, dict], replicated_bytes: int | None, replicated_used
     """Each run against the 1-worker run: events/s, CPU and state bytes of every worker, and issue 28's bound
     (on the files' bytes, and on the bytes in blocks in use: `replicated_used` is the replicated part's).
 
-    `replicated_cpu`, what the replicated part of the change stream cost a lone worker (the /healthz
-    polls left out), bounds what sharding can save: each of N workers spends at least that plus 1/N
-    of the rest of one worker's CPU (`cpu_bound_vs_1`).
+    `replicated_cpu`, what the replicated part of the change stream cost a lone worker timed alone (the
+    /healthz polls left out), gives `cpu_estimate_vs_1`: that share plus 1/N of the rest, what each of N
+    would spend if the part did not split at all and the rest split evenly. An estimate, not a bound:
+    timed alone, those events carry whole batches' fixed costs, which a mixed stream's batches share.
     """
     one = runs["1"]
     single_cpu = one["per_worker"][0].get("cpu_seconds")
@@ -68,12 +69,12 @@ def scaling(runs: dict[str, dict], replicated_bytes: int | None, replicated_used
                   "state_bound_bytes": cap and round(cap), "state_bound_vs_1": _ratio(cap, single_bytes),
                   "state_used_largest_vs_1": _ratio(max(used) if None not in used else None, single_used),
                   "state_used_bound_vs_1": _ratio(used_cap, single_used),
-                  "cpu_bound_vs_1": cpu_bound(replicated_cpu, single_unwatched, run["workers"])}
+                  "cpu_estimate_vs_1": cpu_estimate(replicated_cpu, single_unwatched, run["workers"])}
     return out
 
 
-def cpu_bound(replicated: float | None, single: float | None, workers: int) -> float | None:
-    """The least share of one worker's CPU each of `workers` can spend: the replicated part's, plus 1/N of the rest."""
+def cpu_estimate(replicated: float | None, single: float | None, workers: int) -> float | None:
+    """Each of `workers`' share of one worker's CPU, were the replicated part not to split and the rest to split."""
     if replicated is None or not single:
         return None
     share = min(1.0, replicated / single)
