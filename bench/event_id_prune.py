@@ -53,7 +53,6 @@ def _rotated(tmp: Path, total: int, expired: int) -> Path:
     """A ledger whose older generation holds the `expired` ids and whose current one the rest."""
     store = Store(tmp / "rotated.duckdb")
     try:
-        store.db.execute("SET enable_progress_bar = false")  # long statements would draw on the bench's output
         store.db.execute(_rows("applied_events", expired, "old-"))
         for at in (T0, T0 + SPAN):  # dated, then rotated: the ids above move to applied_events_0
             with store.transaction():
@@ -116,7 +115,6 @@ def _claims(tmp: Path, older: int, batches: int) -> dict:
     store = Store(tmp / "claims.duckdb")
     ids = itertools.count()
     try:
-        store.db.execute("SET enable_progress_bar = false")
         store.db.execute(_rows("applied_events", older, "kept-"))
         store.db.execute("CHECKPOINT")
         alone = _claim_times(store, [], ids, batches)

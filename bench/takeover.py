@@ -25,7 +25,6 @@ KEPT = (0, 1)
 
 def _node(path: Path) -> tuple[LocalState, PlanWriter, EventApplier, ParkedPlans, Ownership]:
     state = LocalState.open(path)
-    state.store.db.execute("SET enable_progress_bar = false")  # long statements would draw on the bench's output
     with state.store.transaction():
         state.store.record_cluster("bench-cluster")
     plans = PlanWriter(state, lambda name: name)

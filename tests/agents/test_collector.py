@@ -90,6 +90,7 @@ async def test_a_ready_worker_has_frozen_its_start_up_and_reports_its_pauses(wor
     # HTTP answers before start-up has finished: the freeze comes with the ready line.
     health = await eventually(lambda: _frozen(worker), what="start-up frozen")
     assert health["gc"]["frozen"] > 10_000  # modules, the Faust app, schemas: tens of thousands of objects
+    assert health["gc"]["settle_seconds"] > 0  # the collection before the freeze, apart from the pauses
     assert len(health["gc"]["collections"]) == 3 and health["gc"]["collections"][0] > 0
     async with worker.http.get(f"{worker.url}/metrics") as resp:
         text = await resp.text()
