@@ -83,9 +83,16 @@ class Api:
 
 def register_routes(app, api: Api, access: Access) -> None:
     """Attach the HTTP API of one worker to its Faust web server."""
+    guarded = _state_guarded(api)
+    _register_select(app, api, access, guarded)
+    _register_lookups(app, api, guarded)
+    _register_admin(app, api)
+    _register_probes(app, api, access)
 
+
+def _state_guarded(api: Api):
+    """A decorator: a failed read of the state file is a 503 state_unreadable, never a 500."""
     def state_guarded(handler):
-        """A failed read of the state file is a 503 state_unreadable, never a 500."""
         @functools.wraps(handler)
         async def guarded(view: web.View, *args: Any, **kwargs: Any) -> web.Response:
             try:
@@ -93,6 +100,11 @@ def register_routes(app, api: Api, access: Access) -> None:
             except duckdb.Error as exc:
                 return view.json(api.query.state_failed(exc).as_dict(), status=503)
         return guarded
+    return state_guarded
+
+
+def _register_select(app, api: Api, access: Access, state_guarded) -> None:
+    """POST /v1/select: decode, check the caller and the freshness token, answer here or from the owner."""
 
     @app.page("/v1/select")
     class Select(web.View):
@@ -112,37 +124,13 @@ def register_routes(app, api: Api, access: Access) -> None:
                 request[AUDIT]["principal"] = body["principal"].strip()
             wanted = body.get("at_least_as_fresh") if isinstance(body, dict) else None
             if wanted:
-                try:  # the MAC first, at once: a made-up token must not hold the request for the freshness wait
-                    target = read_token(wanted, access.token_keys.accepted())
-                except BadToken as exc:
-                    api.query.selects["refused.token_invalid"] += 1
-                    return error(self, 400, exc.code, str(exc), "attest")
-                # Until the replica has checked the broker, no incarnation is recorded to compare with.
-                if not target.same_incarnation(*api.incarnation()) and (
-                        not await api.incarnation_checked() or not target.same_incarnation(*api.incarnation())):
-                    return error(self, 409, "token_other_incarnation", "at_least_as_fresh was issued against "
-                                 "another incarnation of the input topics (the broker or its topics were reset "
-                                 "since); its offsets mean nothing here. Select without it, or with a token "
-                                 "issued since the reset.", "attest")
-                if not await _wait_until_fresh(api, target.offsets):
-                    api.query.selects["refused.not_fresh_enough"] += 1
-                    return error(self, 503, "not_fresh_enough", "This worker has not yet applied the "
-                                 f"state named by at_least_as_fresh within {api.settings.freshness_wait}s;"
-                                 " retry shortly.", "attest")
+                stale = await _freshness_refusal(self, api, access, wanted)
+                if stale is not None:
+                    return stale
             try:
                 result = await api.select(body)
             except NotOwner as exc:
-                status, doc = await _forwarded(api, exc, body, request.headers)
-                if status == 400 and wanted and doc.get("error", {}).get("code") == "token_invalid":
-                    log.error("the owner refused a freshness token this worker accepted: the group's workers do not "
-                              "share one token key file (FRESHPLAN_TOKEN_KEY_FILE)",
-                              extra={"error_class": "token_keys_not_shared"})
-                if status >= 300:
-                    if status == 503:
-                        api.query.selects["refused.owner_unavailable"] += 1
-                    return self.json(doc, status=status, headers=retry_headers(status, doc))
-                request[AUDIT].update(plan_id=doc.get("plan_id"), served_from="forwarded")
-                return self.json(doc, status=status)
+                return await _select_forwarded(self, api, exc, body, request, bool(wanted))
             except RequestError as exc:
                 if exc.status == 503:
                     api.query.selects[f"refused.{exc.code}"] += 1
@@ -157,6 +145,48 @@ def register_routes(app, api: Api, access: Access) -> None:
 
         async def get(self, request: web.Request) -> web.Response:
             return error(self, 405, "method_not_allowed", "Use POST with a JSON decision request.")
+
+
+async def _freshness_refusal(view: web.View, api: Api, access: Access, wanted: Any) -> web.Response | None:
+    """The refusal of a select whose at_least_as_fresh this worker cannot meet in time; None when it has."""
+    try:  # the MAC first, at once: a made-up token must not hold the request for the freshness wait
+        target = read_token(wanted, access.token_keys.accepted())
+    except BadToken as exc:
+        api.query.selects["refused.token_invalid"] += 1
+        return error(view, 400, exc.code, str(exc), "attest")
+    # Until the replica has checked the broker, no incarnation is recorded to compare with.
+    if not target.same_incarnation(*api.incarnation()) and (
+            not await api.incarnation_checked() or not target.same_incarnation(*api.incarnation())):
+        return error(view, 409, "token_other_incarnation", "at_least_as_fresh was issued against "
+                     "another incarnation of the input topics (the broker or its topics were reset "
+                     "since); its offsets mean nothing here. Select without it, or with a token "
+                     "issued since the reset.", "attest")
+    if not await _wait_until_fresh(api, target.offsets):
+        api.query.selects["refused.not_fresh_enough"] += 1
+        return error(view, 503, "not_fresh_enough", "This worker has not yet applied the "
+                     f"state named by at_least_as_fresh within {api.settings.freshness_wait}s;"
+                     " retry shortly.", "attest")
+    return None
+
+
+async def _select_forwarded(view: web.View, api: Api, exc: NotOwner, body: Any, request: web.Request,
+                            with_token: bool) -> web.Response:
+    """The owner's answer to a select of another worker's entity, passed on (refusals with their retry hints)."""
+    status, doc = await _forwarded(api, exc, body, request.headers)
+    if status == 400 and with_token and doc.get("error", {}).get("code") == "token_invalid":
+        log.error("the owner refused a freshness token this worker accepted: the group's workers do not "
+                  "share one token key file (FRESHPLAN_TOKEN_KEY_FILE)",
+                  extra={"error_class": "token_keys_not_shared"})
+    if status >= 300:
+        if status == 503:
+            api.query.selects["refused.owner_unavailable"] += 1
+        return view.json(doc, status=status, headers=retry_headers(status, doc))
+    request[AUDIT].update(plan_id=doc.get("plan_id"), served_from="forwarded")
+    return view.json(doc, status=status)
+
+
+def _register_lookups(app, api: Api, state_guarded) -> None:
+    """GET /v1/plans/{plan_id} and /v1/receipts/{receipt_id}: what a caller may read of its principals'."""
 
     @app.page("/v1/plans/{plan_id}")
     class PlanStatus(web.View):
@@ -194,6 +224,10 @@ def register_routes(app, api: Api, access: Access) -> None:
             request[AUDIT]["plan_id"] = receipt.get("plan_id")
             return self.json(receipt)
 
+
+def _register_admin(app, api: Api) -> None:
+    """POST /v1/admin/consumers: an operator pauses or resumes applying one input topic."""
+
     @app.page("/v1/admin/consumers")
     class Consumers(web.View):
         async def post(self, request: web.Request) -> web.Response:
@@ -215,6 +249,10 @@ def register_routes(app, api: Api, access: Access) -> None:
             log.warning("operator %sd %s (%d partitions)", action, topic, len(partitions))
             return self.json({"topic": topic, "action": action, "partitions": partitions})
 
+
+
+def _register_probes(app, api: Api, access: Access) -> None:
+    """The OpenAPI document, metrics, health and readiness routes."""
     document = resources.files("agents").joinpath("openapi.json").read_bytes()
 
     @app.page("/openapi.json")

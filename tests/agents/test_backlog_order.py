@@ -6,7 +6,7 @@ from tests.agents.test_invalidation import raw, setup  # noqa: F401 - the fixtur
 from tests.conftest import ATLAS_REQUEST
 from tests.events import principal, regrant
 
-COPIES = 16  # one backlog job's worth (agents/worker/build.py compiles 16 plans per writer job)
+COPIES = 16  # one backlog job's worth (agents/worker/loops.py compiles 16 plans per writer job)
 
 
 def test_a_plan_announced_first_is_not_starved_by_plans_announced_after_it(setup):  # noqa: F811

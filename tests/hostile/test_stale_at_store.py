@@ -149,6 +149,7 @@ async def test_a_steady_stream_never_holds_the_backlog_for_good(tmp_path, monkey
     input waits. Under a stream that keeps fetched input waiting (a writer behind, a slow publish in `after_apply`)
     successors are never compiled, where the docs promise one backlog job every 0.1 s at most."""
     import agents.worker.build as build
+    import agents.worker.loops as loops
     from agents.ops.chores import Chores
     from streams.settings import Settings
 
@@ -166,7 +167,7 @@ async def test_a_steady_stream_never_holds_the_backlog_for_good(tmp_path, monkey
         compiled.append(1)
         return 1
 
-    monkeypatch.setattr(build, "recompile_queued", recompile)
+    monkeypatch.setattr(loops, "recompile_queued", recompile)
     settings = Settings.from_env({"FRESHPLAN_STATE_DIR": str(tmp_path)})
     worker = build.build_worker(settings, "127.0.0.1:1")
     try:

@@ -167,7 +167,7 @@ def test_an_input_dead_letter_too_large_to_store_is_replaced_by_a_letter_naming_
 def test_standby_rows_of_a_topic_blocked_on_a_reset_stay_while_the_other_topics_are_pruned(tmp_path):
     """A worker blocked on one reset topic still applies the others: their standby rows must not pile up,
     while the blocked topic's committed offsets name another incarnation's events (the rebase releases them)."""
-    from agents.worker.build import _prune
+    from agents.worker.loops import _prune
     state = LocalState.open(tmp_path / "f.duckdb")
     state.outbox.add_many(_rows(2), [("clock", 0, 5), ("revocations", 0, 5)], standby=True)
     _prune(state, {("clock", 0): 9, ("revocations", 0): 9}, blocked=frozenset({"revocations"}))
