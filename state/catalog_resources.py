@@ -83,9 +83,8 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
     entity becomes a tombstone once its keys are returned: the plans of its old entity are
     invalidated here, and the new entity's holder holds it from now on.
     """
-    # id -> (version, deleted, entity, evidence_class, supports, contradicts, log_tick, log_snapshot) of
-    # rows the writer read or wrote: a resource edited again (a hot one) needs no read. Only this path
-    # writes resources.
+    # Rows the writer read or wrote (see `_Batch.current`): a resource edited again (a hot one) needs no read.
+    # Only this path writes resources.
     known = store.cached("catalog.resources", dict)
     ids = {c.record_id for c in changes}
     current: dict[str, tuple] = {i: known[i] for i in ids if i in known}
@@ -94,82 +93,89 @@ def apply_resources(store: Store, changes: Sequence[SourceChange], rules: dict[s
             "SELECT id, version, deleted, entity, evidence_class, supports, contradicts, log_tick, log_snapshot "
             "FROM resources "
             "WHERE id IN (SELECT unnest(?))", [sorted(ids - set(current))]).fetchall())
-    stored = set(current)
-    entities = {rid: row[2] for rid, row in current.items()}  # as stored, before this batch
-    kept = _kept(store, changes)
-    written: dict[str, Resource | None] = {}
-    out: list[list[str] | InvalidEvent | None] = []
-    moved: set[str] = set()
-    left = left or {}
-    for at, change in enumerate(changes):
-        old = current.get(change.record_id)
-        if at in left and (old is None or old[1] or lane_of is None or lane_of(old[2]) != left[at]):
-            out.append(None)  # the resource is not in the lane it left (any more): nothing to remove
-            continue
+    batch = _Batch(current, _kept(store, changes), rules, mine, left or {}, lane_of)
+    out = [batch.apply(at, change) for at, change in enumerate(changes)]
+    batch.write(store)
+    remember(known, {rid: current[rid] for rid in set(current) & ids})
+    return out
+
+
+class _Batch:
+    """One `apply_resources` call: the rows as the batch has them so far, and what it will write."""
+
+    def __init__(self, current: dict[str, tuple], kept: dict[str, Resource], rules: dict[str, set[str]],
+                 mine: Mine, left: dict[int, int], lane_of: Callable[[str | None], int] | None) -> None:
+        self.current = current
+        """id -> (version, deleted, entity, evidence_class, supports, contradicts, log_tick, log_snapshot)."""
+        self.stored = set(current)  # ids with a row in the file before this batch
+        self.entities = {rid: row[2] for rid, row in current.items()}  # as stored, before this batch
+        self.kept, self.rules, self.mine, self.left, self.lane_of = kept, rules, mine, left, lane_of
+        self.written: dict[str, Resource | None] = {}  # None: deleted
+        self.moved: set[str] = set()  # written about an entity of another shard: a tombstone here
+
+    def apply(self, at: int, change: SourceChange) -> list[str] | InvalidEvent | OtherShard | None:
+        """Judge the batch's `at`-th change against the row as the batch has it; its dependency keys if applied."""
+        old = self.current.get(change.record_id)
+        if at in self.left and (old is None or old[1] or self.lane_of is None
+                                or self.lane_of(old[2]) != self.left[at]):
+            return None  # the resource is not in the lane it left (any more): nothing to remove
         new_entity = change.record.entity if change.record is not None else None  # type: ignore[union-attr]
-        if refused(change.record, change.unavailable, rules):  # type: ignore[arg-type]
+        if refused(change.record, change.unavailable, self.rules):  # type: ignore[arg-type]
             # The record alone decides, so any worker that reads it judges it alike (who reports it is the
             # applier's choice: the entity's owner, or the duty owner of its input partition).
-            out.append(_refusal())
-            continue
-        held = old is not None and mine(old[2])
-        if not held and (change.record is None or not mine(new_entity)):
-            out.append(OTHER_SHARD)
-            continue
+            return _refusal()
+        held = old is not None and self.mine(old[2])
+        if not held and (change.record is None or not self.mine(new_entity)):
+            return OTHER_SHARD
         keys = [dk.resource(change.record_id)]
         if old is not None:
             keys += dk.scope_keys(old[2], old[3], list(old[4] or ()) + list(old[5] or ()))
         new: Resource | None = change.record  # type: ignore[assignment]
         if new is None:
             if old is None or old[1]:
-                out.append(None)
-                continue
-            current[change.record_id] = (old[0], True) + old[2:]
-            written[change.record_id] = None
-            out.append(keys)
-            continue
+                return None
+            self.current[change.record_id] = (old[0], True) + old[2:]
+            self.written[change.record_id] = None
+            return keys
         tick = new.version >> LOG_TICK_BITS if new.log_ordered else None
         if old is not None and not _newer(new, tick, old):
-            out.append(None)
-            continue
+            return None
         if old is not None and new.version <= old[0]:
             # A later change of the stored tick (read in log order), or one committed during a snapshot
             # (its tick is below the snapshot row's): one above, so plan ids still move on.
             new = replace(new, version=old[0] + 1)
         if change.unavailable:
-            base = written[new.id] if new.id in written else kept.get(new.id)
+            base = self.written[new.id] if new.id in self.written else self.kept.get(new.id)
             if base is None:
-                out.append(unavailable_value(change, "resource"))
-                continue
+                return unavailable_value(change, "resource")
             new = replace(new, **{f: getattr(base, f) for f, _ in change.unavailable})
-        allowed = rules.get(new.provenance_group or "")
+        allowed = self.rules.get(new.provenance_group or "")
         if allowed is not None and new.evidence_class not in allowed:
             # Refused where it was going to: the new entity's holder reports it (once), the old row stays.
-            out.append(_refusal())
-            continue
+            return _refusal()
         point = new.log_position if new.log_snapshot else None
-        current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts,
-                           tick, point)
-        written[new.id] = new
-        if mine(new.entity):
-            moved.discard(new.id)
+        self.current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts,
+                                tick, point)
+        self.written[new.id] = new
+        if self.mine(new.entity):
+            self.moved.discard(new.id)
         else:
-            moved.add(new.id)
-        out.append(keys + dk.scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts))
-    upserts = [r for r in written.values() if r is not None]
-    order = {r.id: current[r.id][6:] for r in upserts}
-    _write(store, [r for r in upserts if r.id not in stored], [r for r in upserts if r.id in stored], order, entities)
-    deletes = [rid for rid, r in written.items() if r is None]
-    if deletes:
-        store.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [deletes])
-    if moved:
-        # After the write, a tombstone at its new entity: the version stays as a fence (an older change
-        # about the old entity arriving later is ignored), and the new entity's holder has the row.
-        store.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [sorted(moved)])
-        for rid in moved:
-            current[rid] = (current[rid][0], True) + current[rid][2:]
-    remember(known, {rid: current[rid] for rid in set(current) & ids})
-    return out
+            self.moved.add(new.id)
+        return keys + dk.scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts)
+
+    def write(self, store: Store) -> None:
+        """Write what the batch applied: upserts, deletes, and tombstones of rows moved to another shard."""
+        upserts = [r for r in self.written.values() if r is not None]
+        order = {r.id: self.current[r.id][6:] for r in upserts}
+        _write(store, [r for r in upserts if r.id not in self.stored], [r for r in upserts if r.id in self.stored],
+               order, self.entities)
+        # Moved rows too, after the write: a tombstone at its new entity, the version staying as a fence (an older
+        # change about the old entity arriving later is ignored); the new entity's holder has the row.
+        tombstones = sorted({rid for rid, r in self.written.items() if r is None} | self.moved)
+        if tombstones:
+            store.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [tombstones])
+        for rid in self.moved:
+            self.current[rid] = (self.current[rid][0], True) + self.current[rid][2:]
 
 
 def held_entities(store: Store) -> list[str]:
