@@ -6,7 +6,7 @@ from agents.plans.backlog import announcements_out, recompile_queued
 from tests.agents.test_event_apply import raw as counted_raw, setup as counted  # noqa: F401 - the fixture with a
 # statement counter, and the records of its file: each test module numbers offsets with a counter of its own, and an
 # event numbered by the other module's could fall below what the fixture applied (and be skipped as applied)
-from tests.agents.test_invalidation import outbox, raw, setup  # noqa: F401 - the fixture
+from tests.agents.applier_kit import outbox, raw
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource
 

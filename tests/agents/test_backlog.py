@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from agents.plans.backlog import recompile_queued
-from tests.agents.test_invalidation import outbox, raw, setup  # noqa: F401 - the fixture
+from tests.agents.applier_kit import outbox, raw
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from agents.plans.backlog import recompile_queued
-from tests.agents.test_invalidation import raw, setup  # noqa: F401 - the fixture
+from tests.agents.applier_kit import raw
 from tests.conftest import ATLAS_REQUEST
 from tests.events import principal, regrant
 

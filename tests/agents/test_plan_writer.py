@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from compiler.request import parse_request
-from tests.agents.test_invalidation import outbox, raw, setup  # noqa: F401 - the fixture
+from tests.agents.applier_kit import outbox, raw
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource, tick
 

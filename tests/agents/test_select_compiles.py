@@ -8,7 +8,6 @@ import threading
 import pytest
 
 from agents.stream.writer import Writer
-from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
 from tests.conftest import ATLAS_REQUEST
 
 

@@ -11,7 +11,6 @@ import pytest
 from agents.ops.loop_probe import LoopProbe
 from agents.web.query import QueryService
 from agents.web.select_reads import THREAD_NAME, SelectReads
-from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
 from tests.conftest import ATLAS_REQUEST
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ from agents.web.peers import NotOwner, Peers
 from agents.web.query import StateError
 from agents.web.status import THREAD_NAME, Status, health_figures
 from state.parked_plans import ParkedPlans
-from tests.agents.test_invalidation import raw, setup  # noqa: F401 - the fixture
+from tests.agents.applier_kit import raw
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource
 

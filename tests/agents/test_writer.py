@@ -11,7 +11,6 @@ import pytest
 from agents.ops.loop_probe import LoopProbe
 from agents.stream.writer import THREAD_NAME, Writer, inline
 from compiler.errors import RequestError
-from tests.agents.test_invalidation import setup  # noqa: F401 - the fixture
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource
 

@@ -8,7 +8,7 @@ from agents.stream.event_apply import EventApplier
 from agents.plans.plan_writer import PlanWriter
 from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
-from tests.agents.test_invalidation import raw
+from tests.agents.applier_kit import raw
 from tests.catalog_double import SCENARIOS
 
 
