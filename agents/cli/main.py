@@ -14,14 +14,12 @@ from pathlib import Path
 
 from agents.cli.cdc import add_parser as add_cdc_parser
 from agents.cli.client import cmd_plan, cmd_select, cmd_status
+from agents.cli.service import service_worker
 from agents.cli.settings import _cdc_mapping, _run_info, _settings
 from agents.cli.tokens import add_tokens_parser
 from streams.settings import Settings, SettingsError
 
 log = logging.getLogger("freshplan")
-
-LOOP_SETTLE = 0.1
-"""Seconds the event loop keeps turning after every service stopped, before it closes (mode's default is 1)."""
 
 DESCRIPTION = """freshplan keeps LLM context plans fresh: it watches source changes, policy
 versions, revocations and clock ticks on Kafka, invalidates exactly the plans that depend on
@@ -33,13 +31,10 @@ Without KAFKA_BOOTSTRAP_SERVERS, `run` starts an embedded Kafka-protocol broker 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Start the embedded broker if needed, then the worker and its HTTP API, until stopped."""
-    import faust
-
     from agents.web.access import AccessError, load_access, write_run_file
     from agents.cli.ready import Ready, loaded_line, ready_text, request_file
     from agents.cli.loader import load_file
     from agents.ops.logs import configure as configure_logging
-    from agents.ops.shutdown import bounded_stop
     from agents.worker import build_worker
     from agents.stream.writer import SWITCH_INTERVAL_SECONDS
     from streams.admin import ensure_topics
@@ -80,30 +75,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         # See agents.stream.writer: the loop and the writer share the GIL.
         sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
         worker = build_worker(settings, bootstrap, access, cdc)
-
-        class ServiceWorker(faust.Worker):
-            async def on_startup_finished(self) -> None:
-                await super().on_startup_finished()
-                await worker.guard.wait_checked()  # ready means revocation lag is known
-                worker.collector.settle()  # what start-up built is long-lived: out of every later full collection
-                # Written only once the HTTP API answers, so `load`/`select` can rely on it.
-                write_run_file(settings.run_file, run_info)
-                print(ready_text(Ready(bootstrap, broker is not None, http, settings.db_path, settings.run_file,
-                                       bool(access.local_token), settings.callers_file, settings.state_dir,
-                                       settings.state_dir == Settings().state_dir, request_file(args.load or [])),
-                                 terminal), flush=True)
-
-            async def _sentinel_task(self) -> None:
-                # mode idles a whole second here before closing the loop; what is still pending once every
-                # service has stopped needs a few loop turns at most, and the state file waits for this.
-                await asyncio.sleep(LOOP_SETTLE)
-
-            async def stop(self) -> None:
-                worker.stopping.set()
-                await bounded_stop(super().stop(), lambda: (settings.run_file.unlink(missing_ok=True),
-                                                            broker and broker.stop()))
-
-        service = ServiceWorker(worker.app, loglevel=settings.log_level, loop=loop, override_logging=False,
+        ready = Ready(bootstrap, broker is not None, http, settings.db_path, settings.run_file,
+                      bool(access.local_token), settings.callers_file, settings.state_dir,
+                      settings.state_dir == Settings().state_dir, request_file(args.load or []))
+        service_class = service_worker(worker, settings, broker, run_info, ready_text(ready, terminal))
+        service = service_class(worker.app, loglevel=settings.log_level, loop=loop, override_logging=False,
                                 quiet=True)
         service.spinner = None  # Faust draws one even when quiet; the ready line says what it would
         service.execute_from_commandline()
@@ -283,6 +259,15 @@ def parser() -> argparse.ArgumentParser:
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = top.add_subparsers(dest="command", required=True)
 
+    _add_run(sub)
+    _add_client_commands(sub)
+    _add_operator_commands(sub)
+    add_cdc_parser(sub)
+    return top
+
+
+def _add_run(sub) -> None:
+    """`freshplan run`."""
     run = sub.add_parser("run", help="start the worker and HTTP API (embedded broker when needed)",
                          description=cmd_run.__doc__)
     run.add_argument("--host", help="HTTP interface to bind (default 127.0.0.1, FRESHPLAN_WEB_HOST)")
@@ -298,6 +283,9 @@ def parser() -> argparse.ArgumentParser:
                           "and plans and re-read the topics from their start (the embedded broker always does)")
     run.set_defaults(func=cmd_run)
 
+
+def _add_client_commands(sub) -> None:
+    """What a client of a running service runs: load, select, status, plan."""
     load = sub.add_parser("load", help="publish scenario files (JSON lines of {topic, event})",
                           description=cmd_load.__doc__)
     load.add_argument("files", nargs="+", metavar="FILE.jsonl")
@@ -327,18 +315,22 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--state-dir")
     status.set_defaults(func=cmd_status)
 
-    rebuild = sub.add_parser("replay", help="rebuild local state from the topics (worker stopped)",
-                             description=cmd_replay.__doc__)
-    rebuild.add_argument("--state-dir", help="state dir of the worker to rebuild")
-    rebuild.add_argument("--bootstrap", help="Kafka bootstrap servers (else KAFKA_BOOTSTRAP_SERVERS)")
-    rebuild.set_defaults(func=cmd_replay)
-
     plan = sub.add_parser("plan", help="show whether a plan is fresh or invalidated, and why",
                           description=cmd_plan.__doc__)
     plan.add_argument("plan_id")
     plan.add_argument("--url")
     plan.add_argument("--state-dir")
     plan.set_defaults(func=cmd_plan)
+
+
+def _add_operator_commands(sub) -> None:
+    """What an operator runs beside the service: replay, bench, tokens, chaos, schemas."""
+    rebuild = sub.add_parser("replay", help="rebuild local state from the topics (worker stopped)",
+                             description=cmd_replay.__doc__)
+    rebuild.add_argument("--state-dir", help="state dir of the worker to rebuild")
+    rebuild.add_argument("--bootstrap", help="Kafka bootstrap servers (else KAFKA_BOOTSTRAP_SERVERS)")
+    rebuild.set_defaults(func=cmd_replay)
+
     bench = sub.add_parser("bench", help="benchmarks against baselines, side by side in one run",
                            description=cmd_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_argument("--quick", action="store_true", help="small sizes (a smoke run, a minute or two)")
@@ -365,8 +357,6 @@ def parser() -> argparse.ArgumentParser:
                                     description=cmd_schemas_export.__doc__)
     export.add_argument("dir", metavar="DIR")
     export.set_defaults(func=cmd_schemas_export)
-    add_cdc_parser(sub)
-    return top
 
 
 def main(argv: list[str] | None = None) -> int:
