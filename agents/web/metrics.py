@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from state.file_size import file_size
+
 if TYPE_CHECKING:
     from agents.ops.chores import Chores
     from agents.ops.collector import Collector
@@ -85,7 +87,7 @@ def file_figures(state: "LocalState") -> dict[str, Any]:
     """What a scrape reads from the state file (through `state`'s own cursor, on any one thread)."""
     return {"counters": dict(state.store.counters()), "plans": state.plans.counts(), "index_edges": state.index.size(),
             "outbox": state.outbox.size(), "standby_outbox": state.outbox.standby_size(),
-            "recompile_queue": state.queue.size()}
+            "recompile_queue": state.queue.size(), "state_file": file_size(state.store.db)}
 
 
 class _StateCollector:
@@ -140,6 +142,13 @@ class _StateCollector:
         yield from _shard_families(figures.get("shard") or {})
         yield GaugeMetricFamily("freshplan_recompile_queue", "Announced plans whose successors are not compiled yet",
                                 value=figures["recompile_queue"])
+        state_file = figures.get("state_file") or {}
+        if state_file:
+            yield GaugeMetricFamily("freshplan_state_file_bytes", "Size of the DuckDB state file (its blocks)",
+                                    value=state_file["bytes"])
+            yield GaugeMetricFamily("freshplan_state_file_free_bytes", "Bytes of the state file in free blocks, "
+                                    "reused for new data (shards handed on, deleted rows)",
+                                    value=state_file["free_bytes"])
         for name, help_text in (("invalidations", "Invalidations announced"),
                                 ("unchanged_recompilations", "Recompilations that came out identical"),
                                 ("compilations", "Plans compiled by agents"),

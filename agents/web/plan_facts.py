@@ -6,6 +6,7 @@ from typing import Any
 
 import duckdb
 
+from state.file_size import file_size
 from state.local_state import LocalState
 
 
@@ -37,4 +38,5 @@ def file_health(state: LocalState) -> dict[str, Any]:
     now = store.now()
     return {"now": now and now.isoformat().replace("+00:00", "Z"), "applied_offsets": store.next_offsets(),
             "position": store.position(), "plans": state.plans.counts(), "index_edges": state.index.size(),
-            "outbox": state.outbox.size(), "retention": state.retention.sizes(), "counters": store.counters()}
+            "outbox": state.outbox.size(), "retention": state.retention.sizes(), "counters": store.counters(),
+            "state_file": file_size(store.db)}

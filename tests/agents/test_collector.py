@@ -95,6 +95,9 @@ async def test_a_ready_worker_has_frozen_its_start_up_and_reports_its_pauses(wor
     async with worker.http.get(f"{worker.url}/metrics") as resp:
         text = await resp.text()
     assert 'freshplan_gc_pause_max_seconds{generation="2"}' in text
+    # The state file's figures, read on the status thread (see state/file_size.py).
+    assert health["state_file"]["block_size"] == 16 * 1024 and health["state_file"]["bytes"] > 0
+    assert "freshplan_state_file_bytes" in text and "freshplan_state_file_free_bytes" in text
     # Timers and background loops ran all along without failing (see agents/ops/chores.py).
     assert {k: v for k, v in health["background_jobs"].items() if k != "runs"} == {"failures": {}, "last_error": {},
                                                                                "failing_now": []}
