@@ -146,8 +146,8 @@ class _StateCollector:
         if state_file:
             yield GaugeMetricFamily("freshplan_state_file_bytes", "Size of the DuckDB state file (its blocks)",
                                     value=state_file["bytes"])
-            yield GaugeMetricFamily("freshplan_state_file_free_bytes", "Bytes of the state file in free blocks, "
-                                    "reused for new data (shards handed on, deleted rows)",
+            yield GaugeMetricFamily("freshplan_state_file_free_bytes", "Bytes of the state file in free blocks "
+                                    "(dropped or compacted tables), reused for new data",
                                     value=state_file["free_bytes"])
         for name, help_text in (("invalidations", "Invalidations announced"),
                                 ("unchanged_recompilations", "Recompilations that came out identical"),
