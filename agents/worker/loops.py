@@ -86,9 +86,10 @@ def _register_readers(worker: Worker, rebalances: Rebalances, router: RouterRead
 
 def _register_backlog(worker: Worker) -> None:
     """The loop that compiles queued successors in small writer jobs, after their announcements are out."""
-    settings, replica, writer, reader = worker.settings, worker.replica, worker.writer, worker.reader
-    plan_writer, ownership, hold, stopping = worker.applier.plans, worker.ownership, worker.successor_hold, \
-        worker.stopping
+    app, chores, settings, replica, writer, reader = (worker.app, worker.chores, worker.settings, worker.replica,
+                                                      worker.writer, worker.reader)
+    plan_writer, ownership, hold, stopping = (worker.applier.plans, worker.ownership, worker.successor_hold,
+                                              worker.stopping)
 
     def recompile_owned(limit: int) -> int | None:
         # Checked on the writer, where `owned` changes. Before the first assignment the queue read from
@@ -123,7 +124,7 @@ def _register_backlog(worker: Worker) -> None:
             await worker.publisher.publish()
         return 0 if done else 0.05
 
-    worker.app.task(worker.chores.loop("recompile_backlog", recompile_backlog))
+    app.task(chores.loop("recompile_backlog", recompile_backlog))
 
 
 def _register_housekeeping(worker: Worker, group_offsets: GroupOffsets) -> None:
