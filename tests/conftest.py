@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.cli.loader import publish, read_scenario
 from agents.web.token_keys import TokenKeys
+from tests.agents.applier_kit import setup  # noqa: F401 - the `setup` fixture, for every test that asks for it
 from schemas.freshness import encode_token, read_token
 from streams.broker import EmbeddedBroker, free_port
 from streams.processes import end_process

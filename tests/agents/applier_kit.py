@@ -1,4 +1,6 @@
-"""An event applier over a real DuckDB file loaded with the Atlas scenario, fed raw messages (no broker)."""
+"""An event applier over a real DuckDB file loaded with the Atlas scenario, fed raw messages (no broker).
+
+Its `setup` fixture reaches every test through tests/conftest.py."""
 
 from __future__ import annotations
 

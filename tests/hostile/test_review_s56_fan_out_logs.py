@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from tests.agents.applier_kit import raw, setup  # noqa: F401 - the fixture
+from tests.agents.applier_kit import raw
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource
 

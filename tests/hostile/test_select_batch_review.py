@@ -22,7 +22,7 @@ from compiler.pipeline import compile_request
 from compiler.request import parse_request
 from state.catalog_snapshot import CatalogSnapshot
 from state.local_state import LocalState
-from tests.agents.applier_kit import raw, setup  # noqa: F401 - the fixture
+from tests.agents.applier_kit import raw
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
 from tests.events import envelope, principal, resource, revoke_role, tick

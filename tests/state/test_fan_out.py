@@ -9,7 +9,7 @@ import pytest
 
 from agents.plans.plan_facts import DISCOVERABLE_ENTRIES, DISCOVERABLE_MEMO
 from agents.plans.plan_writer import PlanWriter
-from tests.agents.applier_kit import raw, setup  # noqa: F401 - the fixture
+from tests.agents.applier_kit import raw
 from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
 from tests.events import envelope

@@ -2,40 +2,22 @@
 
 from __future__ import annotations
 
-import itertools
 from datetime import datetime, timedelta, timezone
 
 import orjson
-import pytest
 
-from agents.stream.event_apply import EventApplier, RawMessage
-from agents.plans.plan_writer import PlanWriter
+from agents.stream.event_apply import EventApplier
 from agents.web.query import QueryService
 from schemas.codec import validate
 from state.local_state import LocalState
 from state.retention import RetentionPolicy, Topics
-from tests.catalog_double import SCENARIOS
 from tests.conftest import ATLAS_REQUEST
 from tests.events import resource, tick
+from tests.agents.applier_kit import raw
 
-_offsets = itertools.count()
 TOPICS = Topics("x-plan-invalidations", "x-plans", "x-clock")
 POLICY = RetentionPolicy(plan_span=timedelta(days=30), receipt_span=timedelta(days=400), batch=1000)
 START = datetime(2026, 8, 30, 9, tzinfo=timezone.utc)
-
-
-def raw(topic: str, event: dict, partition: int = 0) -> RawMessage:
-    return RawMessage(topic, partition, next(_offsets), b"k", orjson.dumps(event))
-
-
-@pytest.fixture
-def setup(tmp_path):
-    state = LocalState.open(tmp_path / "f.duckdb")
-    inv = EventApplier(state, PlanWriter(state, lambda name: f"x-{name}"))
-    inv.apply([raw(item["topic"], item["event"]) for item in
-               map(orjson.loads, (SCENARIOS / "atlas.jsonl").read_text().splitlines())])
-    yield state, inv, QueryService(state, inv.plans)
-    state.close()
 
 
 def run_pass(state: LocalState, query: QueryService, policy: RetentionPolicy = POLICY):
