@@ -243,3 +243,29 @@ def test_a_held_row_the_update_did_not_find_is_upserted(two, monkeypatch):
         with state.store.transaction():
             state.catalog.apply_identities([change.payload], [None])
     assert _tables(first) == _tables(second) and first.catalog.principal("q").delegation_version == 4
+
+
+def test_principal_edits_that_keep_the_roles_update_rows_in_place(two):
+    """An edit that keeps a held principal's roles does not set them, so DuckDB updates the row in place (setting a
+    list column deletes the row and inserts it again, and the deleted row stays in the file); one that changes
+    them still lands, and both files hold what all-in-one-batch upserts write."""
+    by_one, together = two
+    events = [principal(p, roles=("a", "b"), delegation_version=1) for p in ("q", "r")] + [
+        principal("q", roles=("a", "b"), delegation_version=2, desk="x"),
+        principal("r", roles=("a", "b"), delegation_version=2, desk="y")]
+    size = "SELECT estimated_size FROM duckdb_tables() WHERE table_name = 'principals'"
+    decoded = [decode(topic, None, orjson.dumps(event)) for topic, event in events]
+    with by_one.store.transaction():
+        by_one.catalog.apply_identities([e.payload for e in decoded[:2]], [None, None])
+    held = by_one.store.db.execute(size).fetchone()[0]
+    with by_one.store.transaction():
+        by_one.catalog.apply_identities([e.payload for e in decoded[2:]], [None, None])
+    assert by_one.store.db.execute(size).fetchone()[0] == held, "an edit keeping the roles left a deleted row"
+    with together.store.transaction():
+        together.catalog.apply_identities([e.payload for e in decoded], [None] * 4)
+    assert _tables(by_one) == _tables(together)
+    regranted = decode("source-changes", None, orjson.dumps(principal("q", roles=("c",), delegation_version=3)[1]))
+    for state in two:
+        with state.store.transaction():
+            state.catalog.apply_identities([regranted.payload], [None])
+    assert by_one.catalog.principal("q").roles == ("c",) and _tables(by_one) == _tables(together)

@@ -102,3 +102,36 @@ def test_edits_of_stored_resources_leave_the_rows_a_fresh_insert_would(open_stat
     assert x.store.db.execute("SELECT count(*), count(DISTINCT id) FROM resources").fetchone() == (edited + 2,) * 2
     by_entity = "SELECT id FROM resources WHERE entity = ? ORDER BY id"
     assert x.store.db.execute(by_entity, [A]).fetchall() == fresh.store.db.execute(by_entity, [A]).fetchall()
+
+
+def _rows_kept(state: LocalState) -> int:
+    """Rows the resources table holds, deleted ones included (DuckDB's estimate counts them until a checkpoint
+    compacts its row groups, which it does for small tables like these)."""
+    return state.store.db.execute("SELECT estimated_size FROM duckdb_tables() WHERE table_name = 'resources'"
+                                  ).fetchone()[0]
+
+
+@pytest.mark.parametrize("edited", [1, 40, 300, 600])
+def test_edits_that_keep_the_lists_update_rows_in_place(open_state, edited):
+    """Edits that leave `supports` and `contradicts` as stored do not set them, so DuckDB updates the rows in place
+    (setting a list column deletes the row and inserts it again, and the deleted row stays in the file): up to
+    `IN_PLACE_RESOURCES` rows no deleted row is left; beyond, a catch-up batch is deleted and inserted. Either
+    way the rows equal those of a file that only ever inserted; a later edit of the lists still lands."""
+    from state import catalog_resources
+
+    x, fresh = open_state("x"), open_state("fresh")
+    first = [change(resource(f"r{i}", entity=A, version=1, supports=("p", "q"))) for i in range(edited)]
+    apply(x, first, lambda e: True)
+    kept = _rows_kept(x)
+    again = [change(resource(f"r{i}", entity=A, version=2, content=f"edit {i}", tokens=7 + i, supports=("p", "q")))
+             for i in range(edited)]
+    assert all(keys for keys in apply(x, again, lambda e: True))
+    apply(fresh, again, lambda e: True)
+    rows = "SELECT " + catalog_resources.RESOURCE_COLS + ", deleted, log_tick, log_snapshot FROM resources ORDER BY id"
+    assert x.store.db.execute(rows).fetchall() == fresh.store.db.execute(rows).fetchall()
+    if edited <= catalog_resources.IN_PLACE_RESOURCES:
+        assert _rows_kept(x) == kept, "an edit that keeps the lists left a deleted row in the file"
+    lists = [change(resource(f"r{i}", entity=A, version=3, supports=("q",), contradicts=["p"])) for i in range(edited)]
+    apply(x, lists, lambda e: True)
+    assert x.store.db.execute("SELECT DISTINCT supports, contradicts, version FROM resources").fetchall() == \
+        [(["q"], ["p"], 3)]
