@@ -117,6 +117,9 @@ class _Batch:
         self.kept, self.rules, self.mine, self.left, self.lane_of = kept, rules, mine, left, lane_of
         self.written: dict[str, Resource | None] = {}  # None: deleted
         self.moved: set[str] = set()  # written about an entity of another shard: a tombstone here
+        # Upserted, then deleted in this batch: written and then made a tombstone, so the file holds the row the
+        # memo remembers (its version as a fence, its lists as the next batch compares them).
+        self.dropped: set[str] = set()
 
     def apply(self, at: int, change: SourceChange) -> list[str] | InvalidEvent | OtherShard | None:
         """Judge the batch's `at`-th change against the row as the batch has it; its dependency keys if applied."""
@@ -140,7 +143,10 @@ class _Batch:
             if old is None or old[1]:
                 return None
             self.current[change.record_id] = (old[0], True) + old[2:]
-            self.written[change.record_id] = None
+            if self.written.get(change.record_id) is None:
+                self.written[change.record_id] = None
+            else:
+                self.dropped.add(change.record_id)
             return keys
         tick = new.version >> LOG_TICK_BITS if new.log_ordered else None
         if old is not None and not _newer(new, tick, old):
@@ -162,6 +168,7 @@ class _Batch:
         self.current[new.id] = (new.version, False, new.entity, new.evidence_class, new.supports, new.contradicts,
                                 tick, point)
         self.written[new.id] = new
+        self.dropped.discard(new.id)
         if self.mine(new.entity):
             self.moved.discard(new.id)
         else:
@@ -169,14 +176,15 @@ class _Batch:
         return keys + dk.scope_keys(new.entity, new.evidence_class, new.supports + new.contradicts)
 
     def write(self, store: Store) -> None:
-        """Write what the batch applied: upserts, deletes, and tombstones of rows moved to another shard."""
+        """Write what the batch applied: upserts, deletes, and tombstones of rows moved to another shard or deleted
+        after an upsert in the batch."""
         upserts = [r for r in self.written.values() if r is not None]
         order = {r.id: self.current[r.id][6:] for r in upserts}
         _write(store, [r for r in upserts if r.id not in self.stored], [r for r in upserts if r.id in self.stored],
                order, self.entities, self.lists)
         # Moved rows too, after the write: a tombstone at its new entity, the version staying as a fence (an older
         # change about the old entity arriving later is ignored); the new entity's holder has the row.
-        tombstones = sorted({rid for rid, r in self.written.items() if r is None} | self.moved)
+        tombstones = sorted({rid for rid, r in self.written.items() if r is None} | self.moved | self.dropped)
         if tombstones:
             store.db.execute("UPDATE resources SET deleted = true WHERE id IN (SELECT unnest(?))", [tombstones])
         for rid in self.moved:

@@ -135,3 +135,28 @@ def test_edits_that_keep_the_lists_update_rows_in_place(open_state, edited):
     apply(x, lists, lambda e: True)
     assert x.store.db.execute("SELECT DISTINCT supports, contradicts, version FROM resources").fetchall() == \
         [(["q"], ["p"], 3)]
+
+
+@pytest.mark.parametrize("count", [1, 100, 300])
+def test_an_upsert_deleted_in_its_own_batch_leaves_the_row_the_writer_remembers(open_state, tmp_path, count):
+    """Review: the writer remembered the upsert a later delete of the same batch discarded, while the file kept the
+    older row (or none, for a new resource). The next batch judged lists from that memory: an edit repeating the
+    discarded lists left the older lists stored, and an edit of a resource created and deleted in one batch updated
+    no row and was lost. Such an upsert is now written and then made a tombstone, as the writer remembers it."""
+    ids = [f"r{i}" for i in range(count)]
+    x = open_state("x")
+    apply(x, [change(resource(i, version=1, supports=("a",))) for i in ids], only(A))
+    apply(x, [c for i in ids for c in (change(resource(i, version=2, supports=("b",))),
+                                       change(("source-changes", {**resource(i)[1], "op": "delete"})))], only(A))
+    apply(x, [change(resource(i, version=3, supports=("b",), content="again")) for i in ids], only(A))
+    assert x.store.db.execute("SELECT DISTINCT version, supports, content, deleted FROM resources").fetchall() == \
+        [(3, ["b"], "again", False)]
+
+    new = [f"n{i}" for i in range(count)]
+    apply(x, [c for i in new for c in (change(resource(i, version=1)),
+                                       change(("source-changes", {**resource(i)[1], "op": "delete"})))], only(A))
+    assert x.store.db.execute("SELECT count(*) FROM resources WHERE id LIKE 'n%' AND deleted AND version = 1"
+                              ).fetchone() == (count,), "a tombstone holds the deleted version as a fence"
+    apply(x, [change(resource(i, version=2)) for i in new], only(A))
+    assert x.store.db.execute("SELECT count(*) FROM resources WHERE id LIKE 'n%' AND NOT deleted AND version = 2"
+                              ).fetchone() == (count,), "an edit of a resource created and deleted in a batch was lost"
