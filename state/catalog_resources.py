@@ -156,7 +156,9 @@ class _Batch:
             # (its tick is below the snapshot row's): one above, so plan ids still move on.
             new = replace(new, version=old[0] + 1)
         if change.unavailable:
-            base = self.written[new.id] if new.id in self.written else self.kept.get(new.id)
+            # A dropped upsert is a deleted record: nothing of it is filled in (`_kept` reads only live rows).
+            base = None if new.id in self.dropped else (
+                self.written[new.id] if new.id in self.written else self.kept.get(new.id))
             if base is None:
                 return unavailable_value(change, "resource")
             new = replace(new, **{f: getattr(base, f) for f, _ in change.unavailable})
