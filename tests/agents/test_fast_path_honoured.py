@@ -46,7 +46,7 @@ async def test_a_head_compiled_after_a_withdrawal_was_applied_is_not_announced_s
     """The head cache tells the fast path of a head at its commit, on the writer, before the replica hears that the
     batch holding the withdrawal committed: judged by the replica alone, that fresh head looked stale."""
     import asyncio
-    state, fast, sent, query = world["state"], world["fast"], world["sent"], world["query"]
+    fast, sent, query = world["fast"], world["sent"], world["query"]
     plan = query.select(ATLAS_REQUEST)
     withdrawal = raw(*revoke_role(WHO, "credit_analyst"))  # the role the plan used: its successor differs
     assert fast.announce([withdrawal]) == 1

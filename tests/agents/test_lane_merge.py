@@ -133,7 +133,7 @@ def test_whatever_the_delivery_order_a_worker_applies_exactly_its_lanes_records_
         mine = [o for (q, o) in records if q == p]
         assert mine == sorted(mine)
         required, deletes = [], []
-        for o, (key, value) in enumerate(source[p]):
+        for o, (_, value) in enumerate(source[p]):
             doc = orjson.loads(value)
             if doc["op"] == "delete":  # where the router knew the resource's lane, only that lane has it
                 deletes.append(o)

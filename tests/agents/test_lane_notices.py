@@ -1,4 +1,5 @@
-"""Routed lanes at the applier: a move notice removes the resource from the lane it left, a lane's letters go to its owner."""
+"""Routed lanes at the applier: a move notice removes the resource from the lane it left; a lane's letters go to its
+owner."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def test_a_notice_removes_the_resource_from_the_lane_it_left_and_records_where_i
     applier.apply([gone])
     assert stored(applier, "r1") is None
     keys = {k for (k,) in applier.state.store.db.execute(
-        "SELECT dep_key FROM key_changes WHERE topic = 'source-changes' AND change_offset = ?", [gone.offset]).fetchall()}
+        "SELECT dep_key FROM key_changes WHERE topic = 'source-changes' AND change_offset = ?", [gone.offset]
+    ).fetchall()}
     assert "resource:r1" in keys
 
 

@@ -93,7 +93,8 @@ async def test_selects_that_must_compile_while_the_writer_is_busy_share_one_job(
         await busy.wait()  # an input batch holds the writer
         return fn(*args)
 
-    bodies = [dict(ATLAS_REQUEST, query=f"question {i}") for i in range(3)] + [dict(ATLAS_REQUEST, decision_type="no.such.decision")]
+    bodies = [dict(ATLAS_REQUEST, query=f"question {i}") for i in range(3)] + [
+        dict(ATLAS_REQUEST, decision_type="no.such.decision")]
     selecting = [asyncio.ensure_future(query.select_async(body, writer_run)) for body in bodies]
     await asyncio.sleep(0.01)
     busy.set()

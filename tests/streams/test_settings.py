@@ -76,7 +76,8 @@ def test_the_session_timeout_is_shorter_on_the_embedded_broker_and_kafka_s_floor
     assert Settings.from_env({}).session_timeout == 4.0
     assert Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092"}).session_timeout == 6.0  # Kafka refuses less
     assert Settings.from_env({"FRESHPLAN_SESSION_TIMEOUT": "8"}).session_timeout == 8.0
-    assert Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "FRESHPLAN_SESSION_TIMEOUT": "10"}).session_timeout == 10
+    both = {"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "FRESHPLAN_SESSION_TIMEOUT": "10"}
+    assert Settings.from_env(both).session_timeout == 10
 
 
 def test_heartbeats_come_an_eighth_of_the_session_apart_so_a_dead_member_is_noticed_soon_after_it_expires():
