@@ -262,8 +262,8 @@ def _write(store: Store, new: list[Resource], stored: list[Resource], order: dic
     # written, so a row deleted and inserted again is the row an update would leave.
     # DuckDB updates a row in place only when no list column is set: setting one deletes the row and inserts it
     # again (1.5 against 1.0 ms for one row, 3.3-4.0 against 1.7 for 40), and the deleted row stays in the file
-    # until its row group is merged. Most edits leave both lists as they were: then an update in place wins at
-    # any size (see IN_PLACE_RESOURCES).
+    # until its row group is merged. Most edits leave both lists as they were: then an update in place wins up to
+    # IN_PLACE_RESOURCES rows.
     same_lists = all(_lists(r.supports, r.contradicts) == lists.get(r.id) for r in stored)
     if len(stored) > (IN_PLACE_RESOURCES if same_lists else REPLACE_RESOURCES):
         rows = resource_table(new + stored, order)  # built first: nothing is deleted for a row that cannot be
